@@ -1,0 +1,1 @@
+//! Benchmarks for kiln (criterion benches under `benches/`).

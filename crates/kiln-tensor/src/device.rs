@@ -1,0 +1,182 @@
+//! Device selection: the wgpu product path or the CPU reference backend.
+
+use std::fmt;
+use std::str::FromStr;
+use std::sync::Arc;
+
+use crate::gpu::GpuContext;
+use crate::{Result, TensorError};
+
+/// Which backend to use (`--backend auto|wgpu|cpu`, env `KILN_BACKEND`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum BackendChoice {
+    /// The best wgpu adapter (discrete > integrated > virtual > CPU-type); the CPU backend
+    /// with a logged warning when there is none.
+    #[default]
+    Auto,
+    /// A wgpu adapter or an error.
+    Wgpu,
+    /// The CPU reference backend.
+    Cpu,
+}
+
+impl FromStr for BackendChoice {
+    type Err = TensorError;
+    fn from_str(s: &str) -> Result<Self> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "auto" => Ok(Self::Auto),
+            "wgpu" | "gpu" => Ok(Self::Wgpu),
+            "cpu" => Ok(Self::Cpu),
+            other => Err(TensorError::UnknownBackend(other.to_string())),
+        }
+    }
+}
+
+impl BackendChoice {
+    /// The choice named by env `KILN_BACKEND`, or `Auto` when unset.
+    pub fn from_env() -> Result<Self> {
+        match std::env::var("KILN_BACKEND") {
+            Ok(v) if !v.trim().is_empty() => v.parse(),
+            _ => Ok(Self::Auto),
+        }
+    }
+}
+
+/// How to open a device.
+#[derive(Debug, Clone)]
+pub struct DeviceOptions {
+    pub backend: BackendChoice,
+    /// Request `SHADER_F16` when the adapter has it (kernels fall back without it).
+    pub allow_shader_f16: bool,
+    /// Request `SUBGROUP` when the adapter has it (kernels fall back without it).
+    pub allow_subgroups: bool,
+    /// Split tensors into bindings of at most this many bytes even if the device allows more
+    /// (tests use it to exercise the split path on small tensors).
+    pub max_binding_bytes: Option<u64>,
+}
+
+impl Default for DeviceOptions {
+    fn default() -> Self {
+        Self { backend: BackendChoice::Auto, allow_shader_f16: true, allow_subgroups: true, max_binding_bytes: None }
+    }
+}
+
+/// What the device is and can do, for logs and `kiln info`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceInfo {
+    /// `cpu` or the wgpu backend name (`vulkan`, `metal`, `dx12`).
+    pub backend: String,
+    /// Adapter name (`llvmpipe (LLVM 15.0.6, 256 bits)` for lavapipe).
+    pub name: String,
+    /// `discrete`, `integrated`, `virtual`, `cpu`, `other`.
+    pub device_type: String,
+    pub driver: String,
+    pub shader_f16: bool,
+    pub subgroups: bool,
+    /// Smallest and largest subgroup size the adapter reports (0 when subgroups are off).
+    pub subgroup_size: (u32, u32),
+    pub max_storage_binding_bytes: u64,
+    pub max_buffer_bytes: u64,
+    pub max_workgroups_per_dim: u32,
+}
+
+impl fmt::Display for DeviceInfo {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} ({}, {}), f16={}, subgroups={} {:?}, max binding {} MiB, max buffer {} MiB",
+            self.name,
+            self.backend,
+            self.device_type,
+            self.shader_f16,
+            self.subgroups,
+            self.subgroup_size,
+            self.max_storage_binding_bytes >> 20,
+            self.max_buffer_bytes >> 20
+        )
+    }
+}
+
+/// A compute device: the wgpu product path or the CPU reference. Cheap to clone.
+#[derive(Clone)]
+pub enum Device {
+    Cpu,
+    Wgpu(Arc<GpuContext>),
+}
+
+impl fmt::Debug for Device {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Device::Cpu => f.write_str("Device::Cpu"),
+            Device::Wgpu(g) => write!(f, "Device::Wgpu({})", g.info().name),
+        }
+    }
+}
+
+impl Device {
+    /// Open a device as `opts` asks.
+    pub fn new(opts: &DeviceOptions) -> Result<Self> {
+        match opts.backend {
+            BackendChoice::Cpu => Ok(Device::Cpu),
+            BackendChoice::Wgpu => Ok(Device::Wgpu(Arc::new(GpuContext::new(opts)?))),
+            BackendChoice::Auto => match GpuContext::new(opts) {
+                Ok(g) => Ok(Device::Wgpu(Arc::new(g))),
+                Err(e) => {
+                    tracing::warn!("no usable wgpu adapter ({e}); falling back to the CPU backend");
+                    Ok(Device::Cpu)
+                }
+            },
+        }
+    }
+
+    /// The CPU reference backend.
+    pub fn cpu() -> Self {
+        Device::Cpu
+    }
+
+    /// What this device is.
+    pub fn info(&self) -> DeviceInfo {
+        match self {
+            Device::Wgpu(g) => g.info().clone(),
+            Device::Cpu => DeviceInfo {
+                backend: "cpu".into(),
+                name: "kiln CPU reference".into(),
+                device_type: "cpu".into(),
+                driver: String::new(),
+                shader_f16: false,
+                subgroups: false,
+                subgroup_size: (0, 0),
+                max_storage_binding_bytes: u64::MAX,
+                max_buffer_bytes: u64::MAX,
+                max_workgroups_per_dim: u32::MAX,
+            },
+        }
+    }
+
+    /// True for the CPU backend.
+    pub fn is_cpu(&self) -> bool {
+        matches!(self, Device::Cpu)
+    }
+
+    /// Block until all submitted device work is done (no-op on the CPU).
+    pub fn synchronize(&self) -> Result<()> {
+        match self {
+            Device::Cpu => Ok(()),
+            Device::Wgpu(g) => g.wait(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backend_names_parse() {
+        assert_eq!("auto".parse::<BackendChoice>().unwrap(), BackendChoice::Auto);
+        assert_eq!("WGPU".parse::<BackendChoice>().unwrap(), BackendChoice::Wgpu);
+        assert_eq!("cpu".parse::<BackendChoice>().unwrap(), BackendChoice::Cpu);
+        let e = "cuda".parse::<BackendChoice>().unwrap_err().to_string();
+        assert!(e.contains("cuda") && e.contains("auto, wgpu, cpu"), "{e}");
+    }
+}

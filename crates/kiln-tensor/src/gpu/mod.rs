@@ -1,0 +1,320 @@
+//! The wgpu side: adapter selection, device, buffer pool, pipeline cache.
+
+mod pool;
+mod template;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+pub(crate) use pool::GpuBuffer;
+use pool::BufferPool;
+
+use crate::device::{BackendChoice, DeviceInfo, DeviceOptions};
+use crate::{Result, TensorError};
+
+/// Bytes of one op's parameter slot in the step's uniform buffer (the largest params struct
+/// fits; offsets are multiples of this, which is a multiple of every adapter's uniform offset
+/// alignment).
+pub(crate) const PARAM_SLOT: u64 = 256;
+
+/// How a kernel binding is accessed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) enum Access {
+    Read,
+    ReadWrite,
+}
+
+/// A kernel: one `.wgsl` file, its storage bindings (after the params uniform at binding 0).
+#[derive(Debug)]
+pub(crate) struct KernelDef {
+    pub name: &'static str,
+    pub source: &'static str,
+    pub bindings: &'static [Access],
+}
+
+/// A compiled pipeline with its bind group layout.
+#[derive(Debug)]
+pub(crate) struct Pipeline {
+    pub name: String,
+    pub pipeline: wgpu::ComputePipeline,
+    pub layout: wgpu::BindGroupLayout,
+}
+
+/// The wgpu device, queue and everything cached on them.
+#[derive(Debug)]
+pub struct GpuContext {
+    pub(crate) device: wgpu::Device,
+    pub(crate) queue: wgpu::Queue,
+    info: DeviceInfo,
+    max_binding: u64,
+    pub(crate) pool: Arc<BufferPool>,
+    pipelines: Mutex<HashMap<String, Arc<Pipeline>>>,
+    layouts: Mutex<HashMap<Vec<Access>, wgpu::BindGroupLayout>>,
+}
+
+fn type_rank(t: wgpu::DeviceType) -> u8 {
+    match t {
+        wgpu::DeviceType::DiscreteGpu => 0,
+        wgpu::DeviceType::IntegratedGpu => 1,
+        wgpu::DeviceType::VirtualGpu => 2,
+        wgpu::DeviceType::Cpu => 3,
+        wgpu::DeviceType::Other => 4,
+    }
+}
+
+fn type_name(t: wgpu::DeviceType) -> &'static str {
+    match t {
+        wgpu::DeviceType::DiscreteGpu => "discrete",
+        wgpu::DeviceType::IntegratedGpu => "integrated",
+        wgpu::DeviceType::VirtualGpu => "virtual",
+        wgpu::DeviceType::Cpu => "cpu",
+        wgpu::DeviceType::Other => "other",
+    }
+}
+
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A poisoned cache only means another thread panicked mid-insert; the map is still valid.
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl GpuContext {
+    /// Pick the best adapter and open a device on it.
+    pub(crate) fn new(opts: &DeviceOptions) -> Result<Self> {
+        debug_assert!(opts.backend != BackendChoice::Cpu);
+        // Vulkan, Metal, DX12 (GL lacks what the kernels need); `WGPU_BACKEND` overrides.
+        let mut desc = wgpu::InstanceDescriptor::new_without_display_handle();
+        desc.backends = wgpu::Backends::PRIMARY;
+        let desc = desc.with_env();
+        let backends = desc.backends;
+        let instance = wgpu::Instance::new(desc);
+        let mut adapters = pollster::block_on(instance.enumerate_adapters(backends));
+        adapters.retain(|a| a.get_downlevel_capabilities().flags.contains(wgpu::DownlevelFlags::COMPUTE_SHADERS));
+        adapters.sort_by_key(|a| type_rank(a.get_info().device_type));
+        let adapter = adapters.into_iter().next().ok_or_else(|| {
+            TensorError::NoAdapter("no adapter with compute shaders (on Linux, install Mesa's Vulkan drivers for lavapipe)".into())
+        })?;
+        let ainfo = adapter.get_info();
+        let have = adapter.features();
+        let mut features = wgpu::Features::empty();
+        if opts.allow_shader_f16 && have.contains(wgpu::Features::SHADER_F16) {
+            features |= wgpu::Features::SHADER_F16;
+        }
+        if opts.allow_subgroups && have.contains(wgpu::Features::SUBGROUP) {
+            features |= wgpu::Features::SUBGROUP;
+        }
+        // Take the adapter's own limits: the defaults cap buffers at 256 MiB.
+        let limits = adapter.limits();
+        let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
+            label: Some("kiln"),
+            required_features: features,
+            required_limits: limits.clone(),
+            experimental_features: wgpu::ExperimentalFeatures::disabled(),
+            memory_hints: wgpu::MemoryHints::Performance,
+            trace: wgpu::Trace::Off,
+        }))
+        .map_err(|e| TensorError::DeviceRequest { adapter: ainfo.name.clone(), reason: e.to_string() })?;
+        device.on_uncaptured_error(Arc::new(|e: wgpu::Error| {
+            tracing::error!("uncaptured wgpu error: {e}");
+        }));
+        let subgroups = features.contains(wgpu::Features::SUBGROUP);
+        let max_binding = u64::from(limits.max_storage_buffer_binding_size)
+            .min(limits.max_buffer_size)
+            .min(opts.max_binding_bytes.unwrap_or(u64::MAX));
+        let ainfo2 = adapter.get_info();
+        let info = DeviceInfo {
+            backend: ainfo.backend.to_string(),
+            name: ainfo.name.clone(),
+            device_type: type_name(ainfo.device_type).into(),
+            driver: format!("{} {}", ainfo.driver, ainfo.driver_info).trim().to_string(),
+            shader_f16: features.contains(wgpu::Features::SHADER_F16),
+            subgroups,
+            subgroup_size: if subgroups { (ainfo2.subgroup_min_size, ainfo2.subgroup_max_size) } else { (0, 0) },
+            max_storage_binding_bytes: max_binding,
+            max_buffer_bytes: limits.max_buffer_size,
+            max_workgroups_per_dim: limits.max_compute_workgroups_per_dimension,
+        };
+        tracing::info!("wgpu device: {info}");
+        Ok(Self {
+            device,
+            queue,
+            info,
+            max_binding,
+            pool: Arc::new(BufferPool::default()),
+            pipelines: Mutex::default(),
+            layouts: Mutex::default(),
+        })
+    }
+
+    pub(crate) fn info(&self) -> &DeviceInfo {
+        &self.info
+    }
+
+    /// Largest byte size one binding (and so one tensor chunk) may have.
+    pub(crate) fn max_binding(&self) -> u64 {
+        self.max_binding
+    }
+
+    /// Block until all submitted work has finished.
+    pub(crate) fn wait(&self) -> Result<()> {
+        self.device
+            .poll(wgpu::PollType::wait_indefinitely())
+            .map(|_| ())
+            .map_err(|e| TensorError::Gpu { during: "wait", message: e.to_string() })
+    }
+
+    fn layout(&self, access: &[Access]) -> wgpu::BindGroupLayout {
+        let mut layouts = lock(&self.layouts);
+        if let Some(l) = layouts.get(access) {
+            return l.clone();
+        }
+        let mut entries = vec![wgpu::BindGroupLayoutEntry {
+            binding: 0,
+            visibility: wgpu::ShaderStages::COMPUTE,
+            ty: wgpu::BindingType::Buffer {
+                ty: wgpu::BufferBindingType::Uniform,
+                has_dynamic_offset: true,
+                min_binding_size: None,
+            },
+            count: None,
+        }];
+        for (i, a) in access.iter().enumerate() {
+            entries.push(wgpu::BindGroupLayoutEntry {
+                binding: i as u32 + 1,
+                visibility: wgpu::ShaderStages::COMPUTE,
+                ty: wgpu::BindingType::Buffer {
+                    ty: wgpu::BufferBindingType::Storage { read_only: *a == Access::Read },
+                    has_dynamic_offset: false,
+                    min_binding_size: None,
+                },
+                count: None,
+            });
+        }
+        let l = self.device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+            label: Some("kiln bind group layout"),
+            entries: &entries,
+        });
+        layouts.insert(access.to_vec(), l.clone());
+        l
+    }
+
+    /// The pipeline for `kernel` specialised by `defines`, compiled once and cached under a key
+    /// naming every specialisation axis.
+    pub(crate) fn pipeline(&self, kernel: &KernelDef, defines: &[(&str, String)]) -> Result<Arc<Pipeline>> {
+        let key = template::cache_key(kernel.name, defines);
+        if let Some(p) = lock(&self.pipelines).get(&key) {
+            return Ok(p.clone());
+        }
+        let source = template::render(kernel.source, defines, self.info.shader_f16).map_err(|message| {
+            TensorError::Shader { kernel: key.clone(), message, source_text: kernel.source.to_string() }
+        })?;
+        let layout = self.layout(kernel.bindings);
+        let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let module = self.device.create_shader_module(wgpu::ShaderModuleDescriptor {
+            label: Some(kernel.name),
+            source: wgpu::ShaderSource::Wgsl(source.as_str().into()),
+        });
+        let pl = self.device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+            label: Some(kernel.name),
+            bind_group_layouts: &[Some(&layout)],
+            immediate_size: 0,
+        });
+        let pipeline = self.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+            label: Some(kernel.name),
+            layout: Some(&pl),
+            module: &module,
+            entry_point: Some("main"),
+            compilation_options: wgpu::PipelineCompilationOptions::default(),
+            cache: None,
+        });
+        if let Some(err) = pollster::block_on(scope.pop()) {
+            return Err(TensorError::Shader { kernel: key, message: err.to_string(), source_text: source });
+        }
+        let p = Arc::new(Pipeline { name: key.clone(), pipeline, layout });
+        lock(&self.pipelines).insert(key, p.clone());
+        Ok(p)
+    }
+
+    /// Pooled buffers currently idle (for tests and diagnostics).
+    pub fn idle_pooled_buffers(&self) -> usize {
+        self.pool.idle()
+    }
+
+    /// Number of compiled pipelines (for tests and diagnostics).
+    pub fn cached_pipelines(&self) -> usize {
+        lock(&self.pipelines).len()
+    }
+
+    /// A storage buffer of at least `bytes` (rounded up to 4), from the pool when `pooled`.
+    pub(crate) fn storage(&self, bytes: u64, what: &str, pooled: bool) -> Result<GpuBuffer> {
+        self.check_binding(bytes, what)?;
+        let usage = wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST;
+        Ok(if pooled {
+            self.pool.take(&self.device, bytes, usage)
+        } else {
+            GpuBuffer::unpooled(&self.device, bytes, usage, false)
+        })
+    }
+
+    pub(crate) fn check_binding(&self, bytes: u64, what: &str) -> Result<()> {
+        if bytes > self.max_binding {
+            return Err(TensorError::TooLarge {
+                what: what.to_string(),
+                bytes,
+                limit: self.max_binding,
+                limit_name: "max_storage_buffer_binding_size",
+            });
+        }
+        Ok(())
+    }
+
+    /// A new buffer holding `data` (uploaded through a mapping at creation: no staging copy).
+    pub(crate) fn upload(&self, data: &[u8], what: &str) -> Result<GpuBuffer> {
+        self.check_binding(data.len() as u64, what)?;
+        let usage = wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST;
+        let buf = GpuBuffer::unpooled(&self.device, data.len() as u64, usage, true);
+        buf.fill_mapped(data)?;
+        Ok(buf)
+    }
+
+    /// Copy `ranges` of buffers back to the host, in order, with one submit and one wait.
+    pub(crate) fn read_back(&self, parts: &[(&wgpu::Buffer, u64)]) -> Result<Vec<u8>> {
+        let total: u64 = parts.iter().map(|(_, n)| n.next_multiple_of(4)).sum();
+        if total == 0 {
+            return Ok(Vec::new());
+        }
+        let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("kiln readback"),
+            size: total,
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        let mut enc = self.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("kiln readback") });
+        let mut at = 0;
+        for (b, n) in parts {
+            let n4 = n.next_multiple_of(4);
+            enc.copy_buffer_to_buffer(b, 0, &staging, at, n4);
+            at += n4;
+        }
+        self.queue.submit([enc.finish()]);
+        let (tx, rx) = std::sync::mpsc::channel();
+        staging.map_async(wgpu::MapMode::Read, .., move |r| {
+            let _ = tx.send(r);
+        });
+        self.wait()?;
+        rx.recv()
+            .map_err(|e| TensorError::Gpu { during: "readback", message: e.to_string() })?
+            .map_err(|e| TensorError::Gpu { during: "readback", message: e.to_string() })?;
+        let view = staging
+            .get_mapped_range(..)
+            .map_err(|e| TensorError::Gpu { during: "readback", message: e.to_string() })?;
+        let mut out = Vec::with_capacity(total as usize);
+        let mut at = 0usize;
+        for (_, n) in parts {
+            out.extend_from_slice(&view[at..at + *n as usize]);
+            at += n.next_multiple_of(4) as usize;
+        }
+        drop(view);
+        staging.unmap();
+        Ok(out)
+    }
+}

@@ -1,0 +1,107 @@
+//! Ops recorded on a [`Recorder`](crate::Recorder): validation, then either the CPU reference
+//! (CPU backend) or a WGSL kernel launch (wgpu backend). One file per op family, each holding
+//! its kernel definitions, typed launch function and CPU reference.
+
+mod elementwise;
+mod embedding;
+mod matmul;
+mod rope;
+mod rows;
+
+pub use rope::{RopeConfig, RopeLayout, RopeScaling, RopeTable};
+
+use crate::gpu::Access;
+use crate::tensor::Storage;
+use crate::{DType, Result, Tensor, TensorError};
+
+/// Bindings of kernels that read `n` tensors and write one.
+pub(crate) const R1W: &[Access] = &[Access::Read, Access::ReadWrite];
+pub(crate) const R2W: &[Access] = &[Access::Read, Access::Read, Access::ReadWrite];
+pub(crate) const R3W: &[Access] = &[Access::Read, Access::Read, Access::Read, Access::ReadWrite];
+
+/// Defines naming the subgroup specialisation of kernels that use `reduce.wgsl`.
+pub(crate) fn subgroup_defines(subgroups: bool) -> Vec<(&'static str, String)> {
+    if subgroups {
+        vec![
+            ("SUBGROUPS", "1".into()),
+            ("SG_ARG", "@builtin(subgroup_invocation_id) sg_lane: u32,".into()),
+            ("SG_LANE", "sg_lane".into()),
+        ]
+    } else {
+        vec![("SUBGROUPS", "0".into()), ("SG_ARG", String::new()), ("SG_LANE", "0u".into())]
+    }
+}
+
+/// `(define, value)` switches selecting a weight dtype in `weights.wgsl`.
+pub(crate) fn weight_defines(dtype: DType, binding: u32) -> Vec<(&'static str, String)> {
+    let name = match dtype {
+        DType::F32 => "W_F32",
+        DType::F16 => "W_F16",
+        DType::Q8_0 => "W_Q8_0",
+        DType::Q4_0 => "W_Q4_0",
+        _ => "W_Q4_1",
+    };
+    let mut d = vec![(name, "1".to_string()), ("W_BINDING", binding.to_string())];
+    d.push(if dtype.is_quantized() { ("W_QUANT", "1".into()) } else { ("W_FLOAT", "1".into()) });
+    d
+}
+
+pub(crate) fn require_dtype(op: &'static str, what: &'static str, t: &Tensor, ok: &[DType]) -> Result<()> {
+    if ok.contains(&t.dtype()) { Ok(()) } else { Err(TensorError::DType { op, what, dtype: t.dtype() }) }
+}
+
+pub(crate) fn require_same_shape(op: &'static str, a: &Tensor, b: &Tensor) -> Result<()> {
+    if a.shape() == b.shape() {
+        Ok(())
+    } else {
+        Err(TensorError::Shape { op, detail: format!("{:?} vs {:?}", a.shape(), b.shape()) })
+    }
+}
+
+/// The f32 values of a CPU tensor.
+pub(crate) fn host_f32(t: &Tensor) -> Result<&[f32]> {
+    match t.storage() {
+        Storage::Cpu(h) if t.dtype() == DType::F32 => Ok(&h.f32s()[..t.elem_count()]),
+        Storage::Cpu(_) => Err(TensorError::DType { op: "cpu", what: "f32 access", dtype: t.dtype() }),
+        Storage::Gpu { .. } => Err(TensorError::DeviceMismatch { op: "cpu" }),
+    }
+}
+
+/// Row `row` of a CPU weight `[rows, k]` of any float or block dtype, as f32.
+pub(crate) fn host_row(w: &Tensor, row: usize, out: &mut [f32]) -> Result<()> {
+    let Storage::Cpu(h) = w.storage() else { return Err(TensorError::DeviceMismatch { op: "cpu" }) };
+    let k = w.cols();
+    match w.dtype() {
+        DType::F32 => out.copy_from_slice(&h.f32s()[row * k..(row + 1) * k]),
+        DType::F16 => {
+            let b = &h.bytes()[row * k * 2..(row + 1) * k * 2];
+            for (o, c) in out.iter_mut().zip(b.chunks_exact(2)) {
+                *o = half::f16::from_le_bytes([c[0], c[1]]).to_f32();
+            }
+        }
+        d if d.is_quantized() => {
+            let rb = k / d.block_elems() * d.block_bytes();
+            crate::quant::dequantize(d, &h.bytes()[row * rb..(row + 1) * rb], out)?;
+        }
+        d => return Err(TensorError::DType { op: "cpu", what: "weight rows", dtype: d }),
+    }
+    Ok(())
+}
+
+/// Dot product with eight independent accumulators (vectorises, and is more accurate than one
+/// running sum).
+pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0f32; 8];
+    let (ca, ra) = a.split_at(a.len() / 8 * 8);
+    let (cb, rb) = b.split_at(ca.len());
+    for (x, y) in ca.chunks_exact(8).zip(cb.chunks_exact(8)) {
+        for i in 0..8 {
+            acc[i] += x[i] * y[i];
+        }
+    }
+    let mut s: f32 = acc.iter().sum();
+    for (x, y) in ra.iter().zip(rb) {
+        s += x * y;
+    }
+    s
+}

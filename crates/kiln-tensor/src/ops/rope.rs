@@ -1,0 +1,200 @@
+//! `rope`: rotary position embeddings in both layouts, with linear and llama3 scaling.
+
+use bytemuck::{Pod, Zeroable};
+
+use super::{R3W, host_f32, require_dtype};
+use crate::gpu::KernelDef;
+use crate::{DType, Device, Recorder, Result, Tensor, TensorError};
+
+static ROPE: KernelDef = KernelDef { name: "rope", source: include_str!("../../wgsl/rope.wgsl"), bindings: R3W };
+
+/// Which dimensions are rotated together.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RopeLayout {
+    /// Pairs `(j, j + rot/2)`: Hugging Face checkpoints ("neox").
+    HalfSplit,
+    /// Pairs `(2j, 2j + 1)`: the layout llama GGUF files' permuted Q/K rows expect.
+    Interleaved,
+}
+
+/// Frequency scaling for context extension.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum RopeScaling {
+    None,
+    /// All frequencies divided by `factor` (positions interpolated).
+    Linear { factor: f32 },
+    /// Llama 3.1's wavelength-dependent scaling.
+    Llama3 { factor: f32, low_freq_factor: f32, high_freq_factor: f32, original_max_position: u32 },
+}
+
+/// Everything that defines a rotary embedding.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RopeConfig {
+    pub head_dim: usize,
+    /// Rotated dimensions (`head_dim` unless partial rotary); even.
+    pub rotary_dim: usize,
+    pub theta: f32,
+    pub scaling: RopeScaling,
+    pub layout: RopeLayout,
+}
+
+impl RopeConfig {
+    /// The inverse frequencies, computed in f32 the way Hugging Face `transformers` does.
+    pub fn inv_freq(&self) -> Vec<f32> {
+        let dim = self.rotary_dim;
+        let base: Vec<f32> = (0..dim / 2).map(|i| 1.0 / self.theta.powf((2 * i) as f32 / dim as f32)).collect();
+        match self.scaling {
+            RopeScaling::None => base,
+            RopeScaling::Linear { factor } => base.iter().map(|f| f / factor).collect(),
+            RopeScaling::Llama3 { factor, low_freq_factor, high_freq_factor, original_max_position } => {
+                let old = original_max_position as f32;
+                let low_wavelen = old / low_freq_factor;
+                let high_wavelen = old / high_freq_factor;
+                base.iter()
+                    .map(|&f| {
+                        let wavelen = 2.0 * std::f32::consts::PI / f;
+                        if wavelen < high_wavelen {
+                            f
+                        } else if wavelen > low_wavelen {
+                            f / factor
+                        } else {
+                            let smooth = (old / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor);
+                            (1.0 - smooth) * f / factor + smooth * f
+                        }
+                    })
+                    .collect()
+            }
+        }
+    }
+
+    fn validate(&self) -> Result<()> {
+        let ok = self.rotary_dim % 2 == 0
+            && self.rotary_dim > 0
+            && self.rotary_dim <= self.head_dim
+            && self.theta.is_finite()
+            && self.theta > 0.0;
+        if !ok {
+            return Err(TensorError::Invalid {
+                op: "rope",
+                detail: format!("rotary_dim {} (even, 1..=head_dim {}) and theta {} (> 0)", self.rotary_dim, self.head_dim, self.theta),
+            });
+        }
+        Ok(())
+    }
+
+    /// (cos, sin) of position `pos`, frequency `j`: the angle is rounded to f32 as in the
+    /// reference, then evaluated in f64.
+    fn cos_sin(inv_freq: &[f32], pos: u32, j: usize) -> (f32, f32) {
+        let angle = f64::from(pos as f32 * inv_freq[j]);
+        (angle.cos() as f32, angle.sin() as f32)
+    }
+}
+
+/// A device table of (cos, sin) for positions `0..max_positions`, built once per model.
+#[derive(Debug, Clone)]
+pub struct RopeTable {
+    config: RopeConfig,
+    max_positions: usize,
+    table: Tensor,
+}
+
+impl RopeTable {
+    pub fn new(device: &Device, config: RopeConfig, max_positions: usize) -> Result<Self> {
+        config.validate()?;
+        let inv = config.inv_freq();
+        let half = config.rotary_dim / 2;
+        let mut cs = Vec::with_capacity(max_positions * half * 2);
+        for pos in 0..max_positions {
+            for j in 0..half {
+                let (c, s) = RopeConfig::cos_sin(&inv, pos as u32, j);
+                cs.push(c);
+                cs.push(s);
+            }
+        }
+        let table = Tensor::from_f32(device, &[max_positions, half, 2], &cs)?;
+        Ok(Self { config, max_positions, table })
+    }
+
+    pub fn config(&self) -> &RopeConfig {
+        &self.config
+    }
+
+    pub fn max_positions(&self) -> usize {
+        self.max_positions
+    }
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+struct Params {
+    tokens: u32,
+    heads: u32,
+    head_dim: u32,
+    rot: u32,
+    max_pos: u32,
+    interleaved: u32,
+    _pad: [u32; 2],
+}
+
+impl Recorder {
+    /// Rotate x `[tokens, heads, head_dim]` by each token's position.
+    pub fn rope(&mut self, x: &Tensor, positions: &[u32], table: &RopeTable) -> Result<Tensor> {
+        const OP: &str = "rope";
+        require_dtype(OP, "the input", x, &[DType::F32])?;
+        self.check_device(OP, &[x, &table.table])?;
+        let cfg = table.config;
+        let [tokens, heads, head_dim] = x.shape() else {
+            return Err(TensorError::Shape { op: OP, detail: format!("input must be [tokens, heads, head_dim], got {:?}", x.shape()) });
+        };
+        let (tokens, heads, head_dim) = (*tokens, *heads, *head_dim);
+        if head_dim != cfg.head_dim || positions.len() != tokens || tokens == 0 || heads == 0 {
+            return Err(TensorError::Shape {
+                op: OP,
+                detail: format!("input {:?} with {} positions for head_dim {}", x.shape(), positions.len(), cfg.head_dim),
+            });
+        }
+        if let Some(&p) = positions.iter().find(|&&p| p as usize >= table.max_positions) {
+            return Err(TensorError::OutOfRange { op: OP, what: "position", index: p as usize, limit: table.max_positions });
+        }
+        let Some(ctx) = self.gpu().cloned() else {
+            return Ok(Tensor::cpu_f32(x.shape().to_vec(), rope_ref(host_f32(x)?, positions, heads, &cfg)));
+        };
+        let pos = Tensor::from_u32(&self.device().clone(), &[tokens], positions)?;
+        let out = Tensor::gpu_output(&ctx, DType::F32, x.shape().to_vec(), OP)?;
+        let params = Params {
+            tokens: tokens as u32,
+            heads: heads as u32,
+            head_dim: head_dim as u32,
+            rot: cfg.rotary_dim as u32,
+            max_pos: table.max_positions as u32,
+            interleaved: u32::from(cfg.layout == RopeLayout::Interleaved),
+            _pad: [0; 2],
+        };
+        let bind = vec![(x.clone(), 0), (pos, 0), (table.table.clone(), 0), (out.clone(), 0)];
+        self.dispatch(&ROPE, &[], &params, bind, x.elem_count().div_ceil(64) as u32)?;
+        Ok(out)
+    }
+}
+
+/// CPU reference, straight from the config (no table).
+pub(crate) fn rope_ref(x: &[f32], positions: &[u32], heads: usize, cfg: &RopeConfig) -> Vec<f32> {
+    let (hd, rot) = (cfg.head_dim, cfg.rotary_dim);
+    let half = rot / 2;
+    let inv = cfg.inv_freq();
+    let mut out = x.to_vec();
+    for (t, &pos) in positions.iter().enumerate() {
+        for h in 0..heads {
+            let base = (t * heads + h) * hd;
+            for j in 0..half {
+                let (c, s) = RopeConfig::cos_sin(&inv, pos, j);
+                let (a, b) = match cfg.layout {
+                    RopeLayout::HalfSplit => (base + j, base + j + half),
+                    RopeLayout::Interleaved => (base + 2 * j, base + 2 * j + 1),
+                };
+                out[a] = x[a] * c - x[b] * s;
+                out[b] = x[b] * c + x[a] * s;
+            }
+        }
+    }
+    out
+}

@@ -1,0 +1,128 @@
+//! Row-wise ops, one workgroup per row: `rms_norm`, `softmax`, `argmax`.
+
+use bytemuck::{Pod, Zeroable};
+
+use super::{R1W, R2W, host_f32, require_dtype, subgroup_defines};
+use crate::gpu::KernelDef;
+use crate::{DType, Recorder, Result, Tensor, TensorError};
+
+const SRC: &str = concat!(include_str!("../../wgsl/reduce.wgsl"), include_str!("../../wgsl/rows.wgsl"));
+static RMS_NORM: KernelDef = KernelDef { name: "rms_norm", source: SRC, bindings: R2W };
+static SOFTMAX: KernelDef = KernelDef { name: "softmax", source: SRC, bindings: R1W };
+static ARGMAX: KernelDef = KernelDef { name: "argmax", source: SRC, bindings: R1W };
+
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+struct Params {
+    rows: u32,
+    cols: u32,
+    eps: f32,
+    _pad: u32,
+}
+
+impl Recorder {
+    fn rows_launch(&mut self, kernel: &KernelDef, switch: &'static str, x: &Tensor, extra: Option<&Tensor>, out: &Tensor, eps: f32) -> Result<()> {
+        let sub = self.device().info().subgroups;
+        let mut defines = subgroup_defines(sub);
+        defines.push((switch, "1".into()));
+        let params = Params { rows: x.rows() as u32, cols: x.cols() as u32, eps, _pad: 0 };
+        let mut bind = vec![(x.clone(), 0)];
+        bind.extend(extra.map(|t| (t.clone(), 0)));
+        bind.push((out.clone(), 0));
+        self.dispatch(kernel, &defines, &params, bind, x.rows() as u32)
+    }
+
+    fn rows_check(&self, op: &'static str, x: &Tensor) -> Result<()> {
+        require_dtype(op, "the input", x, &[DType::F32])?;
+        self.check_device(op, &[x])?;
+        if x.elem_count() == 0 {
+            return Err(TensorError::Invalid { op, detail: format!("empty input {:?}", x.shape()) });
+        }
+        Ok(())
+    }
+
+    /// RMSNorm over the last dimension: x / sqrt(mean(x²) + eps) · weight.
+    pub fn rms_norm(&mut self, x: &Tensor, weight: &Tensor, eps: f32) -> Result<Tensor> {
+        const OP: &str = "rms_norm";
+        self.rows_check(OP, x)?;
+        require_dtype(OP, "the weight", weight, &[DType::F32])?;
+        self.check_device(OP, &[weight])?;
+        if weight.elem_count() != x.cols() {
+            return Err(TensorError::Shape { op: OP, detail: format!("weight {:?} for input {:?}", weight.shape(), x.shape()) });
+        }
+        if !(eps.is_finite() && eps >= 0.0) {
+            return Err(TensorError::Invalid { op: OP, detail: format!("eps must be finite and >= 0, got {eps}") });
+        }
+        let Some(ctx) = self.gpu().cloned() else {
+            return Ok(Tensor::cpu_f32(x.shape().to_vec(), rms_norm_ref(host_f32(x)?, host_f32(weight)?, eps)));
+        };
+        let out = Tensor::gpu_output(&ctx, DType::F32, x.shape().to_vec(), OP)?;
+        self.rows_launch(&RMS_NORM, "RMS_NORM", x, Some(weight), &out, eps)?;
+        Ok(out)
+    }
+
+    /// Numerically stable softmax over the last dimension.
+    pub fn softmax(&mut self, x: &Tensor) -> Result<Tensor> {
+        const OP: &str = "softmax";
+        self.rows_check(OP, x)?;
+        let Some(ctx) = self.gpu().cloned() else {
+            return Ok(Tensor::cpu_f32(x.shape().to_vec(), softmax_ref(host_f32(x)?, x.cols())));
+        };
+        let out = Tensor::gpu_output(&ctx, DType::F32, x.shape().to_vec(), OP)?;
+        self.rows_launch(&SOFTMAX, "SOFTMAX", x, None, &out, 0.0)?;
+        Ok(out)
+    }
+
+    /// Index of the largest value of each row (the first on ties) as U32 `[rows]`: greedy
+    /// sampling without reading the logits back.
+    pub fn argmax(&mut self, x: &Tensor) -> Result<Tensor> {
+        const OP: &str = "argmax";
+        self.rows_check(OP, x)?;
+        let shape = x.shape()[..x.shape().len().saturating_sub(1)].to_vec();
+        let shape = if shape.is_empty() { vec![1] } else { shape };
+        let Some(ctx) = self.gpu().cloned() else {
+            return Ok(Tensor::cpu_u32(shape, argmax_ref(host_f32(x)?, x.cols())));
+        };
+        let out = Tensor::gpu_output(&ctx, DType::U32, shape, OP)?;
+        self.rows_launch(&ARGMAX, "ARGMAX", x, None, &out, 0.0)?;
+        Ok(out)
+    }
+}
+
+/// CPU reference (sum of squares in f64, as a reference should be exact-ish).
+pub(crate) fn rms_norm_ref(x: &[f32], w: &[f32], eps: f32) -> Vec<f32> {
+    let d = w.len();
+    let mut out = Vec::with_capacity(x.len());
+    for row in x.chunks_exact(d) {
+        let ss: f64 = row.iter().map(|&v| f64::from(v) * f64::from(v)).sum();
+        let scale = (1.0 / (ss / d as f64 + f64::from(eps)).sqrt()) as f32;
+        out.extend(row.iter().zip(w).map(|(v, g)| v * scale * g));
+    }
+    out
+}
+
+/// CPU reference.
+pub(crate) fn softmax_ref(x: &[f32], cols: usize) -> Vec<f32> {
+    let mut out = Vec::with_capacity(x.len());
+    for row in x.chunks_exact(cols) {
+        let m = row.iter().fold(f32::NEG_INFINITY, |a, &v| a.max(v));
+        let s: f64 = row.iter().map(|&v| f64::from((v - m).exp())).sum();
+        out.extend(row.iter().map(|&v| ((v - m).exp() as f64 / s) as f32));
+    }
+    out
+}
+
+/// CPU reference: first index of the maximum.
+pub(crate) fn argmax_ref(x: &[f32], cols: usize) -> Vec<u32> {
+    x.chunks_exact(cols)
+        .map(|row| {
+            let mut best = 0;
+            for (i, &v) in row.iter().enumerate() {
+                if v > row[best] {
+                    best = i;
+                }
+            }
+            best as u32
+        })
+        .collect()
+}

@@ -1,0 +1,177 @@
+//! `Recorder`: a sequence of ops encoded into one command encoder and submitted once.
+
+use std::sync::Arc;
+
+use crate::gpu::{GpuContext, KernelDef, PARAM_SLOT, Pipeline};
+use crate::tensor::Storage;
+use crate::{Device, Result, Tensor, TensorError};
+
+/// Workgroups per dimension every adapter supports; bigger launches spill into `y`.
+const MAX_GROUPS_X: u32 = 65535;
+
+struct Dispatch {
+    pipeline: Arc<Pipeline>,
+    /// (tensor kept alive until submit, chunk index)
+    bindings: Vec<(Tensor, usize)>,
+    param_offset: u32,
+    groups: [u32; 3],
+}
+
+/// Records ops for one device. On the wgpu backend nothing runs until [`Recorder::submit`],
+/// which encodes every recorded kernel into one compute pass, uploads all op parameters in one
+/// uniform buffer and submits once. On the CPU backend each op runs when it is recorded.
+///
+/// Output tensors returned by ops may be used by later ops of the same recording; read them
+/// back only after `submit`.
+pub struct Recorder {
+    device: Device,
+    dispatches: Vec<Dispatch>,
+    params: Vec<u8>,
+}
+
+impl std::fmt::Debug for Recorder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Recorder({:?}, {} dispatches)", self.device, self.dispatches.len())
+    }
+}
+
+/// Grid for `n` workgroups: `[x, y, 1]` with `x * y >= n`. Kernels rebuild the linear id as
+/// `wid.x + wid.y * nwg.x` and ignore ids past their work.
+pub(crate) fn grid(n: u32) -> [u32; 3] {
+    if n <= MAX_GROUPS_X { [n.max(1), 1, 1] } else { [MAX_GROUPS_X, n.div_ceil(MAX_GROUPS_X), 1] }
+}
+
+impl Recorder {
+    pub fn new(device: &Device) -> Self {
+        Self { device: device.clone(), dispatches: Vec::new(), params: Vec::new() }
+    }
+
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    /// Kernels recorded and not yet submitted.
+    pub fn pending_dispatches(&self) -> usize {
+        self.dispatches.len()
+    }
+
+    /// The wgpu context when this recorder targets wgpu.
+    pub(crate) fn gpu(&self) -> Option<&Arc<GpuContext>> {
+        match &self.device {
+            Device::Wgpu(g) => Some(g),
+            Device::Cpu => None,
+        }
+    }
+
+    /// Check that every tensor lives on this recorder's device.
+    pub(crate) fn check_device(&self, op: &'static str, ts: &[&Tensor]) -> Result<()> {
+        for t in ts {
+            let ok = match (t.storage(), &self.device) {
+                (Storage::Cpu(_), Device::Cpu) => true,
+                (Storage::Gpu { ctx, .. }, Device::Wgpu(g)) => Arc::ptr_eq(ctx, g),
+                _ => false,
+            };
+            if !ok {
+                return Err(TensorError::DeviceMismatch { op });
+            }
+        }
+        Ok(())
+    }
+
+    /// Record one kernel launch of `groups` workgroups.
+    pub(crate) fn dispatch<P: bytemuck::Pod>(
+        &mut self,
+        kernel: &KernelDef,
+        defines: &[(&str, String)],
+        params: &P,
+        bindings: Vec<(Tensor, usize)>,
+        groups: u32,
+    ) -> Result<()> {
+        let Device::Wgpu(ctx) = &self.device else {
+            return Err(TensorError::Invalid { op: kernel.name, detail: "kernel launch on the CPU backend".into() });
+        };
+        debug_assert_eq!(bindings.len(), kernel.bindings.len(), "{}", kernel.name);
+        let pipeline = ctx.pipeline(kernel, defines)?;
+        let bytes = bytemuck::bytes_of(params);
+        debug_assert!(bytes.len() as u64 <= PARAM_SLOT);
+        let param_offset = self.params.len() as u32;
+        self.params.extend_from_slice(bytes);
+        self.params.resize(self.params.len().next_multiple_of(PARAM_SLOT as usize), 0);
+        self.dispatches.push(Dispatch { pipeline, bindings, param_offset, groups: grid(groups) });
+        Ok(())
+    }
+
+    /// Encode everything recorded into one command encoder and submit it once. Does not wait
+    /// for the device; reading a tensor back waits.
+    pub fn submit(&mut self) -> Result<()> {
+        let Device::Wgpu(ctx) = &self.device else { return Ok(()) };
+        if self.dispatches.is_empty() {
+            return Ok(());
+        }
+        let device = &ctx.device;
+        let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let oom = device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+        let uniform = device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("kiln op params"),
+            size: self.params.len() as u64,
+            usage: wgpu::BufferUsages::UNIFORM,
+            mapped_at_creation: true,
+        });
+        {
+            let mut view = uniform
+                .get_mapped_range_mut(..)
+                .map_err(|e| TensorError::Gpu { during: "params upload", message: e.to_string() })?;
+            view.slice(..).copy_from_slice(&self.params);
+        }
+        uniform.unmap();
+        let mut groups = Vec::with_capacity(self.dispatches.len());
+        for d in &self.dispatches {
+            let mut entries = vec![wgpu::BindGroupEntry {
+                binding: 0,
+                resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                    buffer: &uniform,
+                    offset: 0,
+                    size: wgpu::BufferSize::new(PARAM_SLOT),
+                }),
+            }];
+            for (i, (t, chunk)) in d.bindings.iter().enumerate() {
+                let Storage::Gpu { chunks, .. } = t.storage() else {
+                    return Err(TensorError::DeviceMismatch { op: "submit" });
+                };
+                let c = &chunks[*chunk];
+                entries.push(wgpu::BindGroupEntry {
+                    binding: i as u32 + 1,
+                    resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                        buffer: &c.buf.buffer,
+                        offset: 0,
+                        size: wgpu::BufferSize::new(c.buf.binding_size()),
+                    }),
+                });
+            }
+            groups.push(device.create_bind_group(&wgpu::BindGroupDescriptor {
+                label: None,
+                layout: &d.pipeline.layout,
+                entries: &entries,
+            }));
+        }
+        let mut enc = device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("kiln step") });
+        {
+            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("kiln step"), timestamp_writes: None });
+            for (d, bg) in self.dispatches.iter().zip(&groups) {
+                pass.set_pipeline(&d.pipeline.pipeline);
+                pass.set_bind_group(0, bg, &[d.param_offset]);
+                pass.dispatch_workgroups(d.groups[0], d.groups[1], d.groups[2]);
+            }
+        }
+        ctx.queue.submit([enc.finish()]);
+        let names: Vec<String> = self.dispatches.iter().map(|d| d.pipeline.name.clone()).collect();
+        self.dispatches.clear();
+        self.params.clear();
+        let oom_err = pollster::block_on(oom.pop());
+        let val_err = pollster::block_on(scope.pop());
+        if let Some(e) = oom_err.or(val_err) {
+            return Err(TensorError::Gpu { during: "submit", message: format!("{e} (kernels: {})", names.join(", ")) });
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,285 @@
+//! `Tensor`: shape and dtype over reference-counted storage on one device.
+
+use std::fmt;
+use std::sync::Arc;
+
+use half::{bf16, f16};
+
+use crate::gpu::{GpuBuffer, GpuContext};
+use crate::quant;
+use crate::{DType, Device, Result, TensorError};
+
+/// Host bytes kept in `u32` words so that every typed view is aligned.
+#[derive(Debug)]
+pub(crate) struct HostData {
+    words: Vec<u32>,
+    bytes: usize,
+}
+
+impl HostData {
+    pub(crate) fn from_bytes(b: &[u8]) -> Self {
+        let mut words = vec![0u32; b.len().div_ceil(4)];
+        bytemuck::cast_slice_mut::<u32, u8>(&mut words)[..b.len()].copy_from_slice(b);
+        Self { words, bytes: b.len() }
+    }
+    pub(crate) fn from_words(words: Vec<u32>) -> Self {
+        let bytes = words.len() * 4;
+        Self { words, bytes }
+    }
+    pub(crate) fn bytes(&self) -> &[u8] {
+        &bytemuck::cast_slice::<u32, u8>(&self.words)[..self.bytes]
+    }
+    pub(crate) fn f32s(&self) -> &[f32] {
+        bytemuck::cast_slice(&self.words)
+    }
+}
+
+/// One binding's worth of a tensor on the device: whole rows `[row0, row0 + rows)`.
+#[derive(Debug)]
+pub(crate) struct Chunk {
+    pub buf: GpuBuffer,
+    pub row0: usize,
+    pub rows: usize,
+    /// Word offset of the quants (quantized dtypes only).
+    pub qs_offset: u32,
+}
+
+#[derive(Debug)]
+pub(crate) enum Storage {
+    Cpu(HostData),
+    Gpu { ctx: Arc<GpuContext>, chunks: Vec<Chunk> },
+}
+
+/// An n-dimensional array on a [`Device`]. Cloning is cheap (shared storage).
+///
+/// Rows are everything but the last dimension; a tensor larger than the device's largest
+/// binding is stored as several chunks of whole rows, which the ops that need big tensors
+/// (matmul weights, embedding tables) consume chunk by chunk.
+#[derive(Clone)]
+pub struct Tensor {
+    shape: Vec<usize>,
+    dtype: DType,
+    storage: Arc<Storage>,
+}
+
+impl fmt::Debug for Tensor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let place = match &*self.storage {
+            Storage::Cpu(_) => "cpu".to_string(),
+            Storage::Gpu { chunks, .. } => format!("wgpu, {} chunk(s)", chunks.len()),
+        };
+        write!(f, "Tensor({:?}, {:?}, {place})", self.shape, self.dtype)
+    }
+}
+
+fn check_shape(shape: &[usize], dtype: DType, what: &str) -> Result<usize> {
+    let n = shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d)).ok_or_else(|| TensorError::Invalid {
+        op: "tensor",
+        detail: format!("{what}: shape {shape:?} overflows"),
+    })?;
+    let cols = shape.last().copied().unwrap_or(1);
+    if dtype.is_quantized() && cols % dtype.block_elems() != 0 {
+        return Err(TensorError::Shape {
+            op: "tensor",
+            detail: format!("{what}: last dimension {cols} of a {dtype:?} tensor must be a multiple of 32"),
+        });
+    }
+    Ok(n)
+}
+
+impl Tensor {
+    fn wrap(shape: Vec<usize>, dtype: DType, storage: Storage) -> Self {
+        Self { shape, dtype, storage: Arc::new(storage) }
+    }
+
+    /// Upload host-layout bytes (`GGUF` blocks for quantized dtypes, little-endian otherwise).
+    /// BF16 is converted to F32.
+    pub fn from_bytes(device: &Device, dtype: DType, shape: &[usize], bytes: &[u8]) -> Result<Self> {
+        let n = check_shape(shape, dtype, "upload")?;
+        let expected = dtype.bytes_for(n).unwrap_or(usize::MAX);
+        if bytes.len() != expected {
+            return Err(TensorError::DataLength { what: format!("tensor {shape:?} {dtype:?}"), expected, got: bytes.len() });
+        }
+        if dtype == DType::BF16 {
+            let v: Vec<f32> = bytes.chunks_exact(2).map(|b| bf16::from_le_bytes([b[0], b[1]]).to_f32()).collect();
+            return Self::from_f32(device, shape, &v);
+        }
+        match device {
+            Device::Cpu => Ok(Self::wrap(shape.to_vec(), dtype, Storage::Cpu(HostData::from_bytes(bytes)))),
+            Device::Wgpu(ctx) => Self::upload_chunks(ctx, dtype, shape, bytes),
+        }
+    }
+
+    fn upload_chunks(ctx: &Arc<GpuContext>, dtype: DType, shape: &[usize], bytes: &[u8]) -> Result<Self> {
+        let cols = shape.last().copied().unwrap_or(1);
+        let rows = if cols == 0 { 0 } else { shape.iter().product::<usize>() / cols };
+        let row_bytes = dtype.bytes_for(cols).unwrap_or(0);
+        // Device bytes per row: quantized rows are slightly larger in SoA form only by padding
+        // of the scale words, so budget the host size plus one word.
+        let rows_per_chunk = if row_bytes == 0 {
+            rows.max(1)
+        } else {
+            ((ctx.max_binding() as usize).saturating_sub(8) / (row_bytes + 4)).max(1)
+        };
+        let total_bytes = bytes.len() as u64;
+        let single = total_bytes + 8 <= ctx.max_binding();
+        let mut chunks = Vec::new();
+        let mut row0 = 0;
+        loop {
+            let nrows = if single { rows } else { rows_per_chunk.min(rows - row0) };
+            let part = &bytes[row0 * row_bytes..(row0 + nrows) * row_bytes];
+            let what = format!("tensor {shape:?} {dtype:?} rows {row0}..{}", row0 + nrows);
+            let (buf, qs_offset) = if dtype.is_quantized() {
+                let nb = nrows * cols / dtype.block_elems();
+                let words = quant::to_device(dtype, part);
+                let layout = quant::device_layout(dtype, nb);
+                (ctx.upload(bytemuck::cast_slice(&words), &what)?, layout.qs_offset as u32)
+            } else {
+                (ctx.upload(part, &what)?, 0)
+            };
+            chunks.push(Chunk { buf, row0, rows: nrows, qs_offset });
+            row0 += nrows;
+            if row0 >= rows {
+                break;
+            }
+        }
+        Ok(Self::wrap(shape.to_vec(), dtype, Storage::Gpu { ctx: ctx.clone(), chunks }))
+    }
+
+    pub fn from_f32(device: &Device, shape: &[usize], data: &[f32]) -> Result<Self> {
+        Self::from_bytes(device, DType::F32, shape, bytemuck::cast_slice(data))
+    }
+    pub fn from_f16(device: &Device, shape: &[usize], data: &[f16]) -> Result<Self> {
+        Self::from_bytes(device, DType::F16, shape, bytemuck::cast_slice(data))
+    }
+    pub fn from_bf16(device: &Device, shape: &[usize], data: &[bf16]) -> Result<Self> {
+        Self::from_bytes(device, DType::BF16, shape, bytemuck::cast_slice(data))
+    }
+    pub fn from_u32(device: &Device, shape: &[usize], data: &[u32]) -> Result<Self> {
+        Self::from_bytes(device, DType::U32, shape, bytemuck::cast_slice(data))
+    }
+    pub fn from_i32(device: &Device, shape: &[usize], data: &[i32]) -> Result<Self> {
+        Self::from_bytes(device, DType::I32, shape, bytemuck::cast_slice(data))
+    }
+
+    /// Quantize `data` on the CPU to `dtype` (Q8_0/Q4_0/Q4_1) and upload it (load-time
+    /// `--quantize`).
+    pub fn quantize_f32(device: &Device, dtype: DType, shape: &[usize], data: &[f32]) -> Result<Self> {
+        check_shape(shape, dtype, "quantize")?;
+        let q = quant::quantize(dtype, data)?;
+        Self::from_bytes(device, dtype, shape, &q)
+    }
+
+    /// A CPU tensor from computed values (op results of the reference backend).
+    pub(crate) fn cpu_f32(shape: Vec<usize>, v: Vec<f32>) -> Self {
+        Self::wrap(shape, DType::F32, Storage::Cpu(HostData::from_words(bytemuck::cast_vec(v))))
+    }
+    pub(crate) fn cpu_u32(shape: Vec<usize>, v: Vec<u32>) -> Self {
+        Self::wrap(shape, DType::U32, Storage::Cpu(HostData::from_words(v)))
+    }
+
+    /// An uninitialised (pooled) device tensor that a kernel is about to fill.
+    pub(crate) fn gpu_output(ctx: &Arc<GpuContext>, dtype: DType, shape: Vec<usize>, op: &'static str) -> Result<Self> {
+        let n: usize = shape.iter().product();
+        let bytes = dtype.bytes_for(n).unwrap_or(0) as u64;
+        let buf = ctx.storage(bytes, &format!("{op} output {shape:?} {dtype:?}"), true)?;
+        let rows = if shape.is_empty() { 1 } else { n / shape.last().copied().unwrap_or(1).max(1) };
+        let chunks = vec![Chunk { buf, row0: 0, rows, qs_offset: 0 }];
+        Ok(Self::wrap(shape, dtype, Storage::Gpu { ctx: ctx.clone(), chunks }))
+    }
+
+    pub fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+    /// Number of elements.
+    pub fn elem_count(&self) -> usize {
+        self.shape.iter().product()
+    }
+    /// Size of the last dimension.
+    pub fn cols(&self) -> usize {
+        self.shape.last().copied().unwrap_or(1)
+    }
+    /// Product of all but the last dimension.
+    pub fn rows(&self) -> usize {
+        let c = self.cols();
+        if c == 0 { 0 } else { self.elem_count() / c }
+    }
+    /// Number of device bindings this tensor is split into (1 unless it is huge).
+    pub fn chunk_count(&self) -> usize {
+        match &*self.storage {
+            Storage::Cpu(_) => 1,
+            Storage::Gpu { chunks, .. } => chunks.len(),
+        }
+    }
+    /// The device the tensor lives on.
+    pub fn device(&self) -> Device {
+        match &*self.storage {
+            Storage::Cpu(_) => Device::Cpu,
+            Storage::Gpu { ctx, .. } => Device::Wgpu(ctx.clone()),
+        }
+    }
+    pub(crate) fn storage(&self) -> &Storage {
+        &*self.storage
+    }
+
+    /// The same storage under a new shape with the same element count (no copy). A tensor
+    /// split into chunks keeps its last dimension.
+    pub fn reshape(&self, shape: &[usize]) -> Result<Self> {
+        let n = check_shape(shape, self.dtype, "reshape")?;
+        if n != self.elem_count() || (self.chunk_count() > 1 && shape.last() != self.shape.last()) {
+            return Err(TensorError::Shape { op: "reshape", detail: format!("{:?} cannot become {shape:?}", self.shape) });
+        }
+        Ok(Self { shape: shape.to_vec(), dtype: self.dtype, storage: self.storage.clone() })
+    }
+
+    /// Host-layout bytes (GGUF blocks for quantized dtypes). Blocks on device work.
+    pub fn to_bytes(&self) -> Result<Vec<u8>> {
+        match &*self.storage {
+            Storage::Cpu(h) => Ok(h.bytes().to_vec()),
+            Storage::Gpu { ctx, chunks } => {
+                let parts: Vec<(&wgpu::Buffer, u64)> = chunks.iter().map(|c| (&c.buf.buffer, c.buf.bytes)).collect();
+                let raw = ctx.read_back(&parts)?;
+                if !self.dtype().is_quantized() {
+                    return Ok(raw);
+                }
+                let mut out = Vec::new();
+                let mut at = 0usize;
+                for c in chunks {
+                    let nb = c.rows * self.cols() / crate::QK;
+                    let n = c.buf.bytes as usize;
+                    let words: Vec<u32> = raw[at..at + n].chunks_exact(4).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
+                    out.extend(quant::from_device(self.dtype(), &words, nb));
+                    at += n;
+                }
+                Ok(out)
+            }
+        }
+    }
+
+    /// Values as f32 (F16 widened, quantized dequantized). Blocks on device work.
+    pub fn to_f32_vec(&self) -> Result<Vec<f32>> {
+        let b = self.to_bytes()?;
+        match self.dtype() {
+            DType::F32 => Ok(b.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()),
+            DType::F16 => Ok(b.chunks_exact(2).map(|c| f16::from_le_bytes([c[0], c[1]]).to_f32()).collect()),
+            d if d.is_quantized() => {
+                let mut out = vec![0f32; self.elem_count()];
+                quant::dequantize(d, &b, &mut out)?;
+                Ok(out)
+            }
+            d => Err(TensorError::DType { op: "to_f32_vec", what: "reading back as f32", dtype: d }),
+        }
+    }
+
+    /// Values of a U32 tensor. Blocks on device work.
+    pub fn to_u32_vec(&self) -> Result<Vec<u32>> {
+        if self.dtype() != DType::U32 {
+            return Err(TensorError::DType { op: "to_u32_vec", what: "reading back as u32", dtype: self.dtype() });
+        }
+        let b = self.to_bytes()?;
+        Ok(b.chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
+    }
+}

@@ -1,0 +1,76 @@
+//! Shared test devices. Every wgpu test runs on a real adapter (lavapipe in CI); when none
+//! exists the test fails, unless `KILN_TEST_ALLOW_NO_GPU=1` explicitly opts out, in which case
+//! only the CPU reference runs and a warning says so.
+#![allow(dead_code)]
+
+use std::sync::OnceLock;
+
+use kiln_tensor::{BackendChoice, Device, DeviceOptions};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+fn open(opts: DeviceOptions) -> Option<Device> {
+    match Device::new(&opts) {
+        Ok(d) => Some(d),
+        Err(e) => {
+            if std::env::var("KILN_TEST_ALLOW_NO_GPU").as_deref() == Ok("1") {
+                eprintln!("WARNING: no wgpu adapter ({e}); KILN_TEST_ALLOW_NO_GPU=1 so only the CPU backend is tested");
+                None
+            } else {
+                panic!("no wgpu adapter: {e}. Install Mesa's Vulkan drivers (mesa-vulkan-drivers) or set KILN_TEST_ALLOW_NO_GPU=1 to opt out explicitly");
+            }
+        }
+    }
+}
+
+fn wgpu_opts() -> DeviceOptions {
+    DeviceOptions { backend: BackendChoice::Wgpu, ..DeviceOptions::default() }
+}
+
+/// The adapter with every optional feature it has.
+pub fn gpu() -> Option<Device> {
+    static D: OnceLock<Option<Device>> = OnceLock::new();
+    D.get_or_init(|| open(wgpu_opts())).clone()
+}
+
+/// The same adapter with SHADER_F16 and SUBGROUP turned off (the fallback kernels).
+pub fn gpu_plain() -> Option<Device> {
+    static D: OnceLock<Option<Device>> = OnceLock::new();
+    D.get_or_init(|| open(DeviceOptions { allow_shader_f16: false, allow_subgroups: false, ..wgpu_opts() })).clone()
+}
+
+/// Bindings capped at 4 KiB, so that modest tensors exercise the split-binding path.
+pub fn gpu_split() -> Option<Device> {
+    static D: OnceLock<Option<Device>> = OnceLock::new();
+    D.get_or_init(|| open(DeviceOptions { max_binding_bytes: Some(4096), ..wgpu_opts() })).clone()
+}
+
+/// Every wgpu configuration under test, named.
+pub fn gpus() -> Vec<(&'static str, Device)> {
+    let mut v = Vec::new();
+    v.extend(gpu().map(|d| ("wgpu", d)));
+    v.extend(gpu_plain().map(|d| ("wgpu-no-f16-no-subgroups", d)));
+    v
+}
+
+pub fn rng(seed: u64) -> StdRng {
+    StdRng::seed_from_u64(seed)
+}
+
+pub fn randn(r: &mut StdRng, n: usize, scale: f32) -> Vec<f32> {
+    (0..n).map(|_| r.random_range(-1.0f32..1.0) * scale).collect()
+}
+
+/// Assert |got - want| <= atol + rtol·|want| everywhere, naming the first failure.
+#[track_caller]
+pub fn assert_close(what: &str, got: &[f32], want: &[f32], atol: f32, rtol: f32) {
+    assert_eq!(got.len(), want.len(), "{what}: lengths differ");
+    let mut worst = (0usize, 0f32);
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        let err = (g - w).abs();
+        assert!(err <= atol + rtol * w.abs(), "{what}: element {i}: got {g}, want {w} (|err| {err} > atol {atol} + rtol {rtol}·|want|)");
+        if err > worst.1 {
+            worst = (i, err);
+        }
+    }
+}
