@@ -39,10 +39,10 @@ pub fn gpu_plain() -> Option<Device> {
     D.get_or_init(|| open(DeviceOptions { allow_shader_f16: false, allow_subgroups: false, ..wgpu_opts() })).clone()
 }
 
-/// Bindings capped at 4 KiB, so that modest tensors exercise the split-binding path.
+/// Bindings capped at 16 KiB, so that modest tensors exercise the split-binding path.
 pub fn gpu_split() -> Option<Device> {
     static D: OnceLock<Option<Device>> = OnceLock::new();
-    D.get_or_init(|| open(DeviceOptions { max_binding_bytes: Some(4096), ..wgpu_opts() })).clone()
+    D.get_or_init(|| open(DeviceOptions { max_binding_bytes: Some(16384), ..wgpu_opts() })).clone()
 }
 
 /// Every wgpu configuration under test, named.
