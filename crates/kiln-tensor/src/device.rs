@@ -57,7 +57,12 @@ pub struct DeviceOptions {
 
 impl Default for DeviceOptions {
     fn default() -> Self {
-        Self { backend: BackendChoice::Auto, allow_shader_f16: true, allow_subgroups: true, max_binding_bytes: None }
+        Self {
+            backend: BackendChoice::Auto,
+            allow_shader_f16: true,
+            allow_subgroups: true,
+            max_binding_bytes: None,
+        }
     }
 }
 
@@ -173,8 +178,14 @@ mod tests {
 
     #[test]
     fn backend_names_parse() {
-        assert_eq!("auto".parse::<BackendChoice>().unwrap(), BackendChoice::Auto);
-        assert_eq!("WGPU".parse::<BackendChoice>().unwrap(), BackendChoice::Wgpu);
+        assert_eq!(
+            "auto".parse::<BackendChoice>().unwrap(),
+            BackendChoice::Auto
+        );
+        assert_eq!(
+            "WGPU".parse::<BackendChoice>().unwrap(),
+            BackendChoice::Wgpu
+        );
         assert_eq!("cpu".parse::<BackendChoice>().unwrap(), BackendChoice::Cpu);
         let e = "cuda".parse::<BackendChoice>().unwrap_err().to_string();
         assert!(e.contains("cuda") && e.contains("auto, wgpu, cpu"), "{e}");

@@ -49,7 +49,7 @@ impl DType {
     /// blocks.
     pub fn bytes_for(self, n: usize) -> Option<usize> {
         let be = self.block_elems();
-        if n % be != 0 {
+        if !n.is_multiple_of(be) {
             return None;
         }
         (n / be).checked_mul(self.block_bytes())
@@ -57,6 +57,10 @@ impl DType {
 
     /// The dtype a tensor has once uploaded (BF16 becomes F32).
     pub fn stored(self) -> DType {
-        if self == DType::BF16 { DType::F32 } else { self }
+        if self == DType::BF16 {
+            DType::F32
+        } else {
+            self
+        }
     }
 }

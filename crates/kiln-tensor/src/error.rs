@@ -19,25 +19,50 @@ pub enum TensorError {
     Shape { op: &'static str, detail: String },
     /// An op does not support a tensor's dtype.
     #[error("{op}: dtype {dtype:?} is not supported for {what}")]
-    DType { op: &'static str, what: &'static str, dtype: DType },
+    DType {
+        op: &'static str,
+        what: &'static str,
+        dtype: DType,
+    },
     /// Host data does not have the length the shape and dtype imply.
     #[error("{what}: expected {expected} bytes for the shape and dtype, got {got}")]
-    DataLength { what: String, expected: usize, got: usize },
+    DataLength {
+        what: String,
+        expected: usize,
+        got: usize,
+    },
     /// A buffer would exceed what the device can bind or allocate.
     #[error("{what}: {bytes} bytes exceeds the device limit of {limit} bytes ({limit_name})")]
-    TooLarge { what: String, bytes: u64, limit: u64, limit_name: &'static str },
+    TooLarge {
+        what: String,
+        bytes: u64,
+        limit: u64,
+        limit_name: &'static str,
+    },
     /// An index (token id, position) lies outside its table.
     #[error("{op}: {what} {index} is out of range (limit {limit})")]
-    OutOfRange { op: &'static str, what: &'static str, index: usize, limit: usize },
+    OutOfRange {
+        op: &'static str,
+        what: &'static str,
+        index: usize,
+        limit: usize,
+    },
     /// A tensor lives on a different device than the recorder it is used with.
     #[error("{op}: tensor lives on a different device than the recorder")]
     DeviceMismatch { op: &'static str },
     /// WGSL failed to compile or a pipeline failed validation; carries the source.
     #[error("kernel `{kernel}` failed to build: {message}\n--- WGSL source ---\n{source_text}")]
-    Shader { kernel: String, message: String, source_text: String },
+    Shader {
+        kernel: String,
+        message: String,
+        source_text: String,
+    },
     /// The device reported an error while encoding, submitting or reading back.
     #[error("wgpu error during {during}: {message}")]
-    Gpu { during: &'static str, message: String },
+    Gpu {
+        during: &'static str,
+        message: String,
+    },
     /// Bad op arguments not covered above (zero-sized dims, bad eps, ...).
     #[error("{op}: invalid argument: {detail}")]
     Invalid { op: &'static str, detail: String },

@@ -24,7 +24,10 @@ fn f16_at(b: &[u8], at: usize) -> f32 {
 /// `out.len()` must be 32 × the number of blocks in `blocks`.
 pub fn dequantize(dtype: DType, blocks: &[u8], out: &mut [f32]) -> Result<()> {
     let bb = dtype.block_bytes();
-    if !dtype.is_quantized() || blocks.len() % bb != 0 || out.len() != blocks.len() / bb * QK {
+    if !dtype.is_quantized()
+        || !blocks.len().is_multiple_of(bb)
+        || out.len() != blocks.len() / bb * QK
+    {
         return Err(TensorError::DataLength {
             what: format!("dequantize {dtype:?}"),
             expected: out.len() / QK * bb,
@@ -70,12 +73,19 @@ pub(crate) fn dequantize_block(dtype: DType, blk: &[u8], out: &mut [f32]) {
 /// quantizers do (round-to-nearest; `Q4_0` scales by the signed absolute maximum / −8).
 pub fn quantize(dtype: DType, x: &[f32]) -> Result<Vec<u8>> {
     if !dtype.is_quantized() {
-        return Err(TensorError::DType { op: "quantize", what: "the target format", dtype });
+        return Err(TensorError::DType {
+            op: "quantize",
+            what: "the target format",
+            dtype,
+        });
     }
-    if x.len() % QK != 0 {
+    if !x.len().is_multiple_of(QK) {
         return Err(TensorError::Invalid {
             op: "quantize",
-            detail: format!("{} elements is not a multiple of the block size {QK}", x.len()),
+            detail: format!(
+                "{} elements is not a multiple of the block size {QK}",
+                x.len()
+            ),
         });
     }
     let mut out = Vec::with_capacity(x.len() / QK * dtype.block_bytes());
@@ -132,7 +142,10 @@ pub(crate) fn device_layout(dtype: DType, n_blocks: usize) -> DeviceQuantLayout 
         DType::Q4_0 => (n_blocks.div_ceil(2), 4),
         _ => (n_blocks, 4), // Q4_1: d and m share a word
     };
-    DeviceQuantLayout { qs_offset: scale_words, words: scale_words + n_blocks * qs_words }
+    DeviceQuantLayout {
+        qs_offset: scale_words,
+        words: scale_words + n_blocks * qs_words,
+    }
 }
 
 fn word(b: &[u8]) -> u32 {
@@ -242,8 +255,14 @@ mod tests {
 
     #[test]
     fn quantize_roundtrip_error_is_bounded() {
-        let x: Vec<f32> = (0..256).map(|i| ((i * 37 % 101) as f32 - 50.0) / 7.0).collect();
-        for (dt, rel) in [(DType::Q8_0, 0.01), (DType::Q4_0, 0.15), (DType::Q4_1, 0.08)] {
+        let x: Vec<f32> = (0..256)
+            .map(|i| ((i * 37 % 101) as f32 - 50.0) / 7.0)
+            .collect();
+        for (dt, rel) in [
+            (DType::Q8_0, 0.01),
+            (DType::Q4_0, 0.15),
+            (DType::Q4_1, 0.08),
+        ] {
             let q = quantize(dt, &x).unwrap();
             assert_eq!(q.len(), x.len() / 32 * dt.block_bytes());
             let mut y = vec![0f32; x.len()];

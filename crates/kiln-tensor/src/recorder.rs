@@ -31,19 +31,32 @@ pub struct Recorder {
 
 impl std::fmt::Debug for Recorder {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Recorder({:?}, {} dispatches)", self.device, self.dispatches.len())
+        write!(
+            f,
+            "Recorder({:?}, {} dispatches)",
+            self.device,
+            self.dispatches.len()
+        )
     }
 }
 
 /// Grid for `n` workgroups: `[x, y, 1]` with `x * y >= n`. Kernels rebuild the linear id as
 /// `wid.x + wid.y * nwg.x` and ignore ids past their work.
 pub(crate) fn grid(n: u32) -> [u32; 3] {
-    if n <= MAX_GROUPS_X { [n.max(1), 1, 1] } else { [MAX_GROUPS_X, n.div_ceil(MAX_GROUPS_X), 1] }
+    if n <= MAX_GROUPS_X {
+        [n.max(1), 1, 1]
+    } else {
+        [MAX_GROUPS_X, n.div_ceil(MAX_GROUPS_X), 1]
+    }
 }
 
 impl Recorder {
     pub fn new(device: &Device) -> Self {
-        Self { device: device.clone(), dispatches: Vec::new(), params: Vec::new() }
+        Self {
+            device: device.clone(),
+            dispatches: Vec::new(),
+            params: Vec::new(),
+        }
     }
 
     pub fn device(&self) -> &Device {
@@ -88,7 +101,10 @@ impl Recorder {
         groups: u32,
     ) -> Result<()> {
         let Device::Wgpu(ctx) = &self.device else {
-            return Err(TensorError::Invalid { op: kernel.name, detail: "kernel launch on the CPU backend".into() });
+            return Err(TensorError::Invalid {
+                op: kernel.name,
+                detail: "kernel launch on the CPU backend".into(),
+            });
         };
         debug_assert_eq!(bindings.len(), kernel.bindings.len(), "{}", kernel.name);
         let pipeline = ctx.pipeline(kernel, defines)?;
@@ -96,15 +112,23 @@ impl Recorder {
         debug_assert!(bytes.len() as u64 <= PARAM_SLOT);
         let param_offset = self.params.len() as u32;
         self.params.extend_from_slice(bytes);
-        self.params.resize(self.params.len().next_multiple_of(PARAM_SLOT as usize), 0);
-        self.dispatches.push(Dispatch { pipeline, bindings, param_offset, groups: grid(groups) });
+        self.params
+            .resize(self.params.len().next_multiple_of(PARAM_SLOT as usize), 0);
+        self.dispatches.push(Dispatch {
+            pipeline,
+            bindings,
+            param_offset,
+            groups: grid(groups),
+        });
         Ok(())
     }
 
     /// Encode everything recorded into one command encoder and submit it once. Does not wait
     /// for the device; reading a tensor back waits.
     pub fn submit(&mut self) -> Result<()> {
-        let Device::Wgpu(ctx) = &self.device else { return Ok(()) };
+        let Device::Wgpu(ctx) = &self.device else {
+            return Ok(());
+        };
         if self.dispatches.is_empty() {
             return Ok(());
         }
@@ -120,7 +144,10 @@ impl Recorder {
         {
             let mut view = uniform
                 .get_mapped_range_mut(..)
-                .map_err(|e| TensorError::Gpu { during: "params upload", message: e.to_string() })?;
+                .map_err(|e| TensorError::Gpu {
+                    during: "params upload",
+                    message: e.to_string(),
+                })?;
             view.slice(..).copy_from_slice(&self.params);
         }
         uniform.unmap();
@@ -154,9 +181,14 @@ impl Recorder {
                 entries: &entries,
             }));
         }
-        let mut enc = device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("kiln step") });
+        let mut enc = device.create_command_encoder(&wgpu::CommandEncoderDescriptor {
+            label: Some("kiln step"),
+        });
         {
-            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("kiln step"), timestamp_writes: None });
+            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                label: Some("kiln step"),
+                timestamp_writes: None,
+            });
             for (d, bg) in self.dispatches.iter().zip(&groups) {
                 pass.set_pipeline(&d.pipeline.pipeline);
                 pass.set_bind_group(0, bg, &[d.param_offset]);
@@ -164,13 +196,20 @@ impl Recorder {
             }
         }
         ctx.queue.submit([enc.finish()]);
-        let names: Vec<String> = self.dispatches.iter().map(|d| d.pipeline.name.clone()).collect();
+        let names: Vec<String> = self
+            .dispatches
+            .iter()
+            .map(|d| d.pipeline.name.clone())
+            .collect();
         self.dispatches.clear();
         self.params.clear();
         let oom_err = pollster::block_on(oom.pop());
         let val_err = pollster::block_on(scope.pop());
         if let Some(e) = oom_err.or(val_err) {
-            return Err(TensorError::Gpu { during: "submit", message: format!("{e} (kernels: {})", names.join(", ")) });
+            return Err(TensorError::Gpu {
+                during: "submit",
+                message: format!("{e} (kernels: {})", names.join(", ")),
+            });
         }
         Ok(())
     }

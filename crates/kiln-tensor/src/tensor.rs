@@ -20,7 +20,10 @@ impl HostData {
     pub(crate) fn from_bytes(b: &[u8]) -> Self {
         let mut words = vec![0u32; b.len().div_ceil(4)];
         bytemuck::cast_slice_mut::<u32, u8>(&mut words)[..b.len()].copy_from_slice(b);
-        Self { words, bytes: b.len() }
+        Self {
+            words,
+            bytes: b.len(),
+        }
     }
     pub(crate) fn from_words(words: Vec<u32>) -> Self {
         let bytes = words.len() * 4;
@@ -47,7 +50,10 @@ pub(crate) struct Chunk {
 #[derive(Debug)]
 pub(crate) enum Storage {
     Cpu(HostData),
-    Gpu { ctx: Arc<GpuContext>, chunks: Vec<Chunk> },
+    Gpu {
+        ctx: Arc<GpuContext>,
+        chunks: Vec<Chunk>,
+    },
 }
 
 /// An n-dimensional array on a [`Device`]. Cloning is cheap (shared storage).
@@ -73,15 +79,20 @@ impl fmt::Debug for Tensor {
 }
 
 fn check_shape(shape: &[usize], dtype: DType, what: &str) -> Result<usize> {
-    let n = shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d)).ok_or_else(|| TensorError::Invalid {
-        op: "tensor",
-        detail: format!("{what}: shape {shape:?} overflows"),
-    })?;
+    let n = shape
+        .iter()
+        .try_fold(1usize, |a, &d| a.checked_mul(d))
+        .ok_or_else(|| TensorError::Invalid {
+            op: "tensor",
+            detail: format!("{what}: shape {shape:?} overflows"),
+        })?;
     let cols = shape.last().copied().unwrap_or(1);
     if dtype.is_quantized() && cols % dtype.block_elems() != 0 {
         return Err(TensorError::Shape {
             op: "tensor",
-            detail: format!("{what}: last dimension {cols} of a {dtype:?} tensor must be a multiple of 32"),
+            detail: format!(
+                "{what}: last dimension {cols} of a {dtype:?} tensor must be a multiple of 32"
+            ),
         });
     }
     Ok(n)
@@ -89,30 +100,59 @@ fn check_shape(shape: &[usize], dtype: DType, what: &str) -> Result<usize> {
 
 impl Tensor {
     fn wrap(shape: Vec<usize>, dtype: DType, storage: Storage) -> Self {
-        Self { shape, dtype, storage: Arc::new(storage) }
+        Self {
+            shape,
+            dtype,
+            storage: Arc::new(storage),
+        }
     }
 
     /// Upload host-layout bytes (`GGUF` blocks for quantized dtypes, little-endian otherwise).
     /// BF16 is converted to F32.
-    pub fn from_bytes(device: &Device, dtype: DType, shape: &[usize], bytes: &[u8]) -> Result<Self> {
+    pub fn from_bytes(
+        device: &Device,
+        dtype: DType,
+        shape: &[usize],
+        bytes: &[u8],
+    ) -> Result<Self> {
         let n = check_shape(shape, dtype, "upload")?;
         let expected = dtype.bytes_for(n).unwrap_or(usize::MAX);
         if bytes.len() != expected {
-            return Err(TensorError::DataLength { what: format!("tensor {shape:?} {dtype:?}"), expected, got: bytes.len() });
+            return Err(TensorError::DataLength {
+                what: format!("tensor {shape:?} {dtype:?}"),
+                expected,
+                got: bytes.len(),
+            });
         }
         if dtype == DType::BF16 {
-            let v: Vec<f32> = bytes.chunks_exact(2).map(|b| bf16::from_le_bytes([b[0], b[1]]).to_f32()).collect();
+            let v: Vec<f32> = bytes
+                .chunks_exact(2)
+                .map(|b| bf16::from_le_bytes([b[0], b[1]]).to_f32())
+                .collect();
             return Self::from_f32(device, shape, &v);
         }
         match device {
-            Device::Cpu => Ok(Self::wrap(shape.to_vec(), dtype, Storage::Cpu(HostData::from_bytes(bytes)))),
+            Device::Cpu => Ok(Self::wrap(
+                shape.to_vec(),
+                dtype,
+                Storage::Cpu(HostData::from_bytes(bytes)),
+            )),
             Device::Wgpu(ctx) => Self::upload_chunks(ctx, dtype, shape, bytes),
         }
     }
 
-    fn upload_chunks(ctx: &Arc<GpuContext>, dtype: DType, shape: &[usize], bytes: &[u8]) -> Result<Self> {
+    fn upload_chunks(
+        ctx: &Arc<GpuContext>,
+        dtype: DType,
+        shape: &[usize],
+        bytes: &[u8],
+    ) -> Result<Self> {
         let cols = shape.last().copied().unwrap_or(1);
-        let rows = if cols == 0 { 0 } else { shape.iter().product::<usize>() / cols };
+        let rows = shape
+            .iter()
+            .product::<usize>()
+            .checked_div(cols)
+            .unwrap_or(0);
         let row_bytes = dtype.bytes_for(cols).unwrap_or(0);
         // Device bytes per row: quantized rows are slightly larger in SoA form only by padding
         // of the scale words, so budget the host size plus one word.
@@ -126,24 +166,43 @@ impl Tensor {
         let mut chunks = Vec::new();
         let mut row0 = 0;
         loop {
-            let nrows = if single { rows } else { rows_per_chunk.min(rows - row0) };
+            let nrows = if single {
+                rows
+            } else {
+                rows_per_chunk.min(rows - row0)
+            };
             let part = &bytes[row0 * row_bytes..(row0 + nrows) * row_bytes];
             let what = format!("tensor {shape:?} {dtype:?} rows {row0}..{}", row0 + nrows);
             let (buf, qs_offset) = if dtype.is_quantized() {
                 let nb = nrows * cols / dtype.block_elems();
                 let words = quant::to_device(dtype, part);
                 let layout = quant::device_layout(dtype, nb);
-                (ctx.upload(bytemuck::cast_slice(&words), &what)?, layout.qs_offset as u32)
+                (
+                    ctx.upload(bytemuck::cast_slice(&words), &what)?,
+                    layout.qs_offset as u32,
+                )
             } else {
                 (ctx.upload(part, &what)?, 0)
             };
-            chunks.push(Chunk { buf, row0, rows: nrows, qs_offset });
+            chunks.push(Chunk {
+                buf,
+                row0,
+                rows: nrows,
+                qs_offset,
+            });
             row0 += nrows;
             if row0 >= rows {
                 break;
             }
         }
-        Ok(Self::wrap(shape.to_vec(), dtype, Storage::Gpu { ctx: ctx.clone(), chunks }))
+        Ok(Self::wrap(
+            shape.to_vec(),
+            dtype,
+            Storage::Gpu {
+                ctx: ctx.clone(),
+                chunks,
+            },
+        ))
     }
 
     pub fn from_f32(device: &Device, shape: &[usize], data: &[f32]) -> Result<Self> {
@@ -164,7 +223,12 @@ impl Tensor {
 
     /// Quantize `data` on the CPU to `dtype` (Q8_0/Q4_0/Q4_1) and upload it (load-time
     /// `--quantize`).
-    pub fn quantize_f32(device: &Device, dtype: DType, shape: &[usize], data: &[f32]) -> Result<Self> {
+    pub fn quantize_f32(
+        device: &Device,
+        dtype: DType,
+        shape: &[usize],
+        data: &[f32],
+    ) -> Result<Self> {
         check_shape(shape, dtype, "quantize")?;
         let q = quant::quantize(dtype, data)?;
         Self::from_bytes(device, dtype, shape, &q)
@@ -172,20 +236,45 @@ impl Tensor {
 
     /// A CPU tensor from computed values (op results of the reference backend).
     pub(crate) fn cpu_f32(shape: Vec<usize>, v: Vec<f32>) -> Self {
-        Self::wrap(shape, DType::F32, Storage::Cpu(HostData::from_words(bytemuck::cast_vec(v))))
+        Self::wrap(
+            shape,
+            DType::F32,
+            Storage::Cpu(HostData::from_words(bytemuck::cast_vec(v))),
+        )
     }
     pub(crate) fn cpu_u32(shape: Vec<usize>, v: Vec<u32>) -> Self {
         Self::wrap(shape, DType::U32, Storage::Cpu(HostData::from_words(v)))
     }
 
     /// An uninitialised (pooled) device tensor that a kernel is about to fill.
-    pub(crate) fn gpu_output(ctx: &Arc<GpuContext>, dtype: DType, shape: Vec<usize>, op: &'static str) -> Result<Self> {
+    pub(crate) fn gpu_output(
+        ctx: &Arc<GpuContext>,
+        dtype: DType,
+        shape: Vec<usize>,
+        op: &'static str,
+    ) -> Result<Self> {
         let n: usize = shape.iter().product();
         let bytes = dtype.bytes_for(n).unwrap_or(0) as u64;
-        let buf = ctx.storage(bytes, &format!("{op} output {shape:?} {dtype:?}"), true)?;
-        let rows = if shape.is_empty() { 1 } else { n / shape.last().copied().unwrap_or(1).max(1) };
-        let chunks = vec![Chunk { buf, row0: 0, rows, qs_offset: 0 }];
-        Ok(Self::wrap(shape, dtype, Storage::Gpu { ctx: ctx.clone(), chunks }))
+        let buf = ctx.output_buffer(bytes, &format!("{op} output {shape:?} {dtype:?}"))?;
+        let rows = if shape.is_empty() {
+            1
+        } else {
+            n / shape.last().copied().unwrap_or(1).max(1)
+        };
+        let chunks = vec![Chunk {
+            buf,
+            row0: 0,
+            rows,
+            qs_offset: 0,
+        }];
+        Ok(Self::wrap(
+            shape,
+            dtype,
+            Storage::Gpu {
+                ctx: ctx.clone(),
+                chunks,
+            },
+        ))
     }
 
     pub fn shape(&self) -> &[usize] {
@@ -205,7 +294,7 @@ impl Tensor {
     /// Product of all but the last dimension.
     pub fn rows(&self) -> usize {
         let c = self.cols();
-        if c == 0 { 0 } else { self.elem_count() / c }
+        self.elem_count().checked_div(c).unwrap_or(0)
     }
     /// Number of device bindings this tensor is split into (1 unless it is huge).
     pub fn chunk_count(&self) -> usize {
@@ -222,7 +311,7 @@ impl Tensor {
         }
     }
     pub(crate) fn storage(&self) -> &Storage {
-        &*self.storage
+        &self.storage
     }
 
     /// The same storage under a new shape with the same element count (no copy). A tensor
@@ -230,9 +319,16 @@ impl Tensor {
     pub fn reshape(&self, shape: &[usize]) -> Result<Self> {
         let n = check_shape(shape, self.dtype, "reshape")?;
         if n != self.elem_count() || (self.chunk_count() > 1 && shape.last() != self.shape.last()) {
-            return Err(TensorError::Shape { op: "reshape", detail: format!("{:?} cannot become {shape:?}", self.shape) });
+            return Err(TensorError::Shape {
+                op: "reshape",
+                detail: format!("{:?} cannot become {shape:?}", self.shape),
+            });
         }
-        Ok(Self { shape: shape.to_vec(), dtype: self.dtype, storage: self.storage.clone() })
+        Ok(Self {
+            shape: shape.to_vec(),
+            dtype: self.dtype,
+            storage: self.storage.clone(),
+        })
     }
 
     /// Host-layout bytes (GGUF blocks for quantized dtypes). Blocks on device work.
@@ -240,7 +336,10 @@ impl Tensor {
         match &*self.storage {
             Storage::Cpu(h) => Ok(h.bytes().to_vec()),
             Storage::Gpu { ctx, chunks } => {
-                let parts: Vec<(&wgpu::Buffer, u64)> = chunks.iter().map(|c| (&c.buf.buffer, c.buf.bytes)).collect();
+                let parts: Vec<(&wgpu::Buffer, u64)> = chunks
+                    .iter()
+                    .map(|c| (&c.buf.buffer, c.buf.bytes))
+                    .collect();
                 let raw = ctx.read_back(&parts)?;
                 if !self.dtype().is_quantized() {
                     return Ok(raw);
@@ -250,7 +349,10 @@ impl Tensor {
                 for c in chunks {
                     let nb = c.rows * self.cols() / crate::QK;
                     let n = c.buf.bytes as usize;
-                    let words: Vec<u32> = raw[at..at + n].chunks_exact(4).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
+                    let words: Vec<u32> = raw[at..at + n]
+                        .chunks_exact(4)
+                        .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                        .collect();
                     out.extend(quant::from_device(self.dtype(), &words, nb));
                     at += n;
                 }
@@ -263,23 +365,39 @@ impl Tensor {
     pub fn to_f32_vec(&self) -> Result<Vec<f32>> {
         let b = self.to_bytes()?;
         match self.dtype() {
-            DType::F32 => Ok(b.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()),
-            DType::F16 => Ok(b.chunks_exact(2).map(|c| f16::from_le_bytes([c[0], c[1]]).to_f32()).collect()),
+            DType::F32 => Ok(b
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect()),
+            DType::F16 => Ok(b
+                .chunks_exact(2)
+                .map(|c| f16::from_le_bytes([c[0], c[1]]).to_f32())
+                .collect()),
             d if d.is_quantized() => {
                 let mut out = vec![0f32; self.elem_count()];
                 quant::dequantize(d, &b, &mut out)?;
                 Ok(out)
             }
-            d => Err(TensorError::DType { op: "to_f32_vec", what: "reading back as f32", dtype: d }),
+            d => Err(TensorError::DType {
+                op: "to_f32_vec",
+                what: "reading back as f32",
+                dtype: d,
+            }),
         }
     }
 
     /// Values of a U32 tensor. Blocks on device work.
     pub fn to_u32_vec(&self) -> Result<Vec<u32>> {
         if self.dtype() != DType::U32 {
-            return Err(TensorError::DType { op: "to_u32_vec", what: "reading back as u32", dtype: self.dtype() });
+            return Err(TensorError::DType {
+                op: "to_u32_vec",
+                what: "reading back as u32",
+                dtype: self.dtype(),
+            });
         }
         let b = self.to_bytes()?;
-        Ok(b.chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
+        Ok(b.chunks_exact(4)
+            .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect())
     }
 }

@@ -1,5 +1,13 @@
 //! Device selection, storage, limits and errors.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::too_many_arguments,
+    clippy::type_complexity
+)]
+
 mod common;
 
 use common::{assert_close, gpu, gpu_plain, gpu_split, gpus, randn, rng};
@@ -10,12 +18,18 @@ fn reports_the_adapter_and_its_features() {
     for (name, dev) in gpus() {
         let info = dev.info();
         eprintln!("{name}: {info}");
-        assert!(!info.name.is_empty() && info.backend != "cpu", "{name}: {info:?}");
+        assert!(
+            !info.name.is_empty() && info.backend != "cpu",
+            "{name}: {info:?}"
+        );
         assert!(info.max_storage_binding_bytes >= 1 << 20);
     }
     if let Some(plain) = gpu_plain() {
         let i = plain.info();
-        assert!(!i.shader_f16 && !i.subgroups, "features were turned off: {i:?}");
+        assert!(
+            !i.shader_f16 && !i.subgroups,
+            "features were turned off: {i:?}"
+        );
     }
     assert_eq!(Device::cpu().info().backend, "cpu");
 }
@@ -36,14 +50,29 @@ fn upload_download_roundtrips_every_dtype() {
         let b: Vec<half::bf16> = v.iter().map(|&x| half::bf16::from_f32(x)).collect();
         let t = Tensor::from_bf16(&dev, &[3, 64], &b).unwrap();
         assert_eq!(t.dtype(), DType::F32, "bf16 is widened at upload");
-        assert_eq!(t.to_f32_vec().unwrap(), b.iter().map(|x| x.to_f32()).collect::<Vec<_>>(), "{name} bf16");
+        assert_eq!(
+            t.to_f32_vec().unwrap(),
+            b.iter().map(|x| x.to_f32()).collect::<Vec<_>>(),
+            "{name} bf16"
+        );
         for q in [DType::Q8_0, DType::Q4_0, DType::Q4_1] {
             let raw = kiln_tensor::quantize(q, &v).unwrap();
             let t = Tensor::from_bytes(&dev, q, &[3, 64], &raw).unwrap();
-            assert_eq!(t.to_bytes().unwrap(), raw, "{name} {q:?} keeps its GGUF bytes");
+            assert_eq!(
+                t.to_bytes().unwrap(),
+                raw,
+                "{name} {q:?} keeps its GGUF bytes"
+            );
         }
         let u: Vec<u32> = (0..7).map(|i| i * 1_000_003).collect();
-        assert_eq!(Tensor::from_u32(&dev, &[7], &u).unwrap().to_u32_vec().unwrap(), u, "{name} u32");
+        assert_eq!(
+            Tensor::from_u32(&dev, &[7], &u)
+                .unwrap()
+                .to_u32_vec()
+                .unwrap(),
+            u,
+            "{name} u32"
+        );
         let odd: Vec<half::f16> = h[..5].to_vec();
         let t = Tensor::from_f16(&dev, &[5], &odd).unwrap();
         assert_eq!(t.to_f32_vec().unwrap().len(), 5, "{name} odd f16 count");
@@ -68,9 +97,29 @@ fn device_dequantization_matches_hand_worked_blocks() {
     n[0] = 0x3C;
     q41.extend_from_slice(&n);
     let checks: [(DType, &[u8], &[(usize, f32)]); 3] = [
-        (DType::Q8_0, &q8, &[(0, 0.0), (1, 0.5), (2, -0.5), (3, 1.0), (4, -64.0), (5, 63.5), (6, 0.0)]),
-        (DType::Q4_0, &q40, &[(0, -16.0), (16, 14.0), (15, 0.0), (31, 2.0), (1, 0.0)]),
-        (DType::Q4_1, &q41, &[(0, 2.0), (16, -0.25), (1, -1.0), (31, -1.0)]),
+        (
+            DType::Q8_0,
+            &q8,
+            &[
+                (0, 0.0),
+                (1, 0.5),
+                (2, -0.5),
+                (3, 1.0),
+                (4, -64.0),
+                (5, 63.5),
+                (6, 0.0),
+            ],
+        ),
+        (
+            DType::Q4_0,
+            &q40,
+            &[(0, -16.0), (16, 14.0), (15, 0.0), (31, 2.0), (1, 0.0)],
+        ),
+        (
+            DType::Q4_1,
+            &q41,
+            &[(0, 2.0), (16, -0.25), (1, -1.0), (31, -1.0)],
+        ),
     ];
     for (name, dev) in gpus() {
         for (dt, raw, want) in &checks {
@@ -93,7 +142,11 @@ fn device_dequantization_matches_hand_worked_blocks() {
                 assert_eq!(e[i], v, "{name} {dt:?} embedding element {i}");
                 assert_eq!(tiled[i], v, "{name} {dt:?} tiled matmul element {i}");
             }
-            assert_eq!(vec.to_f32_vec().unwrap()[0], want[0].1, "{name} {dt:?} matvec");
+            assert_eq!(
+                vec.to_f32_vec().unwrap()[0],
+                want[0].1,
+                "{name} {dt:?} matvec"
+            );
         }
     }
 }
@@ -103,7 +156,11 @@ fn split_bindings_give_the_same_results() {
     let Some(split) = gpu_split() else { return };
     let mut r = rng(11);
     // 300 rows of 256 Q8_0 / Q4_1 or 40 f32: 82 KB, 48 KB, 48 KB: several 16 KiB chunks each.
-    for (dtype, n, k) in [(DType::Q8_0, 300usize, 256usize), (DType::F32, 300, 40), (DType::Q4_1, 300, 256)] {
+    for (dtype, n, k) in [
+        (DType::Q8_0, 300usize, 256usize),
+        (DType::F32, 300, 40),
+        (DType::Q4_1, 300, 256),
+    ] {
         let w = randn(&mut r, n * k, 1.0);
         let ids = [0u32, n as u32 - 1, 77, 3];
         for m in [1usize, 9] {
@@ -118,12 +175,25 @@ fn split_bindings_give_the_same_results() {
                 let y = rec.matmul(&xt, &wt, None).unwrap();
                 let e = rec.embedding(&wt, &ids).unwrap();
                 rec.submit().unwrap();
-                (wt.chunk_count(), y.to_f32_vec().unwrap(), e.to_f32_vec().unwrap())
+                (
+                    wt.chunk_count(),
+                    y.to_f32_vec().unwrap(),
+                    e.to_f32_vec().unwrap(),
+                )
             };
             let (_, wy, we) = run(&Device::cpu());
             let (chunks, gy, ge) = run(&split);
-            assert!(chunks > 2, "{dtype:?} should be split, got {chunks} chunk(s)");
-            assert_close(&format!("split matmul {dtype:?} m={m}"), &gy, &wy, 1e-5 * k as f32, 0.0);
+            assert!(
+                chunks > 2,
+                "{dtype:?} should be split, got {chunks} chunk(s)"
+            );
+            assert_close(
+                &format!("split matmul {dtype:?} m={m}"),
+                &gy,
+                &wy,
+                1e-5 * k as f32,
+                0.0,
+            );
             assert_eq!(ge, we, "split embedding {dtype:?}");
         }
     }
@@ -143,10 +213,20 @@ fn tensor_larger_than_the_binding_limit_works() {
     let (rows, k) = (33_000usize, 1024usize);
     let limit = dev.info().max_storage_binding_bytes;
     let bytes = (rows * k * 4) as u64;
-    let rows = if bytes <= limit { (limit as usize / (k * 4)) + 1000 } else { rows };
-    let table: Vec<f32> = (0..rows * k).map(|i| ((i % 1013) as f32 - 506.0) / 512.0).collect();
+    let rows = if bytes <= limit {
+        (limit as usize / (k * 4)) + 1000
+    } else {
+        rows
+    };
+    let table: Vec<f32> = (0..rows * k)
+        .map(|i| ((i % 1013) as f32 - 506.0) / 512.0)
+        .collect();
     let t = Tensor::from_f32(&dev, &[rows, k], &table).unwrap();
-    assert!(t.chunk_count() >= 2, "{} bytes over a {limit}-byte limit", rows * k * 4);
+    assert!(
+        t.chunk_count() >= 2,
+        "{} bytes over a {limit}-byte limit",
+        rows * k * 4
+    );
     let ids = [0u32, 1, rows as u32 / 2, rows as u32 - 1];
     let x: Vec<f32> = (0..k).map(|i| ((i * 7 % 13) as f32 - 6.0) / 6.0).collect();
     let xt = Tensor::from_f32(&dev, &[1, k], &x).unwrap();
@@ -157,15 +237,31 @@ fn tensor_larger_than_the_binding_limit_works() {
     rec.submit().unwrap();
     let e = e.to_f32_vec().unwrap();
     for (j, &id) in ids.iter().enumerate() {
-        assert_eq!(&e[j * k..(j + 1) * k], &table[id as usize * k..(id as usize + 1) * k], "row {id}");
+        assert_eq!(
+            &e[j * k..(j + 1) * k],
+            &table[id as usize * k..(id as usize + 1) * k],
+            "row {id}"
+        );
     }
     let logits = logits.to_f32_vec().unwrap();
     let cpu_t = Tensor::from_f32(&Device::cpu(), &[rows, k], &table).unwrap();
     let cpu_x = Tensor::from_f32(&Device::cpu(), &[1, k], &x).unwrap();
     let mut cr = Recorder::new(&Device::cpu());
-    let want = cr.matmul(&cpu_x, &cpu_t, None).unwrap().to_f32_vec().unwrap();
-    assert_close("logits over a split table", &logits, &want, 1e-5 * k as f32, 0.0);
-    let want_best = cr.argmax(&Tensor::from_f32(&Device::cpu(), &[1, rows], &want).unwrap()).unwrap();
+    let want = cr
+        .matmul(&cpu_x, &cpu_t, None)
+        .unwrap()
+        .to_f32_vec()
+        .unwrap();
+    assert_close(
+        "logits over a split table",
+        &logits,
+        &want,
+        1e-5 * k as f32,
+        0.0,
+    );
+    let want_best = cr
+        .argmax(&Tensor::from_f32(&Device::cpu(), &[1, rows], &want).unwrap())
+        .unwrap();
     assert_eq!(best.to_u32_vec().unwrap(), want_best.to_u32_vec().unwrap());
 }
 
@@ -178,23 +274,65 @@ fn bad_use_is_an_error_not_a_panic() {
         let w = Tensor::from_f32(&dev, &[3, 31], &[0.0; 93]).unwrap();
         let mut rec = Recorder::new(&dev);
         let e = rec.matmul(&x, &w, None).unwrap_err();
-        assert!(matches!(e, TensorError::Shape { op: "matmul", .. }), "{name}: {e}");
+        assert!(
+            matches!(e, TensorError::Shape { op: "matmul", .. }),
+            "{name}: {e}"
+        );
         let ids = Tensor::from_u32(&dev, &[2, 32], &[0; 64]).unwrap();
         let e = rec.matmul(&x, &ids, None).unwrap_err();
-        assert!(matches!(e, TensorError::DType { dtype: DType::U32, .. }), "{name}: {e}");
+        assert!(
+            matches!(
+                e,
+                TensorError::DType {
+                    dtype: DType::U32,
+                    ..
+                }
+            ),
+            "{name}: {e}"
+        );
         let e = rec.add(&x, &w).unwrap_err();
         assert!(e.to_string().contains("[2, 32] vs [3, 31]"), "{name}: {e}");
         let e = rec.embedding(&x, &[2]).unwrap_err();
-        assert!(matches!(e, TensorError::OutOfRange { index: 2, limit: 2, .. }), "{name}: {e}");
+        assert!(
+            matches!(
+                e,
+                TensorError::OutOfRange {
+                    index: 2,
+                    limit: 2,
+                    ..
+                }
+            ),
+            "{name}: {e}"
+        );
         let e = rec.rms_norm(&x, &x, 1e-5).unwrap_err();
-        assert!(matches!(e, TensorError::Shape { op: "rms_norm", .. }), "{name}: {e}");
+        assert!(
+            matches!(e, TensorError::Shape { op: "rms_norm", .. }),
+            "{name}: {e}"
+        );
         let e = Tensor::from_f32(&dev, &[3, 3], &[0.0; 8]).unwrap_err();
-        assert!(matches!(e, TensorError::DataLength { expected: 36, got: 32, .. }), "{name}: {e}");
+        assert!(
+            matches!(
+                e,
+                TensorError::DataLength {
+                    expected: 36,
+                    got: 32,
+                    ..
+                }
+            ),
+            "{name}: {e}"
+        );
         let e = Tensor::quantize_f32(&dev, DType::Q4_0, &[2, 48], &[0.0; 96]).unwrap_err();
         assert!(e.to_string().contains("multiple of 32"), "{name}: {e}");
         let e = rec.softmax(&ids).unwrap_err();
-        assert!(matches!(e, TensorError::DType { op: "softmax", .. }), "{name}: {e}");
-        assert_eq!(rec.pending_dispatches(), 0, "{name}: failed ops record nothing");
+        assert!(
+            matches!(e, TensorError::DType { op: "softmax", .. }),
+            "{name}: {e}"
+        );
+        assert_eq!(
+            rec.pending_dispatches(),
+            0,
+            "{name}: failed ops record nothing"
+        );
     }
     // Mixing devices is an error.
     if let Some(g) = gpu() {
@@ -208,7 +346,9 @@ fn bad_use_is_an_error_not_a_panic() {
 #[test]
 fn a_step_is_one_submit_and_pipelines_are_cached() {
     let Some(dev) = gpu() else { return };
-    let Device::Wgpu(ctx) = &dev else { unreachable!() };
+    let Device::Wgpu(ctx) = &dev else {
+        unreachable!()
+    };
     let x = Tensor::from_f32(&dev, &[4, 64], &vec![0.25; 256]).unwrap();
     let g = Tensor::from_f32(&dev, &[64], &vec![1.0; 64]).unwrap();
     let step = |rec: &mut Recorder| {
@@ -228,6 +368,13 @@ fn a_step_is_one_submit_and_pipelines_are_cached() {
     let again = step(&mut rec);
     rec.submit().unwrap();
     assert_eq!(again.to_f32_vec().unwrap(), first);
-    assert_eq!(ctx.cached_pipelines(), compiled, "the second step compiles nothing");
-    assert!(ctx.idle_pooled_buffers() > 0, "intermediates went back to the pool");
+    assert_eq!(
+        ctx.cached_pipelines(),
+        compiled,
+        "the second step compiles nothing"
+    );
+    assert!(
+        ctx.idle_pooled_buffers() > 0,
+        "intermediates went back to the pool"
+    );
 }

@@ -1,13 +1,29 @@
 //! Every op on every wgpu configuration against the CPU reference, over random shapes that
 //! include sizes which are not multiples of tiles or blocks.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::too_many_arguments,
+    clippy::type_complexity
+)]
+
 mod common;
 
 use common::{assert_close, gpus, randn, rng};
-use kiln_tensor::{DType, Device, Recorder, RopeConfig, RopeLayout, RopeScaling, RopeTable, Tensor};
+use kiln_tensor::{
+    DType, Device, Recorder, RopeConfig, RopeLayout, RopeScaling, RopeTable, Tensor,
+};
 use rand::Rng;
 
-const WEIGHT_DTYPES: [DType; 5] = [DType::F32, DType::F16, DType::Q8_0, DType::Q4_0, DType::Q4_1];
+const WEIGHT_DTYPES: [DType; 5] = [
+    DType::F32,
+    DType::F16,
+    DType::Q8_0,
+    DType::Q4_0,
+    DType::Q4_1,
+];
 
 /// A weight of `dtype` built the same way on both devices from the same f32 values.
 fn weight(dev: &Device, dtype: DType, n: usize, k: usize, v: &[f32]) -> Tensor {
@@ -21,7 +37,16 @@ fn weight(dev: &Device, dtype: DType, n: usize, k: usize, v: &[f32]) -> Tensor {
     }
 }
 
-fn run_matmul(dev: &Device, dtype: DType, x: &[f32], m: usize, k: usize, wv: &[f32], n: usize, bias: Option<&[f32]>) -> Vec<f32> {
+fn run_matmul(
+    dev: &Device,
+    dtype: DType,
+    x: &[f32],
+    m: usize,
+    k: usize,
+    wv: &[f32],
+    n: usize,
+    bias: Option<&[f32]>,
+) -> Vec<f32> {
     let xt = Tensor::from_f32(dev, &[m, k], x).unwrap();
     let wt = weight(dev, dtype, n, k, wv);
     let bt = bias.map(|b| Tensor::from_f32(dev, &[n], b).unwrap());
@@ -42,17 +67,34 @@ fn matmul_tol(k: usize) -> f32 {
 fn matmul_matches_cpu_for_every_weight_dtype() {
     let mut r = rng(1);
     for dtype in WEIGHT_DTYPES {
-        let ks: &[usize] = if dtype.is_quantized() { &[32, 96, 576] } else { &[1, 7, 33, 100] };
+        let ks: &[usize] = if dtype.is_quantized() {
+            &[32, 96, 576]
+        } else {
+            &[1, 7, 33, 100]
+        };
         for &k in ks {
             for &m in &[1usize, 2, 5, 8, 9, 40, 67] {
                 let n = r.random_range(1..80);
                 let x = randn(&mut r, m * k, 1.0);
                 let w = randn(&mut r, n * k, 1.0);
-                let bias = if r.random_bool(0.5) { Some(randn(&mut r, n, 1.0)) } else { None };
+                let bias = if r.random_bool(0.5) {
+                    Some(randn(&mut r, n, 1.0))
+                } else {
+                    None
+                };
                 let want = run_matmul(&Device::cpu(), dtype, &x, m, k, &w, n, bias.as_deref());
                 for (name, dev) in gpus() {
                     let got = run_matmul(&dev, dtype, &x, m, k, &w, n, bias.as_deref());
-                    assert_close(&format!("{name} matmul {dtype:?} m={m} k={k} n={n} bias={}", bias.is_some()), &got, &want, matmul_tol(k), 0.0);
+                    assert_close(
+                        &format!(
+                            "{name} matmul {dtype:?} m={m} k={k} n={n} bias={}",
+                            bias.is_some()
+                        ),
+                        &got,
+                        &want,
+                        matmul_tol(k),
+                        0.0,
+                    );
                 }
             }
         }
@@ -71,14 +113,27 @@ fn matmul_on_smollm_shapes() {
                 let want = run_matmul(&Device::cpu(), dtype, &x, m, k, &w, n, None);
                 for (name, dev) in gpus() {
                     let got = run_matmul(&dev, dtype, &x, m, k, &w, n, None);
-                    assert_close(&format!("{name} {dtype:?} {m}x{k} · {n}x{k}"), &got, &want, matmul_tol(k), 0.0);
+                    assert_close(
+                        &format!("{name} {dtype:?} {m}x{k} · {n}x{k}"),
+                        &got,
+                        &want,
+                        matmul_tol(k),
+                        0.0,
+                    );
                 }
             }
         }
     }
 }
 
-fn run_embedding(dev: &Device, dtype: DType, rows: usize, k: usize, v: &[f32], ids: &[u32]) -> Vec<f32> {
+fn run_embedding(
+    dev: &Device,
+    dtype: DType,
+    rows: usize,
+    k: usize,
+    v: &[f32],
+    ids: &[u32],
+) -> Vec<f32> {
     let t = weight(dev, dtype, rows, k, v);
     let mut rec = Recorder::new(dev);
     let e = rec.embedding(&t, ids).unwrap();
@@ -100,7 +155,13 @@ fn embedding_matches_cpu_for_every_table_dtype() {
         for (name, dev) in gpus() {
             let got = run_embedding(&dev, dtype, rows, k, &v, &ids);
             // A gather moves values: exact.
-            assert_close(&format!("{name} embedding {dtype:?}"), &got, &want, 0.0, 0.0);
+            assert_close(
+                &format!("{name} embedding {dtype:?}"),
+                &got,
+                &want,
+                0.0,
+                0.0,
+            );
         }
     }
 }
@@ -108,7 +169,15 @@ fn embedding_matches_cpu_for_every_table_dtype() {
 #[test]
 fn rows_ops_match_cpu() {
     let mut r = rng(4);
-    for &(rows, cols) in &[(1usize, 1usize), (3, 63), (5, 64), (2, 65), (7, 576), (2, 4099), (1, 49152)] {
+    for &(rows, cols) in &[
+        (1usize, 1usize),
+        (3, 63),
+        (5, 64),
+        (2, 65),
+        (7, 576),
+        (2, 4099),
+        (1, 49152),
+    ] {
         let x = randn(&mut r, rows * cols, 4.0);
         let g = randn(&mut r, cols, 1.0);
         let run = |dev: &Device| {
@@ -119,13 +188,29 @@ fn rows_ops_match_cpu() {
             let s = rec.softmax(&xt).unwrap();
             let a = rec.argmax(&xt).unwrap();
             rec.submit().unwrap();
-            (n.to_f32_vec().unwrap(), s.to_f32_vec().unwrap(), a.to_u32_vec().unwrap())
+            (
+                n.to_f32_vec().unwrap(),
+                s.to_f32_vec().unwrap(),
+                a.to_u32_vec().unwrap(),
+            )
         };
         let (wn, ws, wa) = run(&Device::cpu());
         for (name, dev) in gpus() {
             let (gn, gs, ga) = run(&dev);
-            assert_close(&format!("{name} rms_norm {rows}x{cols}"), &gn, &wn, 1e-5, 1e-5);
-            assert_close(&format!("{name} softmax {rows}x{cols}"), &gs, &ws, 1e-7, 1e-5);
+            assert_close(
+                &format!("{name} rms_norm {rows}x{cols}"),
+                &gn,
+                &wn,
+                1e-5,
+                1e-5,
+            );
+            assert_close(
+                &format!("{name} softmax {rows}x{cols}"),
+                &gs,
+                &ws,
+                1e-7,
+                1e-5,
+            );
             assert_eq!(ga, wa, "{name} argmax {rows}x{cols}");
         }
     }
@@ -182,12 +267,23 @@ fn rope_matches_cpu_in_both_layouts_and_scalings() {
     let scalings = [
         RopeScaling::None,
         RopeScaling::Linear { factor: 4.0 },
-        RopeScaling::Llama3 { factor: 8.0, low_freq_factor: 1.0, high_freq_factor: 4.0, original_max_position: 64 },
+        RopeScaling::Llama3 {
+            factor: 8.0,
+            low_freq_factor: 1.0,
+            high_freq_factor: 4.0,
+            original_max_position: 64,
+        },
     ];
     for layout in [RopeLayout::HalfSplit, RopeLayout::Interleaved] {
         for scaling in scalings {
             for (head_dim, rotary_dim) in [(64usize, 64usize), (128, 128), (80, 32), (6, 2)] {
-                let cfg = RopeConfig { head_dim, rotary_dim, theta: 10000.0, scaling, layout };
+                let cfg = RopeConfig {
+                    head_dim,
+                    rotary_dim,
+                    theta: 10000.0,
+                    scaling,
+                    layout,
+                };
                 let (tokens, heads) = (r.random_range(1..9), r.random_range(1..5));
                 let x = randn(&mut r, tokens * heads * head_dim, 1.0);
                 let pos: Vec<u32> = (0..tokens).map(|_| r.random_range(0..2000)).collect();
@@ -202,11 +298,20 @@ fn rope_matches_cpu_in_both_layouts_and_scalings() {
                 let want = run(&Device::cpu());
                 // Dimensions past the rotary ones pass through untouched.
                 for t in 0..tokens * heads {
-                    assert_eq!(&want[t * head_dim + rotary_dim..(t + 1) * head_dim], &x[t * head_dim + rotary_dim..(t + 1) * head_dim]);
+                    assert_eq!(
+                        &want[t * head_dim + rotary_dim..(t + 1) * head_dim],
+                        &x[t * head_dim + rotary_dim..(t + 1) * head_dim]
+                    );
                 }
                 for (name, dev) in gpus() {
                     let got = run(&dev);
-                    assert_close(&format!("{name} rope {layout:?} {scaling:?} {head_dim}/{rotary_dim}"), &got, &want, 1e-6, 1e-5);
+                    assert_close(
+                        &format!("{name} rope {layout:?} {scaling:?} {head_dim}/{rotary_dim}"),
+                        &got,
+                        &want,
+                        1e-6,
+                        1e-5,
+                    );
                 }
             }
         }
@@ -216,12 +321,26 @@ fn rope_matches_cpu_in_both_layouts_and_scalings() {
 #[test]
 fn rope_rotates_the_documented_pairs() {
     // Position 1, theta such that the first frequency is 1 rad: (1, 0) → (cos 1, sin 1).
-    let cfg = |layout| RopeConfig { head_dim: 4, rotary_dim: 4, theta: 10000.0, scaling: RopeScaling::None, layout };
+    let cfg = |layout| RopeConfig {
+        head_dim: 4,
+        rotary_dim: 4,
+        theta: 10000.0,
+        scaling: RopeScaling::None,
+        layout,
+    };
     let dev = Device::cpu();
     let (c, s) = (1f32.cos(), 1f32.sin());
     for (layout, x, want) in [
-        (RopeLayout::HalfSplit, [1.0, 0.0, 0.0, 0.0], [c, 0.0, s, 0.0]),
-        (RopeLayout::Interleaved, [1.0, 0.0, 0.0, 0.0], [c, s, 0.0, 0.0]),
+        (
+            RopeLayout::HalfSplit,
+            [1.0, 0.0, 0.0, 0.0],
+            [c, 0.0, s, 0.0],
+        ),
+        (
+            RopeLayout::Interleaved,
+            [1.0, 0.0, 0.0, 0.0],
+            [c, s, 0.0, 0.0],
+        ),
     ] {
         let table = RopeTable::new(&dev, cfg(layout), 4).unwrap();
         let xt = Tensor::from_f32(&dev, &[1, 1, 4], &x).unwrap();
@@ -233,9 +352,20 @@ fn rope_rotates_the_documented_pairs() {
 
 #[test]
 fn llama3_scaling_keeps_high_and_divides_low_frequencies() {
-    let base = RopeConfig { head_dim: 128, rotary_dim: 128, theta: 500000.0, scaling: RopeScaling::None, layout: RopeLayout::HalfSplit };
+    let base = RopeConfig {
+        head_dim: 128,
+        rotary_dim: 128,
+        theta: 500000.0,
+        scaling: RopeScaling::None,
+        layout: RopeLayout::HalfSplit,
+    };
     let l3 = RopeConfig {
-        scaling: RopeScaling::Llama3 { factor: 8.0, low_freq_factor: 1.0, high_freq_factor: 4.0, original_max_position: 8192 },
+        scaling: RopeScaling::Llama3 {
+            factor: 8.0,
+            low_freq_factor: 1.0,
+            high_freq_factor: 4.0,
+            original_max_position: 8192,
+        },
         ..base
     };
     let (b, s) = (base.inv_freq(), l3.inv_freq());

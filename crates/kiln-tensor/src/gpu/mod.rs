@@ -6,8 +6,8 @@ mod template;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-pub(crate) use pool::GpuBuffer;
 use pool::BufferPool;
+pub(crate) use pool::GpuBuffer;
 
 use crate::device::{BackendChoice, DeviceInfo, DeviceOptions};
 use crate::{Result, TensorError};
@@ -88,7 +88,11 @@ impl GpuContext {
         let backends = desc.backends;
         let instance = wgpu::Instance::new(desc);
         let mut adapters = pollster::block_on(instance.enumerate_adapters(backends));
-        adapters.retain(|a| a.get_downlevel_capabilities().flags.contains(wgpu::DownlevelFlags::COMPUTE_SHADERS));
+        adapters.retain(|a| {
+            a.get_downlevel_capabilities()
+                .flags
+                .contains(wgpu::DownlevelFlags::COMPUTE_SHADERS)
+        });
         adapters.sort_by_key(|a| type_rank(a.get_info().device_type));
         let adapter = adapters.into_iter().next().ok_or_else(|| {
             TensorError::NoAdapter("no adapter with compute shaders (on Linux, install Mesa's Vulkan drivers for lavapipe)".into())
@@ -112,12 +116,16 @@ impl GpuContext {
             memory_hints: wgpu::MemoryHints::Performance,
             trace: wgpu::Trace::Off,
         }))
-        .map_err(|e| TensorError::DeviceRequest { adapter: ainfo.name.clone(), reason: e.to_string() })?;
+        .map_err(|e| TensorError::DeviceRequest {
+            adapter: ainfo.name.clone(),
+            reason: e.to_string(),
+        })?;
         device.on_uncaptured_error(Arc::new(|e: wgpu::Error| {
             tracing::error!("uncaptured wgpu error: {e}");
         }));
         let subgroups = features.contains(wgpu::Features::SUBGROUP);
-        let max_binding = u64::from(limits.max_storage_buffer_binding_size)
+        let max_binding = limits
+            .max_storage_buffer_binding_size
             .min(limits.max_buffer_size)
             .min(opts.max_binding_bytes.unwrap_or(u64::MAX));
         let ainfo2 = adapter.get_info();
@@ -125,10 +133,16 @@ impl GpuContext {
             backend: ainfo.backend.to_string(),
             name: ainfo.name.clone(),
             device_type: type_name(ainfo.device_type).into(),
-            driver: format!("{} {}", ainfo.driver, ainfo.driver_info).trim().to_string(),
+            driver: format!("{} {}", ainfo.driver, ainfo.driver_info)
+                .trim()
+                .to_string(),
             shader_f16: features.contains(wgpu::Features::SHADER_F16),
             subgroups,
-            subgroup_size: if subgroups { (ainfo2.subgroup_min_size, ainfo2.subgroup_max_size) } else { (0, 0) },
+            subgroup_size: if subgroups {
+                (ainfo2.subgroup_min_size, ainfo2.subgroup_max_size)
+            } else {
+                (0, 0)
+            },
             max_storage_binding_bytes: max_binding,
             max_buffer_bytes: limits.max_buffer_size,
             max_workgroups_per_dim: limits.max_compute_workgroups_per_dimension,
@@ -159,7 +173,10 @@ impl GpuContext {
         self.device
             .poll(wgpu::PollType::wait_indefinitely())
             .map(|_| ())
-            .map_err(|e| TensorError::Gpu { during: "wait", message: e.to_string() })
+            .map_err(|e| TensorError::Gpu {
+                during: "wait",
+                message: e.to_string(),
+            })
     }
 
     fn layout(&self, access: &[Access]) -> wgpu::BindGroupLayout {
@@ -182,54 +199,81 @@ impl GpuContext {
                 binding: i as u32 + 1,
                 visibility: wgpu::ShaderStages::COMPUTE,
                 ty: wgpu::BindingType::Buffer {
-                    ty: wgpu::BufferBindingType::Storage { read_only: *a == Access::Read },
+                    ty: wgpu::BufferBindingType::Storage {
+                        read_only: *a == Access::Read,
+                    },
                     has_dynamic_offset: false,
                     min_binding_size: None,
                 },
                 count: None,
             });
         }
-        let l = self.device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
-            label: Some("kiln bind group layout"),
-            entries: &entries,
-        });
+        let l = self
+            .device
+            .create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+                label: Some("kiln bind group layout"),
+                entries: &entries,
+            });
         layouts.insert(access.to_vec(), l.clone());
         l
     }
 
     /// The pipeline for `kernel` specialised by `defines`, compiled once and cached under a key
     /// naming every specialisation axis.
-    pub(crate) fn pipeline(&self, kernel: &KernelDef, defines: &[(&str, String)]) -> Result<Arc<Pipeline>> {
+    pub(crate) fn pipeline(
+        &self,
+        kernel: &KernelDef,
+        defines: &[(&str, String)],
+    ) -> Result<Arc<Pipeline>> {
         let key = template::cache_key(kernel.name, defines);
         if let Some(p) = lock(&self.pipelines).get(&key) {
             return Ok(p.clone());
         }
-        let source = template::render(kernel.source, defines, self.info.shader_f16).map_err(|message| {
-            TensorError::Shader { kernel: key.clone(), message, source_text: kernel.source.to_string() }
-        })?;
+        let source =
+            template::render(kernel.source, defines, self.info.shader_f16).map_err(|message| {
+                TensorError::Shader {
+                    kernel: key.clone(),
+                    message,
+                    source_text: kernel.source.to_string(),
+                }
+            })?;
         let layout = self.layout(kernel.bindings);
         let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
-        let module = self.device.create_shader_module(wgpu::ShaderModuleDescriptor {
-            label: Some(kernel.name),
-            source: wgpu::ShaderSource::Wgsl(source.as_str().into()),
-        });
-        let pl = self.device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
-            label: Some(kernel.name),
-            bind_group_layouts: &[Some(&layout)],
-            immediate_size: 0,
-        });
-        let pipeline = self.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-            label: Some(kernel.name),
-            layout: Some(&pl),
-            module: &module,
-            entry_point: Some("main"),
-            compilation_options: wgpu::PipelineCompilationOptions::default(),
-            cache: None,
-        });
+        let module = self
+            .device
+            .create_shader_module(wgpu::ShaderModuleDescriptor {
+                label: Some(kernel.name),
+                source: wgpu::ShaderSource::Wgsl(source.as_str().into()),
+            });
+        let pl = self
+            .device
+            .create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+                label: Some(kernel.name),
+                bind_group_layouts: &[Some(&layout)],
+                immediate_size: 0,
+            });
+        let pipeline = self
+            .device
+            .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                label: Some(kernel.name),
+                layout: Some(&pl),
+                module: &module,
+                entry_point: Some("main"),
+                compilation_options: wgpu::PipelineCompilationOptions::default(),
+                cache: None,
+            });
         if let Some(err) = pollster::block_on(scope.pop()) {
-            return Err(TensorError::Shader { kernel: key, message: err.to_string(), source_text: source });
+            return Err(TensorError::Shader {
+                kernel: key,
+                message: err.to_string(),
+                source_text: source,
+            });
         }
-        let p = Arc::new(Pipeline { name: key.clone(), pipeline, layout });
+        let p = Arc::new(Pipeline {
+            name: key.clone(),
+            pipeline,
+            layout,
+        });
         lock(&self.pipelines).insert(key, p.clone());
         Ok(p)
     }
@@ -244,15 +288,11 @@ impl GpuContext {
         lock(&self.pipelines).len()
     }
 
-    /// A storage buffer of at least `bytes` (rounded up to 4), from the pool when `pooled`.
-    pub(crate) fn storage(&self, bytes: u64, what: &str, pooled: bool) -> Result<GpuBuffer> {
+    /// A pooled storage buffer of at least `bytes` (rounded up to 4) for an op's output.
+    pub(crate) fn output_buffer(&self, bytes: u64, what: &str) -> Result<GpuBuffer> {
         self.check_binding(bytes, what)?;
         let usage = wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST;
-        Ok(if pooled {
-            self.pool.take(&self.device, bytes, usage)
-        } else {
-            GpuBuffer::unpooled(&self.device, bytes, usage, false)
-        })
+        Ok(self.pool.take(&self.device, bytes, usage))
     }
 
     pub(crate) fn check_binding(&self, bytes: u64, what: &str) -> Result<()> {
@@ -270,7 +310,9 @@ impl GpuContext {
     /// A new buffer holding `data` (uploaded through a mapping at creation: no staging copy).
     pub(crate) fn upload(&self, data: &[u8], what: &str) -> Result<GpuBuffer> {
         self.check_binding(data.len() as u64, what)?;
-        let usage = wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST;
+        let usage = wgpu::BufferUsages::STORAGE
+            | wgpu::BufferUsages::COPY_SRC
+            | wgpu::BufferUsages::COPY_DST;
         let buf = GpuBuffer::unpooled(&self.device, data.len() as u64, usage, true);
         buf.fill_mapped(data)?;
         Ok(buf)
@@ -288,7 +330,11 @@ impl GpuContext {
             usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
         });
-        let mut enc = self.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("kiln readback") });
+        let mut enc = self
+            .device
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                label: Some("kiln readback"),
+            });
         let mut at = 0;
         for (b, n) in parts {
             let n4 = n.next_multiple_of(4);
@@ -302,11 +348,18 @@ impl GpuContext {
         });
         self.wait()?;
         rx.recv()
-            .map_err(|e| TensorError::Gpu { during: "readback", message: e.to_string() })?
-            .map_err(|e| TensorError::Gpu { during: "readback", message: e.to_string() })?;
-        let view = staging
-            .get_mapped_range(..)
-            .map_err(|e| TensorError::Gpu { during: "readback", message: e.to_string() })?;
+            .map_err(|e| TensorError::Gpu {
+                during: "readback",
+                message: e.to_string(),
+            })?
+            .map_err(|e| TensorError::Gpu {
+                during: "readback",
+                message: e.to_string(),
+            })?;
+        let view = staging.get_mapped_range(..).map_err(|e| TensorError::Gpu {
+            during: "readback",
+            message: e.to_string(),
+        })?;
         let mut out = Vec::with_capacity(total as usize);
         let mut at = 0usize;
         for (_, n) in parts {

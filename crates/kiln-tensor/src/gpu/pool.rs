@@ -19,9 +19,16 @@ fn size_class(bytes: u64) -> u64 {
 }
 
 impl BufferPool {
-    pub(crate) fn take(self: &Arc<Self>, device: &wgpu::Device, bytes: u64, usage: wgpu::BufferUsages) -> GpuBuffer {
+    pub(crate) fn take(
+        self: &Arc<Self>,
+        device: &wgpu::Device,
+        bytes: u64,
+        usage: wgpu::BufferUsages,
+    ) -> GpuBuffer {
         let class = size_class(bytes);
-        let reused = lock(&self.free).get_mut(&(class, usage.bits())).and_then(Vec::pop);
+        let reused = lock(&self.free)
+            .get_mut(&(class, usage.bits()))
+            .and_then(Vec::pop);
         let buffer = reused.unwrap_or_else(|| {
             device.create_buffer(&wgpu::BufferDescriptor {
                 label: Some("kiln pooled"),
@@ -30,12 +37,18 @@ impl BufferPool {
                 mapped_at_creation: false,
             })
         });
-        GpuBuffer { buffer, bytes, pool: Some(Arc::downgrade(self)) }
+        GpuBuffer {
+            buffer,
+            bytes,
+            pool: Some(Arc::downgrade(self)),
+        }
     }
 
     fn give_back(&self, buffer: wgpu::Buffer) {
         let mut free = lock(&self.free);
-        let list = free.entry((buffer.size(), buffer.usage().bits())).or_default();
+        let list = free
+            .entry((buffer.size(), buffer.usage().bits()))
+            .or_default();
         if list.len() < KEEP_PER_CLASS {
             list.push(buffer);
         }
@@ -57,14 +70,23 @@ pub(crate) struct GpuBuffer {
 }
 
 impl GpuBuffer {
-    pub(crate) fn unpooled(device: &wgpu::Device, bytes: u64, usage: wgpu::BufferUsages, mapped: bool) -> Self {
+    pub(crate) fn unpooled(
+        device: &wgpu::Device,
+        bytes: u64,
+        usage: wgpu::BufferUsages,
+        mapped: bool,
+    ) -> Self {
         let buffer = device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("kiln tensor"),
             size: bytes.next_multiple_of(4).max(4),
             usage,
             mapped_at_creation: mapped,
         });
-        Self { buffer, bytes, pool: None }
+        Self {
+            buffer,
+            bytes,
+            pool: None,
+        }
     }
 
     /// Write `data` into a buffer created mapped, then unmap it.
@@ -73,7 +95,10 @@ impl GpuBuffer {
             let mut view = self
                 .buffer
                 .get_mapped_range_mut(..)
-                .map_err(|e| TensorError::Gpu { during: "upload", message: e.to_string() })?;
+                .map_err(|e| TensorError::Gpu {
+                    during: "upload",
+                    message: e.to_string(),
+                })?;
             view.slice(..data.len()).copy_from_slice(data);
         }
         self.buffer.unmap();

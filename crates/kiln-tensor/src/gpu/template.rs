@@ -31,10 +31,14 @@ pub(crate) fn render(src: &str, defines: &[(&str, String)], f16: bool) -> Result
         if let Some(name) = t.strip_prefix("#if ") {
             stack.push((truthy(name.trim()), parent_off));
         } else if t.starts_with("#else") {
-            let top = stack.last_mut().ok_or(format!("line {}: #else without #if", n + 1))?;
+            let top = stack
+                .last_mut()
+                .ok_or(format!("line {}: #else without #if", n + 1))?;
             top.0 = !top.0;
         } else if t.starts_with("#endif") {
-            stack.pop().ok_or(format!("line {}: #endif without #if", n + 1))?;
+            stack
+                .pop()
+                .ok_or(format!("line {}: #endif without #if", n + 1))?;
         } else if !parent_off {
             out.push_str(line);
             out.push('\n');
@@ -59,13 +63,20 @@ mod tests {
 
     #[test]
     fn conditionals_and_values() {
-        let src = "a\n#if X\nb {{N}}\n#if Y\nc\n#else\nd\n#endif\n#else\ne\n#endif\n#if F16\nh\n#endif\n";
+        let src =
+            "a\n#if X\nb {{N}}\n#if Y\nc\n#else\nd\n#endif\n#else\ne\n#endif\n#if F16\nh\n#endif\n";
         let d = [("X", "1".to_string()), ("N", "7".to_string())];
         assert_eq!(render(src, &d, false).unwrap(), "a\nb 7\nd\n");
-        assert_eq!(render(src, &[("N", "1".into())], true).unwrap(), "enable f16;\na\ne\nh\n");
+        assert_eq!(
+            render(src, &[("N", "1".into())], true).unwrap(),
+            "enable f16;\na\ne\nh\n"
+        );
         assert!(render("#if X\n", &[], false).is_err());
         assert!(render("#endif\n", &[], false).is_err());
         assert!(render("{{Q}}", &[], false).unwrap_err().contains("{{Q}}"));
-        assert_eq!(cache_key("k", &[("B", "2".into()), ("A", "1".into())]), "k[A=1,B=2]");
+        assert_eq!(
+            cache_key("k", &[("B", "2".into()), ("A", "1".into())]),
+            "k[A=1,B=2]"
+        );
     }
 }

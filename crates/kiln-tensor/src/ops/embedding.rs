@@ -7,8 +7,15 @@ use crate::gpu::KernelDef;
 use crate::tensor::Storage;
 use crate::{DType, Recorder, Result, Tensor, TensorError};
 
-const SRC: &str = concat!(include_str!("../../wgsl/weights.wgsl"), include_str!("../../wgsl/embedding.wgsl"));
-static EMBEDDING: KernelDef = KernelDef { name: "embedding", source: SRC, bindings: R2W };
+const SRC: &str = concat!(
+    include_str!("../../wgsl/weights.wgsl"),
+    include_str!("../../wgsl/embedding.wgsl")
+);
+static EMBEDDING: KernelDef = KernelDef {
+    name: "embedding",
+    source: SRC,
+    bindings: R2W,
+};
 
 #[repr(C)]
 #[derive(Clone, Copy, Pod, Zeroable)]
@@ -28,17 +35,39 @@ impl Recorder {
     /// table's row count.
     pub fn embedding(&mut self, table: &Tensor, ids: &[u32]) -> Result<Tensor> {
         const OP: &str = "embedding";
-        require_dtype(OP, "the table", table, &[DType::F32, DType::F16, DType::Q8_0, DType::Q4_0, DType::Q4_1])?;
+        require_dtype(
+            OP,
+            "the table",
+            table,
+            &[
+                DType::F32,
+                DType::F16,
+                DType::Q8_0,
+                DType::Q4_0,
+                DType::Q4_1,
+            ],
+        )?;
         self.check_device(OP, &[table])?;
         if table.shape().len() != 2 {
-            return Err(TensorError::Shape { op: OP, detail: format!("table must be [rows, dim], got {:?}", table.shape()) });
+            return Err(TensorError::Shape {
+                op: OP,
+                detail: format!("table must be [rows, dim], got {:?}", table.shape()),
+            });
         }
         let (rows, k) = (table.rows(), table.cols());
         if let Some(&bad) = ids.iter().find(|&&i| i as usize >= rows) {
-            return Err(TensorError::OutOfRange { op: OP, what: "token id", index: bad as usize, limit: rows });
+            return Err(TensorError::OutOfRange {
+                op: OP,
+                what: "token id",
+                index: bad as usize,
+                limit: rows,
+            });
         }
         if ids.is_empty() || k == 0 {
-            return Err(TensorError::Invalid { op: OP, detail: "no ids or an empty table".into() });
+            return Err(TensorError::Invalid {
+                op: OP,
+                detail: "no ids or an empty table".into(),
+            });
         }
         let shape = vec![ids.len(), k];
         let Some(ctx) = self.gpu().cloned() else {
@@ -46,11 +75,16 @@ impl Recorder {
         };
         let ids_t = Tensor::from_u32(&self.device().clone(), &[ids.len()], ids)?;
         let out = Tensor::gpu_output(&ctx, DType::F32, shape, OP)?;
-        let Storage::Gpu { chunks, .. } = table.storage() else { return Err(TensorError::DeviceMismatch { op: OP }) };
+        let Storage::Gpu { chunks, .. } = table.storage() else {
+            return Err(TensorError::DeviceMismatch { op: OP });
+        };
         let defines = weight_defines(table.dtype(), 2);
         for (ci, c) in chunks.iter().enumerate() {
             // Skip chunks that no id falls in.
-            if !ids.iter().any(|&i| (c.row0..c.row0 + c.rows).contains(&(i as usize))) {
+            if !ids
+                .iter()
+                .any(|&i| (c.row0..c.row0 + c.rows).contains(&(i as usize)))
+            {
                 continue;
             }
             let params = Params {
@@ -64,7 +98,13 @@ impl Recorder {
                 _pad: 0,
             };
             let groups = (ids.len() * k).div_ceil(64) as u32;
-            self.dispatch(&EMBEDDING, &defines, &params, vec![(ids_t.clone(), 0), (table.clone(), ci), (out.clone(), 0)], groups)?;
+            self.dispatch(
+                &EMBEDDING,
+                &defines,
+                &params,
+                vec![(ids_t.clone(), 0), (table.clone(), ci), (out.clone(), 0)],
+                groups,
+            )?;
         }
         Ok(out)
     }

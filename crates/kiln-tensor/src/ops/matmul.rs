@@ -14,14 +14,36 @@ use crate::{DType, Recorder, Result, Tensor, TensorError};
 /// Rows of X up to which the matrix-vector kernel is used.
 pub const MATVEC_MAX_M: usize = 8;
 
-const VEC_SRC: &str = concat!(include_str!("../../wgsl/weights.wgsl"), include_str!("../../wgsl/matmul_vec.wgsl"));
-const TILED_SRC: &str = concat!(include_str!("../../wgsl/weights.wgsl"), include_str!("../../wgsl/matmul_tiled.wgsl"));
+const VEC_SRC: &str = concat!(
+    include_str!("../../wgsl/weights.wgsl"),
+    include_str!("../../wgsl/matmul_vec.wgsl")
+);
+const TILED_SRC: &str = concat!(
+    include_str!("../../wgsl/weights.wgsl"),
+    include_str!("../../wgsl/matmul_tiled.wgsl")
+);
 const WITH_BIAS: &[Access] = &[Access::Read, Access::Read, Access::ReadWrite, Access::Read];
 
-static MATMUL_VEC: KernelDef = KernelDef { name: "matmul_vec", source: VEC_SRC, bindings: R2W };
-static MATMUL_VEC_BIAS: KernelDef = KernelDef { name: "matmul_vec", source: VEC_SRC, bindings: WITH_BIAS };
-static MATMUL_TILED: KernelDef = KernelDef { name: "matmul_tiled", source: TILED_SRC, bindings: R2W };
-static MATMUL_TILED_BIAS: KernelDef = KernelDef { name: "matmul_tiled", source: TILED_SRC, bindings: WITH_BIAS };
+static MATMUL_VEC: KernelDef = KernelDef {
+    name: "matmul_vec",
+    source: VEC_SRC,
+    bindings: R2W,
+};
+static MATMUL_VEC_BIAS: KernelDef = KernelDef {
+    name: "matmul_vec",
+    source: VEC_SRC,
+    bindings: WITH_BIAS,
+};
+static MATMUL_TILED: KernelDef = KernelDef {
+    name: "matmul_tiled",
+    source: TILED_SRC,
+    bindings: R2W,
+};
+static MATMUL_TILED_BIAS: KernelDef = KernelDef {
+    name: "matmul_tiled",
+    source: TILED_SRC,
+    bindings: WITH_BIAS,
+};
 
 #[repr(C)]
 #[derive(Clone, Copy, Pod, Zeroable)]
@@ -35,7 +57,13 @@ struct Params {
     _pad: [u32; 2],
 }
 
-const WEIGHT_DTYPES: &[DType] = &[DType::F32, DType::F16, DType::Q8_0, DType::Q4_0, DType::Q4_1];
+const WEIGHT_DTYPES: &[DType] = &[
+    DType::F32,
+    DType::F16,
+    DType::Q8_0,
+    DType::Q4_0,
+    DType::Q4_1,
+];
 
 impl Recorder {
     /// Y = X · Wᵀ (+ bias). X is F32 `[.., k]`, W is `[n, k]`, bias F32 `[n]`; Y is
@@ -51,14 +79,21 @@ impl Recorder {
         if w.shape().len() != 2 || w.cols() != k {
             return Err(TensorError::Shape {
                 op: OP,
-                detail: format!("input {:?} needs a weight [n, {k}], got {:?}", x.shape(), w.shape()),
+                detail: format!(
+                    "input {:?} needs a weight [n, {k}], got {:?}",
+                    x.shape(),
+                    w.shape()
+                ),
             });
         }
         let (m, n) = (x.rows(), w.rows());
         if let Some(b) = bias {
             require_dtype(OP, "the bias", b, &[DType::F32])?;
             if b.elem_count() != n {
-                return Err(TensorError::Shape { op: OP, detail: format!("bias {:?} for {n} outputs", b.shape()) });
+                return Err(TensorError::Shape {
+                    op: OP,
+                    detail: format!("bias {:?} for {n} outputs", b.shape()),
+                });
             }
         }
         let mut shape = x.shape().to_vec();
@@ -66,20 +101,25 @@ impl Recorder {
             *last = n;
         }
         if m == 0 || n == 0 || k == 0 {
-            return Err(TensorError::Invalid { op: OP, detail: format!("empty operand: m={m} n={n} k={k}") });
+            return Err(TensorError::Invalid {
+                op: OP,
+                detail: format!("empty operand: m={m} n={n} k={k}"),
+            });
         }
         let Some(ctx) = self.gpu().cloned() else {
             let b = bias.map(host_f32).transpose()?;
             return Ok(Tensor::cpu_f32(shape, matmul_ref(host_f32(x)?, m, w, b)?));
         };
         let y = Tensor::gpu_output(&ctx, DType::F32, shape, OP)?;
-        let Storage::Gpu { chunks, .. } = w.storage() else { return Err(TensorError::DeviceMismatch { op: OP }) };
+        let Storage::Gpu { chunks, .. } = w.storage() else {
+            return Err(TensorError::DeviceMismatch { op: OP });
+        };
         let vec = m <= MATVEC_MAX_M;
         let mut defines = weight_defines(w.dtype(), 2);
         defines.push(("BIAS", u32::from(bias.is_some()).to_string()));
         if vec {
             defines.push(("MV_M", m.to_string()));
-            defines.push(("K8", u32::from(k % 8 == 0).to_string()));
+            defines.push(("K8", u32::from(k.is_multiple_of(8)).to_string()));
         }
         let kernel = match (vec, bias.is_some()) {
             (true, false) => &MATMUL_VEC,
@@ -101,7 +141,11 @@ impl Recorder {
             if let Some(b) = bias {
                 bind.push((b.clone(), 0));
             }
-            let groups = if vec { c.rows.div_ceil(8) } else { m.div_ceil(32) * c.rows.div_ceil(32) };
+            let groups = if vec {
+                c.rows.div_ceil(8)
+            } else {
+                m.div_ceil(32) * c.rows.div_ceil(32)
+            };
             self.dispatch(kernel, &defines, &params, bind, groups as u32)?;
         }
         Ok(y)
@@ -109,7 +153,12 @@ impl Recorder {
 }
 
 /// CPU reference: each weight row is dequantized once, then dotted with every row of X.
-pub(crate) fn matmul_ref(x: &[f32], m: usize, w: &Tensor, bias: Option<&[f32]>) -> Result<Vec<f32>> {
+pub(crate) fn matmul_ref(
+    x: &[f32],
+    m: usize,
+    w: &Tensor,
+    bias: Option<&[f32]>,
+) -> Result<Vec<f32>> {
     let (n, k) = (w.rows(), w.cols());
     let mut y = vec![0f32; m * n];
     let mut row = vec![0f32; k];

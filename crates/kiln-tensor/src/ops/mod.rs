@@ -24,11 +24,18 @@ pub(crate) fn subgroup_defines(subgroups: bool) -> Vec<(&'static str, String)> {
     if subgroups {
         vec![
             ("SUBGROUPS", "1".into()),
-            ("SG_ARG", "@builtin(subgroup_invocation_id) sg_lane: u32,".into()),
+            (
+                "SG_ARG",
+                "@builtin(subgroup_invocation_id) sg_lane: u32,".into(),
+            ),
             ("SG_LANE", "sg_lane".into()),
         ]
     } else {
-        vec![("SUBGROUPS", "0".into()), ("SG_ARG", String::new()), ("SG_LANE", "0u".into())]
+        vec![
+            ("SUBGROUPS", "0".into()),
+            ("SG_ARG", String::new()),
+            ("SG_LANE", "0u".into()),
+        ]
     }
 }
 
@@ -42,19 +49,39 @@ pub(crate) fn weight_defines(dtype: DType, binding: u32) -> Vec<(&'static str, S
         _ => "W_Q4_1",
     };
     let mut d = vec![(name, "1".to_string()), ("W_BINDING", binding.to_string())];
-    d.push(if dtype.is_quantized() { ("W_QUANT", "1".into()) } else { ("W_FLOAT", "1".into()) });
+    d.push(if dtype.is_quantized() {
+        ("W_QUANT", "1".into())
+    } else {
+        ("W_FLOAT", "1".into())
+    });
     d
 }
 
-pub(crate) fn require_dtype(op: &'static str, what: &'static str, t: &Tensor, ok: &[DType]) -> Result<()> {
-    if ok.contains(&t.dtype()) { Ok(()) } else { Err(TensorError::DType { op, what, dtype: t.dtype() }) }
+pub(crate) fn require_dtype(
+    op: &'static str,
+    what: &'static str,
+    t: &Tensor,
+    ok: &[DType],
+) -> Result<()> {
+    if ok.contains(&t.dtype()) {
+        Ok(())
+    } else {
+        Err(TensorError::DType {
+            op,
+            what,
+            dtype: t.dtype(),
+        })
+    }
 }
 
 pub(crate) fn require_same_shape(op: &'static str, a: &Tensor, b: &Tensor) -> Result<()> {
     if a.shape() == b.shape() {
         Ok(())
     } else {
-        Err(TensorError::Shape { op, detail: format!("{:?} vs {:?}", a.shape(), b.shape()) })
+        Err(TensorError::Shape {
+            op,
+            detail: format!("{:?} vs {:?}", a.shape(), b.shape()),
+        })
     }
 }
 
@@ -62,14 +89,20 @@ pub(crate) fn require_same_shape(op: &'static str, a: &Tensor, b: &Tensor) -> Re
 pub(crate) fn host_f32(t: &Tensor) -> Result<&[f32]> {
     match t.storage() {
         Storage::Cpu(h) if t.dtype() == DType::F32 => Ok(&h.f32s()[..t.elem_count()]),
-        Storage::Cpu(_) => Err(TensorError::DType { op: "cpu", what: "f32 access", dtype: t.dtype() }),
+        Storage::Cpu(_) => Err(TensorError::DType {
+            op: "cpu",
+            what: "f32 access",
+            dtype: t.dtype(),
+        }),
         Storage::Gpu { .. } => Err(TensorError::DeviceMismatch { op: "cpu" }),
     }
 }
 
 /// Row `row` of a CPU weight `[rows, k]` of any float or block dtype, as f32.
 pub(crate) fn host_row(w: &Tensor, row: usize, out: &mut [f32]) -> Result<()> {
-    let Storage::Cpu(h) = w.storage() else { return Err(TensorError::DeviceMismatch { op: "cpu" }) };
+    let Storage::Cpu(h) = w.storage() else {
+        return Err(TensorError::DeviceMismatch { op: "cpu" });
+    };
     let k = w.cols();
     match w.dtype() {
         DType::F32 => out.copy_from_slice(&h.f32s()[row * k..(row + 1) * k]),
@@ -83,7 +116,13 @@ pub(crate) fn host_row(w: &Tensor, row: usize, out: &mut [f32]) -> Result<()> {
             let rb = k / d.block_elems() * d.block_bytes();
             crate::quant::dequantize(d, &h.bytes()[row * rb..(row + 1) * rb], out)?;
         }
-        d => return Err(TensorError::DType { op: "cpu", what: "weight rows", dtype: d }),
+        d => {
+            return Err(TensorError::DType {
+                op: "cpu",
+                what: "weight rows",
+                dtype: d,
+            });
+        }
     }
     Ok(())
 }

@@ -6,7 +6,11 @@ use super::{R3W, host_f32, require_dtype};
 use crate::gpu::KernelDef;
 use crate::{DType, Device, Recorder, Result, Tensor, TensorError};
 
-static ROPE: KernelDef = KernelDef { name: "rope", source: include_str!("../../wgsl/rope.wgsl"), bindings: R3W };
+static ROPE: KernelDef = KernelDef {
+    name: "rope",
+    source: include_str!("../../wgsl/rope.wgsl"),
+    bindings: R3W,
+};
 
 /// Which dimensions are rotated together.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -22,9 +26,16 @@ pub enum RopeLayout {
 pub enum RopeScaling {
     None,
     /// All frequencies divided by `factor` (positions interpolated).
-    Linear { factor: f32 },
+    Linear {
+        factor: f32,
+    },
     /// Llama 3.1's wavelength-dependent scaling.
-    Llama3 { factor: f32, low_freq_factor: f32, high_freq_factor: f32, original_max_position: u32 },
+    Llama3 {
+        factor: f32,
+        low_freq_factor: f32,
+        high_freq_factor: f32,
+        original_max_position: u32,
+    },
 }
 
 /// Everything that defines a rotary embedding.
@@ -42,11 +53,18 @@ impl RopeConfig {
     /// The inverse frequencies, computed in f32 the way Hugging Face `transformers` does.
     pub fn inv_freq(&self) -> Vec<f32> {
         let dim = self.rotary_dim;
-        let base: Vec<f32> = (0..dim / 2).map(|i| 1.0 / self.theta.powf((2 * i) as f32 / dim as f32)).collect();
+        let base: Vec<f32> = (0..dim / 2)
+            .map(|i| 1.0 / self.theta.powf((2 * i) as f32 / dim as f32))
+            .collect();
         match self.scaling {
             RopeScaling::None => base,
             RopeScaling::Linear { factor } => base.iter().map(|f| f / factor).collect(),
-            RopeScaling::Llama3 { factor, low_freq_factor, high_freq_factor, original_max_position } => {
+            RopeScaling::Llama3 {
+                factor,
+                low_freq_factor,
+                high_freq_factor,
+                original_max_position,
+            } => {
                 let old = original_max_position as f32;
                 let low_wavelen = old / low_freq_factor;
                 let high_wavelen = old / high_freq_factor;
@@ -58,7 +76,8 @@ impl RopeConfig {
                         } else if wavelen > low_wavelen {
                             f / factor
                         } else {
-                            let smooth = (old / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor);
+                            let smooth = (old / wavelen - low_freq_factor)
+                                / (high_freq_factor - low_freq_factor);
                             (1.0 - smooth) * f / factor + smooth * f
                         }
                     })
@@ -68,7 +87,7 @@ impl RopeConfig {
     }
 
     fn validate(&self) -> Result<()> {
-        let ok = self.rotary_dim % 2 == 0
+        let ok = self.rotary_dim.is_multiple_of(2)
             && self.rotary_dim > 0
             && self.rotary_dim <= self.head_dim
             && self.theta.is_finite()
@@ -76,7 +95,10 @@ impl RopeConfig {
         if !ok {
             return Err(TensorError::Invalid {
                 op: "rope",
-                detail: format!("rotary_dim {} (even, 1..=head_dim {}) and theta {} (> 0)", self.rotary_dim, self.head_dim, self.theta),
+                detail: format!(
+                    "rotary_dim {} (even, 1..=head_dim {}) and theta {} (> 0)",
+                    self.rotary_dim, self.head_dim, self.theta
+                ),
             });
         }
         Ok(())
@@ -112,7 +134,11 @@ impl RopeTable {
             }
         }
         let table = Tensor::from_f32(device, &[max_positions, half, 2], &cs)?;
-        Ok(Self { config, max_positions, table })
+        Ok(Self {
+            config,
+            max_positions,
+            table,
+        })
     }
 
     pub fn config(&self) -> &RopeConfig {
@@ -144,20 +170,42 @@ impl Recorder {
         self.check_device(OP, &[x, &table.table])?;
         let cfg = table.config;
         let [tokens, heads, head_dim] = x.shape() else {
-            return Err(TensorError::Shape { op: OP, detail: format!("input must be [tokens, heads, head_dim], got {:?}", x.shape()) });
+            return Err(TensorError::Shape {
+                op: OP,
+                detail: format!(
+                    "input must be [tokens, heads, head_dim], got {:?}",
+                    x.shape()
+                ),
+            });
         };
         let (tokens, heads, head_dim) = (*tokens, *heads, *head_dim);
         if head_dim != cfg.head_dim || positions.len() != tokens || tokens == 0 || heads == 0 {
             return Err(TensorError::Shape {
                 op: OP,
-                detail: format!("input {:?} with {} positions for head_dim {}", x.shape(), positions.len(), cfg.head_dim),
+                detail: format!(
+                    "input {:?} with {} positions for head_dim {}",
+                    x.shape(),
+                    positions.len(),
+                    cfg.head_dim
+                ),
             });
         }
-        if let Some(&p) = positions.iter().find(|&&p| p as usize >= table.max_positions) {
-            return Err(TensorError::OutOfRange { op: OP, what: "position", index: p as usize, limit: table.max_positions });
+        if let Some(&p) = positions
+            .iter()
+            .find(|&&p| p as usize >= table.max_positions)
+        {
+            return Err(TensorError::OutOfRange {
+                op: OP,
+                what: "position",
+                index: p as usize,
+                limit: table.max_positions,
+            });
         }
         let Some(ctx) = self.gpu().cloned() else {
-            return Ok(Tensor::cpu_f32(x.shape().to_vec(), rope_ref(host_f32(x)?, positions, heads, &cfg)));
+            return Ok(Tensor::cpu_f32(
+                x.shape().to_vec(),
+                rope_ref(host_f32(x)?, positions, heads, &cfg),
+            ));
         };
         let pos = Tensor::from_u32(&self.device().clone(), &[tokens], positions)?;
         let out = Tensor::gpu_output(&ctx, DType::F32, x.shape().to_vec(), OP)?;
@@ -170,8 +218,19 @@ impl Recorder {
             interleaved: u32::from(cfg.layout == RopeLayout::Interleaved),
             _pad: [0; 2],
         };
-        let bind = vec![(x.clone(), 0), (pos, 0), (table.table.clone(), 0), (out.clone(), 0)];
-        self.dispatch(&ROPE, &[], &params, bind, x.elem_count().div_ceil(64) as u32)?;
+        let bind = vec![
+            (x.clone(), 0),
+            (pos, 0),
+            (table.table.clone(), 0),
+            (out.clone(), 0),
+        ];
+        self.dispatch(
+            &ROPE,
+            &[],
+            &params,
+            bind,
+            x.elem_count().div_ceil(64) as u32,
+        )?;
         Ok(out)
     }
 }

@@ -6,10 +6,25 @@ use super::{R1W, R2W, host_f32, require_dtype, subgroup_defines};
 use crate::gpu::KernelDef;
 use crate::{DType, Recorder, Result, Tensor, TensorError};
 
-const SRC: &str = concat!(include_str!("../../wgsl/reduce.wgsl"), include_str!("../../wgsl/rows.wgsl"));
-static RMS_NORM: KernelDef = KernelDef { name: "rms_norm", source: SRC, bindings: R2W };
-static SOFTMAX: KernelDef = KernelDef { name: "softmax", source: SRC, bindings: R1W };
-static ARGMAX: KernelDef = KernelDef { name: "argmax", source: SRC, bindings: R1W };
+const SRC: &str = concat!(
+    include_str!("../../wgsl/reduce.wgsl"),
+    include_str!("../../wgsl/rows.wgsl")
+);
+static RMS_NORM: KernelDef = KernelDef {
+    name: "rms_norm",
+    source: SRC,
+    bindings: R2W,
+};
+static SOFTMAX: KernelDef = KernelDef {
+    name: "softmax",
+    source: SRC,
+    bindings: R1W,
+};
+static ARGMAX: KernelDef = KernelDef {
+    name: "argmax",
+    source: SRC,
+    bindings: R1W,
+};
 
 #[repr(C)]
 #[derive(Clone, Copy, Pod, Zeroable)]
@@ -21,11 +36,24 @@ struct Params {
 }
 
 impl Recorder {
-    fn rows_launch(&mut self, kernel: &KernelDef, switch: &'static str, x: &Tensor, extra: Option<&Tensor>, out: &Tensor, eps: f32) -> Result<()> {
+    fn rows_launch(
+        &mut self,
+        kernel: &KernelDef,
+        switch: &'static str,
+        x: &Tensor,
+        extra: Option<&Tensor>,
+        out: &Tensor,
+        eps: f32,
+    ) -> Result<()> {
         let sub = self.device().info().subgroups;
         let mut defines = subgroup_defines(sub);
         defines.push((switch, "1".into()));
-        let params = Params { rows: x.rows() as u32, cols: x.cols() as u32, eps, _pad: 0 };
+        let params = Params {
+            rows: x.rows() as u32,
+            cols: x.cols() as u32,
+            eps,
+            _pad: 0,
+        };
         let mut bind = vec![(x.clone(), 0)];
         bind.extend(extra.map(|t| (t.clone(), 0)));
         bind.push((out.clone(), 0));
@@ -36,7 +64,10 @@ impl Recorder {
         require_dtype(op, "the input", x, &[DType::F32])?;
         self.check_device(op, &[x])?;
         if x.elem_count() == 0 {
-            return Err(TensorError::Invalid { op, detail: format!("empty input {:?}", x.shape()) });
+            return Err(TensorError::Invalid {
+                op,
+                detail: format!("empty input {:?}", x.shape()),
+            });
         }
         Ok(())
     }
@@ -48,13 +79,22 @@ impl Recorder {
         require_dtype(OP, "the weight", weight, &[DType::F32])?;
         self.check_device(OP, &[weight])?;
         if weight.elem_count() != x.cols() {
-            return Err(TensorError::Shape { op: OP, detail: format!("weight {:?} for input {:?}", weight.shape(), x.shape()) });
+            return Err(TensorError::Shape {
+                op: OP,
+                detail: format!("weight {:?} for input {:?}", weight.shape(), x.shape()),
+            });
         }
         if !(eps.is_finite() && eps >= 0.0) {
-            return Err(TensorError::Invalid { op: OP, detail: format!("eps must be finite and >= 0, got {eps}") });
+            return Err(TensorError::Invalid {
+                op: OP,
+                detail: format!("eps must be finite and >= 0, got {eps}"),
+            });
         }
         let Some(ctx) = self.gpu().cloned() else {
-            return Ok(Tensor::cpu_f32(x.shape().to_vec(), rms_norm_ref(host_f32(x)?, host_f32(weight)?, eps)));
+            return Ok(Tensor::cpu_f32(
+                x.shape().to_vec(),
+                rms_norm_ref(host_f32(x)?, host_f32(weight)?, eps),
+            ));
         };
         let out = Tensor::gpu_output(&ctx, DType::F32, x.shape().to_vec(), OP)?;
         self.rows_launch(&RMS_NORM, "RMS_NORM", x, Some(weight), &out, eps)?;
@@ -66,7 +106,10 @@ impl Recorder {
         const OP: &str = "softmax";
         self.rows_check(OP, x)?;
         let Some(ctx) = self.gpu().cloned() else {
-            return Ok(Tensor::cpu_f32(x.shape().to_vec(), softmax_ref(host_f32(x)?, x.cols())));
+            return Ok(Tensor::cpu_f32(
+                x.shape().to_vec(),
+                softmax_ref(host_f32(x)?, x.cols()),
+            ));
         };
         let out = Tensor::gpu_output(&ctx, DType::F32, x.shape().to_vec(), OP)?;
         self.rows_launch(&SOFTMAX, "SOFTMAX", x, None, &out, 0.0)?;

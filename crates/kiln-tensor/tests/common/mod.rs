@@ -14,17 +14,24 @@ fn open(opts: DeviceOptions) -> Option<Device> {
         Ok(d) => Some(d),
         Err(e) => {
             if std::env::var("KILN_TEST_ALLOW_NO_GPU").as_deref() == Ok("1") {
-                eprintln!("WARNING: no wgpu adapter ({e}); KILN_TEST_ALLOW_NO_GPU=1 so only the CPU backend is tested");
+                eprintln!(
+                    "WARNING: no wgpu adapter ({e}); KILN_TEST_ALLOW_NO_GPU=1 so only the CPU backend is tested"
+                );
                 None
             } else {
-                panic!("no wgpu adapter: {e}. Install Mesa's Vulkan drivers (mesa-vulkan-drivers) or set KILN_TEST_ALLOW_NO_GPU=1 to opt out explicitly");
+                panic!(
+                    "no wgpu adapter: {e}. Install Mesa's Vulkan drivers (mesa-vulkan-drivers) or set KILN_TEST_ALLOW_NO_GPU=1 to opt out explicitly"
+                );
             }
         }
     }
 }
 
 fn wgpu_opts() -> DeviceOptions {
-    DeviceOptions { backend: BackendChoice::Wgpu, ..DeviceOptions::default() }
+    DeviceOptions {
+        backend: BackendChoice::Wgpu,
+        ..DeviceOptions::default()
+    }
 }
 
 /// The adapter with every optional feature it has.
@@ -36,13 +43,26 @@ pub fn gpu() -> Option<Device> {
 /// The same adapter with SHADER_F16 and SUBGROUP turned off (the fallback kernels).
 pub fn gpu_plain() -> Option<Device> {
     static D: OnceLock<Option<Device>> = OnceLock::new();
-    D.get_or_init(|| open(DeviceOptions { allow_shader_f16: false, allow_subgroups: false, ..wgpu_opts() })).clone()
+    D.get_or_init(|| {
+        open(DeviceOptions {
+            allow_shader_f16: false,
+            allow_subgroups: false,
+            ..wgpu_opts()
+        })
+    })
+    .clone()
 }
 
 /// Bindings capped at 16 KiB, so that modest tensors exercise the split-binding path.
 pub fn gpu_split() -> Option<Device> {
     static D: OnceLock<Option<Device>> = OnceLock::new();
-    D.get_or_init(|| open(DeviceOptions { max_binding_bytes: Some(16384), ..wgpu_opts() })).clone()
+    D.get_or_init(|| {
+        open(DeviceOptions {
+            max_binding_bytes: Some(16384),
+            ..wgpu_opts()
+        })
+    })
+    .clone()
 }
 
 /// Every wgpu configuration under test, named.
@@ -58,7 +78,9 @@ pub fn rng(seed: u64) -> StdRng {
 }
 
 pub fn randn(r: &mut StdRng, n: usize, scale: f32) -> Vec<f32> {
-    (0..n).map(|_| r.random_range(-1.0f32..1.0) * scale).collect()
+    (0..n)
+        .map(|_| r.random_range(-1.0f32..1.0) * scale)
+        .collect()
 }
 
 /// Assert |got - want| <= atol + rtol·|want| everywhere, naming the first failure.
@@ -68,7 +90,10 @@ pub fn assert_close(what: &str, got: &[f32], want: &[f32], atol: f32, rtol: f32)
     let mut worst = (0usize, 0f32);
     for (i, (g, w)) in got.iter().zip(want).enumerate() {
         let err = (g - w).abs();
-        assert!(err <= atol + rtol * w.abs(), "{what}: element {i}: got {g}, want {w} (|err| {err} > atol {atol} + rtol {rtol}·|want|)");
+        assert!(
+            err <= atol + rtol * w.abs(),
+            "{what}: element {i}: got {g}, want {w} (|err| {err} > atol {atol} + rtol {rtol}·|want|)"
+        );
         if err > worst.1 {
             worst = (i, err);
         }

@@ -1,0 +1,117 @@
+//! Kernel benchmarks on the default wgpu adapter (lavapipe in CI):
+//! - `matvec/*`: decode-shaped Y[1, n] = X[1, k] · Wᵀ per weight dtype; throughput in bytes is
+//!   the weight bytes read, so criterion's rate is the achieved weight bandwidth;
+//! - `matmul/*`: prefill-shaped, m = 128; throughput in "elements" is FLOPs (2·m·n·k);
+//! - `dispatch/*`: the cost of one kernel launch (100 tiny launches in one submit) and of one
+//!   submit-and-wait round trip.
+//!
+//! Shapes: SmolLM2-135M's projections (576×1536, 1536×576), its LM head (49152×576), and a 7B
+//! MLP projection (11008×4096). Every iteration waits for the queue before the clock stops.
+//!
+//! Run: `cargo bench -p kiln-benches --bench kernels` (filter with e.g. `-- matvec/Q4_1`).
+
+use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use kiln_tensor::{BackendChoice, DType, Device, DeviceOptions, Recorder, Tensor};
+use std::time::Duration;
+
+fn device() -> Device {
+    let opts = DeviceOptions { backend: BackendChoice::from_env().unwrap_or(BackendChoice::Wgpu), ..DeviceOptions::default() };
+    match Device::new(&opts) {
+        Ok(d) => d,
+        Err(e) => {
+            eprintln!("kernels bench: cannot open a device: {e}");
+            std::process::exit(2);
+        }
+    }
+}
+
+const SHAPES: [(&str, usize, usize); 4] =
+    [("smollm_up_576x1536", 1536, 576), ("smollm_down_1536x576", 576, 1536), ("smollm_lm_head_49152x576", 49152, 576), ("7b_mlp_4096x11008", 11008, 4096)];
+const DTYPES: [DType; 5] = [DType::F32, DType::F16, DType::Q8_0, DType::Q4_0, DType::Q4_1];
+
+fn weight(dev: &Device, dtype: DType, n: usize, k: usize) -> Tensor {
+    let v: Vec<f32> = (0..n * k).map(|i| ((i * 2654435761usize) % 1000) as f32 / 1000.0 - 0.5).collect();
+    let t = match dtype {
+        DType::F32 => Tensor::from_f32(dev, &[n, k], &v),
+        DType::F16 => Tensor::from_f16(dev, &[n, k], &v.iter().map(|&x| half::f16::from_f32(x)).collect::<Vec<_>>()),
+        q => Tensor::quantize_f32(dev, q, &[n, k], &v),
+    };
+    t.unwrap_or_else(|e| {
+        eprintln!("kernels bench: upload failed: {e}");
+        std::process::exit(2)
+    })
+}
+
+fn weight_bytes(dtype: DType, n: usize, k: usize) -> u64 {
+    dtype.bytes_for(n * k).unwrap_or(0) as u64
+}
+
+fn run(dev: &Device, x: &Tensor, w: &Tensor) {
+    let mut rec = Recorder::new(dev);
+    let ok = rec.matmul(x, w, None).and_then(|_| rec.submit()).and_then(|_| dev.synchronize());
+    if let Err(e) = ok {
+        eprintln!("kernels bench: matmul failed: {e}");
+        std::process::exit(2);
+    }
+}
+
+fn bench_matmul(c: &mut Criterion, name: &str, m: usize) {
+    let dev = device();
+    eprintln!("device: {}", dev.info());
+    let mut g = c.benchmark_group(name);
+    g.sample_size(10).warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(2));
+    for (shape, n, k) in SHAPES {
+        let x = Tensor::from_f32(&dev, &[m, k], &vec![0.01; m * k]).unwrap_or_else(|e| panic_free_exit(&e));
+        for dtype in DTYPES {
+            // The 7B projection in f32 is 180 MB: it exercises split bindings on lavapipe.
+            let w = weight(&dev, dtype, n, k);
+            g.throughput(if m == 1 { Throughput::Bytes(weight_bytes(dtype, n, k)) } else { Throughput::Elements((2 * m * n * k) as u64) });
+            g.bench_with_input(BenchmarkId::new(format!("{dtype:?}"), shape), &(), |b, _| b.iter(|| run(&dev, &x, &w)));
+        }
+    }
+    g.finish();
+}
+
+fn panic_free_exit(e: &dyn std::fmt::Display) -> ! {
+    eprintln!("kernels bench: {e}");
+    std::process::exit(2)
+}
+
+fn matvec(c: &mut Criterion) {
+    bench_matmul(c, "matvec", 1);
+}
+
+fn matmul(c: &mut Criterion) {
+    bench_matmul(c, "matmul_m128", 128);
+}
+
+fn dispatch(c: &mut Criterion) {
+    let dev = device();
+    let a = Tensor::from_f32(&dev, &[64], &[1.0; 64]).unwrap_or_else(|e| panic_free_exit(&e));
+    let mut g = c.benchmark_group("dispatch");
+    g.sample_size(20).warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(2));
+    // 100 dependent launches of a 64-element add in one submit: time per launch = time / 100.
+    g.throughput(Throughput::Elements(100));
+    g.bench_function("100_launches_one_submit", |b| {
+        b.iter(|| {
+            let mut rec = Recorder::new(&dev);
+            let mut t = a.clone();
+            for _ in 0..100 {
+                t = rec.add(&t, &a).unwrap_or_else(|e| panic_free_exit(&e));
+            }
+            rec.submit().and_then(|_| dev.synchronize()).unwrap_or_else(|e| panic_free_exit(&e));
+        })
+    });
+    g.throughput(Throughput::Elements(1));
+    g.bench_function("one_launch_submit_wait", |b| {
+        b.iter(|| {
+            let mut rec = Recorder::new(&dev);
+            let _t = rec.add(&a, &a).unwrap_or_else(|e| panic_free_exit(&e));
+            rec.submit().and_then(|_| dev.synchronize()).unwrap_or_else(|e| panic_free_exit(&e));
+        })
+    });
+    g.finish();
+}
+
+criterion_group!(benches, dispatch, matvec, matmul);
+criterion_main!(benches);
