@@ -39,7 +39,7 @@ mod tensor;
 pub use device::{BackendChoice, Device, DeviceInfo, DeviceOptions};
 pub use dtype::{DType, QK};
 pub use error::{Result, TensorError};
-pub use gpu::GpuContext;
+pub use gpu::{Access, GpuContext, KernelDef};
 pub use ops::{RopeConfig, RopeLayout, RopeScaling, RopeTable};
 pub use quant::{dequantize, quantize};
 pub use recorder::Recorder;

@@ -19,14 +19,23 @@ pub(crate) const PARAM_SLOT: u64 = 256;
 
 /// How a kernel binding is accessed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub(crate) enum Access {
+pub enum Access {
     Read,
     ReadWrite,
 }
 
-/// A kernel: one `.wgsl` file, its storage bindings (after the params uniform at binding 0).
+/// A kernel: WGSL source with entry point `main`, its params uniform at `@binding(0)` and its
+/// storage bindings at 1, 2, ... in the order of `bindings`. Crates built on `kiln-tensor`
+/// define their own kernels this way and launch them with [`Recorder::launch`].
+///
+/// The source may use the template step: `#if NAME` / `#else` / `#endif` and `{{NAME}}`, filled
+/// from the defines given at launch; `F16` is true when the device has `SHADER_F16` (and
+/// `enable f16;` is then prepended). Launches are linear: rebuild the workgroup index as
+/// `wid.x + wid.y * nwg.x` (large launches spill into `y`) and ignore indices past the work.
+///
+/// [`Recorder::launch`]: crate::Recorder::launch
 #[derive(Debug)]
-pub(crate) struct KernelDef {
+pub struct KernelDef {
     pub name: &'static str,
     pub source: &'static str,
     pub bindings: &'static [Access],
