@@ -1,0 +1,251 @@
+//! The `Tokenizer`: a loaded `tokenizers::Tokenizer` plus what the model says about its special
+//! tokens and chat template.
+
+use std::sync::Arc;
+
+use crate::chat::{ChatMessage, ChatOptions, ChatTemplate};
+use crate::detok::IncrementalDetokenizer;
+use crate::error::{Result, TokenizerError};
+use crate::pieces::PieceTable;
+
+/// The model's special tokens and how encoding uses them.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SpecialTokens {
+    /// Beginning-of-sequence token.
+    pub bos: Option<u32>,
+    /// The end-of-sequence token the model was trained with.
+    pub eos: Option<u32>,
+    /// Every id that ends generation: `eos` first, then any others the model lists
+    /// (`generation_config.json`'s `eos_token_id` list, GGUF end-of-turn ids).
+    pub stop_ids: Vec<u32>,
+    /// Unknown token.
+    pub unk: Option<u32>,
+    /// Padding token.
+    pub pad: Option<u32>,
+    /// Whether encoding with special tokens puts `bos` in front.
+    pub add_bos: bool,
+    /// Whether encoding with special tokens puts `eos` at the end.
+    pub add_eos: bool,
+}
+
+/// How to encode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EncodeOptions {
+    /// Add the model's BOS/EOS as its post-processor says (the default, as Hugging Face does).
+    pub add_special_tokens: bool,
+    /// Compute byte offsets of each token in the input.
+    pub offsets: bool,
+}
+
+impl Default for EncodeOptions {
+    fn default() -> Self {
+        Self {
+            add_special_tokens: true,
+            offsets: false,
+        }
+    }
+}
+
+/// How to decode.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DecodeOptions {
+    /// Leave out special tokens (`<|im_end|>` and the like).
+    pub skip_special_tokens: bool,
+}
+
+/// The result of encoding one text.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Encoding {
+    /// Token ids.
+    pub ids: Vec<u32>,
+    /// Byte range of each token in the input text (empty unless asked for); added special
+    /// tokens such as BOS get `(0, 0)`.
+    pub offsets: Vec<(usize, usize)>,
+}
+
+/// A tokenizer for one model. Cheap to clone (shared inside).
+#[derive(Debug, Clone)]
+pub struct Tokenizer {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    tokenizer: tokenizers::Tokenizer,
+    specials: SpecialTokens,
+    chat_template: Option<ChatTemplate>,
+    pieces: PieceTable,
+    vocab_size: u32,
+}
+
+impl Tokenizer {
+    /// Wraps a `tokenizers::Tokenizer`. `chat_template` is the model's Jinja template, if it
+    /// has one (compiled now, so a broken template fails here). `add_bos`/`add_eos` in
+    /// `specials` are recomputed from what the tokenizer's post-processor really does.
+    pub fn new(
+        tokenizer: tokenizers::Tokenizer,
+        mut specials: SpecialTokens,
+        chat_template: Option<&str>,
+    ) -> Result<Self> {
+        let chat_template = chat_template
+            .map(|source| ChatTemplate::new("model", source))
+            .transpose()?;
+        let pieces = PieceTable::build(&tokenizer);
+        let vocab_size = pieces.len();
+        let probe = tokenizer
+            .encode_fast("", true)
+            .map_err(|e| TokenizerError::Encode {
+                detail: e.to_string(),
+            })?;
+        let ids = probe.get_ids();
+        specials.add_bos = specials.bos.is_some() && ids.first() == specials.bos.as_ref();
+        specials.add_eos = specials.eos.is_some() && ids.last() == specials.eos.as_ref();
+        if let Some(eos) = specials.eos
+            && !specials.stop_ids.contains(&eos)
+        {
+            specials.stop_ids.insert(0, eos);
+        }
+        Ok(Self {
+            inner: Arc::new(Inner {
+                tokenizer,
+                specials,
+                chat_template,
+                pieces,
+                vocab_size,
+            }),
+        })
+    }
+
+    /// The wrapped `tokenizers::Tokenizer`.
+    pub fn inner(&self) -> &tokenizers::Tokenizer {
+        &self.inner.tokenizer
+    }
+
+    /// Special tokens and whether encoding adds BOS/EOS.
+    pub fn special_tokens(&self) -> &SpecialTokens {
+        &self.inner.specials
+    }
+
+    /// Ids run from 0 to this, exclusive (added tokens included).
+    pub fn vocab_size(&self) -> u32 {
+        self.inner.vocab_size
+    }
+
+    /// The id of a token string (added tokens included).
+    pub fn token_to_id(&self, token: &str) -> Option<u32> {
+        self.inner.tokenizer.token_to_id(token)
+    }
+
+    /// The token string of an id, as the vocabulary spells it (`Ġ` for a byte-level space).
+    pub fn id_to_token(&self, id: u32) -> Option<String> {
+        self.inner.tokenizer.id_to_token(id)
+    }
+
+    /// Whether `id` is a special token (skipped by `skip_special_tokens`).
+    pub fn is_special(&self, id: u32) -> bool {
+        self.inner.pieces.is_special(id)
+    }
+
+    /// The model's chat template, if it has one.
+    pub fn chat_template(&self) -> Option<&ChatTemplate> {
+        self.inner.chat_template.as_ref()
+    }
+
+    pub(crate) fn pieces(&self) -> &PieceTable {
+        &self.inner.pieces
+    }
+
+    /// Token ids of `text`, special tokens added as the model does by default.
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
+        Ok(self.encode_with(text, EncodeOptions::default())?.ids)
+    }
+
+    /// Encodes with explicit options.
+    pub fn encode_with(&self, text: &str, options: EncodeOptions) -> Result<Encoding> {
+        let tok = &self.inner.tokenizer;
+        let enc = if options.offsets {
+            tok.encode(text, options.add_special_tokens)
+        } else {
+            tok.encode_fast(text, options.add_special_tokens)
+        }
+        .map_err(|e| TokenizerError::Encode {
+            detail: e.to_string(),
+        })?;
+        Ok(convert(enc, options.offsets))
+    }
+
+    /// Encodes many texts (in parallel inside `tokenizers`).
+    pub fn encode_batch(&self, texts: &[&str], options: EncodeOptions) -> Result<Vec<Encoding>> {
+        let tok = &self.inner.tokenizer;
+        let inputs = texts.to_vec();
+        let encs = if options.offsets {
+            tok.encode_batch(inputs, options.add_special_tokens)
+        } else {
+            tok.encode_batch_fast(inputs, options.add_special_tokens)
+        }
+        .map_err(|e| TokenizerError::Encode {
+            detail: e.to_string(),
+        })?;
+        Ok(encs
+            .into_iter()
+            .map(|e| convert(e, options.offsets))
+            .collect())
+    }
+
+    /// Text of `ids`, special tokens kept.
+    pub fn decode(&self, ids: &[u32]) -> Result<String> {
+        self.decode_with(ids, DecodeOptions::default())
+    }
+
+    /// Decodes with explicit options. Ids outside the vocabulary are an error.
+    pub fn decode_with(&self, ids: &[u32], options: DecodeOptions) -> Result<String> {
+        self.check_ids(ids)?;
+        self.inner
+            .tokenizer
+            .decode(ids, options.skip_special_tokens)
+            .map_err(|e| TokenizerError::Decode {
+                detail: e.to_string(),
+            })
+    }
+
+    pub(crate) fn check_ids(&self, ids: &[u32]) -> Result<()> {
+        match ids.iter().find(|&&id| !self.inner.pieces.contains(id)) {
+            Some(&id) => Err(TokenizerError::UnknownTokenId {
+                id,
+                vocab_size: self.inner.vocab_size,
+            }),
+            None => Ok(()),
+        }
+    }
+
+    /// A detokenizer that turns ids, fed one at a time, into UTF-8-safe text deltas.
+    pub fn detokenizer(&self, options: DecodeOptions) -> IncrementalDetokenizer {
+        IncrementalDetokenizer::new(self.clone(), options)
+    }
+
+    /// Renders `messages` with the model's chat template, or ChatML when it has none.
+    pub fn apply_chat_template(
+        &self,
+        messages: &[ChatMessage],
+        options: &ChatOptions,
+    ) -> Result<String> {
+        let bos = self.inner.specials.bos.and_then(|id| self.id_to_token(id));
+        let eos = self.inner.specials.eos.and_then(|id| self.id_to_token(id));
+        let render = |t: &ChatTemplate| t.render(messages, options, bos.as_deref(), eos.as_deref());
+        match &self.inner.chat_template {
+            Some(template) => render(template),
+            None => render(&ChatTemplate::chatml()?),
+        }
+    }
+}
+
+fn convert(enc: tokenizers::Encoding, offsets: bool) -> Encoding {
+    Encoding {
+        ids: enc.get_ids().to_vec(),
+        offsets: if offsets {
+            enc.get_offsets().to_vec()
+        } else {
+            Vec::new()
+        },
+    }
+}
