@@ -1,0 +1,575 @@
+//! Device KV storage and paged attention.
+//!
+//! Each layer has a K pool and a V pool shaped `[blocks, block_size, kv_heads, head_dim]` in
+//! F16 (default), F32 or INT8 with one f32 scale per (slot, kv head). A step first writes the
+//! new tokens' K/V rows into their slots ([`KvCache::write`]), then runs paged attention for
+//! every query token of the batch in one launch ([`KvCache::attention`]); both read the same
+//! [`AttnBatch`] (block tables, positions, slot mapping), uploaded once per step and shared by
+//! all layers.
+//!
+//! On the CPU backend the pools are host `f32` vectors holding exactly the values the device
+//! format would hold (rounded to f16, or quantized to INT8 and back), so both backends compute
+//! the same attention.
+
+mod reference;
+
+use bytemuck::{Pod, Zeroable};
+use kiln_tensor::{Access, DType, Device, KernelDef, Recorder, Tensor, TensorError};
+
+pub use reference::contiguous_attention;
+
+use crate::KvDtype;
+
+/// Errors of the device KV layer.
+#[derive(Debug, thiserror::Error)]
+pub enum KvDeviceError {
+    #[error(transparent)]
+    Tensor(#[from] TensorError),
+    /// A batch or tensor does not fit the cache's configuration.
+    #[error("kv cache: {0}")]
+    Invalid(String),
+}
+
+type Result<T> = std::result::Result<T, KvDeviceError>;
+
+fn invalid<T>(msg: String) -> Result<T> {
+    Err(KvDeviceError::Invalid(msg))
+}
+
+/// The shape of a paged KV cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KvCacheConfig {
+    pub layers: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    pub block_size: usize,
+    pub num_blocks: usize,
+    pub dtype: KvDtype,
+}
+
+impl KvCacheConfig {
+    fn slots(&self) -> usize {
+        self.num_blocks * self.block_size
+    }
+}
+
+/// Block-table entry of a block freed by the sliding window (never read by attention).
+pub const FREED_BLOCK: u32 = u32::MAX;
+
+/// One sequence's part of a step.
+#[derive(Debug, Clone, Copy)]
+pub struct SeqBatch<'a> {
+    /// Physical block ids, in logical order, covering at least `context_len` tokens.
+    pub block_table: &'a [u32],
+    /// Query tokens of this sequence in the step (prompt chunk, or 1 for decode).
+    pub query_len: usize,
+    /// Tokens in the cache once this step's tokens are written (cached prefix + `query_len`).
+    pub context_len: usize,
+}
+
+/// Attention hyper-parameters of a layer.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AttnConfig {
+    /// Query heads (a multiple of the cache's kv heads: GQA/MQA).
+    pub heads: usize,
+    /// Softmax scale, usually 1/sqrt(head_dim).
+    pub scale: f32,
+    /// Sliding window in tokens (Mistral), or `None` for full attention.
+    pub window: Option<usize>,
+}
+
+/// A step's attention metadata, validated against the cache and uploaded once.
+#[derive(Debug)]
+pub struct AttnBatch {
+    tokens: usize,
+    /// Per query token: (offset of its block table in `tables`, absolute position).
+    info: Vec<u32>,
+    tables: Vec<u32>,
+    /// Per query token: the slot its K/V row is written to.
+    slots: Vec<u32>,
+    device: Option<[Tensor; 3]>,
+}
+
+impl AttnBatch {
+    /// Query tokens in the step.
+    pub fn tokens(&self) -> usize {
+        self.tokens
+    }
+
+    /// The slot of each query token (block id × block size + offset).
+    pub fn slots(&self) -> &[u32] {
+        &self.slots
+    }
+}
+
+struct Layer {
+    k: Tensor,
+    v: Tensor,
+    scales: Option<[Tensor; 2]>,
+}
+
+enum Store {
+    Cpu(Vec<[Vec<f32>; 2]>),
+    Gpu(Vec<Layer>),
+}
+
+/// Per-layer K/V block pools on a device.
+pub struct KvCache {
+    cfg: KvCacheConfig,
+    device: Device,
+    store: Store,
+}
+
+impl std::fmt::Debug for KvCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "KvCache({:?} on {:?})", self.cfg, self.device)
+    }
+}
+
+const WRITE_SRC: &str = include_str!("../../wgsl/kv_write.wgsl");
+const ATTN_SRC: &str = include_str!("../../wgsl/paged_attention.wgsl");
+const R: Access = Access::Read;
+const W: Access = Access::ReadWrite;
+static KV_WRITE: KernelDef = KernelDef {
+    name: "kv_write",
+    source: WRITE_SRC,
+    bindings: &[R, R, R, W, W],
+};
+static KV_WRITE_I8: KernelDef = KernelDef {
+    name: "kv_write",
+    source: WRITE_SRC,
+    bindings: &[R, R, R, W, W, W, W],
+};
+static KV_COPY: KernelDef = KernelDef {
+    name: "kv_copy",
+    source: include_str!("../../wgsl/kv_copy.wgsl"),
+    bindings: &[R, W],
+};
+static ATTN: KernelDef = KernelDef {
+    name: "paged_attention",
+    source: ATTN_SRC,
+    bindings: &[R, R, R, W, R, R],
+};
+static ATTN_I8: KernelDef = KernelDef {
+    name: "paged_attention",
+    source: ATTN_SRC,
+    bindings: &[R, R, R, W, R, R, R, R],
+};
+
+/// Largest head_dim the attention kernel handles (its query row lives in workgroup memory).
+pub const MAX_HEAD_DIM: usize = 256;
+
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+struct WriteParams {
+    tokens: u32,
+    kv_heads: u32,
+    head_dim: u32,
+    _pad: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+struct CopyParams {
+    pairs: u32,
+    words: u32,
+    _pad: [u32; 2],
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+struct AttnParams {
+    tokens: u32,
+    heads: u32,
+    kv_heads: u32,
+    head_dim: u32,
+    block_size: u32,
+    window: u32,
+    scale: f32,
+    _pad: u32,
+}
+
+fn dtype_define(d: KvDtype) -> (&'static str, String) {
+    let name = match d {
+        KvDtype::F32 => "KV_F32",
+        KvDtype::F16 => "KV_F16",
+        KvDtype::Int8 => "KV_I8",
+    };
+    (name, "1".to_string())
+}
+
+impl KvCache {
+    /// Allocate zeroed pools for every layer.
+    pub fn new(device: &Device, cfg: KvCacheConfig) -> Result<Self> {
+        if cfg.layers == 0 || cfg.kv_heads == 0 || cfg.block_size == 0 || cfg.num_blocks == 0 {
+            return invalid(format!("every dimension must be non-zero: {cfg:?}"));
+        }
+        if cfg.head_dim == 0 || cfg.head_dim > MAX_HEAD_DIM || !cfg.head_dim.is_multiple_of(4) {
+            return invalid(format!(
+                "head_dim {} must be a multiple of 4 in 4..={MAX_HEAD_DIM}",
+                cfg.head_dim
+            ));
+        }
+        if cfg.slots() >= FREED_BLOCK as usize / 2 {
+            return invalid(format!(
+                "{} slots exceed the 32-bit slot index",
+                cfg.slots()
+            ));
+        }
+        let elems = cfg.slots() * cfg.kv_heads * cfg.head_dim;
+        let store = match device {
+            Device::Cpu => Store::Cpu(
+                (0..cfg.layers)
+                    .map(|_| [vec![0f32; elems], vec![0f32; elems]])
+                    .collect(),
+            ),
+            Device::Wgpu(_) => {
+                let pool = |what| -> Result<Tensor> {
+                    let t = match cfg.dtype {
+                        KvDtype::F32 => Tensor::zeros(device, DType::F32, &[elems]),
+                        KvDtype::F16 => Tensor::zeros(device, DType::U32, &[elems / 2]),
+                        KvDtype::Int8 => Tensor::zeros(device, DType::U32, &[elems / 4]),
+                    };
+                    t.map_err(|e| {
+                        KvDeviceError::Invalid(format!(
+                            "{what} pool of {} blocks: {e}",
+                            cfg.num_blocks
+                        ))
+                    })
+                };
+                let mut layers = Vec::with_capacity(cfg.layers);
+                for _ in 0..cfg.layers {
+                    let scales = match cfg.dtype {
+                        KvDtype::Int8 => {
+                            let n = cfg.slots() * cfg.kv_heads;
+                            Some([
+                                Tensor::zeros(device, DType::F32, &[n])?,
+                                Tensor::zeros(device, DType::F32, &[n])?,
+                            ])
+                        }
+                        _ => None,
+                    };
+                    layers.push(Layer {
+                        k: pool("K")?,
+                        v: pool("V")?,
+                        scales,
+                    });
+                }
+                Store::Gpu(layers)
+            }
+        };
+        Ok(Self {
+            cfg,
+            device: device.clone(),
+            store,
+        })
+    }
+
+    pub fn config(&self) -> &KvCacheConfig {
+        &self.cfg
+    }
+
+    /// Validate a step's sequences against the cache and upload their metadata.
+    /// Sequences are laid out in order along the token dimension of Q, K and V.
+    pub fn batch(&self, seqs: &[SeqBatch<'_>]) -> Result<AttnBatch> {
+        let bs = self.cfg.block_size;
+        let (mut info, mut tables, mut slots) = (Vec::new(), Vec::new(), Vec::new());
+        for (i, s) in seqs.iter().enumerate() {
+            if s.query_len == 0 || s.query_len > s.context_len {
+                return invalid(format!(
+                    "sequence {i}: query_len {} must be in 1..=context_len {}",
+                    s.query_len, s.context_len
+                ));
+            }
+            let need = s.context_len.div_ceil(bs);
+            if s.block_table.len() < need {
+                return invalid(format!(
+                    "sequence {i}: {} blocks cover fewer than its {} tokens",
+                    s.block_table.len(),
+                    s.context_len
+                ));
+            }
+            if let Some(b) = s.block_table[..need]
+                .iter()
+                .find(|&&b| b != FREED_BLOCK && b as usize >= self.cfg.num_blocks)
+            {
+                return invalid(format!(
+                    "sequence {i}: block id {b} is outside the pool of {}",
+                    self.cfg.num_blocks
+                ));
+            }
+            let offset = tables.len() as u32;
+            tables.extend_from_slice(&s.block_table[..need]);
+            for pos in s.context_len - s.query_len..s.context_len {
+                let block = s.block_table[pos / bs];
+                if block == FREED_BLOCK {
+                    return invalid(format!(
+                        "sequence {i}: position {pos} falls in a freed block"
+                    ));
+                }
+                info.extend([offset, pos as u32]);
+                slots.push(block * bs as u32 + (pos % bs) as u32);
+            }
+        }
+        if slots.is_empty() {
+            return invalid("a batch needs at least one sequence".into());
+        }
+        let tokens = slots.len();
+        let device = match &self.device {
+            Device::Cpu => None,
+            d => Some([
+                Tensor::from_u32(d, &[info.len()], &info)?,
+                Tensor::from_u32(d, &[tables.len()], &tables)?,
+                Tensor::from_u32(d, &[tokens], &slots)?,
+            ]),
+        };
+        Ok(AttnBatch {
+            tokens,
+            info,
+            tables,
+            slots,
+            device,
+        })
+    }
+
+    fn check_rows(&self, what: &str, t: &Tensor, tokens: usize, heads: usize) -> Result<()> {
+        if t.dtype() != DType::F32 || t.shape() != [tokens, heads, self.cfg.head_dim] {
+            return invalid(format!(
+                "{what} must be F32 [{tokens}, {heads}, {}], got {:?} {:?}",
+                self.cfg.head_dim,
+                t.dtype(),
+                t.shape()
+            ));
+        }
+        Ok(())
+    }
+
+    fn check_layer(&self, layer: usize) -> Result<()> {
+        if layer >= self.cfg.layers {
+            return invalid(format!("layer {layer} of {}", self.cfg.layers));
+        }
+        Ok(())
+    }
+
+    /// Write the K and V rows `[tokens, kv_heads, head_dim]` of the batch's query tokens into
+    /// their slots of `layer`.
+    pub fn write(
+        &mut self,
+        rec: &mut Recorder,
+        layer: usize,
+        k: &Tensor,
+        v: &Tensor,
+        batch: &AttnBatch,
+    ) -> Result<()> {
+        self.check_layer(layer)?;
+        let (kvh, hd) = (self.cfg.kv_heads, self.cfg.head_dim);
+        self.check_rows("K", k, batch.tokens, kvh)?;
+        self.check_rows("V", v, batch.tokens, kvh)?;
+        match &mut self.store {
+            Store::Cpu(layers) => {
+                let (kv, vv) = (k.to_f32_vec()?, v.to_f32_vec()?);
+                let [kp, vp] = &mut layers[layer];
+                let row = kvh * hd;
+                for (t, &slot) in batch.slots.iter().enumerate() {
+                    for h in 0..kvh {
+                        let src = t * row + h * hd;
+                        let dst = slot as usize * row + h * hd;
+                        store_row(self.cfg.dtype, &kv[src..src + hd], &mut kp[dst..dst + hd]);
+                        store_row(self.cfg.dtype, &vv[src..src + hd], &mut vp[dst..dst + hd]);
+                    }
+                }
+                Ok(())
+            }
+            Store::Gpu(layers) => {
+                let l = &layers[layer];
+                let Some([_, _, slots]) = &batch.device else {
+                    return invalid("batch was built for another device".into());
+                };
+                let params = WriteParams {
+                    tokens: batch.tokens as u32,
+                    kv_heads: kvh as u32,
+                    head_dim: hd as u32,
+                    _pad: 0,
+                };
+                let threads = match self.cfg.dtype {
+                    KvDtype::F32 => batch.tokens * kvh * hd,
+                    KvDtype::F16 => batch.tokens * kvh * hd / 2,
+                    KvDtype::Int8 => batch.tokens * kvh,
+                };
+                let groups = threads.div_ceil(64) as u32;
+                let defines = [dtype_define(self.cfg.dtype)];
+                match &l.scales {
+                    Some([ks, vs]) => rec.launch(
+                        &KV_WRITE_I8,
+                        &defines,
+                        &params,
+                        &[k, v, slots, &l.k, &l.v, ks, vs],
+                        groups,
+                    )?,
+                    None => rec.launch(
+                        &KV_WRITE,
+                        &defines,
+                        &params,
+                        &[k, v, slots, &l.k, &l.v],
+                        groups,
+                    )?,
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// Copy whole blocks `src → dst` in every layer's pools (copy-on-write after a fork, as
+    /// the block manager asks). A destination must not also be a source in the same call.
+    pub fn copy_blocks(&mut self, rec: &mut Recorder, pairs: &[(u32, u32)]) -> Result<()> {
+        if pairs.is_empty() {
+            return Ok(());
+        }
+        let nb = self.cfg.num_blocks as u32;
+        if let Some(p) = pairs.iter().find(|(s, d)| *s >= nb || *d >= nb || s == d) {
+            return invalid(format!(
+                "block copy {p:?}: ids must be distinct and below {nb}"
+            ));
+        }
+        if pairs.iter().any(|(_, d)| pairs.iter().any(|(s, _)| s == d)) {
+            return invalid("a block copy destination is also a source".into());
+        }
+        let per_block = self.cfg.block_size * self.cfg.kv_heads * self.cfg.head_dim;
+        match &mut self.store {
+            Store::Cpu(layers) => {
+                for pools in layers.iter_mut() {
+                    for pool in pools.iter_mut() {
+                        for &(s, d) in pairs {
+                            let (s, d) = (s as usize * per_block, d as usize * per_block);
+                            pool.copy_within(s..s + per_block, d);
+                        }
+                    }
+                }
+                Ok(())
+            }
+            Store::Gpu(layers) => {
+                let flat: Vec<u32> = pairs.iter().flat_map(|&(s, d)| [s, d]).collect();
+                let pairs_t = Tensor::from_u32(&self.device, &[flat.len()], &flat)?;
+                let words = match self.cfg.dtype {
+                    KvDtype::F32 => per_block,
+                    KvDtype::F16 => per_block / 2,
+                    KvDtype::Int8 => per_block / 4,
+                };
+                let scale_words = self.cfg.block_size * self.cfg.kv_heads;
+                for l in layers.iter() {
+                    let mut pools = vec![(&l.k, words), (&l.v, words)];
+                    if let Some([ks, vs]) = &l.scales {
+                        pools.extend([(ks, scale_words), (vs, scale_words)]);
+                    }
+                    for (pool, w) in pools {
+                        let params = CopyParams {
+                            pairs: pairs.len() as u32,
+                            words: w as u32,
+                            _pad: [0; 2],
+                        };
+                        rec.launch(
+                            &KV_COPY,
+                            &[],
+                            &params,
+                            &[&pairs_t, pool],
+                            (pairs.len() * w).div_ceil(64) as u32,
+                        )?;
+                    }
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// Paged attention of q `[tokens, heads, head_dim]` over `layer`'s cache; returns the
+    /// attention output in the same shape. The batch's K/V must have been written first.
+    pub fn attention(
+        &self,
+        rec: &mut Recorder,
+        layer: usize,
+        q: &Tensor,
+        batch: &AttnBatch,
+        attn: &AttnConfig,
+    ) -> Result<Tensor> {
+        self.check_layer(layer)?;
+        let (kvh, hd) = (self.cfg.kv_heads, self.cfg.head_dim);
+        if attn.heads == 0 || !attn.heads.is_multiple_of(kvh) {
+            return invalid(format!(
+                "{} query heads are not a multiple of {kvh} kv heads",
+                attn.heads
+            ));
+        }
+        self.check_rows("Q", q, batch.tokens, attn.heads)?;
+        let window = attn.window.unwrap_or(0);
+        match &self.store {
+            Store::Cpu(layers) => {
+                let [kp, vp] = &layers[layer];
+                let out = reference::paged_attention_host(
+                    &q.to_f32_vec()?,
+                    kp,
+                    vp,
+                    batch,
+                    &self.cfg,
+                    attn,
+                );
+                Ok(Tensor::from_f32(&self.device, q.shape(), &out)?)
+            }
+            Store::Gpu(layers) => {
+                let l = &layers[layer];
+                let Some([info, tables, _]) = &batch.device else {
+                    return invalid("batch was built for another device".into());
+                };
+                let out = rec.output(DType::F32, q.shape(), "paged_attention")?;
+                let params = AttnParams {
+                    tokens: batch.tokens as u32,
+                    heads: attn.heads as u32,
+                    kv_heads: kvh as u32,
+                    head_dim: hd as u32,
+                    block_size: self.cfg.block_size as u32,
+                    window: window as u32,
+                    scale: attn.scale,
+                    _pad: 0,
+                };
+                let groups = (batch.tokens * attn.heads) as u32;
+                let defines = [dtype_define(self.cfg.dtype)];
+                match &l.scales {
+                    Some([ks, vs]) => rec.launch(
+                        &ATTN_I8,
+                        &defines,
+                        &params,
+                        &[q, info, tables, &out, &l.k, &l.v, ks, vs],
+                        groups,
+                    )?,
+                    None => rec.launch(
+                        &ATTN,
+                        &defines,
+                        &params,
+                        &[q, info, tables, &out, &l.k, &l.v],
+                        groups,
+                    )?,
+                }
+                Ok(out)
+            }
+        }
+    }
+}
+
+/// Store a row on the host exactly as the device format would hold it.
+fn store_row(dtype: KvDtype, src: &[f32], dst: &mut [f32]) {
+    match dtype {
+        KvDtype::F32 => dst.copy_from_slice(src),
+        KvDtype::F16 => {
+            for (d, s) in dst.iter_mut().zip(src) {
+                *d = half::f16::from_f32(*s).to_f32();
+            }
+        }
+        KvDtype::Int8 => {
+            let amax = src.iter().fold(0f32, |a, v| a.max(v.abs()));
+            let scale = amax / 127.0;
+            let inv = if scale > 0.0 { 1.0 / scale } else { 0.0 };
+            for (d, s) in dst.iter_mut().zip(src) {
+                *d = f32::from((s * inv).round_ties_even() as i8) * scale;
+            }
+        }
+    }
+}

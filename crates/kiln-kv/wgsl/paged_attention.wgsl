@@ -1,0 +1,156 @@
+// Paged attention for a mixed batch: one 64-thread workgroup per (query token, query head).
+// A query at absolute position `pos` attends to keys pos - window + 1 ..= pos (all of 0..=pos
+// without a window) of its own sequence, found through the sequence's block table: causal
+// within a prefill chunk, full attention to the cached prefix, one token for decode. The keys
+// of the current chunk are in the pool already (kv_write runs first in the same submit).
+// Keys are taken 64 at a time: each thread scores one key, then the tile's probabilities are
+// folded into a running (max, sum, accumulator) — the online softmax — with each thread owning
+// output dimensions lid, lid + 64, ...  GQA: query head h reads kv head h / (heads / kv_heads).
+
+struct Params {
+    tokens: u32,
+    heads: u32,
+    kv_heads: u32,
+    head_dim: u32,
+    block_size: u32,
+    window: u32,
+    scale: f32,
+    _pad: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read> q: array<f32>;
+// Per query token: (offset of its sequence's block table in `tables`, absolute position).
+@group(0) @binding(2) var<storage, read> info: array<u32>;
+@group(0) @binding(3) var<storage, read> tables: array<u32>;
+@group(0) @binding(4) var<storage, read_write> out: array<f32>;
+#if KV_F32
+@group(0) @binding(5) var<storage, read> k_pool: array<f32>;
+@group(0) @binding(6) var<storage, read> v_pool: array<f32>;
+#else
+@group(0) @binding(5) var<storage, read> k_pool: array<u32>;
+@group(0) @binding(6) var<storage, read> v_pool: array<u32>;
+#endif
+#if KV_I8
+@group(0) @binding(7) var<storage, read> k_scale: array<f32>;
+@group(0) @binding(8) var<storage, read> v_scale: array<f32>;
+#endif
+
+const MAX_D: u32 = 256u;
+
+var<workgroup> qs: array<f32, MAX_D>;
+var<workgroup> probs: array<f32, 64>;
+var<workgroup> tile_slots: array<u32, 64>;
+var<workgroup> wg_pos: u32;
+var<workgroup> wg_table: u32;
+
+// Element d of the K (or V) row at `slot`, kv head `h`.
+fn k_at(slot: u32, h: u32, d: u32) -> f32 {
+    let i = (slot * p.kv_heads + h) * p.head_dim + d;
+#if KV_F32
+    return k_pool[i];
+#endif
+#if KV_F16
+    return unpack2x16float(k_pool[i >> 1u])[i & 1u];
+#endif
+#if KV_I8
+    let q8 = bitcast<i32>(k_pool[i >> 2u] << (24u - 8u * (i & 3u))) >> 24u;
+    return f32(q8) * k_scale[slot * p.kv_heads + h];
+#endif
+}
+
+fn v_at(slot: u32, h: u32, d: u32) -> f32 {
+    let i = (slot * p.kv_heads + h) * p.head_dim + d;
+#if KV_F32
+    return v_pool[i];
+#endif
+#if KV_F16
+    return unpack2x16float(v_pool[i >> 1u])[i & 1u];
+#endif
+#if KV_I8
+    let q8 = bitcast<i32>(v_pool[i >> 2u] << (24u - 8u * (i & 3u))) >> 24u;
+    return f32(q8) * v_scale[slot * p.kv_heads + h];
+#endif
+}
+
+@compute @workgroup_size(64)
+fn main(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_index) lid: u32,
+) {
+    let g = wid.x + wid.y * nwg.x;
+    if (g >= p.tokens * p.heads) {
+        return;
+    }
+    let t = g / p.heads;
+    let h = g % p.heads;
+    let kvh = h / (p.heads / p.kv_heads);
+    if (lid == 0u) {
+        wg_table = info[2u * t];
+        wg_pos = info[2u * t + 1u];
+    }
+    let qbase = (t * p.heads + h) * p.head_dim;
+    for (var d = lid; d < p.head_dim; d += 64u) {
+        qs[d] = q[qbase + d] * p.scale;
+    }
+    // Uniform copies, so the loop below (which has barriers) stays in uniform control flow.
+    let pos = workgroupUniformLoad(&wg_pos);
+    let table = workgroupUniformLoad(&wg_table);
+    var first = 0u;
+    if (p.window > 0u && pos + 1u > p.window) {
+        first = pos + 1u - p.window;
+    }
+    let neg_inf = bitcast<f32>(0xff800000u);
+    var m = neg_inf;
+    var l = 0.0;
+    var acc: array<f32, 4>;
+    for (var base = first; base <= pos; base += 64u) {
+        let j = base + lid;
+        var s = neg_inf;
+        var slot = 0u;
+        if (j <= pos) {
+            slot = tables[table + j / p.block_size] * p.block_size + j % p.block_size;
+            s = 0.0;
+            for (var d = 0u; d < p.head_dim; d++) {
+                s += qs[d] * k_at(slot, kvh, d);
+            }
+        }
+        probs[lid] = s;
+        tile_slots[lid] = slot;
+        workgroupBarrier();
+        var mt = neg_inf;
+        for (var i = 0u; i < 64u; i++) {
+            mt = max(mt, probs[i]);
+        }
+        let m_new = max(m, mt);
+        let alpha = exp(m - m_new);
+        workgroupBarrier();
+        probs[lid] = exp(s - m_new);
+        workgroupBarrier();
+        var ls = 0.0;
+        for (var i = 0u; i < 64u; i++) {
+            ls += probs[i];
+        }
+        l = l * alpha + ls;
+        let n = min(64u, pos + 1u - base);
+        for (var r = 0u; r < 4u; r++) {
+            let d = lid + 64u * r;
+            if (d < p.head_dim) {
+                var a = acc[r] * alpha;
+                for (var i = 0u; i < n; i++) {
+                    a += probs[i] * v_at(tile_slots[i], kvh, d);
+                }
+                acc[r] = a;
+            }
+        }
+        m = m_new;
+        workgroupBarrier();
+    }
+    for (var r = 0u; r < 4u; r++) {
+        let d = lid + 64u * r;
+        if (d < p.head_dim) {
+            out[qbase + d] = acc[r] / l;
+        }
+    }
+}
