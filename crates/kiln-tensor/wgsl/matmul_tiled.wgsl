@@ -40,7 +40,12 @@ fn main(
     }
     let ty = lid / 8u;
     let tx = lid % 8u;
-    var acc: array<array<f32, 4>, 4>;
+    // The 4 x 4 block lives in four vec4 registers: no dynamically indexed arrays, which
+    // compilers for CPU-type adapters would spill to memory.
+    var acc0 = vec4<f32>(0.0);
+    var acc1 = vec4<f32>(0.0);
+    var acc2 = vec4<f32>(0.0);
+    var acc3 = vec4<f32>(0.0);
     for (var k0 = 0u; k0 < p.k; k0 += T) {
         for (var e = lid; e < T * T; e += 64u) {
             let r = e / T;
@@ -60,27 +65,25 @@ fn main(
             ws[r][c] = wv;
         }
         workgroupBarrier();
+        let xr = ty * 4u;
+        let wr = tx * 4u;
         for (var kk = 0u; kk < T; kk++) {
-            var a: array<f32, 4>;
-            var b: array<f32, 4>;
-            for (var i = 0u; i < 4u; i++) {
-                a[i] = xs[ty * 4u + i][kk];
-                b[i] = ws[tx * 4u + i][kk];
-            }
-            for (var i = 0u; i < 4u; i++) {
-                for (var j = 0u; j < 4u; j++) {
-                    acc[i][j] += a[i] * b[j];
-                }
-            }
+            let b = vec4<f32>(ws[wr][kk], ws[wr + 1u][kk], ws[wr + 2u][kk], ws[wr + 3u][kk]);
+            acc0 += xs[xr][kk] * b;
+            acc1 += xs[xr + 1u][kk] * b;
+            acc2 += xs[xr + 2u][kk] * b;
+            acc3 += xs[xr + 3u][kk] * b;
         }
         workgroupBarrier();
     }
+    let accs = array<vec4<f32>, 4>(acc0, acc1, acc2, acc3);
     for (var i = 0u; i < 4u; i++) {
         let gm = tm * T + ty * 4u + i;
+        let row = accs[i];
         for (var j = 0u; j < 4u; j++) {
             let gn = tn * T + tx * 4u + j;
             if (gm < p.m && gn < p.rows) {
-                var s = acc[i][j];
+                var s = row[j];
 #if BIAS
                 s += bias[p.n_offset + gn];
 #endif
