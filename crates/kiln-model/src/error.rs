@@ -1,0 +1,38 @@
+//! Errors of model loading and the forward pass; each names the file and what was wrong.
+
+use std::path::PathBuf;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Gguf(#[from] kiln_gguf::GgufError),
+    #[error("{file}: config field `{field}`: {problem}")]
+    Config {
+        file: String,
+        field: String,
+        problem: String,
+    },
+    #[error("{file}: tensor `{tensor}`: {problem}")]
+    Tensor {
+        file: String,
+        tensor: String,
+        problem: String,
+    },
+    #[error("{file}: {problem}")]
+    Format { file: String, problem: String },
+    #[error("{file}: unsupported architecture `{arch}` (supported: llama, mistral, qwen2)")]
+    Architecture { file: String, arch: String },
+    #[error(transparent)]
+    Device(#[from] kiln_tensor::TensorError),
+    #[error(transparent)]
+    Kv(#[from] kiln_kv::device::KvDeviceError),
+    #[error("forward: {0}")]
+    Batch(String),
+}
+
+pub type Result<T, E = ModelError> = std::result::Result<T, E>;

@@ -1,0 +1,243 @@
+//! The Llama-family forward pass over a batch that mixes prefill chunks and decode tokens.
+
+use kiln_kv::device::{AttnConfig, KvCache, SeqBatch};
+use kiln_tensor::{Device, Recorder, RopeTable, Tensor};
+
+use crate::weights::{Weight, WeightSource};
+use crate::{ModelConfig, ModelError, Result};
+
+struct Layer {
+    attn_norm: Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    bias: Option<[Tensor; 3]>,
+    o: Tensor,
+    ffn_norm: Tensor,
+    gate: Tensor,
+    up: Tensor,
+    down: Tensor,
+}
+
+/// A loaded model on a device.
+pub struct Model {
+    cfg: ModelConfig,
+    device: Device,
+    embed: Tensor,
+    lm_head: Option<Tensor>,
+    norm: Tensor,
+    layers: Vec<Layer>,
+    rope: RopeTable,
+    weight_bytes: u64,
+}
+
+impl std::fmt::Debug for Model {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "Model({:?}, {} layers on {:?})",
+            self.cfg.arch, self.cfg.layers, self.device
+        )
+    }
+}
+
+/// One sequence's part of a forward step.
+#[derive(Debug, Clone, Copy)]
+pub struct SeqInput<'a> {
+    /// The tokens computed this step: a prompt chunk, or the last sampled token.
+    pub tokens: &'a [u32],
+    /// Its physical KV blocks, covering `context_len` tokens.
+    pub block_table: &'a [u32],
+    /// Tokens in the cache after this step (earlier tokens + `tokens.len()`).
+    pub context_len: usize,
+}
+
+/// Which positions get logits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum LogitsAt {
+    /// The last token of each sequence: `[sequences, vocab]`.
+    #[default]
+    Last,
+    /// Every token of the step: `[tokens, vocab]` (prompt logprobs, tests).
+    All,
+}
+
+fn bytes_of(t: &Tensor) -> u64 {
+    t.dtype().stored().bytes_for(t.elem_count()).unwrap_or(0) as u64
+}
+
+impl Model {
+    /// Upload every weight the config names from `src` to `device`.
+    pub fn load(device: &Device, cfg: ModelConfig, src: &dyn WeightSource) -> Result<Self> {
+        let start = std::time::Instant::now();
+        let (h, d) = (cfg.hidden, cfg.head_dim);
+        let (qd, kvd) = (cfg.heads * d, cfg.kv_heads * d);
+        let embed = src.load(device, Weight::Embed, &[cfg.vocab, h])?;
+        let lm_head = if cfg.tie_embeddings || !src.has(Weight::LmHead) {
+            None
+        } else {
+            Some(src.load(device, Weight::LmHead, &[cfg.vocab, h])?)
+        };
+        let norm = src.load_f32(device, Weight::FinalNorm, &[h])?;
+        let mut layers = Vec::with_capacity(cfg.layers);
+        for l in 0..cfg.layers {
+            let bias = if cfg.qkv_bias {
+                Some([
+                    src.load_f32(device, Weight::QBias(l), &[qd])?,
+                    src.load_f32(device, Weight::KBias(l), &[kvd])?,
+                    src.load_f32(device, Weight::VBias(l), &[kvd])?,
+                ])
+            } else {
+                None
+            };
+            layers.push(Layer {
+                attn_norm: src.load_f32(device, Weight::AttnNorm(l), &[h])?,
+                q: src.load(device, Weight::Q(l), &[qd, h])?,
+                k: src.load(device, Weight::K(l), &[kvd, h])?,
+                v: src.load(device, Weight::V(l), &[kvd, h])?,
+                bias,
+                o: src.load(device, Weight::O(l), &[h, qd])?,
+                ffn_norm: src.load_f32(device, Weight::FfnNorm(l), &[h])?,
+                gate: src.load(device, Weight::Gate(l), &[cfg.ffn, h])?,
+                up: src.load(device, Weight::Up(l), &[cfg.ffn, h])?,
+                down: src.load(device, Weight::Down(l), &[h, cfg.ffn])?,
+            });
+        }
+        let rope = RopeTable::new(device, cfg.rope(), cfg.max_position)?;
+        let mut weight_bytes =
+            bytes_of(&embed) + bytes_of(&norm) + lm_head.as_ref().map_or(0, bytes_of);
+        for l in &layers {
+            for t in [
+                &l.attn_norm,
+                &l.q,
+                &l.k,
+                &l.v,
+                &l.o,
+                &l.ffn_norm,
+                &l.gate,
+                &l.up,
+                &l.down,
+            ] {
+                weight_bytes += bytes_of(t);
+            }
+            weight_bytes += l.bias.iter().flatten().map(bytes_of).sum::<u64>();
+        }
+        tracing::info!(
+            "loaded {} bytes of weights from {} in {:?}",
+            weight_bytes,
+            src.describe(),
+            start.elapsed()
+        );
+        Ok(Self {
+            cfg,
+            device: device.clone(),
+            embed,
+            lm_head,
+            norm,
+            layers,
+            rope,
+            weight_bytes,
+        })
+    }
+
+    pub fn config(&self) -> &ModelConfig {
+        &self.cfg
+    }
+
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    /// Bytes of weights resident on the device (quantized sizes as stored).
+    pub fn weight_bytes(&self) -> u64 {
+        self.weight_bytes
+    }
+
+    /// Record one forward step for `seqs` (laid out in order along the token dimension):
+    /// writes their K/V into `cache` and returns logits at the positions `at` asks for. Nothing
+    /// runs on a GPU until the recorder is submitted.
+    pub fn forward(
+        &self,
+        rec: &mut Recorder,
+        cache: &mut KvCache,
+        seqs: &[SeqInput<'_>],
+        at: LogitsAt,
+    ) -> Result<Tensor> {
+        let cfg = &self.cfg;
+        let mut ids = Vec::new();
+        let mut positions = Vec::new();
+        let mut last = Vec::with_capacity(seqs.len());
+        for (i, s) in seqs.iter().enumerate() {
+            if s.tokens.is_empty() || s.tokens.len() > s.context_len {
+                return Err(ModelError::Batch(format!(
+                    "sequence {i}: {} tokens for a context of {}",
+                    s.tokens.len(),
+                    s.context_len
+                )));
+            }
+            if s.context_len > cfg.max_position {
+                return Err(ModelError::Batch(format!(
+                    "sequence {i}: context {} exceeds the model's {} positions",
+                    s.context_len, cfg.max_position
+                )));
+            }
+            if let Some(&bad) = s.tokens.iter().find(|&&t| t as usize >= cfg.vocab) {
+                return Err(ModelError::Batch(format!(
+                    "sequence {i}: token id {bad} is outside the vocabulary of {}",
+                    cfg.vocab
+                )));
+            }
+            ids.extend_from_slice(s.tokens);
+            positions.extend((s.context_len - s.tokens.len()..s.context_len).map(|p| p as u32));
+            last.push(ids.len() as u32 - 1);
+        }
+        let sb: Vec<SeqBatch<'_>> = seqs
+            .iter()
+            .map(|s| SeqBatch {
+                block_table: s.block_table,
+                query_len: s.tokens.len(),
+                context_len: s.context_len,
+            })
+            .collect();
+        let batch = cache.batch(&sb)?;
+        let t = ids.len();
+        let (d, heads, kvh) = (cfg.head_dim, cfg.heads, cfg.kv_heads);
+        let attn = AttnConfig {
+            heads,
+            scale: 1.0 / (d as f32).sqrt(),
+            window: cfg.sliding_window,
+        };
+        let mut x = rec.embedding(&self.embed, &ids)?;
+        for (li, l) in self.layers.iter().enumerate() {
+            let h = rec.rms_norm(&x, &l.attn_norm, cfg.rms_eps)?;
+            let [qb, kb, vb] = match &l.bias {
+                Some([q, k, v]) => [Some(q), Some(k), Some(v)],
+                None => [None, None, None],
+            };
+            let q = rec.matmul(&h, &l.q, qb)?.reshape(&[t, heads, d])?;
+            let k = rec.matmul(&h, &l.k, kb)?.reshape(&[t, kvh, d])?;
+            let v = rec.matmul(&h, &l.v, vb)?.reshape(&[t, kvh, d])?;
+            let q = rec.rope(&q, &positions, &self.rope)?;
+            let k = rec.rope(&k, &positions, &self.rope)?;
+            cache.write(rec, li, &k, &v, &batch)?;
+            let a = cache
+                .attention(rec, li, &q, &batch, &attn)?
+                .reshape(&[t, heads * d])?;
+            let o = rec.matmul(&a, &l.o, None)?;
+            x = rec.add(&x, &o)?;
+            let h = rec.rms_norm(&x, &l.ffn_norm, cfg.rms_eps)?;
+            let g = rec.matmul(&h, &l.gate, None)?;
+            let u = rec.matmul(&h, &l.up, None)?;
+            let m = rec.silu_mul(&g, &u)?;
+            let dn = rec.matmul(&m, &l.down, None)?;
+            x = rec.add(&x, &dn)?;
+        }
+        let x = rec.rms_norm(&x, &self.norm, cfg.rms_eps)?;
+        // The LM head only for the rows that need logits.
+        let x = match at {
+            LogitsAt::All => x,
+            LogitsAt::Last => rec.embedding(&x, &last)?,
+        };
+        Ok(rec.matmul(&x, self.lm_head.as_ref().unwrap_or(&self.embed), None)?)
+    }
+}

@@ -1,0 +1,525 @@
+//! Hugging Face weights: the safetensors format (an 8-byte little-endian header length, a JSON
+//! header mapping tensor names to dtype, shape and byte range, then the raw data), single-file
+//! or sharded through `model.safetensors.index.json`, and [`HfSource`] serving them by role.
+
+use std::collections::{BTreeMap, HashMap};
+use std::ops::Range;
+use std::path::Path;
+
+use kiln_tensor::{DType, Device, QK, Tensor};
+use serde_json::{Map, Value};
+
+use crate::weights::{Weight, WeightSource};
+use crate::{ModelError, Result};
+
+/// Element types a safetensors header may name. kiln loads the float ones.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StDtype {
+    F32,
+    F16,
+    BF16,
+    /// Anything else (`I64`, `F8_E4M3`, ...): listed, refused at load.
+    Other,
+}
+
+impl StDtype {
+    fn parse(s: &str) -> Self {
+        match s {
+            "F32" => StDtype::F32,
+            "F16" => StDtype::F16,
+            "BF16" => StDtype::BF16,
+            _ => StDtype::Other,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            StDtype::F32 => "F32",
+            StDtype::F16 => "F16",
+            StDtype::BF16 => "BF16",
+            StDtype::Other => "other",
+        }
+    }
+
+    fn size(self) -> Option<usize> {
+        match self {
+            StDtype::F32 => Some(4),
+            StDtype::F16 | StDtype::BF16 => Some(2),
+            StDtype::Other => None,
+        }
+    }
+
+    fn kiln(self) -> Option<DType> {
+        match self {
+            StDtype::F32 => Some(DType::F32),
+            StDtype::F16 => Some(DType::F16),
+            StDtype::BF16 => Some(DType::BF16),
+            StDtype::Other => None,
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Entry {
+    dtype: StDtype,
+    /// The dtype string as the header spells it (for error messages).
+    dtype_name: String,
+    shape: Vec<usize>,
+    /// Byte range within the whole file.
+    range: Range<usize>,
+}
+
+/// One `.safetensors` file read into memory.
+#[derive(Debug)]
+pub struct SafetensorsFile {
+    name: String,
+    bytes: Vec<u8>,
+    tensors: HashMap<String, Entry>,
+}
+
+fn format_err(file: &str, problem: impl Into<String>) -> ModelError {
+    ModelError::Format {
+        file: file.into(),
+        problem: problem.into(),
+    }
+}
+
+impl SafetensorsFile {
+    pub fn open(path: &Path) -> Result<Self> {
+        let bytes = std::fs::read(path).map_err(|source| ModelError::Io {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Self::from_bytes(path.display().to_string(), bytes)
+    }
+
+    /// Parses and checks the header; `name` is used in errors.
+    pub fn from_bytes(name: String, bytes: Vec<u8>) -> Result<Self> {
+        let len8: [u8; 8] = bytes
+            .get(..8)
+            .and_then(|b| b.try_into().ok())
+            .ok_or_else(|| {
+                format_err(
+                    &name,
+                    format!(
+                        "truncated: {} bytes, too short for the 8-byte header length",
+                        bytes.len()
+                    ),
+                )
+            })?;
+        let header_len = u64::from_le_bytes(len8);
+        let data_start = usize::try_from(header_len).ok().and_then(|n| n.checked_add(8)).filter(|&e| e <= bytes.len()).ok_or_else(|| {
+            format_err(&name, format!("truncated or corrupt header: it claims {header_len} bytes but the file has {}", bytes.len()))
+        })?;
+        let header: Map<String, Value> = serde_json::from_slice(&bytes[8..data_start])
+            .map_err(|e| format_err(&name, format!("header is not a JSON object: {e}")))?;
+        let data_len = bytes.len() - data_start;
+        let mut tensors = HashMap::with_capacity(header.len());
+        for (tname, v) in &header {
+            if tname == "__metadata__" {
+                continue;
+            }
+            let bad = |problem: String| ModelError::Tensor {
+                file: name.clone(),
+                tensor: tname.clone(),
+                problem,
+            };
+            let dtype_name = v
+                .get("dtype")
+                .and_then(Value::as_str)
+                .ok_or_else(|| bad("header entry has no `dtype` string".into()))?;
+            let shape = v
+                .get("shape")
+                .and_then(Value::as_array)
+                .and_then(|a| {
+                    a.iter()
+                        .map(|d| d.as_u64().and_then(|d| usize::try_from(d).ok()))
+                        .collect::<Option<Vec<usize>>>()
+                })
+                .ok_or_else(|| bad("header entry has no `shape` list of sizes".into()))?;
+            let offs = v
+                .get("data_offsets")
+                .and_then(Value::as_array)
+                .and_then(|a| {
+                    a.iter()
+                        .map(|d| d.as_u64().and_then(|d| usize::try_from(d).ok()))
+                        .collect::<Option<Vec<usize>>>()
+                })
+                .filter(|o| o.len() == 2 && o[0] <= o[1])
+                .ok_or_else(|| bad("header entry has no `data_offsets` [begin, end]".into()))?;
+            if offs[1] > data_len {
+                return Err(bad(format!(
+                    "data_offsets {offs:?} run past the end of the data ({data_len} bytes): file truncated?"
+                )));
+            }
+            let dtype = StDtype::parse(dtype_name);
+            if let Some(size) = dtype.size() {
+                let want = shape.iter().try_fold(size, |a, &d| a.checked_mul(d));
+                if want != Some(offs[1] - offs[0]) {
+                    return Err(bad(format!(
+                        "{} bytes for {dtype_name} {shape:?}",
+                        offs[1] - offs[0]
+                    )));
+                }
+            }
+            let range = data_start + offs[0]..data_start + offs[1];
+            tensors.insert(
+                tname.clone(),
+                Entry {
+                    dtype,
+                    dtype_name: dtype_name.to_string(),
+                    shape,
+                    range,
+                },
+            );
+        }
+        Ok(Self {
+            name,
+            bytes,
+            tensors,
+        })
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn contains(&self, tensor: &str) -> bool {
+        self.tensors.contains_key(tensor)
+    }
+
+    /// Tensor names in this file.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.tensors.keys().map(String::as_str)
+    }
+
+    /// Stored dtype and shape of a tensor.
+    pub fn info(&self, tensor: &str) -> Option<(StDtype, &[usize])> {
+        self.tensors
+            .get(tensor)
+            .map(|e| (e.dtype, e.shape.as_slice()))
+    }
+}
+
+/// Serializes tensors (name, dtype, shape, little-endian bytes) as one safetensors file body.
+pub fn encode_safetensors(
+    tensors: &[(String, StDtype, Vec<usize>, Vec<u8>)],
+    metadata: &BTreeMap<String, String>,
+) -> Result<Vec<u8>> {
+    let mut header = Map::new();
+    if !metadata.is_empty() {
+        header.insert(
+            "__metadata__".into(),
+            Value::from(
+                metadata
+                    .iter()
+                    .map(|(k, v)| (k.clone(), Value::from(v.clone())))
+                    .collect::<Map<_, _>>(),
+            ),
+        );
+    }
+    let mut offset = 0usize;
+    for (name, dtype, shape, data) in tensors {
+        if *dtype == StDtype::Other {
+            return Err(ModelError::Tensor {
+                file: "(safetensors writer)".into(),
+                tensor: name.clone(),
+                problem: "only F32, F16 and BF16 can be written".into(),
+            });
+        }
+        let mut e = Map::new();
+        e.insert("dtype".into(), Value::from(dtype.name()));
+        e.insert("shape".into(), Value::from(shape.clone()));
+        e.insert(
+            "data_offsets".into(),
+            Value::from(vec![offset, offset + data.len()]),
+        );
+        header.insert(name.clone(), Value::Object(e));
+        offset += data.len();
+    }
+    let mut json = serde_json::to_vec(&Value::Object(header))
+        .map_err(|e| format_err("(safetensors writer)", e.to_string()))?;
+    // Data starts 8-byte aligned, as the reference writer does.
+    while !json.len().is_multiple_of(8) {
+        json.push(b' ');
+    }
+    let mut out = Vec::with_capacity(8 + json.len() + offset);
+    out.extend_from_slice(&(json.len() as u64).to_le_bytes());
+    out.extend_from_slice(&json);
+    for (_, _, _, data) in tensors {
+        out.extend_from_slice(data);
+    }
+    Ok(out)
+}
+
+/// How an HF checkpoint's float weights are turned into device tensors.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LoadOptions {
+    /// Cast float weights to F16 or F32 (`None`: as stored; BF16 becomes F32).
+    pub dtype: Option<DType>,
+    /// Quantize 2-D projection and embedding weights whose rows are a multiple of 32 to
+    /// Q8_0/Q4_0/Q4_1 at load (norms and biases stay F32).
+    pub quantize: Option<DType>,
+}
+
+impl LoadOptions {
+    fn check(&self, file: &str) -> Result<()> {
+        let bad = |field: &str, d: DType, allowed: &str| ModelError::Config {
+            file: file.into(),
+            field: field.into(),
+            problem: format!("{d:?} is not one of {allowed}"),
+        };
+        if let Some(d) = self.dtype
+            && !matches!(d, DType::F16 | DType::F32)
+        {
+            return Err(bad("dtype", d, "F16, F32"));
+        }
+        if let Some(q) = self.quantize
+            && !q.is_quantized()
+        {
+            return Err(bad("quantize", q, "Q8_0, Q4_0, Q4_1"));
+        }
+        Ok(())
+    }
+}
+
+/// The weights of a Hugging Face model folder, read into memory.
+#[derive(Debug)]
+pub struct HfSource {
+    describe: String,
+    files: Vec<SafetensorsFile>,
+    /// Tensor name → index into `files`.
+    index: HashMap<String, usize>,
+    options: LoadOptions,
+}
+
+impl HfSource {
+    /// Reads `model.safetensors`, or the shards `model.safetensors.index.json` names.
+    pub fn open(dir: &Path, options: LoadOptions) -> Result<Self> {
+        let describe = dir.display().to_string();
+        options.check(&describe)?;
+        let single = dir.join("model.safetensors");
+        let index_path = dir.join("model.safetensors.index.json");
+        let mut files = Vec::new();
+        let mut index = HashMap::new();
+        if single.is_file() {
+            let f = SafetensorsFile::open(&single)?;
+            index.extend(f.names().map(|n| (n.to_string(), 0)));
+            files.push(f);
+        } else if index_path.is_file() {
+            let ip = index_path.display().to_string();
+            let text = std::fs::read_to_string(&index_path).map_err(|source| ModelError::Io {
+                path: index_path.clone(),
+                source,
+            })?;
+            let v: Value = serde_json::from_str(&text)
+                .map_err(|e| format_err(&ip, format!("not JSON: {e}")))?;
+            let map = v
+                .get("weight_map")
+                .and_then(Value::as_object)
+                .ok_or_else(|| format_err(&ip, "no `weight_map` object"))?;
+            let mut shard_ids: HashMap<String, usize> = HashMap::new();
+            for (tensor, shard) in map {
+                let shard = shard.as_str().ok_or_else(|| {
+                    format_err(&ip, format!("weight_map[{tensor}] is not a file name"))
+                })?;
+                if shard.contains('/') || shard.contains('\\') || shard.starts_with('.') {
+                    return Err(format_err(
+                        &ip,
+                        format!("weight_map[{tensor}]: `{shard}` is not a file in the folder"),
+                    ));
+                }
+                let id = match shard_ids.get(shard) {
+                    Some(&id) => id,
+                    None => {
+                        files.push(SafetensorsFile::open(&dir.join(shard))?);
+                        shard_ids.insert(shard.to_string(), files.len() - 1);
+                        files.len() - 1
+                    }
+                };
+                if !files[id].contains(tensor) {
+                    return Err(ModelError::Tensor {
+                        file: files[id].name().into(),
+                        tensor: tensor.clone(),
+                        problem: format!("listed in {ip} but not in the shard"),
+                    });
+                }
+                index.insert(tensor.clone(), id);
+            }
+        } else {
+            return Err(ModelError::Io {
+                path: single,
+                source: std::io::Error::new(
+                    std::io::ErrorKind::NotFound,
+                    "no model.safetensors or model.safetensors.index.json in the folder",
+                ),
+            });
+        }
+        Ok(Self {
+            describe,
+            files,
+            index,
+            options,
+        })
+    }
+
+    pub fn options(&self) -> LoadOptions {
+        self.options
+    }
+
+    /// Bytes of tensor data in the files.
+    pub fn stored_bytes(&self) -> u64 {
+        self.files
+            .iter()
+            .flat_map(|f| f.tensors.values())
+            .map(|e| e.range.len() as u64)
+            .sum()
+    }
+
+    /// The checked entry for `w`: present, F32/F16/BF16, of shape `shape`.
+    fn entry(&self, w: Weight, shape: &[usize]) -> Result<(&SafetensorsFile, &Entry)> {
+        let name = w.hf_name();
+        let err = |file: &str, problem: String| ModelError::Tensor {
+            file: file.into(),
+            tensor: name.clone(),
+            problem,
+        };
+        let fi = *self
+            .index
+            .get(&name)
+            .ok_or_else(|| err(&self.describe, "missing".into()))?;
+        let file = &self.files[fi];
+        let e = file
+            .tensors
+            .get(&name)
+            .ok_or_else(|| err(file.name(), "missing".into()))?;
+        if e.dtype == StDtype::Other {
+            return Err(err(
+                file.name(),
+                format!("dtype {} is not supported (F32, F16, BF16)", e.dtype_name),
+            ));
+        }
+        if e.shape != shape {
+            return Err(err(
+                file.name(),
+                format!("shape {:?} disagrees with config.json's {shape:?}", e.shape),
+            ));
+        }
+        Ok((file, e))
+    }
+
+    fn f32_values(&self, file: &SafetensorsFile, e: &Entry, name: &str) -> Result<Vec<f32>> {
+        let bytes = &file.bytes[e.range.clone()];
+        let v = match e.dtype {
+            StDtype::F32 => bytes
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                .collect(),
+            StDtype::BF16 => bytes
+                .chunks_exact(2)
+                .map(|b| f32::from_bits(u32::from(u16::from_le_bytes([b[0], b[1]])) << 16))
+                .collect(),
+            StDtype::F16 => {
+                Tensor::from_bytes(&Device::Cpu, DType::F16, &e.shape, bytes)?.to_f32_vec()?
+            }
+            StDtype::Other => {
+                return Err(ModelError::Tensor {
+                    file: file.name().into(),
+                    tensor: name.into(),
+                    problem: format!("dtype {} is not supported", e.dtype_name),
+                });
+            }
+        };
+        Ok(v)
+    }
+}
+
+impl WeightSource for HfSource {
+    fn describe(&self) -> &str {
+        &self.describe
+    }
+
+    fn has(&self, w: Weight) -> bool {
+        self.index.contains_key(&w.hf_name())
+    }
+
+    fn load(&self, device: &Device, w: Weight, shape: &[usize]) -> Result<Tensor> {
+        let (file, e) = self.entry(w, shape)?;
+        let name = w.hf_name();
+        let wrap = |r: kiln_tensor::Result<Tensor>| {
+            r.map_err(|err| ModelError::Tensor {
+                file: file.name().into(),
+                tensor: name.clone(),
+                problem: err.to_string(),
+            })
+        };
+        if let Some(q) = self.options.quantize
+            && shape.len() == 2
+            && shape[1].is_multiple_of(QK)
+        {
+            let v = self.f32_values(file, e, &name)?;
+            return wrap(Tensor::quantize_f32(device, q, shape, &v));
+        }
+        let stored = e.dtype.kiln().unwrap_or(DType::F32);
+        match self.options.dtype {
+            None => wrap(Tensor::from_bytes(
+                device,
+                stored,
+                shape,
+                &file.bytes[e.range.clone()],
+            )),
+            Some(DType::F16) if stored == DType::F16 => wrap(Tensor::from_bytes(
+                device,
+                DType::F16,
+                shape,
+                &file.bytes[e.range.clone()],
+            )),
+            Some(DType::F16) => {
+                let bytes: Vec<u8> = self
+                    .f32_values(file, e, &name)?
+                    .into_iter()
+                    .flat_map(|x| half::f16::from_f32(x).to_le_bytes())
+                    .collect();
+                wrap(Tensor::from_bytes(device, DType::F16, shape, &bytes))
+            }
+            Some(_) => wrap(Tensor::from_f32(
+                device,
+                shape,
+                &self.f32_values(file, e, &name)?,
+            )),
+        }
+    }
+
+    fn load_f32(&self, device: &Device, w: Weight, shape: &[usize]) -> Result<Tensor> {
+        let (file, e) = self.entry(w, shape)?;
+        let v = self.f32_values(file, e, &w.hf_name())?;
+        Ok(Tensor::from_f32(device, shape, &v)?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn encoded_files_parse_back() {
+        let data: Vec<u8> = [1.5f32, -2.0]
+            .iter()
+            .flat_map(|x| x.to_le_bytes())
+            .collect();
+        let bytes = encode_safetensors(
+            &[("a".into(), StDtype::F32, vec![2], data)],
+            &BTreeMap::new(),
+        )
+        .unwrap();
+        let f = SafetensorsFile::from_bytes("t".into(), bytes).unwrap();
+        assert_eq!(f.info("a"), Some((StDtype::F32, &[2usize][..])));
+        assert!(
+            SafetensorsFile::from_bytes("t".into(), vec![1, 2, 3])
+                .unwrap_err()
+                .to_string()
+                .contains("truncated")
+        );
+    }
+}

@@ -1,0 +1,168 @@
+//! Weight names and sources: the model asks for weights by role; a source maps the role to its
+//! file format's tensor name and returns a device tensor.
+
+use std::path::Path;
+
+use kiln_gguf::{GgmlType, GgufFile};
+use kiln_tensor::{DType, Device, Tensor};
+
+use crate::{ModelError, Result};
+
+/// A weight's role in the model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Weight {
+    Embed,
+    FinalNorm,
+    LmHead,
+    AttnNorm(usize),
+    Q(usize),
+    K(usize),
+    V(usize),
+    QBias(usize),
+    KBias(usize),
+    VBias(usize),
+    O(usize),
+    FfnNorm(usize),
+    Gate(usize),
+    Up(usize),
+    Down(usize),
+}
+
+impl Weight {
+    /// The tensor name llama.cpp's GGUF files use.
+    pub fn gguf_name(self) -> String {
+        use Weight::*;
+        match self {
+            Embed => "token_embd.weight".into(),
+            FinalNorm => "output_norm.weight".into(),
+            LmHead => "output.weight".into(),
+            AttnNorm(l) => format!("blk.{l}.attn_norm.weight"),
+            Q(l) => format!("blk.{l}.attn_q.weight"),
+            K(l) => format!("blk.{l}.attn_k.weight"),
+            V(l) => format!("blk.{l}.attn_v.weight"),
+            QBias(l) => format!("blk.{l}.attn_q.bias"),
+            KBias(l) => format!("blk.{l}.attn_k.bias"),
+            VBias(l) => format!("blk.{l}.attn_v.bias"),
+            O(l) => format!("blk.{l}.attn_output.weight"),
+            FfnNorm(l) => format!("blk.{l}.ffn_norm.weight"),
+            Gate(l) => format!("blk.{l}.ffn_gate.weight"),
+            Up(l) => format!("blk.{l}.ffn_up.weight"),
+            Down(l) => format!("blk.{l}.ffn_down.weight"),
+        }
+    }
+
+    /// The tensor name Hugging Face checkpoints use.
+    pub fn hf_name(self) -> String {
+        use Weight::*;
+        match self {
+            Embed => "model.embed_tokens.weight".into(),
+            FinalNorm => "model.norm.weight".into(),
+            LmHead => "lm_head.weight".into(),
+            AttnNorm(l) => format!("model.layers.{l}.input_layernorm.weight"),
+            Q(l) => format!("model.layers.{l}.self_attn.q_proj.weight"),
+            K(l) => format!("model.layers.{l}.self_attn.k_proj.weight"),
+            V(l) => format!("model.layers.{l}.self_attn.v_proj.weight"),
+            QBias(l) => format!("model.layers.{l}.self_attn.q_proj.bias"),
+            KBias(l) => format!("model.layers.{l}.self_attn.k_proj.bias"),
+            VBias(l) => format!("model.layers.{l}.self_attn.v_proj.bias"),
+            O(l) => format!("model.layers.{l}.self_attn.o_proj.weight"),
+            FfnNorm(l) => format!("model.layers.{l}.post_attention_layernorm.weight"),
+            Gate(l) => format!("model.layers.{l}.mlp.gate_proj.weight"),
+            Up(l) => format!("model.layers.{l}.mlp.up_proj.weight"),
+            Down(l) => format!("model.layers.{l}.mlp.down_proj.weight"),
+        }
+    }
+}
+
+/// Where weights come from.
+pub trait WeightSource {
+    /// The file (or folder) in error messages.
+    fn describe(&self) -> &str;
+    /// Whether the weight is present.
+    fn has(&self, w: Weight) -> bool;
+    /// The weight as a device tensor of shape `shape` in its stored dtype (quantized weights
+    /// stay quantized; BF16 becomes F32).
+    fn load(&self, device: &Device, w: Weight, shape: &[usize]) -> Result<Tensor>;
+    /// The weight as an F32 device tensor (norms and biases).
+    fn load_f32(&self, device: &Device, w: Weight, shape: &[usize]) -> Result<Tensor> {
+        let t = self.load(&Device::Cpu, w, shape)?;
+        let v = t.to_f32_vec()?;
+        Ok(Tensor::from_f32(device, shape, &v)?)
+    }
+}
+
+/// A GGUF file read into memory.
+#[derive(Debug)]
+pub struct GgufSource {
+    file: GgufFile,
+    bytes: Vec<u8>,
+}
+
+fn dtype_of(t: GgmlType) -> Option<DType> {
+    Some(match t {
+        GgmlType::F32 => DType::F32,
+        GgmlType::F16 => DType::F16,
+        GgmlType::BF16 => DType::BF16,
+        GgmlType::Q8_0 => DType::Q8_0,
+        GgmlType::Q4_0 => DType::Q4_0,
+        GgmlType::Q4_1 => DType::Q4_1,
+        _ => return None,
+    })
+}
+
+impl GgufSource {
+    pub fn open(path: &Path) -> Result<Self> {
+        let bytes = std::fs::read(path).map_err(|source| ModelError::Io {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let file = GgufFile::from_reader(
+            bytes.as_slice(),
+            bytes.len() as u64,
+            path.display().to_string(),
+        )?;
+        Ok(Self { file, bytes })
+    }
+
+    pub fn file(&self) -> &GgufFile {
+        &self.file
+    }
+}
+
+impl WeightSource for GgufSource {
+    fn describe(&self) -> &str {
+        self.file.source()
+    }
+
+    fn has(&self, w: Weight) -> bool {
+        self.file.tensor(&w.gguf_name()).is_some()
+    }
+
+    fn load(&self, device: &Device, w: Weight, shape: &[usize]) -> Result<Tensor> {
+        let name = w.gguf_name();
+        let err = |problem: String| ModelError::Tensor {
+            file: self.describe().into(),
+            tensor: name.clone(),
+            problem,
+        };
+        let info = self
+            .file
+            .tensor(&name)
+            .ok_or_else(|| err("missing".into()))?;
+        // ggml lists dimensions fastest-first; kiln shapes are row-major.
+        let got: Vec<usize> = info.dims.iter().rev().map(|&d| d as usize).collect();
+        if got != shape {
+            return Err(err(format!(
+                "shape {got:?} disagrees with the config's {shape:?}"
+            )));
+        }
+        let dtype = dtype_of(info.ggml_type).ok_or_else(|| {
+            err(format!(
+                "type {} is not supported (F32, F16, BF16, Q8_0, Q4_0, Q4_1)",
+                info.ggml_type.name().unwrap_or("unknown")
+            ))
+        })?;
+        let data = self.file.tensor_data(&self.bytes, info)?;
+        Tensor::from_bytes(device, dtype, shape, data).map_err(|e| err(e.to_string()))
+    }
+}

@@ -1,0 +1,140 @@
+//! Bad configs and bad GGUF files give one clear error naming the file and what is wrong.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use kiln_gguf::{GgmlType, GgufWriter};
+use kiln_model::{GgufSource, Model, ModelConfig, ModelError};
+use kiln_tensor::Device;
+
+#[test]
+fn hf_config_errors_name_the_field() {
+    let e = ModelConfig::from_hf_json("cfg.json", r#"{"model_type": "gpt2"}"#).unwrap_err();
+    assert!(
+        matches!(e, ModelError::Architecture { .. })
+            && e.to_string().contains("cfg.json")
+            && e.to_string().contains("gpt2"),
+        "{e}"
+    );
+    let e = ModelConfig::from_hf_json(
+        "cfg.json",
+        r#"{"model_type": "llama", "num_hidden_layers": 2}"#,
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("hidden_size"), "{e}");
+    let e = ModelConfig::from_hf_json("cfg.json", "{not json").unwrap_err();
+    assert!(e.to_string().contains("cfg.json"), "{e}");
+    let bad_heads = r#"{"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 1, "num_attention_heads": 4,
+        "num_key_value_heads": 3, "intermediate_size": 8, "vocab_size": 10}"#;
+    let e = ModelConfig::from_hf_json("cfg.json", bad_heads).unwrap_err();
+    assert!(e.to_string().contains("num_key_value_heads"), "{e}");
+    let bad_rope = r#"{"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 1, "num_attention_heads": 4,
+        "intermediate_size": 8, "vocab_size": 10, "rope_scaling": {"rope_type": "yarn", "factor": 4.0}}"#;
+    let e = ModelConfig::from_hf_json("cfg.json", bad_rope).unwrap_err();
+    assert!(e.to_string().contains("yarn"), "{e}");
+}
+
+/// A one-layer llama GGUF (hidden 32, 2 heads of 16, ffn 32, vocab 8) with `tweak` applied to
+/// its tensor list.
+fn tiny_gguf(tweak: impl Fn(&str, Vec<u64>, GgmlType) -> Option<(Vec<u64>, GgmlType)>) -> Vec<u8> {
+    let mut w = GgufWriter::new();
+    w.metadata("general.architecture", "llama")
+        .metadata("llama.embedding_length", 32u32)
+        .metadata("llama.block_count", 1u32)
+        .metadata("llama.attention.head_count", 2u32)
+        .metadata("llama.attention.head_count_kv", 2u32)
+        .metadata("llama.feed_forward_length", 32u32)
+        .metadata("llama.vocab_size", 8u32)
+        .metadata("llama.context_length", 64u32);
+    let tensors: [(&str, Vec<u64>); 11] = [
+        ("token_embd.weight", vec![32, 8]),
+        ("output_norm.weight", vec![32]),
+        ("blk.0.attn_norm.weight", vec![32]),
+        ("blk.0.attn_q.weight", vec![32, 32]),
+        ("blk.0.attn_k.weight", vec![32, 32]),
+        ("blk.0.attn_v.weight", vec![32, 32]),
+        ("blk.0.attn_output.weight", vec![32, 32]),
+        ("blk.0.ffn_norm.weight", vec![32]),
+        ("blk.0.ffn_gate.weight", vec![32, 32]),
+        ("blk.0.ffn_up.weight", vec![32, 32]),
+        ("blk.0.ffn_down.weight", vec![32, 32]),
+    ];
+    for (name, dims) in tensors {
+        if let Some((dims, ty)) = tweak(name, dims, GgmlType::F32) {
+            let n: u64 = dims.iter().product();
+            let bytes = ty.byte_size(n).unwrap_or(n * 4) as usize;
+            w.tensor(name, &dims, ty, vec![0u8; bytes]);
+        }
+    }
+    w.to_bytes().unwrap()
+}
+
+fn load(bytes: &[u8], name: &str) -> Result<(), ModelError> {
+    let dir = std::env::temp_dir().join(format!("kiln-model-errors-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join(name);
+    std::fs::write(&path, bytes).unwrap();
+    let r = GgufSource::open(&path).and_then(|src| {
+        let cfg = ModelConfig::from_gguf(src.file())?;
+        Model::load(&Device::cpu(), cfg, &src).map(|_| ())
+    });
+    std::fs::remove_file(&path).unwrap();
+    r
+}
+
+#[test]
+fn a_valid_tiny_gguf_loads() {
+    load(&tiny_gguf(|_, d, t| Some((d, t))), "ok.gguf").unwrap();
+}
+
+#[test]
+fn gguf_tensor_errors_name_the_file_and_tensor() {
+    let e = load(
+        &tiny_gguf(|n, d, t| (n != "blk.0.attn_k.weight").then_some((d, t))),
+        "missing.gguf",
+    )
+    .unwrap_err();
+    assert!(
+        e.to_string().contains("missing.gguf")
+            && e.to_string().contains("blk.0.attn_k.weight")
+            && e.to_string().contains("missing"),
+        "{e}"
+    );
+    let e = load(
+        &tiny_gguf(|n, d, t| {
+            Some(if n == "blk.0.ffn_up.weight" {
+                (vec![32, 16], t)
+            } else {
+                (d, t)
+            })
+        }),
+        "shape.gguf",
+    )
+    .unwrap_err();
+    assert!(
+        e.to_string().contains("blk.0.ffn_up.weight") && e.to_string().contains("disagrees"),
+        "{e}"
+    );
+    let e = load(
+        &tiny_gguf(|n, d, t| {
+            Some(if n == "blk.0.attn_q.weight" {
+                (d, GgmlType(6))
+            } else {
+                (d, t)
+            })
+        }),
+        "q5.gguf",
+    )
+    .unwrap_err();
+    assert!(
+        e.to_string().contains("blk.0.attn_q.weight")
+            && e.to_string().contains("Q5_0")
+            && e.to_string().contains("not supported"),
+        "{e}"
+    );
+    let mut truncated = tiny_gguf(|_, d, t| Some((d, t)));
+    truncated.truncate(truncated.len() - 100);
+    let e = load(&truncated, "truncated.gguf").unwrap_err();
+    assert!(e.to_string().contains("truncated.gguf"), "{e}");
+    let e = load(b"GGUF\x03\x00\x00\x00", "short.gguf").unwrap_err();
+    assert!(e.to_string().contains("short.gguf"), "{e}");
+}
