@@ -1,0 +1,295 @@
+//! The `kiln` binary as a user runs it, on the default model.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+fn model() -> String {
+    let dir = std::env::var_os("KILN_MODEL_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models"));
+    let p = dir.join("SmolLM2-135M-Instruct.Q4_1.gguf");
+    assert!(
+        p.exists(),
+        "{} is missing: run `cargo xtask fetch-model` (or set KILN_MODEL_DIR)",
+        p.display()
+    );
+    p.display().to_string()
+}
+
+fn kiln(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_kiln"))
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+fn stdout(o: &Output) -> String {
+    assert!(
+        o.status.success(),
+        "kiln failed: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    String::from_utf8(o.stdout.clone()).unwrap()
+}
+
+/// Errors are one line on stderr and a non-zero exit, never a panic.
+fn fails_with(o: &Output, needle: &str) {
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success(),
+        "expected failure, got: {}",
+        String::from_utf8_lossy(&o.stdout)
+    );
+    assert!(err.contains(needle), "stderr lacks `{needle}`: {err}");
+    assert!(!err.contains("panicked"), "{err}");
+}
+
+#[test]
+fn tokenize_prints_the_reference_ids() {
+    let o = kiln(&[
+        "tokenize",
+        "--model",
+        &model(),
+        "--text",
+        "The capital of France is",
+    ]);
+    assert_eq!(stdout(&o).trim(), r#"{"ids":[504,3575,282,4649,314]}"#);
+}
+
+#[test]
+fn generate_greedy_matches_the_reference_on_both_backends() {
+    let m = model();
+    for backend in ["cpu", "wgpu"] {
+        let o = kiln(&[
+            "generate",
+            "--model",
+            &m,
+            "--prompt",
+            "Once upon a time",
+            "--max-tokens",
+            "12",
+            "--backend",
+            backend,
+            "--json",
+        ]);
+        let v: serde_json::Value = serde_json::from_str(stdout(&o).trim()).unwrap();
+        // transformers' greedy continuation (DESIGN.md §4 and the model fixtures).
+        assert_eq!(
+            v["text"], ", the city of Nova Haven was a thriving metropolis, with",
+            "{backend}"
+        );
+        assert_eq!(
+            v["prompt_token_ids"],
+            serde_json::json!([6403, 1980, 253, 655]),
+            "{backend}"
+        );
+        assert_eq!(v["token_ids"].as_array().unwrap().len(), 12);
+        assert_eq!(v["finish_reason"], "length");
+        for k in [
+            "ttft_ms",
+            "itl_ms",
+            "prefill_tokens_per_s",
+            "decode_tokens_per_s",
+        ] {
+            assert!(v[k].as_f64().unwrap() > 0.0, "{backend} {k}: {v}");
+        }
+    }
+    // Streaming text mode prints the same text.
+    let o = kiln(&[
+        "generate",
+        "--model",
+        &m,
+        "--prompt",
+        "Once upon a time",
+        "--max-tokens",
+        "12",
+        "--backend",
+        "cpu",
+    ]);
+    assert_eq!(
+        stdout(&o).trim_end(),
+        ", the city of Nova Haven was a thriving metropolis, with"
+    );
+}
+
+#[test]
+fn chat_generation_stops_at_end_of_turn_and_sampling_is_seeded() {
+    let m = model();
+    let run = |extra: &[&str]| {
+        let mut a = vec![
+            "generate",
+            "--model",
+            &m,
+            "--prompt",
+            "Say hi.",
+            "--chat",
+            "--max-tokens",
+            "40",
+            "--backend",
+            "cpu",
+            "--json",
+        ];
+        a.extend_from_slice(extra);
+        serde_json::from_str::<serde_json::Value>(stdout(&kiln(&a)).trim()).unwrap()
+    };
+    let greedy = run(&[]);
+    assert_eq!(greedy["finish_reason"], "eos_token", "{greedy}");
+    let a = run(&["--temperature", "0.9", "--top-p", "0.9", "--seed", "5"]);
+    let b = run(&["--temperature", "0.9", "--top-p", "0.9", "--seed", "5"]);
+    assert_eq!(a["token_ids"], b["token_ids"], "same seed, same tokens");
+}
+
+#[test]
+fn info_describes_the_model_and_memory_plan() {
+    let out = stdout(&kiln(&["info", "--model", &model(), "--backend", "cpu"]));
+    for needle in [
+        "layers: 30",
+        "heads: 9",
+        "kv_heads: 3",
+        "vocab: 49152",
+        "weights:",
+        "kv cache:",
+    ] {
+        assert!(out.contains(needle), "missing `{needle}` in:\n{out}");
+    }
+}
+
+#[test]
+fn bad_input_is_one_clear_line() {
+    let m = model();
+    fails_with(
+        &kiln(&["generate", "--model", "/nonexistent.gguf", "--prompt", "x"]),
+        "/nonexistent.gguf",
+    );
+    fails_with(
+        &kiln(&["generate", "--model", &m, "--prompt", "x", "--top-p", "1.5"]),
+        "--top-p",
+    );
+    fails_with(
+        &kiln(&[
+            "generate",
+            "--model",
+            &m,
+            "--prompt",
+            "x",
+            "--max-tokens",
+            "lots",
+        ]),
+        "--max-tokens lots",
+    );
+    fails_with(
+        &kiln(&["generate", "--model", &m, "--bogus", "1"]),
+        "unknown flag --bogus",
+    );
+    fails_with(
+        &kiln(&[
+            "generate",
+            "--model",
+            &m,
+            "--prompt",
+            "x",
+            "--backend",
+            "cuda",
+        ]),
+        "cuda",
+    );
+    fails_with(&kiln(&["serve-nothing"]), "unknown command");
+    // A corrupt file: bad magic, and a truncated copy of the real model.
+    let dir = std::env::temp_dir().join(format!("kiln-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let bad = dir.join("bad.gguf");
+    std::fs::write(&bad, b"NOPE and some bytes").unwrap();
+    fails_with(
+        &kiln(&["info", "--model", bad.to_str().unwrap()]),
+        "bad.gguf",
+    );
+    let trunc = dir.join("truncated.gguf");
+    let bytes = std::fs::read(&m).unwrap();
+    std::fs::write(&trunc, &bytes[..bytes.len() / 2]).unwrap();
+    fails_with(
+        &kiln(&[
+            "generate",
+            "--model",
+            trunc.to_str().unwrap(),
+            "--prompt",
+            "x",
+            "--backend",
+            "cpu",
+        ]),
+        "truncated.gguf",
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// An HF folder built from the default GGUF by the library code `cargo xtask fetch-model --hf`
+/// runs: same tokenizer ids, same greedy text as the GGUF.
+#[test]
+fn generate_from_an_hf_folder_matches_the_gguf() {
+    let m = model();
+    let dir = std::env::temp_dir().join(format!("kiln-cli-hf-{}", std::process::id()));
+    let tokenizer = kiln_tokenizer::Tokenizer::from_gguf_file(&m).unwrap();
+    let export = kiln_model::export::HfExport {
+        tokenizer_json: Some(tokenizer.inner().to_string(false).unwrap()),
+        ..Default::default()
+    };
+    kiln_model::export::write_hf_folder(std::path::Path::new(&m), &dir, &export).unwrap();
+    let d = dir.to_str().unwrap();
+    let o = kiln(&[
+        "tokenize",
+        "--model",
+        d,
+        "--text",
+        "The capital of France is",
+    ]);
+    assert_eq!(stdout(&o).trim(), r#"{"ids":[504,3575,282,4649,314]}"#);
+    let o = kiln(&[
+        "generate",
+        "--model",
+        d,
+        "--prompt",
+        "Once upon a time",
+        "--max-tokens",
+        "12",
+        "--backend",
+        "cpu",
+        "--json",
+    ]);
+    let v: serde_json::Value = serde_json::from_str(stdout(&o).trim()).unwrap();
+    assert_eq!(
+        v["text"],
+        ", the city of Nova Haven was a thriving metropolis, with"
+    );
+    assert_eq!(
+        v["prompt_token_ids"],
+        serde_json::json!([6403, 1980, 253, 655])
+    );
+    fails_with(
+        &kiln(&[
+            "generate",
+            "--model",
+            d,
+            "--prompt",
+            "x",
+            "--quantize",
+            "q2_k",
+        ]),
+        "--quantize q2_k",
+    );
+    fails_with(
+        &kiln(&[
+            "generate",
+            "--model",
+            &m,
+            "--prompt",
+            "x",
+            "--dtype",
+            "f16",
+            "--backend",
+            "cpu",
+        ]),
+        "Hugging Face folders",
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -1,0 +1,57 @@
+//! Project automation, run as `cargo xtask <command>` (a cargo alias for this package).
+
+mod fetch_model;
+mod hf_folder;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+/// A subcommand: its name, a one-line summary, and what runs it.
+struct Command {
+    name: &'static str,
+    summary: &'static str,
+    run: fn(&[String]) -> anyhow::Result<()>,
+}
+
+const COMMANDS: &[Command] = &[Command {
+    name: "fetch-model",
+    summary: "download the default model (SmolLM2-135M-Instruct Q4_1 GGUF) into models/; --hf also writes an HF folder from it",
+    run: fetch_model::run,
+}];
+
+fn usage() -> String {
+    let mut s = String::from("usage: cargo xtask <command> [args]\n\ncommands:\n");
+    for c in COMMANDS {
+        s.push_str(&format!("  {:<14} {}\n", c.name, c.summary));
+    }
+    s
+}
+
+/// The workspace root (the parent of this package's folder).
+pub(crate) fn workspace_root() -> PathBuf {
+    let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    manifest.parent().map(PathBuf::from).unwrap_or(manifest)
+}
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let Some(name) = args.first() else {
+        eprint!("{}", usage());
+        return ExitCode::FAILURE;
+    };
+    if matches!(name.as_str(), "help" | "-h" | "--help") {
+        print!("{}", usage());
+        return ExitCode::SUCCESS;
+    }
+    let Some(command) = COMMANDS.iter().find(|c| c.name == name) else {
+        eprint!("unknown command `{name}`\n\n{}", usage());
+        return ExitCode::FAILURE;
+    };
+    match (command.run)(&args[1..]) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("xtask {name}: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
