@@ -15,7 +15,10 @@ use kiln_tensor::{BackendChoice, DType, Device, DeviceOptions, Recorder, Tensor}
 use std::time::Duration;
 
 fn device() -> Device {
-    let opts = DeviceOptions { backend: BackendChoice::from_env().unwrap_or(BackendChoice::Wgpu), ..DeviceOptions::default() };
+    let opts = DeviceOptions {
+        backend: BackendChoice::from_env().unwrap_or(BackendChoice::Wgpu),
+        ..DeviceOptions::default()
+    };
     match Device::new(&opts) {
         Ok(d) => d,
         Err(e) => {
@@ -25,15 +28,33 @@ fn device() -> Device {
     }
 }
 
-const SHAPES: [(&str, usize, usize); 4] =
-    [("smollm_up_576x1536", 1536, 576), ("smollm_down_1536x576", 576, 1536), ("smollm_lm_head_49152x576", 49152, 576), ("7b_mlp_4096x11008", 11008, 4096)];
-const DTYPES: [DType; 5] = [DType::F32, DType::F16, DType::Q8_0, DType::Q4_0, DType::Q4_1];
+const SHAPES: [(&str, usize, usize); 4] = [
+    ("smollm_up_576x1536", 1536, 576),
+    ("smollm_down_1536x576", 576, 1536),
+    ("smollm_lm_head_49152x576", 49152, 576),
+    ("7b_mlp_4096x11008", 11008, 4096),
+];
+const DTYPES: [DType; 5] = [
+    DType::F32,
+    DType::F16,
+    DType::Q8_0,
+    DType::Q4_0,
+    DType::Q4_1,
+];
 
 fn weight(dev: &Device, dtype: DType, n: usize, k: usize) -> Tensor {
-    let v: Vec<f32> = (0..n * k).map(|i| ((i * 2654435761usize) % 1000) as f32 / 1000.0 - 0.5).collect();
+    let v: Vec<f32> = (0..n * k)
+        .map(|i| ((i * 2654435761usize) % 1000) as f32 / 1000.0 - 0.5)
+        .collect();
     let t = match dtype {
         DType::F32 => Tensor::from_f32(dev, &[n, k], &v),
-        DType::F16 => Tensor::from_f16(dev, &[n, k], &v.iter().map(|&x| half::f16::from_f32(x)).collect::<Vec<_>>()),
+        DType::F16 => Tensor::from_f16(
+            dev,
+            &[n, k],
+            &v.iter()
+                .map(|&x| half::f16::from_f32(x))
+                .collect::<Vec<_>>(),
+        ),
         q => Tensor::quantize_f32(dev, q, &[n, k], &v),
     };
     t.unwrap_or_else(|e| {
@@ -48,7 +69,10 @@ fn weight_bytes(dtype: DType, n: usize, k: usize) -> u64 {
 
 fn run(dev: &Device, x: &Tensor, w: &Tensor) {
     let mut rec = Recorder::new(dev);
-    let ok = rec.matmul(x, w, None).and_then(|_| rec.submit()).and_then(|_| dev.synchronize());
+    let ok = rec
+        .matmul(x, w, None)
+        .and_then(|_| rec.submit())
+        .and_then(|_| dev.synchronize());
     if let Err(e) = ok {
         eprintln!("kernels bench: matmul failed: {e}");
         std::process::exit(2);
@@ -59,14 +83,25 @@ fn bench_matmul(c: &mut Criterion, name: &str, m: usize) {
     let dev = device();
     eprintln!("device: {}", dev.info());
     let mut g = c.benchmark_group(name);
-    g.sample_size(10).warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(2));
+    g.sample_size(10)
+        .warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_secs(2));
     for (shape, n, k) in SHAPES {
-        let x = Tensor::from_f32(&dev, &[m, k], &vec![0.01; m * k]).unwrap_or_else(|e| panic_free_exit(&e));
+        let x = Tensor::from_f32(&dev, &[m, k], &vec![0.01; m * k])
+            .unwrap_or_else(|e| panic_free_exit(&e));
         for dtype in DTYPES {
             // The 7B projection in f32 is 180 MB: it exercises split bindings on lavapipe.
             let w = weight(&dev, dtype, n, k);
-            g.throughput(if m == 1 { Throughput::Bytes(weight_bytes(dtype, n, k)) } else { Throughput::Elements((2 * m * n * k) as u64) });
-            g.bench_with_input(BenchmarkId::new(format!("{dtype:?}"), shape), &(), |b, _| b.iter(|| run(&dev, &x, &w)));
+            g.throughput(if m == 1 {
+                Throughput::Bytes(weight_bytes(dtype, n, k))
+            } else {
+                Throughput::Elements((2 * m * n * k) as u64)
+            });
+            g.bench_with_input(
+                BenchmarkId::new(format!("{dtype:?}"), shape),
+                &(),
+                |b, _| b.iter(|| run(&dev, &x, &w)),
+            );
         }
     }
     g.finish();
@@ -89,7 +124,9 @@ fn dispatch(c: &mut Criterion) {
     let dev = device();
     let a = Tensor::from_f32(&dev, &[64], &[1.0; 64]).unwrap_or_else(|e| panic_free_exit(&e));
     let mut g = c.benchmark_group("dispatch");
-    g.sample_size(20).warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(2));
+    g.sample_size(20)
+        .warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_secs(2));
     // 100 dependent launches of a 64-element add in one submit: time per launch = time / 100.
     g.throughput(Throughput::Elements(100));
     g.bench_function("100_launches_one_submit", |b| {
@@ -99,7 +136,9 @@ fn dispatch(c: &mut Criterion) {
             for _ in 0..100 {
                 t = rec.add(&t, &a).unwrap_or_else(|e| panic_free_exit(&e));
             }
-            rec.submit().and_then(|_| dev.synchronize()).unwrap_or_else(|e| panic_free_exit(&e));
+            rec.submit()
+                .and_then(|_| dev.synchronize())
+                .unwrap_or_else(|e| panic_free_exit(&e));
         })
     });
     g.throughput(Throughput::Elements(1));
@@ -107,7 +146,9 @@ fn dispatch(c: &mut Criterion) {
         b.iter(|| {
             let mut rec = Recorder::new(&dev);
             let _t = rec.add(&a, &a).unwrap_or_else(|e| panic_free_exit(&e));
-            rec.submit().and_then(|_| dev.synchronize()).unwrap_or_else(|e| panic_free_exit(&e));
+            rec.submit()
+                .and_then(|_| dev.synchronize())
+                .unwrap_or_else(|e| panic_free_exit(&e));
         })
     });
     g.finish();

@@ -19,13 +19,20 @@ use rand::{Rng, SeedableRng};
 
 fn gpu() -> Option<Device> {
     static D: OnceLock<Option<Device>> = OnceLock::new();
-    D.get_or_init(|| match Device::new(&DeviceOptions { backend: BackendChoice::Wgpu, ..DeviceOptions::default() }) {
-        Ok(d) => Some(d),
-        Err(e) if std::env::var("KILN_TEST_ALLOW_NO_GPU").as_deref() == Ok("1") => {
-            eprintln!("WARNING: no wgpu adapter ({e}); only the CPU backend is tested");
-            None
+    D.get_or_init(|| {
+        match Device::new(&DeviceOptions {
+            backend: BackendChoice::Wgpu,
+            ..DeviceOptions::default()
+        }) {
+            Ok(d) => Some(d),
+            Err(e) if std::env::var("KILN_TEST_ALLOW_NO_GPU").as_deref() == Ok("1") => {
+                eprintln!("WARNING: no wgpu adapter ({e}); only the CPU backend is tested");
+                None
+            }
+            Err(e) => panic!(
+                "no wgpu adapter: {e}; install mesa-vulkan-drivers or set KILN_TEST_ALLOW_NO_GPU=1"
+            ),
         }
-        Err(e) => panic!("no wgpu adapter: {e}; install mesa-vulkan-drivers or set KILN_TEST_ALLOW_NO_GPU=1"),
     })
     .clone()
 }
@@ -54,7 +61,13 @@ struct Case {
 const BS: usize = 16;
 const BLOCKS: usize = 64;
 
-fn random_case(r: &mut StdRng, kv_heads: usize, group: usize, head_dim: usize, window: Option<usize>) -> Case {
+fn random_case(
+    r: &mut StdRng,
+    kv_heads: usize,
+    group: usize,
+    head_dim: usize,
+    window: Option<usize>,
+) -> Case {
     let heads = kv_heads * group;
     let mut free: Vec<u32> = (0..BLOCKS as u32).collect();
     free.shuffle(r);
@@ -62,11 +75,15 @@ fn random_case(r: &mut StdRng, kv_heads: usize, group: usize, head_dim: usize, w
     let mut seqs = Vec::new();
     for i in 0..n {
         // Lengths from one token to several blocks plus a remainder.
-        let context = if i == 0 { 1 } else { r.random_range(1..4 * BS + 7) };
+        let context = if i == 0 {
+            1
+        } else {
+            r.random_range(1..4 * BS + 7)
+        };
         let query = match r.random_range(0..3) {
-            0 => 1,                              // decode
-            1 => context,                        // whole prompt
-            _ => r.random_range(1..=context),   // a chunk after a cached prefix
+            0 => 1,                           // decode
+            1 => context,                     // whole prompt
+            _ => r.random_range(1..=context), // a chunk after a cached prefix
         };
         let table: Vec<u32> = free.drain(..context.div_ceil(BS)).collect();
         seqs.push(Seq {
@@ -78,7 +95,13 @@ fn random_case(r: &mut StdRng, kv_heads: usize, group: usize, head_dim: usize, w
             q: randv(r, query * heads * head_dim),
         });
     }
-    Case { kv_heads, heads, head_dim, window, seqs }
+    Case {
+        kv_heads,
+        heads,
+        head_dim,
+        window,
+        seqs,
+    }
 }
 
 fn round_f16(v: &[f32]) -> Vec<f32> {
@@ -88,7 +111,14 @@ fn round_f16(v: &[f32]) -> Vec<f32> {
 /// Write each sequence's cached prefix in one step, then its query chunk and attention in a
 /// second step; returns the attention output of the second step.
 fn run(dev: &Device, c: &Case, dtype: KvDtype) -> Vec<f32> {
-    let cfg = KvCacheConfig { layers: 2, kv_heads: c.kv_heads, head_dim: c.head_dim, block_size: BS, num_blocks: BLOCKS, dtype };
+    let cfg = KvCacheConfig {
+        layers: 2,
+        kv_heads: c.kv_heads,
+        head_dim: c.head_dim,
+        block_size: BS,
+        num_blocks: BLOCKS,
+        dtype,
+    };
     let mut cache = KvCache::new(dev, cfg).unwrap();
     let row = c.kv_heads * c.head_dim;
     let layer = 1;
@@ -96,20 +126,54 @@ fn run(dev: &Device, c: &Case, dtype: KvDtype) -> Vec<f32> {
     if !prefix.is_empty() {
         let sb: Vec<SeqBatch<'_>> = prefix
             .iter()
-            .map(|s| SeqBatch { block_table: &s.table, query_len: s.context - s.query, context_len: s.context - s.query })
+            .map(|s| SeqBatch {
+                block_table: &s.table,
+                query_len: s.context - s.query,
+                context_len: s.context - s.query,
+            })
             .collect();
         let batch = cache.batch(&sb).unwrap();
-        let k: Vec<f32> = prefix.iter().flat_map(|s| s.k[..(s.context - s.query) * row].to_vec()).collect();
-        let v: Vec<f32> = prefix.iter().flat_map(|s| s.v[..(s.context - s.query) * row].to_vec()).collect();
+        let k: Vec<f32> = prefix
+            .iter()
+            .flat_map(|s| s.k[..(s.context - s.query) * row].to_vec())
+            .collect();
+        let v: Vec<f32> = prefix
+            .iter()
+            .flat_map(|s| s.v[..(s.context - s.query) * row].to_vec())
+            .collect();
         let shape = [batch.tokens(), c.kv_heads, c.head_dim];
         let mut rec = Recorder::new(dev);
-        cache.write(&mut rec, layer, &Tensor::from_f32(dev, &shape, &k).unwrap(), &Tensor::from_f32(dev, &shape, &v).unwrap(), &batch).unwrap();
+        cache
+            .write(
+                &mut rec,
+                layer,
+                &Tensor::from_f32(dev, &shape, &k).unwrap(),
+                &Tensor::from_f32(dev, &shape, &v).unwrap(),
+                &batch,
+            )
+            .unwrap();
         rec.submit().unwrap();
     }
-    let sb: Vec<SeqBatch<'_>> = c.seqs.iter().map(|s| SeqBatch { block_table: &s.table, query_len: s.query, context_len: s.context }).collect();
+    let sb: Vec<SeqBatch<'_>> = c
+        .seqs
+        .iter()
+        .map(|s| SeqBatch {
+            block_table: &s.table,
+            query_len: s.query,
+            context_len: s.context,
+        })
+        .collect();
     let batch = cache.batch(&sb).unwrap();
-    let k: Vec<f32> = c.seqs.iter().flat_map(|s| s.k[(s.context - s.query) * row..].to_vec()).collect();
-    let v: Vec<f32> = c.seqs.iter().flat_map(|s| s.v[(s.context - s.query) * row..].to_vec()).collect();
+    let k: Vec<f32> = c
+        .seqs
+        .iter()
+        .flat_map(|s| s.k[(s.context - s.query) * row..].to_vec())
+        .collect();
+    let v: Vec<f32> = c
+        .seqs
+        .iter()
+        .flat_map(|s| s.v[(s.context - s.query) * row..].to_vec())
+        .collect();
     let q: Vec<f32> = c.seqs.iter().flat_map(|s| s.q.clone()).collect();
     let t = batch.tokens();
     let mut rec = Recorder::new(dev);
@@ -117,8 +181,14 @@ fn run(dev: &Device, c: &Case, dtype: KvDtype) -> Vec<f32> {
     let vt = Tensor::from_f32(dev, &[t, c.kv_heads, c.head_dim], &v).unwrap();
     cache.write(&mut rec, layer, &kt, &vt, &batch).unwrap();
     let qt = Tensor::from_f32(dev, &[t, c.heads, c.head_dim], &q).unwrap();
-    let attn = AttnConfig { heads: c.heads, scale: 1.0 / (c.head_dim as f32).sqrt(), window: c.window };
-    let out = cache.attention(&mut rec, layer, &qt, &batch, &attn).unwrap();
+    let attn = AttnConfig {
+        heads: c.heads,
+        scale: 1.0 / (c.head_dim as f32).sqrt(),
+        window: c.window,
+    };
+    let out = cache
+        .attention(&mut rec, layer, &qt, &batch, &attn)
+        .unwrap();
     rec.submit().unwrap();
     out.to_f32_vec().unwrap()
 }
@@ -126,16 +196,34 @@ fn run(dev: &Device, c: &Case, dtype: KvDtype) -> Vec<f32> {
 fn reference(c: &Case, round: bool) -> Vec<f32> {
     let mut out = Vec::new();
     for s in &c.seqs {
-        let (k, v) = if round { (round_f16(&s.k), round_f16(&s.v)) } else { (s.k.clone(), s.v.clone()) };
+        let (k, v) = if round {
+            (round_f16(&s.k), round_f16(&s.v))
+        } else {
+            (s.k.clone(), s.v.clone())
+        };
         let pos: Vec<usize> = (s.context - s.query..s.context).collect();
-        out.extend(contiguous_attention(&s.q, &pos, &k, &v, c.heads, c.kv_heads, c.head_dim, 1.0 / (c.head_dim as f32).sqrt(), c.window));
+        out.extend(contiguous_attention(
+            &s.q,
+            &pos,
+            &k,
+            &v,
+            c.heads,
+            c.kv_heads,
+            c.head_dim,
+            1.0 / (c.head_dim as f32).sqrt(),
+            c.window,
+        ));
     }
     out
 }
 
 fn assert_close(what: &str, got: &[f32], want: &[f32], tol: f32) {
     assert_eq!(got.len(), want.len(), "{what}");
-    let worst = got.iter().zip(want).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+    let worst = got
+        .iter()
+        .zip(want)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0f32, f32::max);
     assert!(worst <= tol, "{what}: max |error| {worst} > {tol}");
 }
 
@@ -150,15 +238,35 @@ fn paged_attention_matches_contiguous_reference() {
                 let what = format!("kvh={kv_heads} group={group} d={head_dim} window={window:?}");
                 let exact = reference(&c, false);
                 let rounded = reference(&c, true);
-                assert_close(&format!("cpu f32 {what}"), &run(&Device::cpu(), &c, KvDtype::F32), &exact, 2e-5);
+                assert_close(
+                    &format!("cpu f32 {what}"),
+                    &run(&Device::cpu(), &c, KvDtype::F32),
+                    &exact,
+                    2e-5,
+                );
                 let cpu_i8 = run(&Device::cpu(), &c, KvDtype::Int8);
                 assert_close(&format!("cpu int8 {what}"), &cpu_i8, &exact, 0.03);
                 if let Some(g) = &gpu {
-                    assert_close(&format!("wgpu f32 {what}"), &run(g, &c, KvDtype::F32), &exact, 2e-5);
-                    assert_close(&format!("wgpu f16 {what}"), &run(g, &c, KvDtype::F16), &rounded, 2e-4);
+                    assert_close(
+                        &format!("wgpu f32 {what}"),
+                        &run(g, &c, KvDtype::F32),
+                        &exact,
+                        2e-5,
+                    );
+                    assert_close(
+                        &format!("wgpu f16 {what}"),
+                        &run(g, &c, KvDtype::F16),
+                        &rounded,
+                        2e-4,
+                    );
                     let gpu_i8 = run(g, &c, KvDtype::Int8);
                     assert_close(&format!("wgpu int8 vs exact {what}"), &gpu_i8, &exact, 0.03);
-                    assert_close(&format!("wgpu int8 vs cpu int8 {what}"), &gpu_i8, &cpu_i8, 1e-4);
+                    assert_close(
+                        &format!("wgpu int8 vs cpu int8 {what}"),
+                        &gpu_i8,
+                        &cpu_i8,
+                        1e-4,
+                    );
                 }
             }
         }
@@ -168,23 +276,78 @@ fn paged_attention_matches_contiguous_reference() {
 #[test]
 fn bad_batches_are_errors() {
     let dev = gpu().unwrap_or(Device::cpu());
-    let cfg = KvCacheConfig { layers: 1, kv_heads: 2, head_dim: 64, block_size: BS, num_blocks: 4, dtype: KvDtype::F16 };
+    let cfg = KvCacheConfig {
+        layers: 1,
+        kv_heads: 2,
+        head_dim: 64,
+        block_size: BS,
+        num_blocks: 4,
+        dtype: KvDtype::F16,
+    };
     let cache = KvCache::new(&dev, cfg).unwrap();
     let short = [0u32];
-    let e = cache.batch(&[SeqBatch { block_table: &short, query_len: 1, context_len: 17 }]).unwrap_err();
+    let e = cache
+        .batch(&[SeqBatch {
+            block_table: &short,
+            query_len: 1,
+            context_len: 17,
+        }])
+        .unwrap_err();
     assert!(e.to_string().contains("blocks cover fewer"), "{e}");
     let outside = [9u32];
-    let e = cache.batch(&[SeqBatch { block_table: &outside, query_len: 1, context_len: 1 }]).unwrap_err();
+    let e = cache
+        .batch(&[SeqBatch {
+            block_table: &outside,
+            query_len: 1,
+            context_len: 1,
+        }])
+        .unwrap_err();
     assert!(e.to_string().contains("outside the pool"), "{e}");
-    let e = cache.batch(&[SeqBatch { block_table: &short, query_len: 2, context_len: 1 }]).unwrap_err();
+    let e = cache
+        .batch(&[SeqBatch {
+            block_table: &short,
+            query_len: 2,
+            context_len: 1,
+        }])
+        .unwrap_err();
     assert!(e.to_string().contains("query_len"), "{e}");
     assert!(KvCache::new(&dev, KvCacheConfig { head_dim: 6, ..cfg }).is_err());
-    let batch = cache.batch(&[SeqBatch { block_table: &short, query_len: 1, context_len: 1 }]).unwrap();
+    let batch = cache
+        .batch(&[SeqBatch {
+            block_table: &short,
+            query_len: 1,
+            context_len: 1,
+        }])
+        .unwrap();
     let q = Tensor::from_f32(&dev, &[1, 3, 64], &[0.0; 192]).unwrap();
     let mut rec = Recorder::new(&dev);
-    let e = cache.attention(&mut rec, 0, &q, &batch, &AttnConfig { heads: 3, scale: 1.0, window: None }).unwrap_err();
+    let e = cache
+        .attention(
+            &mut rec,
+            0,
+            &q,
+            &batch,
+            &AttnConfig {
+                heads: 3,
+                scale: 1.0,
+                window: None,
+            },
+        )
+        .unwrap_err();
     assert!(e.to_string().contains("not a multiple"), "{e}");
-    let e = cache.attention(&mut rec, 1, &q, &batch, &AttnConfig { heads: 2, scale: 1.0, window: None }).unwrap_err();
+    let e = cache
+        .attention(
+            &mut rec,
+            1,
+            &q,
+            &batch,
+            &AttnConfig {
+                heads: 2,
+                scale: 1.0,
+                window: None,
+            },
+        )
+        .unwrap_err();
     assert!(e.to_string().contains("layer 1 of 1"), "{e}");
 }
 
@@ -197,7 +360,14 @@ fn copied_blocks_read_like_their_source() {
     devs.extend(gpu());
     for dev in devs {
         for dtype in [KvDtype::F32, KvDtype::F16, KvDtype::Int8] {
-            let cfg = KvCacheConfig { layers: 2, kv_heads: 2, head_dim: 64, block_size: BS, num_blocks: 4, dtype };
+            let cfg = KvCacheConfig {
+                layers: 2,
+                kv_heads: 2,
+                head_dim: 64,
+                block_size: BS,
+                num_blocks: 4,
+                dtype,
+            };
             let mut cache = KvCache::new(&dev, cfg).unwrap();
             let (kvh, d, n) = (2usize, 64usize, 11usize);
             let k = randv(&mut r, n * kvh * d);
@@ -205,7 +375,13 @@ fn copied_blocks_read_like_their_source() {
             let q = randv(&mut r, 2 * d);
             let src = [0u32];
             let dst = [3u32];
-            let batch = cache.batch(&[SeqBatch { block_table: &src, query_len: n, context_len: n }]).unwrap();
+            let batch = cache
+                .batch(&[SeqBatch {
+                    block_table: &src,
+                    query_len: n,
+                    context_len: n,
+                }])
+                .unwrap();
             let mut rec = Recorder::new(&dev);
             let kt = Tensor::from_f32(&dev, &[n, kvh, d], &k).unwrap();
             let vt = Tensor::from_f32(&dev, &[n, kvh, d], &v).unwrap();
@@ -214,10 +390,20 @@ fn copied_blocks_read_like_their_source() {
             }
             cache.copy_blocks(&mut rec, &[(0, 3)]).unwrap();
             rec.submit().unwrap();
-            let attn = AttnConfig { heads: 2, scale: 0.125, window: None };
+            let attn = AttnConfig {
+                heads: 2,
+                scale: 0.125,
+                window: None,
+            };
             let qt = Tensor::from_f32(&dev, &[1, 2, d], &q).unwrap();
             let read = |table: &[u32]| {
-                let b = cache.batch(&[SeqBatch { block_table: table, query_len: 1, context_len: n }]).unwrap();
+                let b = cache
+                    .batch(&[SeqBatch {
+                        block_table: table,
+                        query_len: 1,
+                        context_len: n,
+                    }])
+                    .unwrap();
                 let mut rec = Recorder::new(&dev);
                 let o = cache.attention(&mut rec, 1, &qt, &b, &attn).unwrap();
                 rec.submit().unwrap();

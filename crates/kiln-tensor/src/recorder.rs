@@ -137,17 +137,28 @@ impl Recorder {
         if bindings.len() != kernel.bindings.len() {
             return Err(TensorError::Invalid {
                 op: kernel.name,
-                detail: format!("{} bindings given, the kernel declares {}", bindings.len(), kernel.bindings.len()),
+                detail: format!(
+                    "{} bindings given, the kernel declares {}",
+                    bindings.len(),
+                    kernel.bindings.len()
+                ),
             });
         }
         if bytemuck::bytes_of(params).len() as u64 > PARAM_SLOT {
-            return Err(TensorError::Invalid { op: kernel.name, detail: format!("params exceed {PARAM_SLOT} bytes") });
+            return Err(TensorError::Invalid {
+                op: kernel.name,
+                detail: format!("params exceed {PARAM_SLOT} bytes"),
+            });
         }
         self.check_device(kernel.name, bindings)?;
         if let Some(t) = bindings.iter().find(|t| t.chunk_count() != 1) {
             return Err(TensorError::Invalid {
                 op: kernel.name,
-                detail: format!("tensor {:?} is split into {} bindings; this kernel takes whole tensors", t.shape(), t.chunk_count()),
+                detail: format!(
+                    "tensor {:?} is split into {} bindings; this kernel takes whole tensors",
+                    t.shape(),
+                    t.chunk_count()
+                ),
             });
         }
         let bind = bindings.iter().map(|t| ((*t).clone(), 0)).collect();
@@ -156,7 +167,12 @@ impl Recorder {
 
     /// An uninitialised F32/U32 device tensor from the buffer pool, for a kernel to fill
     /// (a zeroed host tensor on the CPU backend).
-    pub fn output(&self, dtype: crate::DType, shape: &[usize], what: &'static str) -> Result<Tensor> {
+    pub fn output(
+        &self,
+        dtype: crate::DType,
+        shape: &[usize],
+        what: &'static str,
+    ) -> Result<Tensor> {
         match &self.device {
             Device::Wgpu(ctx) => Tensor::gpu_output(ctx, dtype, shape.to_vec(), what),
             Device::Cpu => Tensor::zeros(&self.device, dtype, shape),

@@ -208,10 +208,13 @@ impl Tensor {
     /// A zero-filled tensor (for storage that kernels update in place, such as KV pools).
     pub fn zeros(device: &Device, dtype: DType, shape: &[usize]) -> Result<Self> {
         let n = check_shape(shape, dtype, "zeros")?;
-        let bytes = dtype.stored().bytes_for(n).ok_or_else(|| TensorError::Invalid {
-            op: "zeros",
-            detail: format!("{n} elements is not a whole number of {dtype:?} blocks"),
-        })?;
+        let bytes = dtype
+            .stored()
+            .bytes_for(n)
+            .ok_or_else(|| TensorError::Invalid {
+                op: "zeros",
+                detail: format!("{n} elements is not a whole number of {dtype:?} blocks"),
+            })?;
         Self::from_bytes(device, dtype.stored(), shape, &vec![0u8; bytes])
     }
 

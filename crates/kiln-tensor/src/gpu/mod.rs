@@ -300,7 +300,9 @@ impl GpuContext {
     /// A pooled storage buffer of at least `bytes` (rounded up to 4) for an op's output.
     pub(crate) fn output_buffer(&self, bytes: u64, what: &str) -> Result<GpuBuffer> {
         self.check_binding(bytes, what)?;
-        let usage = wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST;
+        let usage = wgpu::BufferUsages::STORAGE
+            | wgpu::BufferUsages::COPY_SRC
+            | wgpu::BufferUsages::COPY_DST;
         Ok(self.pool.take(&self.device, bytes, usage))
     }
 
