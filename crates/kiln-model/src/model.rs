@@ -69,6 +69,17 @@ fn bytes_of(t: &Tensor) -> u64 {
 impl Model {
     /// Upload every weight the config names from `src` to `device`.
     pub fn load(device: &Device, cfg: ModelConfig, src: &dyn WeightSource) -> Result<Self> {
+        Self::load_with_progress(device, cfg, src, &mut |_, _| {})
+    }
+
+    /// [`Model::load`], calling `progress(layers_loaded, layers)` after each layer (for a
+    /// progress bar on large files).
+    pub fn load_with_progress(
+        device: &Device,
+        cfg: ModelConfig,
+        src: &dyn WeightSource,
+        progress: &mut dyn FnMut(usize, usize),
+    ) -> Result<Self> {
         let start = std::time::Instant::now();
         let (h, d) = (cfg.hidden, cfg.head_dim);
         let (qd, kvd) = (cfg.heads * d, cfg.kv_heads * d);
@@ -102,6 +113,7 @@ impl Model {
                 up: src.load(device, Weight::Up(l), &[cfg.ffn, h])?,
                 down: src.load(device, Weight::Down(l), &[h, cfg.ffn])?,
             });
+            progress(l + 1, cfg.layers);
         }
         let rope = RopeTable::new(device, cfg.rope(), cfg.max_position)?;
         let mut weight_bytes =

@@ -10,7 +10,7 @@
 
 mod common;
 
-use common::{assert_close, gpu, gpu_plain, gpu_split, gpus, randn, rng};
+use common::{assert_close, fresh_gpu, gpu, gpu_plain, gpu_split, gpus, randn, rng};
 use kiln_tensor::{DType, Device, Recorder, Tensor, TensorError};
 
 #[test]
@@ -345,7 +345,7 @@ fn bad_use_is_an_error_not_a_panic() {
 
 #[test]
 fn a_step_is_one_submit_and_pipelines_are_cached() {
-    let Some(dev) = gpu() else { return };
+    let Some(dev) = fresh_gpu() else { return };
     let Device::Wgpu(ctx) = &dev else {
         unreachable!()
     };

@@ -1,6 +1,6 @@
 //! `kiln generate`: one prompt through the model with a paged KV cache, streamed to stdout.
 
-use std::io::Write;
+use std::io::{IsTerminal, Write};
 use std::time::Instant;
 
 use kiln_kv::device::{KvCache, KvCacheConfig};
@@ -15,6 +15,8 @@ use crate::sample::{Sampler, SamplingParams};
 /// Prompt tokens per forward step: bounds activation memory for long prompts.
 const PREFILL_CHUNK: usize = 512;
 const BLOCK: usize = 16;
+/// Files above this size get a loading progress bar.
+const PROGRESS_BYTES: u64 = 256 << 20;
 
 fn ms(d: std::time::Duration) -> f64 {
     d.as_secs_f64() * 1e3
@@ -61,7 +63,25 @@ pub fn run(args: &Args) -> Result<(), String> {
     }
     let context = (prompt_ids.len() + max_tokens).min(cfg.max_position);
     let load_start = Instant::now();
-    let model = Model::load(&dev, cfg.clone(), l.files.weights()).map_err(|e| e.to_string())?;
+    // A progress bar for files that take a while, when a person is watching.
+    let show_progress =
+        !json && std::io::stderr().is_terminal() && l.files.stored_bytes() > PROGRESS_BYTES;
+    let mut progress = |done: usize, total: usize| {
+        if show_progress {
+            let width = 40;
+            let filled = done * width / total.max(1);
+            eprint!(
+                "\rloading weights [{}{}] {done}/{total} layers",
+                "#".repeat(filled),
+                " ".repeat(width - filled)
+            );
+            if done == total {
+                eprintln!();
+            }
+        }
+    };
+    let model = Model::load_with_progress(&dev, cfg.clone(), l.files.weights(), &mut progress)
+        .map_err(|e| e.to_string())?;
     let load_ms = ms(load_start.elapsed());
     if !json {
         eprintln!(

@@ -40,6 +40,12 @@ pub fn gpu() -> Option<Device> {
     D.get_or_init(|| open(wgpu_opts())).clone()
 }
 
+/// A device of its own, for tests that count what is cached on it (the shared ones are used by
+/// tests running in parallel).
+pub fn fresh_gpu() -> Option<Device> {
+    open(wgpu_opts())
+}
+
 /// The same adapter with SHADER_F16 and SUBGROUP turned off (the fallback kernels).
 pub fn gpu_plain() -> Option<Device> {
     static D: OnceLock<Option<Device>> = OnceLock::new();
