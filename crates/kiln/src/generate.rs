@@ -35,11 +35,14 @@ pub fn run(args: &Args) -> Result<(), String> {
     let seed = args.parsed::<u64>("seed")?.unwrap_or(0);
     let json = args.switch("json");
 
-    let l = crate::load(path, crate::load_options(args)?)?;
+    let crate::Loaded {
+        files,
+        cfg,
+        tokenizer,
+    } = crate::load(path, crate::load_options(args)?)?;
     let dev = crate::device(args)?;
-    let cfg = l.cfg.clone();
     let text = if args.switch("chat") {
-        l.tokenizer
+        tokenizer
             .apply_chat_template(
                 &[ChatMessage::new("user", prompt)],
                 &ChatOptions {
@@ -50,7 +53,7 @@ pub fn run(args: &Args) -> Result<(), String> {
     } else {
         prompt.to_string()
     };
-    let prompt_ids = l.tokenizer.encode(&text).map_err(|e| e.to_string())?;
+    let prompt_ids = tokenizer.encode(&text).map_err(|e| e.to_string())?;
     if prompt_ids.is_empty() {
         return Err("--prompt encodes to no tokens".into());
     }
@@ -65,7 +68,7 @@ pub fn run(args: &Args) -> Result<(), String> {
     let load_start = Instant::now();
     // A progress bar for files that take a while, when a person is watching.
     let show_progress =
-        !json && std::io::stderr().is_terminal() && l.files.stored_bytes() > PROGRESS_BYTES;
+        !json && std::io::stderr().is_terminal() && files.stored_bytes() > PROGRESS_BYTES;
     let mut progress = |done: usize, total: usize| {
         if show_progress {
             let width = 40;
@@ -80,9 +83,12 @@ pub fn run(args: &Args) -> Result<(), String> {
             }
         }
     };
-    let model = Model::load_with_progress(&dev, cfg.clone(), l.files.weights(), &mut progress)
+    let model = Model::load_with_progress(&dev, cfg.clone(), files.weights(), &mut progress)
         .map_err(|e| e.to_string())?;
     let load_ms = ms(load_start.elapsed());
+    // The weights live on the device now (or in the model's own host tensors on the CPU
+    // backend): release the file bytes.
+    drop(files);
     if !json {
         eprintln!(
             "kiln: {:.1} MiB of weights on {} in {load_ms:.0} ms",
@@ -117,10 +123,10 @@ pub fn run(args: &Args) -> Result<(), String> {
     .map_err(|e| e.to_string())?;
 
     let mut sampler = Sampler::new(params, seed);
-    let mut detok = l.tokenizer.detokenizer(DecodeOptions {
+    let mut detok = tokenizer.detokenizer(DecodeOptions {
         skip_special_tokens: true,
     });
-    let stop_ids = l.tokenizer.special_tokens().stop_ids.clone();
+    let stop_ids = tokenizer.special_tokens().stop_ids.clone();
     let step = |model: &Model,
                 cache: &mut KvCache,
                 kv: &BlockManager,
