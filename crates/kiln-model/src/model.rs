@@ -212,6 +212,8 @@ impl Model {
             })
             .collect();
         let batch = cache.batch(&sb)?;
+        // Uploaded once, used by Q and K of every layer.
+        let positions = self.rope.positions(&positions)?;
         let t = ids.len();
         let (d, heads, kvh) = (cfg.head_dim, cfg.heads, cfg.kv_heads);
         let attn = AttnConfig {
@@ -229,8 +231,8 @@ impl Model {
             let q = rec.matmul(&h, &l.q, qb)?.reshape(&[t, heads, d])?;
             let k = rec.matmul(&h, &l.k, kb)?.reshape(&[t, kvh, d])?;
             let v = rec.matmul(&h, &l.v, vb)?.reshape(&[t, kvh, d])?;
-            let q = rec.rope(&q, &positions, &self.rope)?;
-            let k = rec.rope(&k, &positions, &self.rope)?;
+            let q = rec.rope(&q, &positions)?;
+            let k = rec.rope(&k, &positions)?;
             cache.write(rec, li, &k, &v, &batch)?;
             let a = cache
                 .attention(rec, li, &q, &batch, &attn)?

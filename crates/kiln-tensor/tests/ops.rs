@@ -291,7 +291,7 @@ fn rope_matches_cpu_in_both_layouts_and_scalings() {
                     let table = RopeTable::new(dev, cfg, 2048).unwrap();
                     let xt = Tensor::from_f32(dev, &[tokens, heads, head_dim], &x).unwrap();
                     let mut rec = Recorder::new(dev);
-                    let y = rec.rope(&xt, &pos, &table).unwrap();
+                    let y = rec.rope(&xt, &table.positions(&pos).unwrap()).unwrap();
                     rec.submit().unwrap();
                     y.to_f32_vec().unwrap()
                 };
@@ -343,9 +343,15 @@ fn rope_rotates_the_documented_pairs() {
         ),
     ] {
         let table = RopeTable::new(&dev, cfg(layout), 4).unwrap();
+        let e = table.positions(&[1, 4]).unwrap_err();
+        assert!(e.to_string().contains("position 4 is out of range (limit 4)"), "{e}");
         let xt = Tensor::from_f32(&dev, &[1, 1, 4], &x).unwrap();
         let mut rec = Recorder::new(&dev);
-        let y = rec.rope(&xt, &[1], &table).unwrap().to_f32_vec().unwrap();
+        let y = rec
+            .rope(&xt, &table.positions(&[1]).unwrap())
+            .unwrap()
+            .to_f32_vec()
+            .unwrap();
         assert_close(&format!("{layout:?}"), &y, &want, 1e-6, 0.0);
     }
 }

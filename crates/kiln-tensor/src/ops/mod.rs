@@ -8,7 +8,7 @@ mod matmul;
 mod rope;
 mod rows;
 
-pub use rope::{RopeConfig, RopeLayout, RopeScaling, RopeTable};
+pub use rope::{RopeConfig, RopeLayout, RopePositions, RopeScaling, RopeTable};
 
 use crate::gpu::Access;
 use crate::tensor::Storage;

@@ -148,6 +148,57 @@ impl RopeTable {
     pub fn max_positions(&self) -> usize {
         self.max_positions
     }
+
+    /// Validate the positions of a step's tokens and upload them once, for every `rope` of the
+    /// step (Q and K of every layer).
+    pub fn positions(&self, positions: &[u32]) -> Result<RopePositions> {
+        if let Some(&p) = positions
+            .iter()
+            .find(|&&p| p as usize >= self.max_positions)
+        {
+            return Err(TensorError::OutOfRange {
+                op: "rope",
+                what: "position",
+                index: p as usize,
+                limit: self.max_positions,
+            });
+        }
+        if positions.is_empty() {
+            return Err(TensorError::Invalid {
+                op: "rope",
+                detail: "no positions".into(),
+            });
+        }
+        let device = self.table.device();
+        let uploaded = if device.is_cpu() {
+            None
+        } else {
+            Some(Tensor::from_u32(&device, &[positions.len()], positions)?)
+        };
+        Ok(RopePositions {
+            table: self.clone(),
+            host: positions.to_vec(),
+            uploaded,
+        })
+    }
+}
+
+/// Token positions checked against a [`RopeTable`] and uploaded once.
+#[derive(Debug, Clone)]
+pub struct RopePositions {
+    table: RopeTable,
+    host: Vec<u32>,
+    uploaded: Option<Tensor>,
+}
+
+impl RopePositions {
+    pub fn len(&self) -> usize {
+        self.host.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.host.is_empty()
+    }
 }
 
 #[repr(C)]
@@ -164,8 +215,10 @@ struct Params {
 
 impl Recorder {
     /// Rotate x `[tokens, heads, head_dim]` by each token's position.
-    pub fn rope(&mut self, x: &Tensor, positions: &[u32], table: &RopeTable) -> Result<Tensor> {
+    pub fn rope(&mut self, x: &Tensor, positions: &RopePositions) -> Result<Tensor> {
         const OP: &str = "rope";
+        let table = &positions.table;
+        let positions_host = &positions.host;
         require_dtype(OP, "the input", x, &[DType::F32])?;
         self.check_device(OP, &[x, &table.table])?;
         let cfg = table.config;
@@ -179,35 +232,26 @@ impl Recorder {
             });
         };
         let (tokens, heads, head_dim) = (*tokens, *heads, *head_dim);
-        if head_dim != cfg.head_dim || positions.len() != tokens || tokens == 0 || heads == 0 {
+        if head_dim != cfg.head_dim || positions_host.len() != tokens || heads == 0 {
             return Err(TensorError::Shape {
                 op: OP,
                 detail: format!(
                     "input {:?} with {} positions for head_dim {}",
                     x.shape(),
-                    positions.len(),
+                    positions_host.len(),
                     cfg.head_dim
                 ),
-            });
-        }
-        if let Some(&p) = positions
-            .iter()
-            .find(|&&p| p as usize >= table.max_positions)
-        {
-            return Err(TensorError::OutOfRange {
-                op: OP,
-                what: "position",
-                index: p as usize,
-                limit: table.max_positions,
             });
         }
         let Some(ctx) = self.gpu().cloned() else {
             return Ok(Tensor::cpu_f32(
                 x.shape().to_vec(),
-                rope_ref(host_f32(x)?, positions, heads, &cfg),
+                rope_ref(host_f32(x)?, positions_host, heads, &cfg),
             ));
         };
-        let pos = Tensor::from_u32(&self.device().clone(), &[tokens], positions)?;
+        let Some(pos) = positions.uploaded.clone() else {
+            return Err(TensorError::DeviceMismatch { op: OP });
+        };
         let out = Tensor::gpu_output(&ctx, DType::F32, x.shape().to_vec(), OP)?;
         let params = Params {
             tokens: tokens as u32,
