@@ -44,6 +44,7 @@
 //! # Ok::<(), kiln_tokenizer::TokenizerError>(())
 //! ```
 
+mod bytes;
 mod chat;
 mod detok;
 mod error;
@@ -71,6 +72,13 @@ impl Tokenizer {
     /// Builds the tokenizer described by GGUF metadata.
     pub fn from_gguf_metadata(metadata: &kiln_gguf::Metadata) -> Result<Self> {
         gguf::from_metadata(metadata)
+    }
+
+    /// One token per byte (ids `0..256` are the byte values), no merges, GPT-2 byte-level
+    /// decoding: for tiny models with a 256-token vocabulary and for tests. `specials` names
+    /// the ids that act as BOS/EOS/stop.
+    pub fn byte_level(specials: SpecialTokens) -> Result<Self> {
+        bytes::byte_level(specials)
     }
 
     /// Reads a GGUF file's head and builds its tokenizer.

@@ -1,0 +1,632 @@
+//! The scheduling policy: who runs this step and with how many tokens.
+
+use std::collections::{BTreeSet, HashMap};
+
+use kiln_kv::{
+    Admission, BlockCopy, BlockManager, BlockManagerConfig, KvError, KvMetrics, SeqConfig, SeqId,
+};
+
+use crate::{Result, SchedulerError};
+
+/// Limits of one step and of the queues.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SchedulerConfig {
+    /// Sequences in one step (and running at once).
+    pub max_num_seqs: usize,
+    /// Tokens in one step: one per decode plus the prefill chunks.
+    pub max_num_batched_tokens: usize,
+    /// Requests that may wait for admission; more are refused as overloaded.
+    pub max_waiting: usize,
+    /// Cut long prompts into chunks that fill the step's leftover budget. Off: a prompt runs
+    /// whole in one step, so it must fit `max_num_batched_tokens`.
+    pub chunked_prefill: bool,
+    /// Sliding-window attention of the model, passed to the block manager.
+    pub sliding_window: Option<usize>,
+    /// The KV block pool.
+    pub blocks: BlockManagerConfig,
+}
+
+impl SchedulerConfig {
+    /// 64 sequences, 512 tokens a step, 256 waiting, chunked prefill, over `blocks`.
+    pub fn new(blocks: BlockManagerConfig) -> Self {
+        Self {
+            max_num_seqs: 64,
+            max_num_batched_tokens: 512,
+            max_waiting: 256,
+            chunked_prefill: true,
+            sliding_window: None,
+            blocks,
+        }
+    }
+}
+
+/// Per-sequence scheduling options.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SeqParams {
+    /// Lower runs first (vLLM's convention); ties go to the earlier arrival.
+    pub priority: i32,
+    /// Sequences this one will fork into after its prompt (`n - 1` for `n` outputs): admission
+    /// reserves room for them under `max_num_seqs`.
+    pub forks: usize,
+}
+
+/// Where a sequence is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SeqStatus {
+    /// Queued for admission; no KV blocks.
+    Waiting,
+    /// Holds KV blocks and is scheduled every step it can be.
+    Running,
+    /// Was running, lost its blocks under memory pressure; recomputes when readmitted.
+    Preempted,
+}
+
+/// One sequence's part of a step: compute positions `start .. start + len` of its tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ScheduledSeq {
+    pub seq: SeqId,
+    /// Tokens already in the KV cache (the chunk's first position).
+    pub start: usize,
+    /// Tokens computed this step.
+    pub len: usize,
+    /// Whether this chunk reaches the end of the sequence's tokens, so its logits pick the
+    /// next token (false for a prefill chunk that is not the last).
+    pub samples: bool,
+}
+
+impl ScheduledSeq {
+    /// The context length after this step.
+    pub fn end(&self) -> usize {
+        self.start + self.len
+    }
+}
+
+/// What [`Scheduler::schedule`] decided for one step.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Schedule {
+    /// Decodes first, then prefill chunks, each in (priority, arrival) order.
+    pub seqs: Vec<ScheduledSeq>,
+    /// Copy-on-write block copies that must run on the device before this step's K/V writes.
+    pub copies: Vec<BlockCopy>,
+    /// Sequences preempted this step (their blocks are free; they wait to recompute).
+    pub preempted: Vec<SeqId>,
+    /// Sequences admitted this step with the prompt tokens the prefix cache supplied.
+    pub admitted: Vec<(SeqId, usize)>,
+    /// Sequences dropped because they can never fit the pool (the caller reports an error).
+    pub rejected: Vec<(SeqId, SchedulerError)>,
+}
+
+impl Schedule {
+    /// Tokens computed this step.
+    pub fn num_tokens(&self) -> usize {
+        self.seqs.iter().map(|s| s.len).sum()
+    }
+
+    /// Sequences computing one token that was sampled (decodes).
+    pub fn num_decodes(&self) -> usize {
+        self.seqs.iter().filter(|s| s.len == 1 && s.samples).count()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.seqs.is_empty()
+    }
+}
+
+/// Queue lengths and pool figures.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SchedulerStats {
+    pub running: usize,
+    pub waiting: usize,
+    pub preempted: usize,
+    /// Preemptions so far.
+    pub preemptions: u64,
+    pub kv: KvMetrics,
+}
+
+/// Ordering key: priority, then arrival, then id (forks share their parent's arrival).
+type Key = (i32, u64, SeqId);
+
+#[derive(Debug)]
+struct Entry {
+    /// Prompt plus the tokens sampled so far.
+    tokens: Vec<u32>,
+    /// Tokens whose K/V are in the cache.
+    computed: usize,
+    priority: i32,
+    arrival: u64,
+    /// Forks still to come (reserved under `max_num_seqs`).
+    forks: usize,
+    status: SeqStatus,
+}
+
+impl Entry {
+    fn key(&self, id: SeqId) -> Key {
+        (self.priority, self.arrival, id)
+    }
+}
+
+/// Continuous batching over a paged KV pool: every step it runs all decodes first (so
+/// inter-token latency stays flat), then spends the rest of the token budget on prefill chunks
+/// of running prompts and on newly admitted ones, in (priority, arrival) order. Admission is
+/// FCFS without skipping, so a large request at the head is never starved by small ones behind
+/// it. When a decode needs a block and none is left, the lowest-priority, latest-arrived
+/// running sequence is preempted: its blocks are freed and it recomputes later (prefix-cache
+/// hits make that cheaper). Never touches the device.
+#[derive(Debug)]
+pub struct Scheduler {
+    cfg: SchedulerConfig,
+    kv: BlockManager,
+    seqs: HashMap<SeqId, Entry>,
+    waiting: BTreeSet<Key>,
+    preempted: BTreeSet<Key>,
+    running: BTreeSet<Key>,
+    next_arrival: u64,
+    preemptions: u64,
+}
+
+impl Scheduler {
+    pub fn new(cfg: SchedulerConfig) -> Result<Self> {
+        let invalid = |field, reason: &str| SchedulerError::InvalidConfig {
+            field,
+            reason: reason.to_owned(),
+        };
+        if cfg.max_num_seqs == 0 {
+            return Err(invalid("max_num_seqs", "must be at least 1"));
+        }
+        if cfg.max_num_batched_tokens < cfg.max_num_seqs {
+            return Err(invalid(
+                "max_num_batched_tokens",
+                "must be at least max_num_seqs (every running decode needs one token a step)",
+            ));
+        }
+        let kv = BlockManager::new(cfg.blocks.clone())?;
+        Ok(Self {
+            cfg,
+            kv,
+            seqs: HashMap::new(),
+            waiting: BTreeSet::new(),
+            preempted: BTreeSet::new(),
+            running: BTreeSet::new(),
+            next_arrival: 0,
+            preemptions: 0,
+        })
+    }
+
+    pub fn config(&self) -> &SchedulerConfig {
+        &self.cfg
+    }
+
+    /// The block manager (block tables and slots for building a batch).
+    pub fn blocks(&self) -> &BlockManager {
+        &self.kv
+    }
+
+    /// Queues a new sequence. Refused when the waiting queue is full
+    /// ([`SchedulerError::Overloaded`]) or when the prompt could never fit the pool or, with
+    /// chunked prefill off, one step.
+    pub fn add(&mut self, seq: SeqId, prompt: Vec<u32>, params: SeqParams) -> Result<()> {
+        if self.seqs.contains_key(&seq) {
+            return Err(SchedulerError::DuplicateSeq(seq));
+        }
+        if prompt.is_empty() {
+            return Err(SchedulerError::EmptyPrompt(seq));
+        }
+        if self.waiting.len() >= self.cfg.max_waiting {
+            return Err(SchedulerError::Overloaded {
+                waiting: self.waiting.len(),
+                limit: self.cfg.max_waiting,
+            });
+        }
+        self.check_fits(seq, &prompt)?;
+        if params.forks >= self.cfg.max_num_seqs {
+            return Err(SchedulerError::TooLarge {
+                seq,
+                reason: format!(
+                    "{} outputs exceed max_num_seqs {}",
+                    params.forks + 1,
+                    self.cfg.max_num_seqs
+                ),
+            });
+        }
+        let arrival = self.next_arrival;
+        self.next_arrival += 1;
+        let entry = Entry {
+            tokens: prompt,
+            computed: 0,
+            priority: params.priority,
+            arrival,
+            forks: params.forks,
+            status: SeqStatus::Waiting,
+        };
+        self.waiting.insert(entry.key(seq));
+        self.seqs.insert(seq, entry);
+        Ok(())
+    }
+
+    fn check_fits(&self, seq: SeqId, tokens: &[u32]) -> Result<()> {
+        if self.kv.can_allocate(tokens) == Admission::Never {
+            return Err(SchedulerError::TooLarge {
+                seq,
+                reason: format!(
+                    "{} tokens need {} KV blocks; the pool has {} (less the watermark)",
+                    tokens.len(),
+                    self.kv.blocks_for_tokens(tokens.len()),
+                    self.cfg.blocks.num_blocks
+                ),
+            });
+        }
+        if !self.cfg.chunked_prefill && tokens.len() > self.cfg.max_num_batched_tokens {
+            return Err(SchedulerError::TooLarge {
+                seq,
+                reason: format!(
+                    "{} prompt tokens exceed max_num_batched_tokens {} and chunked prefill is off",
+                    tokens.len(),
+                    self.cfg.max_num_batched_tokens
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    /// Decides the next step. Sequences it returns have slots reserved for their chunk; call
+    /// [`complete`](Self::complete) once the step has run.
+    pub fn schedule(&mut self) -> Schedule {
+        let mut out = Schedule::default();
+        let mut budget = self.cfg.max_num_batched_tokens;
+        let mut scheduled: BTreeSet<SeqId> = BTreeSet::new();
+
+        // 1. Decodes: running sequences with a sampled token that has no slot yet.
+        let order: Vec<Key> = self.running.iter().copied().collect();
+        for key in order {
+            let seq = key.2;
+            if !self.running.contains(&key) {
+                continue; // preempted earlier in this loop
+            }
+            if out.seqs.len() >= self.cfg.max_num_seqs || budget == 0 {
+                break;
+            }
+            let Some(e) = self.seqs.get(&seq) else {
+                continue;
+            };
+            let Ok(reserved) = self.kv.seq_len(seq) else {
+                continue;
+            };
+            let need = e.tokens.len().saturating_sub(reserved);
+            if need == 0 {
+                continue; // still in prefill: phase 2
+            }
+            let start = e.computed;
+            let len = e.tokens.len() - start;
+            if len > budget {
+                continue;
+            }
+            loop {
+                match self.kv.append_slots(seq, need) {
+                    Ok(copy) => {
+                        out.copies.extend(copy);
+                        out.seqs.push(ScheduledSeq {
+                            seq,
+                            start,
+                            len,
+                            samples: true,
+                        });
+                        scheduled.insert(seq);
+                        budget -= len;
+                        break;
+                    }
+                    Err(KvError::OutOfBlocks { .. }) => {
+                        let victim = self
+                            .running
+                            .iter()
+                            .rev()
+                            .find(|k| !scheduled.contains(&k.2))
+                            .copied();
+                        match victim {
+                            Some(v) => {
+                                self.preempt(v);
+                                out.preempted.push(v.2);
+                                if v.2 == seq {
+                                    break;
+                                }
+                            }
+                            None => break,
+                        }
+                    }
+                    Err(e) => {
+                        // A bookkeeping error for one sequence must not stop the others.
+                        self.drop_seq(seq);
+                        out.rejected.push((seq, e.into()));
+                        break;
+                    }
+                }
+            }
+        }
+
+        // 2. Prefill chunks of running prompts.
+        let order: Vec<Key> = self.running.iter().copied().collect();
+        for key in order {
+            let seq = key.2;
+            if budget == 0 || out.seqs.len() >= self.cfg.max_num_seqs {
+                break;
+            }
+            if scheduled.contains(&seq) {
+                continue;
+            }
+            let (Some(e), Ok(reserved)) = (self.seqs.get(&seq), self.kv.seq_len(seq)) else {
+                continue;
+            };
+            let remaining = reserved - e.computed;
+            if remaining == 0 {
+                continue;
+            }
+            let len = remaining.min(budget);
+            if len < remaining && !self.cfg.chunked_prefill {
+                continue;
+            }
+            out.seqs.push(ScheduledSeq {
+                seq,
+                start: e.computed,
+                len,
+                samples: len == remaining && reserved == e.tokens.len(),
+            });
+            scheduled.insert(seq);
+            budget -= len;
+        }
+
+        // 3. Admission, preempted sequences first; none while memory is short this step.
+        if out.preempted.is_empty() {
+            let candidates: Vec<Key> = self
+                .preempted
+                .iter()
+                .chain(self.waiting.iter())
+                .copied()
+                .collect();
+            for key in candidates {
+                let seq = key.2;
+                if budget == 0 || out.seqs.len() >= self.cfg.max_num_seqs {
+                    break;
+                }
+                let Some(e) = self.seqs.get(&seq) else {
+                    continue;
+                };
+                if self.reserved_seqs() + 1 + e.forks > self.cfg.max_num_seqs {
+                    break;
+                }
+                match self.kv.can_allocate(&e.tokens) {
+                    Admission::Ok => {}
+                    // FCFS: nothing behind the head may overtake it.
+                    Admission::Later => break,
+                    Admission::Never => {
+                        let err = self.check_fits(seq, &e.tokens).err().unwrap_or(
+                            SchedulerError::TooLarge {
+                                seq,
+                                reason: "outgrew the KV pool".into(),
+                            },
+                        );
+                        self.drop_seq(seq);
+                        out.rejected.push((seq, err));
+                        continue;
+                    }
+                }
+                let cached = self.kv.cached_prefix_tokens(&e.tokens);
+                let remaining = e.tokens.len() - cached.min(e.tokens.len() - 1);
+                if remaining > budget && !self.cfg.chunked_prefill {
+                    break;
+                }
+                let opts = SeqConfig {
+                    sliding_window: self.cfg.sliding_window,
+                };
+                let alloc = match self.kv.allocate(seq, &e.tokens, opts) {
+                    Ok(a) => a,
+                    Err(KvError::OutOfBlocks { .. }) => break,
+                    Err(err) => {
+                        self.drop_seq(seq);
+                        out.rejected.push((seq, err.into()));
+                        continue;
+                    }
+                };
+                let Some(e) = self.seqs.get_mut(&seq) else {
+                    continue;
+                };
+                self.waiting.remove(&key);
+                self.preempted.remove(&key);
+                self.running.insert(key);
+                e.status = SeqStatus::Running;
+                e.computed = alloc.cached_tokens;
+                let remaining = e.tokens.len() - e.computed;
+                let len = remaining.min(budget);
+                out.admitted.push((seq, alloc.cached_tokens));
+                out.seqs.push(ScheduledSeq {
+                    seq,
+                    start: e.computed,
+                    len,
+                    samples: len == remaining,
+                });
+                scheduled.insert(seq);
+                budget -= len;
+            }
+        }
+        tracing::trace!(
+            seqs = out.seqs.len(),
+            tokens = out.num_tokens(),
+            decodes = out.num_decodes(),
+            preempted = out.preempted.len(),
+            "scheduled a step"
+        );
+        out
+    }
+
+    /// Running sequences plus the forks admitted ones will make.
+    fn reserved_seqs(&self) -> usize {
+        self.running
+            .iter()
+            .map(|k| 1 + self.seqs.get(&k.2).map_or(0, |e| e.forks))
+            .sum()
+    }
+
+    fn preempt(&mut self, key: Key) {
+        let seq = key.2;
+        self.running.remove(&key);
+        // Blocks go back to the pool; full ones stay in the prefix cache until evicted.
+        let _ = self.kv.free(seq);
+        if let Some(e) = self.seqs.get_mut(&seq) {
+            e.computed = 0;
+            e.status = SeqStatus::Preempted;
+            self.preempted.insert(key);
+        }
+        self.preemptions += 1;
+        tracing::debug!(seq = seq.0, "preempted (will recompute)");
+    }
+
+    fn drop_seq(&mut self, seq: SeqId) {
+        if let Some(e) = self.seqs.remove(&seq) {
+            let key = e.key(seq);
+            self.running.remove(&key);
+            self.waiting.remove(&key);
+            self.preempted.remove(&key);
+        }
+        if self.kv.contains(seq) {
+            let _ = self.kv.free(seq);
+        }
+    }
+
+    /// Records that `schedule`'s chunks ran: their K/V are in the cache now (full blocks enter
+    /// the prefix cache). Sequences finished or preempted since are skipped.
+    pub fn complete(&mut self, schedule: &Schedule) -> Result<()> {
+        for s in &schedule.seqs {
+            let Some(e) = self.seqs.get_mut(&s.seq) else {
+                continue;
+            };
+            if e.status != SeqStatus::Running || e.computed != s.start {
+                continue;
+            }
+            self.kv.commit(s.seq, &e.tokens[s.start..s.end()])?;
+            e.computed = s.end();
+        }
+        Ok(())
+    }
+
+    /// Appends a sampled token to a running sequence; the next step computes it.
+    pub fn push_token(&mut self, seq: SeqId, token: u32) -> Result<()> {
+        let e = self
+            .seqs
+            .get_mut(&seq)
+            .ok_or(SchedulerError::UnknownSeq(seq))?;
+        if e.status != SeqStatus::Running || e.computed != e.tokens.len() {
+            return Err(SchedulerError::WrongState {
+                seq,
+                reason: "a token can only follow a fully computed running sequence",
+            });
+        }
+        e.tokens.push(token);
+        Ok(())
+    }
+
+    /// Gives `child` a copy of running `parent` sharing its KV blocks (for `n > 1`); call it
+    /// after `complete` and before pushing either's next token.
+    pub fn fork(&mut self, parent: SeqId, child: SeqId) -> Result<()> {
+        if self.seqs.contains_key(&child) {
+            return Err(SchedulerError::DuplicateSeq(child));
+        }
+        let p = self
+            .seqs
+            .get_mut(&parent)
+            .ok_or(SchedulerError::UnknownSeq(parent))?;
+        if p.status != SeqStatus::Running || p.computed != p.tokens.len() {
+            return Err(SchedulerError::WrongState {
+                seq: parent,
+                reason: "only a fully computed running sequence can fork",
+            });
+        }
+        let entry = Entry {
+            tokens: p.tokens.clone(),
+            computed: p.computed,
+            priority: p.priority,
+            arrival: p.arrival,
+            forks: 0,
+            status: SeqStatus::Running,
+        };
+        p.forks = p.forks.saturating_sub(1);
+        self.kv.fork(parent, child)?;
+        self.running.insert(entry.key(child));
+        self.seqs.insert(child, entry);
+        Ok(())
+    }
+
+    /// Ends a sequence wherever it is (finished, aborted, expired) and frees its blocks before
+    /// the next step. Returns whether it was known.
+    pub fn finish(&mut self, seq: SeqId) -> bool {
+        let known = self.seqs.contains_key(&seq);
+        self.drop_seq(seq);
+        known
+    }
+
+    pub fn status(&self, seq: SeqId) -> Option<SeqStatus> {
+        self.seqs.get(&seq).map(|e| e.status)
+    }
+
+    /// Prompt plus sampled tokens of `seq`.
+    pub fn tokens(&self, seq: SeqId) -> Option<&[u32]> {
+        self.seqs.get(&seq).map(|e| e.tokens.as_slice())
+    }
+
+    /// Tokens of `seq` whose K/V are in the cache.
+    pub fn computed(&self, seq: SeqId) -> Option<usize> {
+        self.seqs.get(&seq).map(|e| e.computed)
+    }
+
+    /// Sequences the scheduler holds, in any state.
+    pub fn len(&self) -> usize {
+        self.seqs.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.seqs.is_empty()
+    }
+
+    pub fn stats(&self) -> SchedulerStats {
+        SchedulerStats {
+            running: self.running.len(),
+            waiting: self.waiting.len(),
+            preempted: self.preempted.len(),
+            preemptions: self.preemptions,
+            kv: self.kv.metrics(),
+        }
+    }
+
+    /// Checks the queues against the sequences and the block manager's own invariants
+    /// (tests and debugging; O(sequences + blocks)).
+    pub fn check_invariants(&self) -> Result<()> {
+        let broken = |reason: &'static str| SchedulerError::WrongState {
+            seq: SeqId(u64::MAX),
+            reason,
+        };
+        if self.running.len() + self.waiting.len() + self.preempted.len() != self.seqs.len() {
+            return Err(broken("queue sizes do not add up to the sequences held"));
+        }
+        for (&id, e) in &self.seqs {
+            let key = e.key(id);
+            let queued = match e.status {
+                SeqStatus::Running => self.running.contains(&key),
+                SeqStatus::Waiting => self.waiting.contains(&key),
+                SeqStatus::Preempted => self.preempted.contains(&key),
+            };
+            if !queued {
+                return Err(broken("a sequence is missing from its status queue"));
+            }
+            if (e.status == SeqStatus::Running) != self.kv.contains(id) {
+                return Err(broken("exactly the running sequences hold block tables"));
+            }
+            if e.status == SeqStatus::Running && self.kv.computed_len(id)? != e.computed {
+                return Err(broken("computed tokens disagree with the block manager"));
+            }
+        }
+        if self.kv.seq_ids().count() != self.running.len() {
+            return Err(broken(
+                "the block manager holds tables of unknown sequences",
+            ));
+        }
+        self.kv.check_invariants()?;
+        Ok(())
+    }
+}

@@ -1,0 +1,462 @@
+//! Scheduling policy: budgets, ordering, admission, preemption, prefix hits, forks.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::collections::HashMap;
+
+use kiln_kv::{BlockManagerConfig, SeqId};
+use kiln_scheduler::{Schedule, Scheduler, SchedulerConfig, SchedulerError, SeqParams, SeqStatus};
+use proptest::prelude::*;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+fn config(blocks: u32, block_size: u32, budget: usize, max_seqs: usize) -> SchedulerConfig {
+    let mut cfg = SchedulerConfig::new(BlockManagerConfig {
+        block_size,
+        watermark: 0.0,
+        ..BlockManagerConfig::new(blocks)
+    });
+    cfg.max_num_batched_tokens = budget;
+    cfg.max_num_seqs = max_seqs;
+    cfg
+}
+
+fn prompt(seed: u32, len: usize) -> Vec<u32> {
+    (0..len as u32).map(|i| seed * 1000 + i).collect()
+}
+
+/// Plays the model: completes the step and samples a token for every sequence that samples.
+fn run_step(s: &mut Scheduler, step: &Schedule, next: &mut u32) {
+    s.complete(step).unwrap();
+    for x in &step.seqs {
+        if x.samples {
+            *next += 1;
+            s.push_token(x.seq, *next).unwrap();
+        }
+    }
+    s.check_invariants().unwrap();
+}
+
+fn generated(s: &Scheduler, seq: SeqId, prompt_len: usize) -> usize {
+    s.tokens(seq).map_or(0, |t| t.len() - prompt_len)
+}
+
+#[test]
+fn decodes_come_first_and_long_prompts_are_chunked() {
+    let mut s = Scheduler::new(config(64, 4, 16, 8)).unwrap();
+    let mut next = 0;
+    for i in 0..3 {
+        s.add(SeqId(i), prompt(i as u32, 5), SeqParams::default())
+            .unwrap();
+    }
+    let step = s.schedule();
+    assert_eq!(step.num_tokens(), 15);
+    run_step(&mut s, &step, &mut next);
+    // A long prompt arrives while three sequences decode.
+    s.add(SeqId(9), prompt(9, 40), SeqParams::default())
+        .unwrap();
+    let mut chunks = Vec::new();
+    for _ in 0..4 {
+        let step = s.schedule();
+        assert!(step.num_tokens() <= 16);
+        // Every decode runs in every step, before any prefill.
+        let decodes: Vec<u64> = step.seqs[..3].iter().map(|x| x.seq.0).collect();
+        assert_eq!(decodes, vec![0, 1, 2]);
+        assert!(step.seqs[..3].iter().all(|x| x.len == 1 && x.samples));
+        chunks.push((step.seqs[3].start, step.seqs[3].len, step.seqs[3].samples));
+        run_step(&mut s, &step, &mut next);
+    }
+    assert_eq!(
+        chunks,
+        vec![
+            (0, 13, false),
+            (13, 13, false),
+            (26, 13, false),
+            (39, 1, true)
+        ]
+    );
+    // All four decode together afterwards.
+    let step = s.schedule();
+    assert_eq!(step.seqs.len(), 4);
+    assert_eq!(step.num_decodes(), 4);
+}
+
+#[test]
+fn budget_and_seq_cap_hold_every_step_under_random_load() {
+    let mut rng = StdRng::seed_from_u64(7);
+    let mut s = Scheduler::new(config(40, 4, 24, 6)).unwrap();
+    let mut next = 0;
+    let mut want: HashMap<SeqId, (usize, usize)> = HashMap::new();
+    let mut id = 0;
+    for _ in 0..400 {
+        if rng.random_bool(0.3) {
+            let len = rng.random_range(1..60);
+            match s.add(SeqId(id), prompt(id as u32, len), SeqParams::default()) {
+                Ok(()) => {
+                    want.insert(SeqId(id), (len, rng.random_range(1..12)));
+                }
+                Err(SchedulerError::Overloaded { .. }) => {}
+                Err(e) => panic!("{e}"),
+            }
+            id += 1;
+        }
+        let step = s.schedule();
+        assert!(step.num_tokens() <= 24, "budget: {}", step.num_tokens());
+        assert!(step.seqs.len() <= 6);
+        assert!(s.stats().running <= 6);
+        assert!(step.rejected.is_empty());
+        run_step(&mut s, &step, &mut next);
+        let done: Vec<SeqId> = want
+            .iter()
+            .filter(|(q, (p, n))| generated(&s, **q, *p) >= *n)
+            .map(|(q, _)| *q)
+            .collect();
+        for q in done {
+            assert!(s.finish(q));
+            want.remove(&q);
+        }
+    }
+    for q in want.keys() {
+        s.finish(*q);
+    }
+    assert!(s.is_empty());
+    assert_eq!(s.stats().kv.used_blocks, 0);
+}
+
+#[test]
+fn a_long_prompt_at_the_head_is_not_starved() {
+    // 12 blocks of 4: the long prompt needs 10, so it only fits once the pool drains.
+    let mut s = Scheduler::new(config(12, 4, 64, 8)).unwrap();
+    let mut next = 0;
+    s.add(SeqId(100), prompt(100, 20), SeqParams::default())
+        .unwrap();
+    s.add(SeqId(101), prompt(101, 40), SeqParams::default())
+        .unwrap();
+    let mut long_admitted_at = None;
+    let mut lens: HashMap<SeqId, usize> = HashMap::from([(SeqId(100), 20), (SeqId(101), 40)]);
+    for step_no in 0..200u64 {
+        // A steady stream of short requests behind it (ids 0, 1, ...).
+        let id = step_no;
+        s.add(SeqId(id), prompt(id as u32, 3), SeqParams::default())
+            .ok();
+        lens.insert(SeqId(id), 3);
+        let step = s.schedule();
+        if step.admitted.iter().any(|(q, _)| *q == SeqId(101)) {
+            long_admitted_at = Some(step_no);
+            break;
+        }
+        // Short ones (ids below 100) behind the long one never overtake it.
+        assert!(step.admitted.iter().all(|(q, _)| q.0 >= 100), "{step:?}");
+        run_step(&mut s, &step, &mut next);
+        for (q, p) in lens.clone() {
+            if generated(&s, q, p) >= 3 {
+                s.finish(q);
+                lens.remove(&q);
+            }
+        }
+    }
+    assert!(long_admitted_at.is_some(), "the long prompt never ran");
+}
+
+#[test]
+fn preemption_takes_the_lowest_priority_latest_arrival_and_it_recomputes() {
+    // 6 blocks of 2 tokens; three sequences of 3 tokens take 2 blocks each.
+    let mut s = Scheduler::new(config(6, 2, 64, 8)).unwrap();
+    let mut next = 0;
+    s.add(
+        SeqId(1),
+        prompt(1, 3),
+        SeqParams {
+            priority: 0,
+            forks: 0,
+        },
+    )
+    .unwrap();
+    s.add(
+        SeqId(2),
+        prompt(2, 3),
+        SeqParams {
+            priority: 5,
+            forks: 0,
+        },
+    )
+    .unwrap();
+    s.add(
+        SeqId(3),
+        prompt(3, 3),
+        SeqParams {
+            priority: 0,
+            forks: 0,
+        },
+    )
+    .unwrap();
+    let step = s.schedule();
+    // Priority orders admission: 1 and 3 (priority 0) before 2.
+    let order: Vec<u64> = step.seqs.iter().map(|x| x.seq.0).collect();
+    assert_eq!(order, vec![1, 3, 2]);
+    run_step(&mut s, &step, &mut next);
+    // Position 3 fits the second block of each; position 4 needs a third block each.
+    let step = s.schedule();
+    assert!(step.preempted.is_empty());
+    run_step(&mut s, &step, &mut next);
+    let step = s.schedule();
+    // Seq 2 (priority 5) is the victim even though it arrived before seq 3.
+    assert_eq!(step.preempted, vec![SeqId(2)]);
+    assert_eq!(s.status(SeqId(2)), Some(SeqStatus::Preempted));
+    let ran: Vec<u64> = step.seqs.iter().map(|x| x.seq.0).collect();
+    assert_eq!(ran, vec![1, 3]);
+    run_step(&mut s, &step, &mut next);
+    // With equal priority the later arrival (3) goes next, when the blocks run out again.
+    let step = loop {
+        let step = s.schedule();
+        run_step(&mut s, &step, &mut next);
+        if !step.preempted.is_empty() {
+            break step;
+        }
+    };
+    assert_eq!(step.preempted, vec![SeqId(3)]);
+    let tokens_before = s.tokens(SeqId(3)).unwrap().to_vec();
+    s.finish(SeqId(1));
+    // Preempted sequences come back first, recomputing prompt and generated tokens.
+    let step = s.schedule();
+    let back: Vec<(u64, usize, usize)> = step
+        .seqs
+        .iter()
+        .map(|x| (x.seq.0, x.start, x.len))
+        .collect();
+    assert_eq!(back[0].0, 3);
+    assert_eq!(back[0].1 + back[0].2, tokens_before.len());
+    assert!(step.seqs[0].samples);
+    assert!(s.stats().preemptions >= 2);
+    run_step(&mut s, &step, &mut next);
+    assert_eq!(
+        &s.tokens(SeqId(3)).unwrap()[..tokens_before.len()],
+        &tokens_before[..]
+    );
+}
+
+#[test]
+fn admission_respects_the_watermark() {
+    let mut cfg = config(10, 4, 64, 8);
+    cfg.blocks.watermark = 0.2; // keep 2 blocks free for running decodes
+    let mut s = Scheduler::new(cfg).unwrap();
+    let mut next = 0;
+    s.add(SeqId(1), prompt(1, 24), SeqParams::default())
+        .unwrap(); // 6 blocks
+    // 3 blocks: with 4 left, taking them would eat into the 2 kept free.
+    s.add(SeqId(2), prompt(2, 12), SeqParams::default())
+        .unwrap();
+    let step = s.schedule();
+    assert_eq!(step.admitted, vec![(SeqId(1), 0)]);
+    run_step(&mut s, &step, &mut next);
+    let step = s.schedule();
+    assert!(step.admitted.is_empty());
+    assert_eq!(s.status(SeqId(2)), Some(SeqStatus::Waiting));
+    run_step(&mut s, &step, &mut next);
+    s.finish(SeqId(1));
+    let step = s.schedule();
+    assert_eq!(step.admitted, vec![(SeqId(2), 0)]);
+    // A prompt that can never fit above the watermark is refused at once.
+    let err = s
+        .add(SeqId(3), prompt(3, 40), SeqParams::default())
+        .unwrap_err();
+    assert!(matches!(err, SchedulerError::TooLarge { .. }), "{err}");
+}
+
+#[test]
+fn a_full_waiting_queue_reports_overload() {
+    let mut cfg = config(16, 4, 64, 8);
+    cfg.max_waiting = 3;
+    let mut s = Scheduler::new(cfg).unwrap();
+    for i in 0..3 {
+        s.add(SeqId(i), prompt(i as u32, 4), SeqParams::default())
+            .unwrap();
+    }
+    let err = s
+        .add(SeqId(3), prompt(3, 4), SeqParams::default())
+        .unwrap_err();
+    assert_eq!(
+        err,
+        SchedulerError::Overloaded {
+            waiting: 3,
+            limit: 3
+        }
+    );
+    assert!(s.status(SeqId(3)).is_none());
+    // Admission drains the queue and makes room again.
+    let step = s.schedule();
+    assert_eq!(step.admitted.len(), 3);
+    s.add(SeqId(3), prompt(3, 4), SeqParams::default()).unwrap();
+}
+
+#[test]
+fn prefix_cache_hits_shorten_prefill() {
+    let mut s = Scheduler::new(config(32, 4, 64, 8)).unwrap();
+    let mut next = 0;
+    let shared = prompt(1, 16);
+    s.add(SeqId(1), shared.clone(), SeqParams::default())
+        .unwrap();
+    let step = s.schedule();
+    assert_eq!(step.num_tokens(), 16);
+    run_step(&mut s, &step, &mut next);
+    // Same 16-token prefix plus 3 new tokens: the 4 full blocks come from the cache.
+    let mut p2 = shared.clone();
+    p2.extend([7, 8, 9]);
+    s.add(SeqId(2), p2, SeqParams::default()).unwrap();
+    let step = s.schedule();
+    assert_eq!(step.admitted, vec![(SeqId(2), 16)]);
+    let x = step.seqs.iter().find(|x| x.seq == SeqId(2)).unwrap();
+    assert_eq!((x.start, x.len), (16, 3));
+    run_step(&mut s, &step, &mut next);
+    // An identical prompt still computes its last token (for logits).
+    s.add(SeqId(3), shared, SeqParams::default()).unwrap();
+    let step = s.schedule();
+    let x = step.seqs.iter().find(|x| x.seq == SeqId(3)).unwrap();
+    assert_eq!((x.start, x.len), (12, 4));
+    assert!(s.stats().kv.prefix_hit_tokens >= 28);
+}
+
+#[test]
+fn forks_share_the_prompt_and_count_against_the_seq_cap() {
+    let mut s = Scheduler::new(config(32, 4, 64, 4)).unwrap();
+    let mut next = 0;
+    s.add(
+        SeqId(1),
+        prompt(1, 6),
+        SeqParams {
+            priority: 0,
+            forks: 2,
+        },
+    )
+    .unwrap();
+    s.add(
+        SeqId(2),
+        prompt(2, 6),
+        SeqParams {
+            priority: 0,
+            forks: 1,
+        },
+    )
+    .unwrap();
+    let step = s.schedule();
+    // 1 + 2 forks + 2 would exceed 4 sequences: seq 2 waits.
+    assert_eq!(step.admitted.len(), 1);
+    s.complete(&step).unwrap();
+    s.fork(SeqId(1), SeqId(10)).unwrap();
+    s.fork(SeqId(1), SeqId(11)).unwrap();
+    let used = s.stats().kv.used_blocks;
+    assert_eq!(used, 2); // the children share both prompt blocks
+    for (q, t) in [(1, 100), (10, 101), (11, 102)] {
+        s.push_token(SeqId(q), t).unwrap();
+    }
+    let step = s.schedule();
+    // The shared, partly filled last block is copied on write for two of the three.
+    assert_eq!(step.copies.len(), 2);
+    assert_eq!(step.num_decodes(), 3);
+    run_step(&mut s, &step, &mut next);
+    assert!(s.fork(SeqId(2), SeqId(12)).is_err()); // not running yet
+    for q in [1, 10, 11] {
+        s.finish(SeqId(q));
+    }
+    let step = s.schedule();
+    assert_eq!(step.admitted.len(), 1);
+}
+
+#[test]
+fn config_is_validated() {
+    let mut cfg = config(8, 4, 4, 8);
+    assert!(matches!(
+        Scheduler::new(cfg.clone()),
+        Err(SchedulerError::InvalidConfig {
+            field: "max_num_batched_tokens",
+            ..
+        })
+    ));
+    cfg.max_num_seqs = 0;
+    assert!(Scheduler::new(cfg).is_err());
+}
+
+#[test]
+fn without_chunked_prefill_a_prompt_runs_whole() {
+    let mut cfg = config(32, 4, 16, 8);
+    cfg.chunked_prefill = false;
+    let mut s = Scheduler::new(cfg).unwrap();
+    let mut next = 0;
+    assert!(
+        s.add(SeqId(1), prompt(1, 17), SeqParams::default())
+            .is_err()
+    );
+    s.add(SeqId(1), prompt(1, 10), SeqParams::default())
+        .unwrap();
+    s.add(SeqId(2), prompt(2, 10), SeqParams::default())
+        .unwrap();
+    let step = s.schedule();
+    assert_eq!(step.seqs.len(), 1); // the second does not fit the 6 tokens left
+    run_step(&mut s, &step, &mut next);
+    let step = s.schedule();
+    assert_eq!(step.seqs.len(), 2);
+    assert_eq!(step.seqs[1].len, 10);
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    /// Random arrivals, lengths, priorities and aborts on a small pool: invariants hold after
+    /// every step, the budget is never exceeded, everything finishes, and the pool ends free.
+    #[test]
+    fn random_workloads_finish_and_free_everything(seed in any::<u64>()) {
+        let mut rng = StdRng::seed_from_u64(seed);
+        let blocks = rng.random_range(8..40);
+        let budget = rng.random_range(8..48);
+        let mut s = Scheduler::new(config(blocks, 4, budget, 8)).unwrap();
+        let mut next = 0;
+        let mut live: HashMap<SeqId, (usize, usize)> = HashMap::new();
+        let mut finished = 0;
+        for id in 0..40u64 {
+            let len = rng.random_range(1..(blocks as usize * 4 / 2));
+            let priority = rng.random_range(0..3);
+            if s.add(SeqId(id), prompt(id as u32, len), SeqParams { priority, forks: 0 }).is_ok() {
+                live.insert(SeqId(id), (len, rng.random_range(1..20)));
+            }
+            for _ in 0..rng.random_range(0..4) {
+                let step = s.schedule();
+                prop_assert!(step.num_tokens() <= budget);
+                for (q, _) in &step.rejected {
+                    live.remove(q);
+                }
+                run_step(&mut s, &step, &mut next);
+                if rng.random_bool(0.05)
+                    && let Some(&q) = live.keys().next()
+                {
+                    s.finish(q);
+                    live.remove(&q);
+                }
+            }
+        }
+        let mut steps = 0;
+        while !live.is_empty() {
+            let step = s.schedule();
+            prop_assert!(step.num_tokens() <= budget);
+            for (q, _) in &step.rejected {
+                live.remove(q);
+            }
+            run_step(&mut s, &step, &mut next);
+            let done: Vec<SeqId> = live
+                .iter()
+                .filter(|(q, (p, n))| generated(&s, **q, *p) >= *n)
+                .map(|(q, _)| *q)
+                .collect();
+            for q in done {
+                s.finish(q);
+                live.remove(&q);
+                finished += 1;
+            }
+            steps += 1;
+            prop_assert!(steps < 5000, "no progress: {:?}", s.stats());
+        }
+        prop_assert!(finished > 0);
+        prop_assert!(s.is_empty());
+        prop_assert_eq!(s.stats().kv.used_blocks, 0);
+        s.check_invariants().unwrap();
+    }
+}
