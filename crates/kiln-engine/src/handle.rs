@@ -1,0 +1,395 @@
+//! The caller's side: `EngineHandle` (submit, abort, stats, metrics, shutdown) and the
+//! per-request `RequestStream`. Requests are validated and tokenized here, on the caller's
+//! thread, so the step loop only ever sees well-formed work.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, mpsc};
+use std::task::{Context, Poll};
+use std::thread::JoinHandle;
+
+use kiln_kv::KvMetrics;
+use kiln_tokenizer::Tokenizer;
+use tokio::sync::{mpsc as tmpsc, oneshot};
+
+use crate::EngineError;
+use crate::metrics::EngineMetrics;
+use crate::request::{Event, Output, OutputBuilder, Prompt, Request, RequestId};
+
+/// Limits and facts a caller (or the server's model-info call) can read.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EngineInfo {
+    /// Token ids run from 0 to this, exclusive.
+    pub vocab_size: usize,
+    /// Prompt plus generated tokens of one sequence, at most.
+    pub max_model_len: usize,
+    pub bos: Option<u32>,
+    /// Ids that end generation unless `ignore_eos`.
+    pub eos_ids: Vec<u32>,
+    pub max_n: usize,
+    pub max_stop_strings: usize,
+    pub max_top_logprobs: usize,
+    pub max_num_seqs: usize,
+    pub max_num_batched_tokens: usize,
+    pub max_waiting: usize,
+    pub kv_blocks: usize,
+    pub block_size: usize,
+    /// Blocks admission may use (the pool less the watermark).
+    pub usable_blocks: usize,
+    /// The device the model runs on.
+    pub device: String,
+}
+
+/// A snapshot taken between steps.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EngineStats {
+    /// Requests in flight (submitted, not yet finished).
+    pub requests: usize,
+    pub running: usize,
+    pub waiting: usize,
+    pub preempted: usize,
+    pub preemptions: u64,
+    pub steps: u64,
+    pub kv: KvMetrics,
+    /// The scheduler's and block manager's invariants (`Err` names what is broken).
+    pub invariants: Result<(), String>,
+}
+
+/// How [`EngineHandle::shutdown`] treats requests in flight.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ShutdownMode {
+    /// Refuse new requests, finish those in flight, then stop.
+    Drain,
+    /// Refuse new requests, end those in flight with `Cancelled`, then stop.
+    Cancel,
+}
+
+pub(crate) struct Submission {
+    pub id: RequestId,
+    pub request: Request,
+    pub prompt_ids: Vec<u32>,
+    pub seed: u64,
+    pub tx: tmpsc::UnboundedSender<Event>,
+    pub arrived: std::time::Instant,
+}
+
+pub(crate) enum Command {
+    Submit(Box<Submission>),
+    Abort(RequestId),
+    Stats(oneshot::Sender<EngineStats>),
+    Shutdown(ShutdownMode, oneshot::Sender<()>),
+}
+
+pub(crate) struct Shared {
+    pub tx: Mutex<mpsc::Sender<Command>>,
+    pub tokenizer: Tokenizer,
+    pub info: EngineInfo,
+    /// Requests submitted and not yet admitted (or ended): the overload check.
+    pub queued: Arc<AtomicUsize>,
+    pub closing: AtomicBool,
+    pub next_id: AtomicU64,
+    pub metrics: Arc<EngineMetrics>,
+    pub thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+/// A cheap, cloneable, thread-safe handle to a running engine. Dropping the last one stops
+/// the engine (requests in flight end with `Cancelled`).
+#[derive(Clone)]
+pub struct EngineHandle {
+    pub(crate) shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for EngineHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EngineHandle")
+            .field("info", &self.shared.info)
+            .finish_non_exhaustive()
+    }
+}
+
+impl EngineHandle {
+    /// Validates and queues a request; its events arrive on the returned stream. Refused at
+    /// once when invalid (`InvalidArgument` naming the field), when the waiting queue is full
+    /// (`Overloaded`) or while shutting down.
+    pub fn submit(&self, request: Request) -> Result<RequestStream, EngineError> {
+        let s = &self.shared;
+        if s.closing.load(Ordering::Acquire) {
+            return Err(EngineError::ShuttingDown);
+        }
+        let prompt_ids = self.validate(&request)?;
+        let limit = s.info.max_waiting;
+        let waiting = s.queued.fetch_add(1, Ordering::AcqRel);
+        if waiting >= limit {
+            s.queued.fetch_sub(1, Ordering::AcqRel);
+            return Err(EngineError::Overloaded { waiting, limit });
+        }
+        let id = RequestId(s.next_id.fetch_add(1, Ordering::Relaxed));
+        let seed = request.seed.unwrap_or_else(rand::random);
+        let (tx, rx) = tmpsc::unbounded_channel();
+        let sub = Submission {
+            id,
+            request,
+            prompt_ids,
+            seed,
+            tx,
+            arrived: std::time::Instant::now(),
+        };
+        if self.send(Command::Submit(Box::new(sub))).is_err() {
+            s.queued.fetch_sub(1, Ordering::AcqRel);
+            return Err(EngineError::ShuttingDown);
+        }
+        Ok(RequestStream { id, rx })
+    }
+
+    /// Ends a request: its stream gets `Cancelled` and its KV blocks are freed before the next
+    /// step. Dropping the stream does the same. Unknown or finished ids are ignored.
+    pub fn abort(&self, id: RequestId) {
+        let _ = self.send(Command::Abort(id));
+    }
+
+    /// Queue depths, KV figures and an invariant check, taken between steps.
+    pub async fn stats(&self) -> Result<EngineStats, EngineError> {
+        let (tx, rx) = oneshot::channel();
+        self.send(Command::Stats(tx))?;
+        rx.await.map_err(|_| EngineError::ShuttingDown)
+    }
+
+    /// [`stats`](Self::stats) for synchronous callers (not from inside an async runtime).
+    pub fn stats_blocking(&self) -> Result<EngineStats, EngineError> {
+        let (tx, rx) = oneshot::channel();
+        self.send(Command::Stats(tx))?;
+        rx.blocking_recv().map_err(|_| EngineError::ShuttingDown)
+    }
+
+    /// Stops taking requests, then drains or cancels those in flight; resolves once the step
+    /// loop has exited.
+    pub async fn shutdown(&self, mode: ShutdownMode) {
+        let rx = self.begin_shutdown(mode);
+        if let Some(rx) = rx {
+            let _ = rx.await;
+        }
+        self.join();
+    }
+
+    /// [`shutdown`](Self::shutdown) for synchronous callers.
+    pub fn shutdown_blocking(&self, mode: ShutdownMode) {
+        if let Some(rx) = self.begin_shutdown(mode) {
+            let _ = rx.blocking_recv();
+        }
+        self.join();
+    }
+
+    fn begin_shutdown(&self, mode: ShutdownMode) -> Option<oneshot::Receiver<()>> {
+        self.shared.closing.store(true, Ordering::Release);
+        let (tx, rx) = oneshot::channel();
+        self.send(Command::Shutdown(mode, tx)).ok().map(|()| rx)
+    }
+
+    fn join(&self) {
+        let thread = self.shared.thread.lock().ok().and_then(|mut t| t.take());
+        if let Some(t) = thread {
+            let _ = t.join();
+        }
+    }
+
+    /// Whether the step loop has exited.
+    pub fn is_stopped(&self) -> bool {
+        self.shared
+            .thread
+            .lock()
+            .map(|t| t.as_ref().is_none_or(JoinHandle::is_finished))
+            .unwrap_or(true)
+    }
+
+    /// Whether new requests are refused (shutdown begun).
+    pub fn is_closing(&self) -> bool {
+        self.shared.closing.load(Ordering::Acquire)
+    }
+
+    pub fn info(&self) -> &EngineInfo {
+        &self.shared.info
+    }
+
+    pub fn tokenizer(&self) -> &Tokenizer {
+        &self.shared.tokenizer
+    }
+
+    pub fn metrics(&self) -> &EngineMetrics {
+        &self.shared.metrics
+    }
+
+    fn send(&self, cmd: Command) -> Result<(), EngineError> {
+        let tx = self
+            .shared
+            .tx
+            .lock()
+            .map_err(|_| EngineError::ShuttingDown)?;
+        tx.send(cmd).map_err(|_| EngineError::ShuttingDown)
+    }
+
+    /// Checks every field against the model and the engine's limits; returns the prompt ids.
+    fn validate(&self, r: &Request) -> Result<Vec<u32>, EngineError> {
+        let info = &self.shared.info;
+        let vocab = info.vocab_size;
+        let ids = match &r.prompt {
+            Prompt::Text(t) => {
+                if t.is_empty() {
+                    return Err(EngineError::invalid("prompt", "is empty"));
+                }
+                self.shared
+                    .tokenizer
+                    .encode(t)
+                    .map_err(|e| EngineError::invalid("prompt", e.to_string()))?
+            }
+            Prompt::TokenIds(ids) => ids.clone(),
+        };
+        if ids.is_empty() {
+            return Err(EngineError::invalid("prompt", "has no tokens"));
+        }
+        if let Some(bad) = ids.iter().find(|&&t| t as usize >= vocab) {
+            return Err(EngineError::invalid(
+                "prompt.token_ids",
+                format!("token id {bad} is outside the vocabulary (0..{vocab})"),
+            ));
+        }
+        if ids.len() >= info.max_model_len {
+            return Err(EngineError::invalid(
+                "prompt",
+                format!(
+                    "{} tokens leave no room to generate in a context of {}",
+                    ids.len(),
+                    info.max_model_len
+                ),
+            ));
+        }
+        let blocks = ids.len().div_ceil(info.block_size);
+        if blocks > info.usable_blocks {
+            return Err(EngineError::invalid(
+                "prompt",
+                format!(
+                    "{} tokens need {blocks} KV blocks; the pool has {} usable",
+                    ids.len(),
+                    info.usable_blocks
+                ),
+            ));
+        }
+        r.sampling
+            .validate(vocab)
+            .map_err(|e| EngineError::invalid(format!("sampling.{}", e.field), e.reason))?;
+        if r.n == 0 || r.n > info.max_n {
+            return Err(EngineError::invalid(
+                "sampling.n",
+                format!("{} is outside 1..={}", r.n, info.max_n),
+            ));
+        }
+        let st = &r.stopping;
+        let room = info.max_model_len - ids.len();
+        if let Some(max) = st.max_new_tokens {
+            if max == 0 {
+                return Err(EngineError::invalid(
+                    "stopping.max_new_tokens",
+                    "must be at least 1",
+                ));
+            }
+            if max > info.max_model_len {
+                return Err(EngineError::invalid(
+                    "stopping.max_new_tokens",
+                    format!("{max} exceeds the context length {}", info.max_model_len),
+                ));
+            }
+        }
+        if st.min_new_tokens > st.max_new_tokens.unwrap_or(room) {
+            return Err(EngineError::invalid(
+                "stopping.min_new_tokens",
+                format!(
+                    "{} exceeds max_new_tokens {}",
+                    st.min_new_tokens,
+                    st.max_new_tokens.unwrap_or(room)
+                ),
+            ));
+        }
+        if st.stop.len() > info.max_stop_strings {
+            return Err(EngineError::invalid(
+                "stopping.stop",
+                format!(
+                    "{} stop strings; at most {}",
+                    st.stop.len(),
+                    info.max_stop_strings
+                ),
+            ));
+        }
+        if st.stop.iter().any(String::is_empty) {
+            return Err(EngineError::invalid("stopping.stop", "empty stop string"));
+        }
+        if let Some(bad) = st.stop_token_ids.iter().find(|&&t| t as usize >= vocab) {
+            return Err(EngineError::invalid(
+                "stopping.stop_token_ids",
+                format!("{bad} is outside the vocabulary (0..{vocab})"),
+            ));
+        }
+        if r.output.top_logprobs > info.max_top_logprobs {
+            return Err(EngineError::invalid(
+                "output.top_logprobs",
+                format!(
+                    "{} exceeds the limit {}",
+                    r.output.top_logprobs, info.max_top_logprobs
+                ),
+            ));
+        }
+        Ok(ids)
+    }
+}
+
+/// The events of one request: deltas, then one `Finished` or `Error`. Dropping it aborts the
+/// request within one step.
+#[derive(Debug)]
+pub struct RequestStream {
+    id: RequestId,
+    rx: tmpsc::UnboundedReceiver<Event>,
+}
+
+impl RequestStream {
+    pub fn id(&self) -> RequestId {
+        self.id
+    }
+
+    /// The next event; `None` after the last.
+    pub async fn recv(&mut self) -> Option<Event> {
+        self.rx.recv().await
+    }
+
+    /// [`recv`](Self::recv) for synchronous callers (not from inside an async runtime).
+    pub fn blocking_recv(&mut self) -> Option<Event> {
+        self.rx.blocking_recv()
+    }
+
+    /// For `Stream` adapters.
+    pub fn poll_recv(&mut self, cx: &mut Context<'_>) -> Poll<Option<Event>> {
+        self.rx.poll_recv(cx)
+    }
+
+    /// Waits for the whole result.
+    pub async fn collect(mut self) -> Result<Output, EngineError> {
+        let mut b = OutputBuilder::default();
+        while let Some(ev) = self.rx.recv().await {
+            if let Some(done) = b.push(ev) {
+                return done;
+            }
+        }
+        Err(closed())
+    }
+
+    /// [`collect`](Self::collect) for synchronous callers.
+    pub fn blocking_collect(mut self) -> Result<Output, EngineError> {
+        let mut b = OutputBuilder::default();
+        while let Some(ev) = self.rx.blocking_recv() {
+            if let Some(done) = b.push(ev) {
+                return done;
+            }
+        }
+        Err(closed())
+    }
+}
+
+fn closed() -> EngineError {
+    EngineError::Internal("the engine closed the stream without a final event".into())
+}

@@ -1,0 +1,174 @@
+//! What LLM operators diagnose with: TTFT (prefill), ITL (decode), queue and end-to-end
+//! latency, queue depths, KV usage, prefix-cache hits and token counts, as Prometheus metrics.
+
+use std::sync::atomic::AtomicU64;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+/// The finish label of `kiln_requests_finished_total`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct FinishLabel {
+    /// A [`FinishReason::name`](crate::FinishReason::name), or `error`, `aborted`, `deadline`.
+    pub reason: String,
+}
+
+/// The engine's metrics; the handle shares them, the step loop records them.
+#[derive(Debug)]
+pub struct EngineMetrics {
+    registry: Registry,
+    pub(crate) ttft: Histogram,
+    pub(crate) itl: Histogram,
+    pub(crate) queue_time: Histogram,
+    pub(crate) e2e: Histogram,
+    pub(crate) step_tokens: Histogram,
+    pub(crate) running: Gauge,
+    pub(crate) waiting: Gauge,
+    pub(crate) preempted: Gauge,
+    pub(crate) kv_usage: Gauge<f64, AtomicU64>,
+    pub(crate) kv_used_blocks: Gauge,
+    pub(crate) kv_total_blocks: Gauge,
+    pub(crate) prefix_hit_tokens: Counter,
+    pub(crate) prefix_query_tokens: Counter,
+    pub(crate) prompt_tokens: Counter,
+    pub(crate) generation_tokens: Counter,
+    pub(crate) preemptions: Counter,
+    pub(crate) finished: Family<FinishLabel, Counter>,
+}
+
+impl EngineMetrics {
+    pub(crate) fn new() -> Self {
+        let mut registry = Registry::with_prefix("kiln");
+        // 1 ms .. ~65 s for request latencies, 0.5 ms .. ~16 s for a token gap.
+        let latency = || Histogram::new(exponential_buckets(0.001, 2.0, 17));
+        let gap = || Histogram::new(exponential_buckets(0.0005, 2.0, 16));
+        let m = Self {
+            ttft: latency(),
+            itl: gap(),
+            queue_time: latency(),
+            e2e: latency(),
+            step_tokens: Histogram::new(exponential_buckets(1.0, 2.0, 14)),
+            running: Gauge::default(),
+            waiting: Gauge::default(),
+            preempted: Gauge::default(),
+            kv_usage: Gauge::default(),
+            kv_used_blocks: Gauge::default(),
+            kv_total_blocks: Gauge::default(),
+            prefix_hit_tokens: Counter::default(),
+            prefix_query_tokens: Counter::default(),
+            prompt_tokens: Counter::default(),
+            generation_tokens: Counter::default(),
+            preemptions: Counter::default(),
+            finished: Family::default(),
+            registry: Registry::default(),
+        };
+        let r = &mut registry;
+        r.register(
+            "time_to_first_token_seconds",
+            "Submission to first token (prefill)",
+            m.ttft.clone(),
+        );
+        r.register(
+            "inter_token_latency_seconds",
+            "Gap between consecutive tokens of a sequence (decode)",
+            m.itl.clone(),
+        );
+        r.register(
+            "queue_time_seconds",
+            "Submission to first admission",
+            m.queue_time.clone(),
+        );
+        r.register(
+            "e2e_request_latency_seconds",
+            "Submission to the last event",
+            m.e2e.clone(),
+        );
+        r.register(
+            "step_tokens",
+            "Tokens computed per engine step",
+            m.step_tokens.clone(),
+        );
+        r.register(
+            "requests_running",
+            "Sequences holding KV blocks",
+            m.running.clone(),
+        );
+        r.register(
+            "requests_waiting",
+            "Sequences waiting for admission",
+            m.waiting.clone(),
+        );
+        r.register(
+            "requests_preempted",
+            "Sequences preempted and waiting to recompute",
+            m.preempted.clone(),
+        );
+        r.register(
+            "kv_cache_usage_ratio",
+            "Fraction of KV blocks referenced by sequences",
+            m.kv_usage.clone(),
+        );
+        r.register(
+            "kv_cache_used_blocks",
+            "KV blocks referenced by sequences",
+            m.kv_used_blocks.clone(),
+        );
+        r.register(
+            "kv_cache_total_blocks",
+            "KV blocks in the pool",
+            m.kv_total_blocks.clone(),
+        );
+        r.register(
+            "prefix_cache_hit_tokens",
+            "Prompt tokens served from the prefix cache",
+            m.prefix_hit_tokens.clone(),
+        );
+        r.register(
+            "prefix_cache_query_tokens",
+            "Prompt tokens looked up in the prefix cache",
+            m.prefix_query_tokens.clone(),
+        );
+        r.register(
+            "prompt_tokens",
+            "Prompt tokens of admitted requests",
+            m.prompt_tokens.clone(),
+        );
+        r.register(
+            "generation_tokens",
+            "Tokens generated",
+            m.generation_tokens.clone(),
+        );
+        r.register(
+            "preemptions",
+            "Sequences preempted for KV memory",
+            m.preemptions.clone(),
+        );
+        r.register(
+            "requests_finished",
+            "Requests ended, by reason",
+            m.finished.clone(),
+        );
+        Self { registry, ..m }
+    }
+
+    /// Counts a request that ended for `reason`.
+    pub(crate) fn finished(&self, reason: &str) {
+        self.finished
+            .get_or_create(&FinishLabel {
+                reason: reason.to_owned(),
+            })
+            .inc();
+    }
+
+    /// The metrics in the Prometheus / OpenMetrics text format.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        // Writing into a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+}

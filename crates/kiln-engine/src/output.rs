@@ -1,0 +1,299 @@
+//! Per-request state in the step loop: each output's sampler, detokenizer and stop matcher,
+//! the stop rules, and the deltas waiting to be sent.
+
+use std::time::Instant;
+
+use kiln_kv::SeqId;
+use kiln_tokenizer::{DecodeOptions, IncrementalDetokenizer, StopMatcher, Tokenizer};
+use tokio::sync::mpsc::UnboundedSender;
+
+use crate::EngineError;
+use crate::handle::{EngineInfo, Submission};
+use crate::metrics::EngineMetrics;
+use crate::request::{Delta, Event, FinishReason, OutputOptions, StoppingCriteria, TokenLogprobs};
+use crate::sampling::{LogprobRequest, Sampler, SamplingParams, TokenHistory};
+
+/// What one sampled token did to its sequence.
+pub(crate) enum TokenOutcome {
+    /// Keep going; the token is fed back next step.
+    Continue(u32),
+    /// The sequence is done (the token may or may not be part of the output text).
+    Finished,
+}
+
+pub(crate) struct OutState {
+    pub seq: SeqId,
+    sampler: Sampler,
+    history: TokenHistory,
+    detok: IncrementalDetokenizer,
+    stop: StopMatcher,
+    pub generated: Vec<u32>,
+    pub finish: Option<FinishReason>,
+    last_at: Option<Instant>,
+    pending: Delta,
+}
+
+pub(crate) struct ReqState {
+    pub tx: UnboundedSender<Event>,
+    pub prompt_len: usize,
+    pub n: usize,
+    pub arrived: Instant,
+    pub admitted: Option<Instant>,
+    pub first_token: Option<Instant>,
+    pub deadline: Option<Instant>,
+    pub cached_tokens: usize,
+    pub outs: Vec<OutState>,
+    prompt: Vec<u32>,
+    params: SamplingParams,
+    seed: u64,
+    stopping: StoppingCriteria,
+    output: OutputOptions,
+    eos: Vec<u32>,
+    max_new: usize,
+    /// Whether `max_new` is the context's limit rather than the request's.
+    max_is_context: bool,
+}
+
+/// Independent streams for outputs `1..n` of one seed (output 0 uses the seed itself).
+fn seed_for(seed: u64, index: usize) -> u64 {
+    if index == 0 {
+        return seed;
+    }
+    // splitmix64 of the seed and index: well-spread and stable across versions.
+    let mut z = seed ^ (index as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+impl ReqState {
+    pub fn new(sub: &Submission, seq: SeqId, tokenizer: &Tokenizer, info: &EngineInfo) -> Self {
+        let r = &sub.request;
+        let room = info.max_model_len - sub.prompt_ids.len();
+        let (max_new, max_is_context) = match r.stopping.max_new_tokens {
+            Some(m) if m <= room => (m, false),
+            _ => (room, true),
+        };
+        let mut state = Self {
+            tx: sub.tx.clone(),
+            prompt_len: sub.prompt_ids.len(),
+            n: r.n,
+            arrived: sub.arrived,
+            admitted: None,
+            first_token: None,
+            deadline: r.deadline,
+            cached_tokens: 0,
+            outs: Vec::with_capacity(r.n),
+            prompt: sub.prompt_ids.clone(),
+            params: r.sampling.clone(),
+            seed: sub.seed,
+            stopping: r.stopping.clone(),
+            output: r.output,
+            eos: info.eos_ids.clone(),
+            max_new,
+            max_is_context,
+        };
+        state.add_output(seq, tokenizer);
+        state
+    }
+
+    /// Adds output `outs.len()` on sequence `seq`.
+    pub fn add_output(&mut self, seq: SeqId, tokenizer: &Tokenizer) {
+        let index = self.outs.len();
+        self.outs.push(OutState {
+            seq,
+            sampler: Sampler::new(self.params.clone(), seed_for(self.seed, index)),
+            history: TokenHistory::new(&self.prompt),
+            detok: tokenizer.detokenizer(DecodeOptions {
+                skip_special_tokens: self.output.skip_special_tokens,
+            }),
+            stop: StopMatcher::new(self.stopping.stop.iter().cloned()),
+            generated: Vec::new(),
+            finish: None,
+            last_at: None,
+            pending: Delta {
+                index,
+                token_ids: Vec::new(),
+                text: String::new(),
+                logprobs: Vec::new(),
+                finish: None,
+            },
+        });
+    }
+
+    /// Whether the other `n - 1` outputs still have to fork from output 0.
+    pub fn wants_forks(&self) -> bool {
+        self.n > 1 && self.outs.len() == 1
+    }
+
+    /// Every sequence this request has had.
+    pub fn seqs(&self) -> Vec<SeqId> {
+        self.outs.iter().map(|o| o.seq).collect()
+    }
+
+    pub fn all_finished(&self) -> bool {
+        self.outs.len() == self.n && self.outs.iter().all(|o| o.finish.is_some())
+    }
+
+    /// Ids banned for output `idx` now: EOS and stop ids until `min_new_tokens` exist.
+    fn suppressed(&self, idx: usize) -> Vec<u32> {
+        let generated = self.outs.get(idx).map_or(0, |o| o.generated.len());
+        if generated >= self.stopping.min_new_tokens {
+            return Vec::new();
+        }
+        let mut ids = self.stopping.stop_token_ids.clone();
+        if !self.stopping.ignore_eos {
+            ids.extend(&self.eos);
+        }
+        ids
+    }
+
+    /// Whether output `idx` needs its logits row on the CPU (anything beyond a plain argmax).
+    pub fn needs_row(&self, idx: usize) -> bool {
+        self.params.needs_logits()
+            || self.output.logprobs
+            || self.output.top_logprobs > 0
+            || !self.suppressed(idx).is_empty()
+    }
+
+    /// Picks output `idx`'s next token from its row (or the device argmax), applies the stop
+    /// rules and queues the delta.
+    pub fn on_row(
+        &mut self,
+        idx: usize,
+        row: Option<&[f32]>,
+        argmax: Option<u32>,
+        now: Instant,
+        metrics: &EngineMetrics,
+    ) -> Result<TokenOutcome, EngineError> {
+        let suppress = self.suppressed(idx);
+        let needs_row = self.needs_row(idx);
+        let want = LogprobRequest {
+            logprobs: self.output.logprobs,
+            top_logprobs: self.output.top_logprobs,
+        };
+        let internal = |what: &str| EngineError::Internal(what.to_owned());
+        if self.first_token.is_none() {
+            self.first_token = Some(now);
+            metrics.ttft.observe((now - self.arrived).as_secs_f64());
+        }
+        let Some(o) = self.outs.get_mut(idx) else {
+            return Err(internal("output index out of range"));
+        };
+        let (token, logprobs) = if needs_row {
+            let row = row.ok_or_else(|| internal("logits row was not read back"))?;
+            let s = o
+                .sampler
+                .sample(row, &o.history, &suppress, want)
+                .map_err(|e| EngineError::Internal(format!("sampling: {e}")))?;
+            let lp = (want.logprobs || want.top_logprobs > 0).then(|| TokenLogprobs {
+                token: s.token,
+                logprob: s.logprob.unwrap_or(f32::NEG_INFINITY),
+                top: s.top,
+            });
+            (s.token, lp)
+        } else {
+            (
+                argmax.ok_or_else(|| internal("argmax was not read back"))?,
+                None,
+            )
+        };
+        if let Some(t) = o.last_at {
+            metrics.itl.observe((now - t).as_secs_f64());
+        }
+        o.last_at = Some(now);
+        metrics.generation_tokens.inc();
+        o.generated.push(token);
+        o.history.push_output(token);
+        o.pending.token_ids.push(token);
+        o.pending.logprobs.extend(logprobs);
+
+        let stops_allowed = o.generated.len() > self.stopping.min_new_tokens;
+        let mut finish = None;
+        if stops_allowed && !self.stopping.ignore_eos && self.eos.contains(&token) {
+            finish = Some(FinishReason::EosToken);
+        } else if stops_allowed && self.stopping.stop_token_ids.contains(&token) {
+            finish = Some(FinishReason::StopToken(token));
+        } else {
+            let text = o
+                .detok
+                .push(token)
+                .map_err(|e| EngineError::Internal(format!("detokenize: {e}")))?;
+            if let Some(hit) = o.push_text(&text, stops_allowed, &self.stopping) {
+                finish = Some(hit);
+            }
+        }
+        if finish.is_none() && o.generated.len() >= self.max_new {
+            finish = Some(if self.max_is_context {
+                FinishReason::ContextLength
+            } else {
+                FinishReason::Length
+            });
+        }
+        let Some(reason) = finish else {
+            return Ok(TokenOutcome::Continue(token));
+        };
+        if !matches!(reason, FinishReason::StopSequence(_)) {
+            // Flush what the detokenizer and the stop matcher still hold.
+            let tail = o
+                .detok
+                .finish()
+                .map_err(|e| EngineError::Internal(format!("detokenize: {e}")))?;
+            if let Some(hit) = o.push_text(&tail, stops_allowed, &self.stopping) {
+                o.finish = Some(hit.clone());
+                o.pending.finish = Some(hit);
+                return Ok(TokenOutcome::Finished);
+            }
+            let held = o.stop.finish();
+            o.pending.text.push_str(&held);
+        }
+        o.finish = Some(reason.clone());
+        o.pending.finish = Some(reason);
+        Ok(TokenOutcome::Finished)
+    }
+
+    /// Deltas with something in them, ready to send.
+    pub fn take_deltas(&mut self) -> Vec<Delta> {
+        let mut out = Vec::new();
+        for (index, o) in self.outs.iter_mut().enumerate() {
+            let p = &mut o.pending;
+            if p.token_ids.is_empty() && p.text.is_empty() && p.finish.is_none() {
+                continue;
+            }
+            out.push(std::mem::replace(
+                p,
+                Delta {
+                    index,
+                    token_ids: Vec::new(),
+                    text: String::new(),
+                    logprobs: Vec::new(),
+                    finish: None,
+                },
+            ));
+        }
+        out
+    }
+}
+
+impl OutState {
+    /// Passes new text through the stop matcher (once stops are allowed) into the pending
+    /// delta; returns the finish reason when a stop string completed.
+    fn push_text(
+        &mut self,
+        text: &str,
+        stops_allowed: bool,
+        stopping: &StoppingCriteria,
+    ) -> Option<FinishReason> {
+        if stopping.stop.is_empty() || !stops_allowed {
+            self.pending.text.push_str(text);
+            return None;
+        }
+        let out = self.stop.push(text);
+        self.pending.text.push_str(&out.text);
+        let hit = out.hit?;
+        if stopping.include_stop_str_in_output {
+            self.pending.text.push_str(&hit.stop);
+        }
+        Some(FinishReason::StopSequence(hit.stop))
+    }
+}
