@@ -4,7 +4,8 @@ use std::collections::HashMap;
 
 pub const USAGE: &str = "usage:
   kiln generate --model PATH --prompt TEXT [--max-tokens N] [--temperature T] [--top-k K]
-                [--top-p P] [--seed S] [--backend auto|wgpu|cpu] [--chat] [--json]
+                [--top-p P] [--min-p P] [--repetition-penalty R] [--stop TEXT]
+                [--seed S] [--backend auto|wgpu|cpu] [--chat] [--json]
                 [--dtype f16|f32] [--quantize q8_0|q4_0|q4_1]   (HF folders)
   kiln tokenize --model PATH --text TEXT
   kiln info     --model PATH [--backend auto|wgpu|cpu] [--kv-cache-memory BYTES]

@@ -1,20 +1,19 @@
-//! `kiln generate`: one prompt through the model with a paged KV cache, streamed to stdout.
+//! `kiln generate`: one prompt through the engine, streamed to stdout.
 
 use std::io::{IsTerminal, Write};
 use std::time::Instant;
 
-use kiln_kv::device::{KvCache, KvCacheConfig};
-use kiln_kv::{BlockManager, BlockManagerConfig, KvDtype, SeqConfig, SeqId};
-use kiln_model::{LogitsAt, Model, SeqInput};
-use kiln_tensor::Recorder;
-use kiln_tokenizer::{ChatMessage, ChatOptions, DecodeOptions};
+use kiln_engine::{Engine, EngineConfig, EngineError, Event, Request, SamplingParams};
+use kiln_kv::BlockManagerConfig;
+use kiln_model::Model;
+use kiln_scheduler::SchedulerConfig;
+use kiln_tokenizer::{ChatMessage, ChatOptions};
 
 use crate::cli::Args;
-use crate::sample::{Sampler, SamplingParams};
 
 /// Prompt tokens per forward step: bounds activation memory for long prompts.
 const PREFILL_CHUNK: usize = 512;
-const BLOCK: usize = 16;
+const BLOCK: u32 = 16;
 /// Files above this size get a loading progress bar.
 const PROGRESS_BYTES: u64 = 256 << 20;
 
@@ -22,16 +21,43 @@ fn ms(d: std::time::Duration) -> f64 {
     d.as_secs_f64() * 1e3
 }
 
+/// The sampling flags (`--temperature` 0 is greedy, the default).
+fn sampling(args: &Args) -> Result<SamplingParams, String> {
+    Ok(SamplingParams {
+        temperature: args.parsed::<f32>("temperature")?.unwrap_or(0.0),
+        top_k: args.parsed::<usize>("top-k")?.unwrap_or(0),
+        top_p: args.parsed::<f32>("top-p")?.unwrap_or(1.0),
+        min_p: args.parsed::<f32>("min-p")?.unwrap_or(0.0),
+        repetition_penalty: args.parsed::<f32>("repetition-penalty")?.unwrap_or(1.0),
+        ..SamplingParams::default()
+    })
+}
+
+/// Engine errors in the words of the flags that caused them.
+fn flag_error(e: EngineError) -> String {
+    match e {
+        EngineError::InvalidArgument { field, reason } => {
+            let flag = match field.as_str() {
+                "sampling.temperature" => "--temperature",
+                "sampling.top_p" => "--top-p",
+                "sampling.min_p" => "--min-p",
+                "sampling.repetition_penalty" => "--repetition-penalty",
+                "stopping.max_new_tokens" => "--max-tokens",
+                "stopping.stop" => "--stop",
+                "prompt" | "prompt.token_ids" => "--prompt",
+                other => other,
+            };
+            format!("{flag}: {reason}")
+        }
+        other => other.to_string(),
+    }
+}
+
 pub fn run(args: &Args) -> Result<(), String> {
     let path = args.required("model")?;
     let prompt = args.required("prompt")?;
     let max_tokens = args.parsed::<usize>("max-tokens")?.unwrap_or(128);
-    let params = SamplingParams {
-        temperature: args.parsed::<f32>("temperature")?.unwrap_or(0.0),
-        top_k: args.parsed::<usize>("top-k")?.unwrap_or(0),
-        top_p: args.parsed::<f32>("top-p")?.unwrap_or(1.0),
-    };
-    params.validate()?;
+    let params = sampling(args)?;
     let seed = args.parsed::<u64>("seed")?.unwrap_or(0);
     let json = args.switch("json");
 
@@ -54,17 +80,6 @@ pub fn run(args: &Args) -> Result<(), String> {
         prompt.to_string()
     };
     let prompt_ids = tokenizer.encode(&text).map_err(|e| e.to_string())?;
-    if prompt_ids.is_empty() {
-        return Err("--prompt encodes to no tokens".into());
-    }
-    if prompt_ids.len() >= cfg.max_position {
-        return Err(format!(
-            "--prompt is {} tokens; the model's context is {}",
-            prompt_ids.len(),
-            cfg.max_position
-        ));
-    }
-    let context = (prompt_ids.len() + max_tokens).min(cfg.max_position);
     let load_start = Instant::now();
     // A progress bar for files that take a while, when a person is watching.
     let show_progress =
@@ -86,164 +101,78 @@ pub fn run(args: &Args) -> Result<(), String> {
     let model = Model::load_with_progress(&dev, cfg.clone(), files.weights(), &mut progress)
         .map_err(|e| e.to_string())?;
     let load_ms = ms(load_start.elapsed());
+    let weight_bytes = model.weight_bytes();
     // The weights live on the device now (or in the model's own host tensors on the CPU
     // backend): release the file bytes.
     drop(files);
     if !json {
         eprintln!(
             "kiln: {:.1} MiB of weights on {} in {load_ms:.0} ms",
-            model.weight_bytes() as f64 / f64::from(1 << 20),
+            weight_bytes as f64 / f64::from(1 << 20),
             dev.info().name
         );
     }
 
-    let blocks = context.div_ceil(BLOCK) + 1;
-    let mut kv = BlockManager::new(BlockManagerConfig {
-        block_size: BLOCK as u32,
-        ..BlockManagerConfig::new(blocks as u32)
-    })
-    .map_err(|e| e.to_string())?;
-    let kvc = KvCacheConfig {
-        layers: cfg.layers,
-        kv_heads: cfg.kv_heads,
-        head_dim: cfg.head_dim,
+    // A pool for this one sequence: prompt plus generated tokens, capped by the context.
+    let context = (prompt_ids.len() + max_tokens).min(cfg.max_position);
+    let blocks = context.div_ceil(BLOCK as usize) as u32 + 1;
+    let mut sched = SchedulerConfig::new(BlockManagerConfig {
         block_size: BLOCK,
-        num_blocks: blocks,
-        dtype: KvDtype::F16,
-    };
-    let mut cache = KvCache::new(&dev, kvc).map_err(|e| e.to_string())?;
-    let seq = SeqId(0);
-    kv.allocate(
-        seq,
-        &prompt_ids,
-        SeqConfig {
-            sliding_window: cfg.sliding_window,
-        },
-    )
-    .map_err(|e| e.to_string())?;
-
-    let mut sampler = Sampler::new(params, seed);
-    let mut detok = tokenizer.detokenizer(DecodeOptions {
-        skip_special_tokens: true,
+        watermark: 0.0,
+        ..BlockManagerConfig::new(blocks)
     });
-    let stop_ids = tokenizer.special_tokens().stop_ids.clone();
-    let step = |model: &Model,
-                cache: &mut KvCache,
-                kv: &BlockManager,
-                tokens: &[u32],
-                context_len: usize,
-                sampler: &mut Sampler|
-     -> Result<u32, String> {
-        let table: Vec<u32> = kv
-            .block_table(seq)
-            .map_err(|e| e.to_string())?
-            .iter()
-            .map(|b| b.0)
-            .collect();
-        let mut rec = Recorder::new(&dev);
-        let logits = model
-            .forward(
-                &mut rec,
-                cache,
-                &[SeqInput {
-                    tokens,
-                    block_table: &table,
-                    context_len,
-                }],
-                LogitsAt::Last,
-            )
-            .map_err(|e| e.to_string())?;
-        if params.is_greedy() {
-            // Only the token id comes back to the CPU.
-            let best = rec.argmax(&logits).map_err(|e| e.to_string())?;
-            rec.submit().map_err(|e| e.to_string())?;
-            Ok(best.to_u32_vec().map_err(|e| e.to_string())?[0])
-        } else {
-            rec.submit().map_err(|e| e.to_string())?;
-            Ok(sampler.sample(&logits.to_f32_vec().map_err(|e| e.to_string())?))
-        }
-    };
-
-    let start = Instant::now();
-    let mut next = 0;
-    let mut done = 0;
-    while done < prompt_ids.len() {
-        let end = (done + PREFILL_CHUNK).min(prompt_ids.len());
-        next = step(
-            &model,
-            &mut cache,
-            &kv,
-            &prompt_ids[done..end],
-            end,
-            &mut sampler,
-        )?;
-        done = end;
+    sched.max_num_seqs = 1;
+    sched.max_num_batched_tokens = PREFILL_CHUNK;
+    let engine = Engine::start(model, tokenizer, EngineConfig::new(sched))
+        .map_err(|e| e.to_string())?;
+    let mut request = Request::tokens(prompt_ids.clone()).sampling(params, seed);
+    request.stopping.max_new_tokens = Some(max_tokens);
+    if let Some(stop) = args.get("stop") {
+        request.stopping.stop = vec![stop.to_owned()];
     }
-    kv.commit(seq, &prompt_ids).map_err(|e| e.to_string())?;
-    let ttft = start.elapsed();
+    let mut stream = engine.submit(request).map_err(flag_error)?;
+
     let mut out_ids = Vec::new();
     let mut text = String::new();
     let mut stdout = std::io::stdout();
-    let mut finish = "length";
-    let mut last_tick = Instant::now();
-    let mut itls = Vec::new();
-    loop {
-        if stop_ids.contains(&next) {
-            finish = "eos_token";
-            break;
+    let summary = loop {
+        match stream.blocking_recv() {
+            Some(Event::Delta(d)) => {
+                if !json {
+                    print!("{}", d.text);
+                    let _ = stdout.flush();
+                }
+                text.push_str(&d.text);
+                out_ids.extend(d.token_ids);
+            }
+            Some(Event::Finished(s)) => break s,
+            Some(Event::Error(e)) => return Err(flag_error(e)),
+            None => return Err("the engine stopped without finishing".into()),
         }
-        out_ids.push(next);
-        let delta = detok.push(next).map_err(|e| e.to_string())?;
-        if !json {
-            print!("{delta}");
-            let _ = stdout.flush();
-        }
-        text.push_str(&delta);
-        if out_ids.len() >= max_tokens {
-            break;
-        }
-        let len = prompt_ids.len() + out_ids.len();
-        if len >= context {
-            finish = if len >= cfg.max_position {
-                "context_length"
-            } else {
-                "length"
-            };
-            break;
-        }
-        kv.append_slots(seq, 1).map_err(|e| e.to_string())?;
-        next = step(&model, &mut cache, &kv, &[next], len, &mut sampler)?;
-        kv.commit(seq, &out_ids[out_ids.len() - 1..])
-            .map_err(|e| e.to_string())?;
-        itls.push(ms(last_tick.elapsed()));
-        last_tick = Instant::now();
-    }
-    let tail = detok.finish().map_err(|e| e.to_string())?;
-    text.push_str(&tail);
-    kv.free(seq).map_err(|e| e.to_string())?;
-    let decode_s: f64 = itls.iter().sum::<f64>() / 1e3;
+    };
+    engine.shutdown_blocking(kiln_engine::ShutdownMode::Drain);
+    let finish = summary.finish.first().map_or("length", |f| f.name());
+    let t = summary.timing;
+    let gaps = out_ids.len().saturating_sub(1);
+    let decode_s = t.decode.as_secs_f64();
     if json {
-        let itl = if itls.is_empty() {
-            0.0
-        } else {
-            itls.iter().sum::<f64>() / itls.len() as f64
-        };
         let v = serde_json::json!({
             "text": text,
             "token_ids": out_ids,
             "prompt_token_ids": prompt_ids,
             "finish_reason": finish,
-            "ttft_ms": ms(ttft),
-            "itl_ms": itl,
-            "prefill_tokens_per_s": prompt_ids.len() as f64 / ttft.as_secs_f64(),
-            "decode_tokens_per_s": if decode_s > 0.0 { itls.len() as f64 / decode_s } else { 0.0 },
+            "ttft_ms": ms(t.time_to_first_token),
+            "itl_ms": if gaps > 0 { decode_s * 1e3 / gaps as f64 } else { 0.0 },
+            "prefill_tokens_per_s": prompt_ids.len() as f64 / t.time_to_first_token.as_secs_f64(),
+            "decode_tokens_per_s": if decode_s > 0.0 { gaps as f64 / decode_s } else { 0.0 },
             "backend": dev.info().backend,
-            "weight_bytes": model.weight_bytes(),
+            "weight_bytes": weight_bytes,
             "load_ms": load_ms,
+            "cached_prompt_tokens": summary.usage.cached_prompt_tokens,
         });
         println!("{v}");
     } else {
-        println!("{tail}");
+        println!();
     }
     Ok(())
 }

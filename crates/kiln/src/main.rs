@@ -2,7 +2,6 @@
 
 mod cli;
 mod generate;
-mod sample;
 
 use std::io::Write;
 use std::path::Path;
@@ -127,6 +126,9 @@ fn run(argv: &[String]) -> CmdResult {
                 "temperature",
                 "top-k",
                 "top-p",
+                "min-p",
+                "repetition-penalty",
+                "stop",
                 "seed",
                 "backend",
                 "json",
