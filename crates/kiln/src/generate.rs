@@ -123,8 +123,8 @@ pub fn run(args: &Args) -> Result<(), String> {
     });
     sched.max_num_seqs = 1;
     sched.max_num_batched_tokens = PREFILL_CHUNK;
-    let engine = Engine::start(model, tokenizer, EngineConfig::new(sched))
-        .map_err(|e| e.to_string())?;
+    let engine =
+        Engine::start(model, tokenizer, EngineConfig::new(sched)).map_err(|e| e.to_string())?;
     let mut request = Request::tokens(prompt_ids.clone()).sampling(params, seed);
     request.stopping.max_new_tokens = Some(max_tokens);
     if let Some(stop) = args.get("stop") {
