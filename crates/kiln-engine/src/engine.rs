@@ -421,11 +421,12 @@ impl Loop {
                 context_len: s.end(),
             });
         }
-        let need_rows = schedule
-            .seqs
-            .iter()
-            .filter(|s| s.samples)
-            .any(|s| self.needs_row(s.seq));
+        // Rows whose sequence samples on the CPU; only those come back.
+        let need: Vec<u32> = (0u32..)
+            .zip(&schedule.seqs)
+            .filter(|(_, s)| s.samples && self.needs_row(s.seq))
+            .map(|(i, _)| i)
+            .collect();
         let mut rec = Recorder::new(self.model.device());
         if !schedule.copies.is_empty() {
             let pairs: Vec<(u32, u32)> =
@@ -439,16 +440,26 @@ impl Loop {
             .forward(&mut rec, &mut self.cache, &inputs, LogitsAt::Last)
             .map_err(|e| e.to_string())?;
         let best = rec.argmax(&logits).map_err(|e| e.to_string())?;
+        let picked = match need.len() {
+            0 => None,
+            n if n == schedule.seqs.len() => Some(logits),
+            // Gather the needed rows on the device (an exact copy) to read back less.
+            _ => Some(rec.embedding(&logits, &need).map_err(|e| e.to_string())?),
+        };
         rec.submit().map_err(|e| e.to_string())?;
         let argmax = best.to_u32_vec().map_err(|e| e.to_string())?;
-        let logits = if need_rows {
-            logits.to_f32_vec().map_err(|e| e.to_string())?
-        } else {
-            Vec::new()
+        let logits = match picked {
+            Some(t) => t.to_f32_vec().map_err(|e| e.to_string())?,
+            None => Vec::new(),
         };
+        let mut slot = vec![None; schedule.seqs.len()];
+        for (k, &i) in need.iter().enumerate() {
+            slot[i as usize] = Some(k);
+        }
         Ok(Rows {
             argmax,
             logits,
+            slot,
             vocab: self.info.vocab_size,
         })
     }
@@ -622,13 +633,16 @@ impl Loop {
 /// What a step read back.
 struct Rows {
     argmax: Vec<u32>,
-    /// `[scheduled sequences, vocab]`, or empty when no sequence needed it.
+    /// The logits rows sampling needs, `[needed, vocab]`.
     logits: Vec<f32>,
+    /// For each scheduled sequence, its row in `logits`.
+    slot: Vec<Option<usize>>,
     vocab: usize,
 }
 
 impl Rows {
     fn row(&self, i: usize) -> Option<&[f32]> {
-        self.logits.get(i * self.vocab..(i + 1) * self.vocab)
+        let k = self.slot.get(i).copied().flatten()?;
+        self.logits.get(k * self.vocab..(k + 1) * self.vocab)
     }
 }
