@@ -13,6 +13,8 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("kiln-kv", &["kiln-tensor"]),
     ("kiln-model", &["kiln-tensor", "kiln-kv", "kiln-gguf"]),
     ("kiln-scheduler", &["kiln-kv"]),
+    // Test support: only ever a dev-dependency.
+    ("kiln-testkit", &["kiln-tensor"]),
     (
         "kiln-engine",
         &[

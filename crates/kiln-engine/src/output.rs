@@ -150,10 +150,14 @@ impl ReqState {
 
     /// Whether output `idx` needs its logits row on the CPU (anything beyond a plain argmax).
     pub fn needs_row(&self, idx: usize) -> bool {
+        let generated = self.outs.get(idx).map_or(0, |o| o.generated.len());
+        let suppressing = generated < self.stopping.min_new_tokens
+            && (!self.stopping.stop_token_ids.is_empty()
+                || (!self.stopping.ignore_eos && !self.eos.is_empty()));
         self.params.needs_logits()
             || self.output.logprobs
             || self.output.top_logprobs > 0
-            || !self.suppressed(idx).is_empty()
+            || suppressing
     }
 
     /// Picks output `idx`'s next token from its row (or the device argmax), applies the stop

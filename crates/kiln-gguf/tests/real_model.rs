@@ -1,27 +1,9 @@
 //! The default model's GGUF, parsed for real. Needs `cargo xtask fetch-model` first; fails (never
 //! skips) when the file is absent.
 
-use std::path::PathBuf;
-
 use kiln_gguf::{GgmlType, GgufFile};
 
-const MODEL_FILE: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
-
-fn model_path() -> Result<PathBuf, String> {
-    let dir = match std::env::var_os("KILN_MODEL_DIR") {
-        Some(dir) => PathBuf::from(dir),
-        None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models"),
-    };
-    let path = dir.join(MODEL_FILE);
-    if path.is_file() {
-        Ok(path)
-    } else {
-        Err(format!(
-            "{} is missing: run `cargo xtask fetch-model` (or set KILN_MODEL_DIR)",
-            path.display()
-        ))
-    }
-}
+use kiln_testkit::default_model_path as model_path;
 
 #[test]
 fn default_model_head_parses() -> Result<(), Box<dyn std::error::Error>> {

@@ -8,33 +8,15 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::sync::OnceLock;
-
 use kiln_kv::KvDtype;
 use kiln_kv::device::{AttnConfig, KvCache, KvCacheConfig, SeqBatch, contiguous_attention};
-use kiln_tensor::{BackendChoice, Device, DeviceOptions, Recorder, Tensor};
+use kiln_tensor::{Device, Recorder, Tensor};
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 
 fn gpu() -> Option<Device> {
-    static D: OnceLock<Option<Device>> = OnceLock::new();
-    D.get_or_init(|| {
-        match Device::new(&DeviceOptions {
-            backend: BackendChoice::Wgpu,
-            ..DeviceOptions::default()
-        }) {
-            Ok(d) => Some(d),
-            Err(e) if std::env::var("KILN_TEST_ALLOW_NO_GPU").as_deref() == Ok("1") => {
-                eprintln!("WARNING: no wgpu adapter ({e}); only the CPU backend is tested");
-                None
-            }
-            Err(e) => panic!(
-                "no wgpu adapter: {e}; install mesa-vulkan-drivers or set KILN_TEST_ALLOW_NO_GPU=1"
-            ),
-        }
-    })
-    .clone()
+    kiln_testkit::wgpu()
 }
 
 fn randv(r: &mut StdRng, n: usize) -> Vec<f32> {

@@ -86,6 +86,8 @@ impl ScheduledSeq {
 pub struct Schedule {
     /// Decodes first, then prefill chunks, each in (priority, arrival) order.
     pub seqs: Vec<ScheduledSeq>,
+    /// How many of `seqs` (the leading ones) are decodes.
+    pub decodes: usize,
     /// Copy-on-write block copies that must run on the device before this step's K/V writes.
     pub copies: Vec<BlockCopy>,
     /// Sequences preempted this step (their blocks are free; they wait to recompute).
@@ -102,9 +104,9 @@ impl Schedule {
         self.seqs.iter().map(|s| s.len).sum()
     }
 
-    /// Sequences computing one token that was sampled (decodes).
+    /// Sequences computing the token they sampled last step.
     pub fn num_decodes(&self) -> usize {
-        self.seqs.iter().filter(|s| s.len == 1 && s.samples).count()
+        self.decodes
     }
 
     pub fn is_empty(&self) -> bool {
@@ -341,6 +343,8 @@ impl Scheduler {
                 }
             }
         }
+
+        out.decodes = out.seqs.len();
 
         // 2. Prefill chunks of running prompts.
         let order: Vec<Key> = self.running.iter().copied().collect();

@@ -63,6 +63,8 @@ fn decodes_come_first_and_long_prompts_are_chunked() {
         let decodes: Vec<u64> = step.seqs[..3].iter().map(|x| x.seq.0).collect();
         assert_eq!(decodes, vec![0, 1, 2]);
         assert!(step.seqs[..3].iter().all(|x| x.len == 1 && x.samples));
+        // The prompt's last 1-token chunk samples too, but it is not a decode.
+        assert_eq!(step.num_decodes(), 3);
         chunks.push((step.seqs[3].start, step.seqs[3].len, step.seqs[3].samples));
         run_step(&mut s, &step, &mut next);
     }

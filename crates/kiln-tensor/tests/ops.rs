@@ -344,7 +344,11 @@ fn rope_rotates_the_documented_pairs() {
     ] {
         let table = RopeTable::new(&dev, cfg(layout), 4).unwrap();
         let e = table.positions(&[1, 4]).unwrap_err();
-        assert!(e.to_string().contains("position 4 is out of range (limit 4)"), "{e}");
+        assert!(
+            e.to_string()
+                .contains("position 4 is out of range (limit 4)"),
+            "{e}"
+        );
         let xt = Tensor::from_f32(&dev, &[1, 1, 4], &x).unwrap();
         let mut rec = Recorder::new(&dev);
         let y = rec

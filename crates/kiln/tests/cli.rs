@@ -2,20 +2,10 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::path::PathBuf;
 use std::process::{Command, Output};
 
 fn model() -> String {
-    let dir = std::env::var_os("KILN_MODEL_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models"));
-    let p = dir.join("SmolLM2-135M-Instruct.Q4_1.gguf");
-    assert!(
-        p.exists(),
-        "{} is missing: run `cargo xtask fetch-model` (or set KILN_MODEL_DIR)",
-        p.display()
-    );
-    p.display().to_string()
+    kiln_testkit::default_model().display().to_string()
 }
 
 fn kiln(args: &[&str]) -> Output {

@@ -10,21 +10,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 fn open(opts: DeviceOptions) -> Option<Device> {
-    match Device::new(&opts) {
-        Ok(d) => Some(d),
-        Err(e) => {
-            if std::env::var("KILN_TEST_ALLOW_NO_GPU").as_deref() == Ok("1") {
-                eprintln!(
-                    "WARNING: no wgpu adapter ({e}); KILN_TEST_ALLOW_NO_GPU=1 so only the CPU backend is tested"
-                );
-                None
-            } else {
-                panic!(
-                    "no wgpu adapter: {e}. Install Mesa's Vulkan drivers (mesa-vulkan-drivers) or set KILN_TEST_ALLOW_NO_GPU=1 to opt out explicitly"
-                );
-            }
-        }
-    }
+    kiln_testkit::wgpu_device(opts)
 }
 
 fn wgpu_opts() -> DeviceOptions {
@@ -36,8 +22,7 @@ fn wgpu_opts() -> DeviceOptions {
 
 /// The adapter with every optional feature it has.
 pub fn gpu() -> Option<Device> {
-    static D: OnceLock<Option<Device>> = OnceLock::new();
-    D.get_or_init(|| open(wgpu_opts())).clone()
+    kiln_testkit::wgpu()
 }
 
 /// A device of its own, for tests that count what is cached on it (the shared ones are used by

@@ -1,0 +1,87 @@
+//! # kiln-testkit
+//!
+//! What kiln's test suites share, so each rule is written once:
+//! - every wgpu test runs on a real adapter (lavapipe in CI); when none exists the test
+//!   **fails**, unless `KILN_TEST_ALLOW_NO_GPU=1` explicitly opts out, in which case only the
+//!   CPU reference runs and a warning says so;
+//! - the default model is `$KILN_MODEL_DIR` or `<workspace>/models`, and a test that needs it
+//!   fails (never skips) when it has not been fetched.
+//!
+//! Only test code depends on this crate.
+//!
+//! ```
+//! let devices = kiln_testkit::devices();
+//! assert_eq!(devices[0].0, "cpu");
+//! assert!(kiln_testkit::DEFAULT_GGUF.ends_with(".gguf"));
+//! ```
+
+#![allow(clippy::panic)]
+
+use std::path::PathBuf;
+use std::sync::OnceLock;
+
+use kiln_tensor::{BackendChoice, Device, DeviceOptions};
+
+/// The default model's file name (DESIGN.md §4).
+pub const DEFAULT_GGUF: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
+
+/// Where `cargo xtask fetch-model` puts models: `$KILN_MODEL_DIR` or `<workspace>/models`.
+pub fn model_dir() -> PathBuf {
+    std::env::var_os("KILN_MODEL_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models"))
+}
+
+/// The default model's GGUF, or an error saying how to fetch it.
+pub fn default_model_path() -> Result<PathBuf, String> {
+    let path = model_dir().join(DEFAULT_GGUF);
+    if path.is_file() {
+        Ok(path)
+    } else {
+        Err(format!(
+            "{} is missing: run `cargo xtask fetch-model` (or set KILN_MODEL_DIR)",
+            path.display()
+        ))
+    }
+}
+
+/// [`default_model_path`] for tests: fails the test when the model is missing.
+pub fn default_model() -> PathBuf {
+    default_model_path().unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// Opens a wgpu device with `opts` (its backend forced to wgpu). No adapter fails the test
+/// unless `KILN_TEST_ALLOW_NO_GPU=1`, which returns `None` with a warning.
+pub fn wgpu_device(opts: DeviceOptions) -> Option<Device> {
+    let opts = DeviceOptions {
+        backend: BackendChoice::Wgpu,
+        ..opts
+    };
+    match Device::new(&opts) {
+        Ok(d) => Some(d),
+        Err(e) if std::env::var("KILN_TEST_ALLOW_NO_GPU").as_deref() == Ok("1") => {
+            eprintln!(
+                "WARNING: no wgpu adapter ({e}); KILN_TEST_ALLOW_NO_GPU=1 so only the CPU backend is tested"
+            );
+            None
+        }
+        Err(e) => panic!(
+            "no wgpu adapter: {e}. Install Mesa's Vulkan drivers (mesa-vulkan-drivers) or set \
+             KILN_TEST_ALLOW_NO_GPU=1 to opt out explicitly"
+        ),
+    }
+}
+
+/// The default adapter with every optional feature it has, opened once per test binary.
+pub fn wgpu() -> Option<Device> {
+    static D: OnceLock<Option<Device>> = OnceLock::new();
+    D.get_or_init(|| wgpu_device(DeviceOptions::default()))
+        .clone()
+}
+
+/// The CPU reference and (unless explicitly opted out) the shared wgpu device, named.
+pub fn devices() -> Vec<(&'static str, Device)> {
+    let mut v = vec![("cpu", Device::cpu())];
+    v.extend(wgpu().map(|d| ("wgpu", d)));
+    v
+}
