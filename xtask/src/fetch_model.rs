@@ -42,10 +42,7 @@ pub(crate) fn run(args: &[String]) -> anyhow::Result<()> {
             other => bail!("unknown argument `{other}` ({USAGE})"),
         }
     }
-    let dir = match std::env::var_os("KILN_MODEL_DIR") {
-        Some(dir) => PathBuf::from(dir),
-        None => crate::workspace_root().join("models"),
-    };
+    let dir = model_dir();
     let dest = dir.join(FILE_NAME);
     fetch_gguf(&dir, &dest, force)?;
     if hf {
@@ -57,6 +54,22 @@ pub(crate) fn run(args: &[String]) -> anyhow::Result<()> {
         )?;
     }
     Ok(())
+}
+
+/// `$KILN_MODEL_DIR`, or `<workspace>/models`.
+fn model_dir() -> PathBuf {
+    match std::env::var_os("KILN_MODEL_DIR") {
+        Some(dir) => PathBuf::from(dir),
+        None => crate::workspace_root().join("models"),
+    }
+}
+
+/// The default model's GGUF, fetched first when it is missing or fails its checksum.
+pub(crate) fn ensure_default_model() -> anyhow::Result<PathBuf> {
+    let dir = model_dir();
+    let dest = dir.join(FILE_NAME);
+    fetch_gguf(&dir, &dest, false)?;
+    Ok(dest)
 }
 
 fn fetch_gguf(dir: &Path, dest: &Path, force: bool) -> anyhow::Result<()> {

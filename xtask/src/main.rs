@@ -2,6 +2,7 @@
 
 mod fetch_model;
 mod hf_folder;
+mod serve;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -13,11 +14,18 @@ struct Command {
     run: fn(&[String]) -> anyhow::Result<()>,
 }
 
-const COMMANDS: &[Command] = &[Command {
-    name: "fetch-model",
-    summary: "download the default model (SmolLM2-135M-Instruct Q4_1 GGUF) into models/; --hf also writes an HF folder from it",
-    run: fetch_model::run,
-}];
+const COMMANDS: &[Command] = &[
+    Command {
+        name: "serve",
+        summary: "serve the default model over gRPC (fetching it first when missing); extra flags go to `kiln serve`",
+        run: serve::run,
+    },
+    Command {
+        name: "fetch-model",
+        summary: "download the default model (SmolLM2-135M-Instruct Q4_1 GGUF) into models/; --hf also writes an HF folder from it",
+        run: fetch_model::run,
+    },
+];
 
 fn usage() -> String {
     let mut s = String::from("usage: cargo xtask <command> [args]\n\ncommands:\n");

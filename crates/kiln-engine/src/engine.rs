@@ -100,6 +100,13 @@ impl Engine {
                 dtype: cfg.kv_dtype,
             },
         )?;
+        let kv_bytes_per_token = kiln_kv::KvShape {
+            num_layers: mcfg.layers as u32,
+            num_kv_heads: mcfg.kv_heads as u32,
+            head_dim: mcfg.head_dim as u32,
+            dtype: cfg.kv_dtype,
+        }
+        .bytes_per_token()?;
         let specials = tokenizer.special_tokens();
         let watermark = (f64::from(blocks.watermark) * f64::from(blocks.num_blocks)) as usize;
         let info = EngineInfo {
@@ -115,6 +122,8 @@ impl Engine {
             max_waiting: scfg.max_waiting,
             kv_blocks: blocks.num_blocks as usize,
             block_size: blocks.block_size as usize,
+            kv_dtype: cfg.kv_dtype.name(),
+            kv_bytes_per_token,
             usable_blocks: (blocks.num_blocks as usize).saturating_sub(watermark),
             device: model.device().info().name,
         };

@@ -33,6 +33,10 @@ pub struct EngineInfo {
     pub max_waiting: usize,
     pub kv_blocks: usize,
     pub block_size: usize,
+    /// How K/V are stored (`f16`, `f32`, `int8`).
+    pub kv_dtype: &'static str,
+    /// Device bytes of K and V for one token over all layers.
+    pub kv_bytes_per_token: u64,
     /// Blocks admission may use (the pool less the watermark).
     pub usable_blocks: usize,
     /// The device the model runs on.

@@ -167,8 +167,16 @@ impl EngineMetrics {
     /// The metrics in the Prometheus / OpenMetrics text format.
     pub fn encode(&self) -> String {
         let mut out = String::new();
+        self.encode_metrics(&mut out);
         // Writing into a String cannot fail.
-        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        let _ = prometheus_client::encoding::text::encode_eof(&mut out);
         out
+    }
+
+    /// The metrics without the closing `# EOF` line, for an exposition that appends metrics of
+    /// its own (a server's) before ending it with
+    /// [`encode_eof`](prometheus_client::encoding::text::encode_eof).
+    pub fn encode_metrics(&self, out: &mut String) {
+        let _ = prometheus_client::encoding::text::encode_registry(out, &self.registry);
     }
 }

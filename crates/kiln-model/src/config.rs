@@ -16,6 +16,15 @@ pub enum Arch {
 }
 
 impl Arch {
+    /// The name configs use (`llama`, `mistral`, `qwen2`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Arch::Llama => "llama",
+            Arch::Mistral => "mistral",
+            Arch::Qwen2 => "qwen2",
+        }
+    }
+
     fn parse(file: &str, s: &str) -> Result<Self> {
         match s {
             "llama" => Ok(Arch::Llama),

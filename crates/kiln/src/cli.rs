@@ -3,6 +3,12 @@
 use std::collections::HashMap;
 
 pub const USAGE: &str = "usage:
+  kiln serve    --model PATH [--listen 127.0.0.1:50051] [--metrics-listen 127.0.0.1:9464|off]
+                [--backend auto|wgpu|cpu] [--model-id NAME] [--api-key KEY (or KILN_API_KEY)]
+                [--kv-cache-memory BYTES] [--kv-dtype f16|f32|int8] [--block-size N]
+                [--max-num-seqs N] [--max-num-batched-tokens N] [--max-waiting N]
+                [--max-model-len N] [--max-new-tokens N] [--default-max-new-tokens N]
+                [--drain-timeout SECONDS] [--dtype f16|f32] [--quantize q8_0|q4_0|q4_1]
   kiln generate --model PATH --prompt TEXT [--max-tokens N] [--temperature T] [--top-k K]
                 [--top-p P] [--min-p P] [--repetition-penalty R] [--stop TEXT]
                 [--seed S] [--backend auto|wgpu|cpu] [--chat] [--json]
@@ -14,7 +20,7 @@ PATH is a .gguf file or a Hugging Face folder (config.json, tokenizer files, mod
 or model.safetensors.index.json).";
 
 /// Parsed flags of one command.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct Args {
     values: HashMap<String, String>,
     switches: Vec<String>,

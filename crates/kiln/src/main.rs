@@ -1,7 +1,9 @@
-//! `kiln`: generate text, tokenize, and describe a model from the command line.
+//! `kiln`: serve a model over gRPC, generate text, tokenize, and describe a model from the
+//! command line.
 
 mod cli;
 mod generate;
+mod serve;
 
 use std::io::Write;
 use std::path::Path;
@@ -138,6 +140,7 @@ fn run(argv: &[String]) -> CmdResult {
             ];
             generate::run(&Args::parse(cmd, rest, &allowed)?)
         }
+        "serve" => serve::run(&Args::parse(cmd, rest, serve::FLAGS)?),
         "tokenize" => tokenize(&Args::parse(cmd, rest, &["model", "text"])?),
         "info" => info(&Args::parse(
             cmd,
@@ -153,14 +156,21 @@ fn run(argv: &[String]) -> CmdResult {
 }
 
 fn main() -> ExitCode {
+    let argv: Vec<String> = std::env::args().skip(1).collect();
+    // A server logs what it does; the one-shot commands only warn.
+    let default_level = if argv.first().is_some_and(|c| c == "serve") {
+        "info"
+    } else {
+        "warn"
+    };
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("KILN_LOG")
-                .unwrap_or_else(|_| "warn".into()),
+                .unwrap_or_else(|_| default_level.into()),
         )
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
-    let argv: Vec<String> = std::env::args().skip(1).collect();
     match run(&argv) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

@@ -1,0 +1,264 @@
+//! Protobuf requests to engine requests (with the server's defaults and limits) and engine
+//! output back to protobuf. The engine validates what it owns (vocabulary, sampling ranges,
+//! context room); this edge checks what only the wire has (a missing prompt, another model,
+//! the server's own limits).
+
+use std::time::Instant;
+
+use kiln_engine::{
+    Delta, EngineInfo, FinishReason, OutputOptions, Prompt, Request, SamplingParams, SeqOutput,
+    StoppingCriteria, Timing, TokenLogprobs, Usage,
+};
+use kiln_tokenizer::{ChatMessage, ChatOptions, Tokenizer};
+use tonic::Status;
+
+use crate::config::ServerConfig;
+use crate::pb;
+use crate::status::invalid;
+
+/// What the response side needs to know about the request.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ReplyOptions {
+    pub token_ids: bool,
+    pub logprobs: bool,
+    /// Tokens per streamed message (at least 1).
+    pub stream_interval: usize,
+}
+
+/// The largest `max_new_tokens` a request may ask for.
+pub(crate) fn max_new_tokens_limit(cfg: &ServerConfig, info: &EngineInfo) -> usize {
+    cfg.max_new_tokens
+        .unwrap_or(info.max_model_len)
+        .min(info.max_model_len)
+}
+
+pub(crate) fn chat_text(
+    tok: &Tokenizer,
+    chat: &pb::ChatMessages,
+    field: &str,
+) -> Result<String, Status> {
+    if chat.messages.is_empty() {
+        return Err(invalid(field, "has no messages"));
+    }
+    let messages: Vec<ChatMessage> = chat
+        .messages
+        .iter()
+        .map(|m| ChatMessage::new(m.role.clone(), m.content.clone()))
+        .collect();
+    tok.apply_chat_template(
+        &messages,
+        &ChatOptions {
+            add_generation_prompt: true,
+        },
+    )
+    .map_err(|e| invalid(field, format!("chat template: {e}")))
+}
+
+/// Builds the engine request; `deadline` comes from `grpc-timeout`.
+pub(crate) fn request(
+    r: &pb::GenerateRequest,
+    label: String,
+    tok: &Tokenizer,
+    info: &EngineInfo,
+    cfg: &ServerConfig,
+    deadline: Option<Instant>,
+) -> Result<(Request, ReplyOptions), Status> {
+    if !r.model.is_empty() && r.model != cfg.model_id {
+        return Err(Status::not_found(format!(
+            "model `{}` is not served here (this server serves `{}`)",
+            r.model, cfg.model_id
+        )));
+    }
+    let prompt = match &r.prompt {
+        None => return Err(invalid("prompt", "missing: set text, token_ids or chat")),
+        Some(pb::generate_request::Prompt::Text(t)) => Prompt::Text(t.clone()),
+        Some(pb::generate_request::Prompt::TokenIds(t)) => Prompt::TokenIds(t.ids.clone()),
+        Some(pb::generate_request::Prompt::Chat(c)) => {
+            Prompt::Text(chat_text(tok, c, "prompt.chat")?)
+        }
+    };
+    let prompt = match r.truncate_prompt_tokens {
+        None => prompt,
+        Some(0) => return Err(invalid("truncate_prompt_tokens", "must be at least 1")),
+        Some(keep) => {
+            let mut ids = match prompt {
+                Prompt::TokenIds(ids) => ids,
+                Prompt::Text(t) if t.is_empty() => return Err(invalid("prompt", "is empty")),
+                Prompt::Text(t) => tok.encode(&t).map_err(|e| invalid("prompt", e))?,
+            };
+            let keep = keep as usize;
+            if ids.len() > keep {
+                ids.drain(..ids.len() - keep);
+            }
+            Prompt::TokenIds(ids)
+        }
+    };
+
+    let d = &cfg.default_sampling;
+    let s = r.sampling.clone().unwrap_or_default();
+    let sampling = SamplingParams {
+        temperature: s.temperature.unwrap_or(d.temperature),
+        top_k: s.top_k.map_or(d.top_k, |k| k as usize),
+        top_p: s.top_p.unwrap_or(d.top_p),
+        min_p: s.min_p.unwrap_or(d.min_p),
+        repetition_penalty: s.repetition_penalty.unwrap_or(d.repetition_penalty),
+        presence_penalty: s.presence_penalty.unwrap_or(d.presence_penalty),
+        frequency_penalty: s.frequency_penalty.unwrap_or(d.frequency_penalty),
+        logit_bias: s.logit_bias.iter().map(|(&k, &v)| (k, v)).collect(),
+    };
+
+    let st = r.stopping.clone().unwrap_or_default();
+    let limit = max_new_tokens_limit(cfg, info);
+    let max_new = match st.max_new_tokens {
+        None => cfg.default_max_new_tokens.min(limit),
+        Some(m) if m as usize > limit => {
+            return Err(invalid(
+                "stopping.max_new_tokens",
+                format!("{m} exceeds the limit {limit}"),
+            ));
+        }
+        Some(m) => m as usize,
+    };
+    let stopping = StoppingCriteria {
+        max_new_tokens: Some(max_new),
+        min_new_tokens: st.min_new_tokens.unwrap_or(0) as usize,
+        stop: st.stop,
+        stop_token_ids: st.stop_token_ids,
+        include_stop_str_in_output: st.include_stop_str_in_output,
+        ignore_eos: st.ignore_eos,
+    };
+
+    let o = r.output.unwrap_or_default();
+    let output = OutputOptions {
+        logprobs: o.logprobs,
+        top_logprobs: o.top_logprobs as usize,
+        skip_special_tokens: o.skip_special_tokens.unwrap_or(true),
+    };
+    let reply = ReplyOptions {
+        token_ids: o.return_token_ids,
+        logprobs: o.logprobs || o.top_logprobs > 0,
+        stream_interval: (o.stream_interval as usize).max(1),
+    };
+
+    let mut req = match prompt {
+        Prompt::Text(t) => Request::text(t),
+        Prompt::TokenIds(ids) => Request::tokens(ids),
+    };
+    req.label = label;
+    req.sampling = sampling;
+    req.seed = s.seed;
+    req.n = (s.n as usize).max(1);
+    req.stopping = stopping;
+    req.output = output;
+    req.priority = r.priority;
+    req.deadline = deadline;
+    Ok((req, reply))
+}
+
+pub(crate) fn finish(f: &FinishReason) -> pb::FinishInfo {
+    let (reason, stop_sequence, stop_token_id) = match f {
+        FinishReason::Length => (pb::FinishReason::Length, String::new(), None),
+        FinishReason::ContextLength => (pb::FinishReason::ContextLength, String::new(), None),
+        FinishReason::EosToken => (pb::FinishReason::EosToken, String::new(), None),
+        FinishReason::StopSequence(s) => (pb::FinishReason::StopSequence, s.clone(), None),
+        FinishReason::StopToken(id) => (pb::FinishReason::StopToken, String::new(), Some(*id)),
+    };
+    pb::FinishInfo {
+        reason: reason.into(),
+        stop_sequence,
+        stop_token_id,
+    }
+}
+
+fn logprobs(lp: &[TokenLogprobs]) -> Vec<pb::TokenLogprob> {
+    lp.iter()
+        .map(|t| pb::TokenLogprob {
+            token_id: t.token,
+            logprob: t.logprob,
+            top_logprobs: t
+                .top
+                .iter()
+                .map(|a| pb::TopLogprob {
+                    token_id: a.token,
+                    logprob: a.logprob,
+                })
+                .collect(),
+        })
+        .collect()
+}
+
+/// A streamed delta (or several merged) as one output of a message.
+pub(crate) fn delta(d: &Delta, opts: ReplyOptions) -> pb::SequenceOutput {
+    pb::SequenceOutput {
+        index: d.index as u32,
+        text: d.text.clone(),
+        token_ids: if opts.token_ids {
+            d.token_ids.clone()
+        } else {
+            Vec::new()
+        },
+        logprobs: if opts.logprobs {
+            logprobs(&d.logprobs)
+        } else {
+            Vec::new()
+        },
+        finish: d.finish.as_ref().map(finish),
+    }
+}
+
+/// A whole output of a unary reply.
+pub(crate) fn output(index: usize, o: &SeqOutput, opts: ReplyOptions) -> pb::SequenceOutput {
+    pb::SequenceOutput {
+        index: index as u32,
+        text: o.text.clone(),
+        token_ids: if opts.token_ids {
+            o.token_ids.clone()
+        } else {
+            Vec::new()
+        },
+        logprobs: if opts.logprobs {
+            logprobs(&o.logprobs)
+        } else {
+            Vec::new()
+        },
+        finish: o.finish.as_ref().map(finish),
+    }
+}
+
+pub(crate) fn u32_sat(n: usize) -> u32 {
+    u32::try_from(n).unwrap_or(u32::MAX)
+}
+
+pub(crate) fn usage(u: &Usage) -> pb::Usage {
+    pb::Usage {
+        prompt_tokens: u32_sat(u.prompt_tokens),
+        completion_tokens: u32_sat(u.completion_tokens),
+        cached_prompt_tokens: u32_sat(u.cached_prompt_tokens),
+    }
+}
+
+pub(crate) fn timing(t: &Timing) -> pb::Timing {
+    let ns = |d: std::time::Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+    pb::Timing {
+        queue_ns: ns(t.queue),
+        time_to_first_token_ns: ns(t.time_to_first_token),
+        decode_ns: ns(t.decode),
+        total_ns: ns(t.total),
+    }
+}
+
+/// The effective defaults, as `GetModelInfo` reports them.
+pub(crate) fn default_sampling(d: &SamplingParams) -> pb::SamplingParams {
+    pb::SamplingParams {
+        temperature: Some(d.temperature),
+        top_p: Some(d.top_p),
+        top_k: Some(u32_sat(d.top_k)),
+        min_p: Some(d.min_p),
+        repetition_penalty: Some(d.repetition_penalty),
+        presence_penalty: Some(d.presence_penalty),
+        frequency_penalty: Some(d.frequency_penalty),
+        seed: None,
+        n: 1,
+        logit_bias: Default::default(),
+    }
+}

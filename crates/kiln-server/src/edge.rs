@@ -1,0 +1,189 @@
+//! What every call passes through before a service sees it: the `x-request-id` (taken from the
+//! client or made here, and echoed on the response) and, when an API key is set, bearer-token
+//! auth for the `kiln.v1` services. Also the `grpc-timeout` header, parsed into a deadline.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use http::HeaderValue;
+use tonic::Status;
+use tonic::body::Body;
+use tower::{Layer, Service};
+
+/// The metadata key of the request id.
+pub const REQUEST_ID: &str = "x-request-id";
+
+/// Services under auth; health and reflection stay open for probes and tools.
+const PROTECTED_PREFIX: &str = "/kiln.v1.";
+
+#[derive(Debug, Clone)]
+pub(crate) struct EdgeLayer {
+    pub api_key: Option<Arc<str>>,
+}
+
+impl<S> Layer<S> for EdgeLayer {
+    type Service = Edge<S>;
+
+    fn layer(&self, inner: S) -> Edge<S> {
+        Edge {
+            inner,
+            api_key: self.api_key.clone(),
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct Edge<S> {
+    inner: S,
+    api_key: Option<Arc<str>>,
+}
+
+type BoxFuture<T, E> = Pin<Box<dyn Future<Output = Result<T, E>> + Send>>;
+
+impl<S, B> Service<http::Request<B>> for Edge<S>
+where
+    S: Service<http::Request<B>, Response = http::Response<Body>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    B: Send + 'static,
+{
+    type Response = http::Response<Body>;
+    type Error = S::Error;
+    type Future = BoxFuture<Self::Response, Self::Error>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut req: http::Request<B>) -> Self::Future {
+        let id = match req.headers().get(REQUEST_ID).filter(|v| usable_id(v)) {
+            Some(v) => v.clone(),
+            None => {
+                let v = new_request_id();
+                req.headers_mut().insert(REQUEST_ID, v.clone());
+                v
+            }
+        };
+        if let Some(key) = &self.api_key
+            && req.uri().path().starts_with(PROTECTED_PREFIX)
+            && !authorized(req.headers(), key)
+        {
+            let status = Status::unauthenticated(
+                "this server needs an API key: send metadata `authorization: Bearer <key>`",
+            );
+            let mut resp = status.into_http::<Body>();
+            resp.headers_mut().insert(REQUEST_ID, id);
+            return Box::pin(async move { Ok(resp) });
+        }
+        // The ready service goes into the future; a clone takes its place (tower's idiom).
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        Box::pin(async move {
+            let mut resp = inner.call(req).await?;
+            resp.headers_mut().insert(REQUEST_ID, id);
+            Ok(resp)
+        })
+    }
+}
+
+/// Ids are echoed into logs and headers: keep them short and printable.
+fn usable_id(v: &HeaderValue) -> bool {
+    let b = v.as_bytes();
+    !b.is_empty() && b.len() <= 128 && b.iter().all(|c| c.is_ascii_graphic())
+}
+
+fn new_request_id() -> HeaderValue {
+    let id = format!("{:016x}", rand::random::<u64>());
+    // Hex digits are always a valid header value.
+    HeaderValue::from_str(&id).unwrap_or_else(|_| HeaderValue::from_static("unknown"))
+}
+
+/// Compares in constant time so the key cannot be guessed byte by byte from response times.
+fn authorized(headers: &http::HeaderMap, key: &str) -> bool {
+    let Some(given) = headers
+        .get(http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+    else {
+        return false;
+    };
+    let (a, b) = (given.as_bytes(), key.as_bytes());
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// The `grpc-timeout` header: at most 8 digits and a unit (`H M S m u n`), per the gRPC HTTP/2
+/// protocol. `Err` names what is malformed.
+pub(crate) fn parse_grpc_timeout(v: &str) -> Result<Duration, String> {
+    let bad =
+        || format!("grpc-timeout `{v}`: expected up to 8 digits and a unit (H, M, S, m, u, n)");
+    if v.len() < 2 || v.len() > 9 {
+        return Err(bad());
+    }
+    let (digits, unit) = v.split_at(v.len() - 1);
+    if !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(bad());
+    }
+    let n: u64 = digits.parse().map_err(|_| bad())?;
+    Ok(match unit {
+        "H" => Duration::from_secs(n * 3600),
+        "M" => Duration::from_secs(n * 60),
+        "S" => Duration::from_secs(n),
+        "m" => Duration::from_millis(n),
+        "u" => Duration::from_micros(n),
+        "n" => Duration::from_nanos(n),
+        _ => return Err(bad()),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn grpc_timeout_units_and_errors() {
+        assert_eq!(parse_grpc_timeout("5S").unwrap(), Duration::from_secs(5));
+        assert_eq!(parse_grpc_timeout("2M").unwrap(), Duration::from_secs(120));
+        assert_eq!(parse_grpc_timeout("1H").unwrap(), Duration::from_secs(3600));
+        assert_eq!(
+            parse_grpc_timeout("250m").unwrap(),
+            Duration::from_millis(250)
+        );
+        assert_eq!(
+            parse_grpc_timeout("99999999u").unwrap(),
+            Duration::from_micros(99_999_999)
+        );
+        assert_eq!(parse_grpc_timeout("7n").unwrap(), Duration::from_nanos(7));
+        for bad in ["", "S", "5", "5s", "123456789S", "-1S", "1.5S"] {
+            assert!(parse_grpc_timeout(bad).is_err(), "{bad:?} accepted");
+        }
+    }
+
+    #[test]
+    fn bearer_tokens() {
+        let mut h = http::HeaderMap::new();
+        assert!(!authorized(&h, "k3y"));
+        h.insert(
+            http::header::AUTHORIZATION,
+            HeaderValue::from_static("Bearer k3y"),
+        );
+        assert!(authorized(&h, "k3y"));
+        assert!(!authorized(&h, "k3z"));
+        assert!(!authorized(&h, "k3yy"));
+        h.insert(
+            http::header::AUTHORIZATION,
+            HeaderValue::from_static("Basic k3y"),
+        );
+        assert!(!authorized(&h, "k3y"));
+    }
+
+    #[test]
+    fn request_ids() {
+        assert!(usable_id(&HeaderValue::from_static("abc-123")));
+        assert!(!usable_id(&HeaderValue::from_static("")));
+        assert!(!usable_id(&HeaderValue::from_static("a b")));
+        assert!(usable_id(&new_request_id()));
+    }
+}

@@ -1,0 +1,152 @@
+//! `kiln serve` as an operator runs it: the real binary on port 0, a real gRPC client, SIGTERM
+//! while a stream is in flight (the stream finishes, the process exits 0), and bad flags.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use kiln_server::pb;
+use kiln_server::pb::generation_client::GenerationClient;
+use tonic_health::pb::HealthCheckRequest;
+use tonic_health::pb::health_check_response::ServingStatus;
+use tonic_health::pb::health_client::HealthClient;
+
+fn model() -> String {
+    kiln_testkit::default_model().display().to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_drains_the_stream_in_flight_and_exits_zero() {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_kiln"))
+        .args(["serve", "--model", &model(), "--backend", "cpu"])
+        .args(["--listen", "127.0.0.1:0", "--metrics-listen", "off"])
+        .args(["--kv-cache-memory", "67108864"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // "kiln: listening on 127.0.0.1:PORT (metrics: off)"
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let addr = line
+        .split_whitespace()
+        .nth(3)
+        .unwrap_or_else(|| panic!("no address in {line:?}"))
+        .to_owned();
+    let url = format!("http://{addr}");
+
+    let channel = tonic::transport::Channel::from_shared(url)
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut health = HealthClient::new(channel.clone());
+    let start = Instant::now();
+    loop {
+        let h = health
+            .check(HealthCheckRequest::default())
+            .await
+            .unwrap()
+            .into_inner();
+        if h.status() == ServingStatus::Serving {
+            break;
+        }
+        assert!(start.elapsed() < Duration::from_secs(120), "never SERVING");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    let mut g = GenerationClient::new(channel);
+    let req = pb::GenerateRequest {
+        prompt: Some(pb::generate_request::Prompt::Text(
+            "Once upon a time".into(),
+        )),
+        sampling: Some(pb::SamplingParams {
+            temperature: Some(0.0),
+            ..Default::default()
+        }),
+        stopping: Some(pb::StoppingCriteria {
+            max_new_tokens: Some(32),
+            ignore_eos: true,
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let mut stream = g.generate_stream(req).await.unwrap().into_inner();
+    let mut text = String::new();
+    let first = stream.message().await.unwrap().expect("first token");
+    text.push_str(&first.outputs[0].text);
+
+    let kill = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(kill.success());
+
+    let mut last = first;
+    while let Some(msg) = stream.message().await.expect("the stream drains") {
+        for o in &msg.outputs {
+            text.push_str(&o.text);
+        }
+        last = msg;
+    }
+    assert_eq!(last.usage.unwrap().completion_tokens, 32);
+    assert!(text.starts_with(", the city of Nova Haven"), "{text:?}");
+
+    let start = Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "still running after SIGTERM"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let mut log = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut log).unwrap();
+    assert!(status.success(), "exit {status:?}; log:\n{log}");
+    assert!(log.contains("draining"), "{log}");
+    assert!(log.contains("server stopped"), "{log}");
+}
+
+#[test]
+fn serve_refuses_bad_flags_with_one_line() {
+    let run = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_kiln"))
+            .arg("serve")
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let m = model();
+    for (args, needle) in [
+        (
+            vec!["--model", &m, "--listen", "nowhere"],
+            "--listen nowhere",
+        ),
+        (vec!["--model", &m, "--kv-dtype", "f8"], "--kv-dtype f8"),
+        (
+            vec!["--model", &m, "--max-num-seqs", "many"],
+            "--max-num-seqs many",
+        ),
+        (
+            vec!["--model", "/no/such/model.gguf"],
+            "/no/such/model.gguf",
+        ),
+        (vec!["--listen", "127.0.0.1:0"], "missing --model"),
+    ] {
+        let o = run(&args);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success(), "{args:?} succeeded");
+        assert!(
+            err.contains(needle),
+            "{args:?}: stderr lacks {needle:?}: {err}"
+        );
+        assert!(!err.contains("panicked"), "{err}");
+    }
+}

@@ -1,0 +1,224 @@
+//! # kiln-tests
+//!
+//! The integration harness: [`TestServer::start`] loads the default model (SmolLM2-135M Q4_1,
+//! fetched by `cargo xtask fetch-model`), starts the real [`kiln_server::Server`] on
+//! `127.0.0.1:0` with a metrics endpoint, and hands out real tonic clients over one channel.
+//! The tests live in `tests/`; the benchmarks reuse the same start-up.
+//!
+//! ```no_run
+//! # async fn demo() {
+//! let server = kiln_tests::TestServer::start(kiln_tests::Options::default()).await;
+//! let info = server.models().get_model_info(kiln_server::pb::GetModelInfoRequest::default())
+//!     .await.unwrap().into_inner();
+//! assert_eq!(info.vocab_size, 49152);
+//! server.shutdown().await;
+//! # }
+//! ```
+
+#![allow(clippy::panic, clippy::expect_used, clippy::unwrap_used)]
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use kiln_engine::{Engine, EngineConfig, EngineHandle};
+use kiln_kv::BlockManagerConfig;
+use kiln_model::{LoadOptions, Model, ModelFiles};
+use kiln_scheduler::SchedulerConfig;
+use kiln_server::pb::generation_client::GenerationClient;
+use kiln_server::pb::models_client::ModelsClient;
+use kiln_server::pb::tokenization_client::TokenizationClient;
+use kiln_server::{Server, ServerConfig, pb};
+use kiln_tensor::Device;
+use kiln_tokenizer::Tokenizer;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tonic::transport::Channel;
+use tonic_health::pb::health_client::HealthClient;
+
+/// How to start a test server.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// The CPU reference by default (fast on CI's two cores); the product path (wgpu) is
+    /// what `kiln_testkit::wgpu()` opens.
+    pub device: Device,
+    pub kv_blocks: u32,
+    pub max_num_seqs: usize,
+    pub max_waiting: usize,
+    pub max_num_batched_tokens: usize,
+    pub max_model_len: Option<usize>,
+    pub server: ServerConfig,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        let mut server = ServerConfig::new(kiln_testkit::DEFAULT_GGUF.trim_end_matches(".gguf"));
+        server.architecture = "llama".into();
+        Self {
+            device: Device::Cpu,
+            kv_blocks: 512,
+            max_num_seqs: 32,
+            max_waiting: 256,
+            max_num_batched_tokens: 256,
+            max_model_len: Some(2048),
+            server,
+        }
+    }
+}
+
+/// The default model on `opts.device`, behind an engine sized by `opts`.
+pub fn start_engine(opts: &Options) -> EngineHandle {
+    let path = kiln_testkit::default_model();
+    let files = ModelFiles::open(&path, LoadOptions::default()).expect("open the default model");
+    let model = Model::load(&opts.device, files.config().clone(), files.weights())
+        .expect("load the default model");
+    let tokenizer = Tokenizer::from_gguf_file(&path).expect("the default model's tokenizer");
+    let mut sched = SchedulerConfig::new(BlockManagerConfig::new(opts.kv_blocks));
+    sched.max_num_seqs = opts.max_num_seqs;
+    sched.max_waiting = opts.max_waiting;
+    sched.max_num_batched_tokens = opts.max_num_batched_tokens;
+    let mut cfg = EngineConfig::new(sched);
+    cfg.max_model_len = opts.max_model_len;
+    Engine::start(model, tokenizer, cfg).expect("start the engine")
+}
+
+/// A real server on loopback, with a channel to it.
+#[derive(Debug)]
+pub struct TestServer {
+    pub server: Server,
+    pub channel: Channel,
+}
+
+impl TestServer {
+    /// Binds, loads the default model, warms up and serves.
+    pub async fn start(opts: Options) -> Self {
+        let t = Self::bind(opts.server.clone()).await;
+        let engine = tokio::task::spawn_blocking(move || start_engine(&opts))
+            .await
+            .expect("engine start-up task");
+        t.server.attach(engine).await.expect("attach the engine");
+        t
+    }
+
+    /// Binds without a model: health says NOT_SERVING until `server.attach`.
+    pub async fn bind(cfg: ServerConfig) -> Self {
+        let localhost: SocketAddr = "127.0.0.1:0".parse().expect("address");
+        let server = Server::bind(localhost, Some(localhost), cfg)
+            .await
+            .expect("bind 127.0.0.1:0");
+        let channel = Channel::from_shared(format!("http://{}", server.local_addr()))
+            .expect("uri")
+            .connect()
+            .await
+            .expect("connect to the test server");
+        Self { server, channel }
+    }
+
+    pub fn generation(&self) -> GenerationClient<Channel> {
+        GenerationClient::new(self.channel.clone())
+    }
+
+    pub fn tokenization(&self) -> TokenizationClient<Channel> {
+        TokenizationClient::new(self.channel.clone())
+    }
+
+    pub fn models(&self) -> ModelsClient<Channel> {
+        ModelsClient::new(self.channel.clone())
+    }
+
+    pub fn health(&self) -> HealthClient<Channel> {
+        HealthClient::new(self.channel.clone())
+    }
+
+    /// `GET /metrics` over a real HTTP connection.
+    pub async fn metrics(&self) -> String {
+        let addr = self.server.metrics_addr().expect("metrics endpoint");
+        http_get(addr, "/metrics").await.1
+    }
+
+    /// Polls `GetModelInfo` until no request runs or waits and no KV block is referenced.
+    pub async fn wait_until_idle(&self, within: Duration) -> pb::KvCacheInfo {
+        let deadline = tokio::time::Instant::now() + within;
+        let mut models = self.models();
+        loop {
+            let info = models
+                .get_model_info(pb::GetModelInfoRequest::default())
+                .await
+                .expect("GetModelInfo")
+                .into_inner();
+            let kv = info.kv_cache.expect("kv_cache");
+            let idle = kv.used_blocks == 0 && kv.running_requests == 0 && kv.waiting_requests == 0;
+            if idle || tokio::time::Instant::now() > deadline {
+                return kv;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    pub async fn shutdown(&self) {
+        self.server.shutdown().await;
+    }
+}
+
+/// A plain HTTP/1.1 GET: (status code, body).
+pub async fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
+    let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let req = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    s.write_all(req.as_bytes()).await.expect("write");
+    let mut raw = String::new();
+    s.read_to_string(&mut raw).await.expect("read");
+    let (head, body) = raw.split_once("\r\n\r\n").expect("an HTTP response");
+    let code = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .expect("a status code");
+    (code, body.to_owned())
+}
+
+/// A text prompt with greedy decoding and `max_new_tokens`.
+pub fn greedy(text: &str, max_new_tokens: u32) -> pb::GenerateRequest {
+    pb::GenerateRequest {
+        prompt: Some(pb::generate_request::Prompt::Text(text.into())),
+        sampling: Some(pb::SamplingParams {
+            temperature: Some(0.0),
+            ..Default::default()
+        }),
+        stopping: Some(pb::StoppingCriteria {
+            max_new_tokens: Some(max_new_tokens),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// A seeded sampled request.
+pub fn sampled(text: &str, max_new_tokens: u32, seed: u64) -> pb::GenerateRequest {
+    let mut r = greedy(text, max_new_tokens);
+    r.sampling = Some(pb::SamplingParams {
+        temperature: Some(0.8),
+        top_p: Some(0.95),
+        seed: Some(seed),
+        ..Default::default()
+    });
+    r
+}
+
+/// Concatenated text of output `index` over a whole stream, the finish reason, and the last
+/// message (usage, timing).
+pub async fn collect_stream(
+    mut stream: tonic::Streaming<pb::GenerateResponse>,
+    index: u32,
+) -> Result<(String, Option<pb::FinishInfo>, pb::GenerateResponse), tonic::Status> {
+    let mut text = String::new();
+    let mut finish = None;
+    let mut last = pb::GenerateResponse::default();
+    while let Some(msg) = stream.message().await? {
+        for o in msg.outputs.iter().filter(|o| o.index == index) {
+            text.push_str(&o.text);
+            if o.finish.is_some() {
+                finish = o.finish.clone();
+            }
+        }
+        last = msg;
+    }
+    Ok((text, finish, last))
+}

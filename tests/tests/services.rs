@@ -1,0 +1,223 @@
+//! Tokenization, model info, reflection and the metrics endpoint of the real server; and the
+//! product path: the same server on the wgpu device (lavapipe in CI).
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use kiln_server::pb;
+use kiln_tests::{Options, TestServer, greedy, http_get};
+use tonic::Code;
+use tonic_reflection::pb::v1::ServerReflectionRequest;
+use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
+use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
+use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokenize_and_detokenize_like_the_hf_tokenizer() {
+    let t = TestServer::start(Options::default()).await;
+    let mut tok = t.tokenization();
+    let out = tok
+        .tokenize(pb::TokenizeRequest {
+            input: Some(pb::tokenize_request::Input::Text(
+                "The capital of France is".into(),
+            )),
+            return_tokens: true,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    // The HF tokenizer's ids (DESIGN.md §4).
+    assert_eq!(out.token_ids, [504, 3575, 282, 4649, 314]);
+    assert_eq!(out.tokens, ["The", "Ġcapital", "Ġof", "ĠFrance", "Ġis"]);
+    let text = tok
+        .detokenize(pb::DetokenizeRequest {
+            token_ids: out.token_ids.clone(),
+            skip_special_tokens: None,
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .text;
+    assert_eq!(text, "The capital of France is");
+
+    // A chat renders through the ChatML template: <|im_start|> is id 1.
+    let chat = tok
+        .tokenize(pb::TokenizeRequest {
+            input: Some(pb::tokenize_request::Input::Chat(pb::ChatMessages {
+                messages: vec![pb::ChatMessage {
+                    role: "user".into(),
+                    content: "Hi".into(),
+                }],
+            })),
+            return_tokens: false,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(chat.token_ids.first(), Some(&1));
+    assert!(chat.tokens.is_empty());
+    // Special tokens stay in the text when asked.
+    let kept = tok
+        .detokenize(pb::DetokenizeRequest {
+            token_ids: chat.token_ids.clone(),
+            skip_special_tokens: Some(false),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .text;
+    // SmolLM2's template adds its default system turn.
+    assert!(kept.starts_with("<|im_start|>system\n"), "{kept:?}");
+    assert!(kept.contains("<|im_start|>user\nHi<|im_end|>"), "{kept:?}");
+    assert!(kept.ends_with("<|im_start|>assistant\n"), "{kept:?}");
+
+    let err = tok
+        .detokenize(pb::DetokenizeRequest {
+            token_ids: vec![1, 49152],
+            skip_special_tokens: None,
+        })
+        .await
+        .expect_err("outside the vocabulary");
+    assert_eq!(err.code(), Code::InvalidArgument);
+    assert!(err.message().contains("token_ids"));
+    let err = tok
+        .tokenize(pb::TokenizeRequest::default())
+        .await
+        .expect_err("no input");
+    assert_eq!(err.code(), Code::InvalidArgument);
+    t.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn model_info_reports_the_model_limits_defaults_and_kv_cache() {
+    let t = TestServer::start(Options::default()).await;
+    let mut models = t.models();
+    let info = models
+        .get_model_info(pb::GetModelInfoRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(info.model_id, "SmolLM2-135M-Instruct.Q4_1");
+    assert_eq!(info.architecture, "llama");
+    assert_eq!((info.context_length, info.vocab_size), (2048, 49152));
+    assert_eq!(info.eos_token_ids, [2]);
+    let limits = info.limits.unwrap();
+    assert_eq!(limits.max_new_tokens, 2048);
+    assert_eq!(limits.default_max_new_tokens, 256);
+    assert_eq!((limits.max_num_seqs, limits.max_waiting), (32, 256));
+    assert_eq!(limits.max_request_bytes, 4 << 20);
+    let d = info.default_sampling.unwrap();
+    assert_eq!(
+        (d.temperature, d.top_p, d.top_k),
+        (Some(1.0), Some(1.0), Some(0))
+    );
+    let kv = info.kv_cache.unwrap();
+    assert_eq!((kv.block_size, kv.total_blocks), (16, 512));
+    assert_eq!(kv.dtype, "f16");
+    // 2 (K and V) x 30 layers x 3 KV heads x 64 dims x 2 bytes.
+    assert_eq!(kv.bytes_per_token, 23040);
+    assert_eq!(kv.used_blocks, 0);
+    assert_eq!(kv.free_blocks, 512);
+    assert!(!info.device.is_empty());
+
+    let named = pb::GetModelInfoRequest {
+        model_id: info.model_id.clone(),
+    };
+    assert!(models.get_model_info(named).await.is_ok());
+    let other = pb::GetModelInfoRequest {
+        model_id: "llama-70b".into(),
+    };
+    let err = models.get_model_info(other).await.expect_err("not served");
+    assert_eq!(err.code(), Code::NotFound);
+    t.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reflection_lists_every_service() {
+    let t = TestServer::start(Options::default()).await;
+    let mut client = ServerReflectionClient::new(t.channel.clone());
+    let req = ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(MessageRequest::ListServices(String::new())),
+    };
+    let mut replies = client
+        .server_reflection_info(tokio_stream::iter([req]))
+        .await
+        .unwrap()
+        .into_inner();
+    let reply = replies.message().await.unwrap().expect("a reply");
+    let Some(MessageResponse::ListServicesResponse(list)) = reply.message_response else {
+        panic!("unexpected reply {reply:?}");
+    };
+    let names: Vec<_> = list.service.into_iter().map(|s| s.name).collect();
+    for want in [
+        "kiln.v1.Generation",
+        "kiln.v1.Tokenization",
+        "kiln.v1.Models",
+        "grpc.health.v1.Health",
+    ] {
+        assert!(
+            names.iter().any(|n| n == want),
+            "{want} missing from {names:?}"
+        );
+    }
+    t.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_endpoint_serves_engine_and_grpc_metrics() {
+    let t = TestServer::start(Options::default()).await;
+    let mut g = t.generation();
+    g.generate(greedy("Once upon a time", 3)).await.unwrap();
+    let _ = g.generate(greedy("", 3)).await.expect_err("empty prompt");
+    let addr = t.server.metrics_addr().unwrap();
+    let (code, body) = http_get(addr, "/metrics").await;
+    assert_eq!(code, 200);
+    for want in [
+        "kiln_time_to_first_token_seconds_bucket",
+        "kiln_inter_token_latency_seconds_count",
+        "kiln_kv_cache_total_blocks 512",
+        // The warm-up's 2 tokens and the request's 3.
+        "kiln_generation_tokens_total 5",
+        r#"kiln_grpc_requests_total{method="Generate",code="Ok"} 1"#,
+        r#"kiln_grpc_requests_total{method="Generate",code="InvalidArgument"} 1"#,
+    ] {
+        assert!(body.contains(want), "{want} missing from\n{body}");
+    }
+    assert!(body.ends_with("# EOF\n"));
+    assert_eq!(body.matches("# EOF").count(), 1);
+    assert_eq!(http_get(addr, "/other").await.0, 404);
+    t.shutdown().await;
+}
+
+/// The product path: the server with the model on the wgpu device (lavapipe in CI). No
+/// adapter fails the test unless KILN_TEST_ALLOW_NO_GPU=1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serves_the_reference_text_on_wgpu() {
+    let Some(device) = kiln_testkit::wgpu() else {
+        return;
+    };
+    let t = TestServer::start(Options {
+        device,
+        kv_blocks: 64,
+        ..Options::default()
+    })
+    .await;
+    let info = t
+        .models()
+        .get_model_info(pb::GetModelInfoRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(!info.device.contains("CPU reference"), "{}", info.device);
+    let out = t
+        .generation()
+        .generate(greedy("Once upon a time", 8))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(
+        out.outputs[0].text.starts_with(", the city of Nova Haven"),
+        "{:?}",
+        out.outputs[0].text
+    );
+    t.shutdown().await;
+}
