@@ -187,42 +187,53 @@ fn logprobs(lp: &[TokenLogprobs]) -> Vec<pb::TokenLogprob> {
         .collect()
 }
 
-/// A streamed delta (or several merged) as one output of a message.
-pub(crate) fn delta(d: &Delta, opts: ReplyOptions) -> pb::SequenceOutput {
+fn seq_output(
+    index: usize,
+    text: &str,
+    token_ids: &[u32],
+    lp: &[TokenLogprobs],
+    finish_reason: Option<&FinishReason>,
+    opts: ReplyOptions,
+) -> pb::SequenceOutput {
     pb::SequenceOutput {
-        index: d.index as u32,
-        text: d.text.clone(),
+        index: u32_sat(index),
+        text: text.to_owned(),
         token_ids: if opts.token_ids {
-            d.token_ids.clone()
+            token_ids.to_vec()
         } else {
             Vec::new()
         },
         logprobs: if opts.logprobs {
-            logprobs(&d.logprobs)
+            logprobs(lp)
         } else {
             Vec::new()
         },
-        finish: d.finish.as_ref().map(finish),
+        finish: finish_reason.map(finish),
     }
+}
+
+/// A streamed delta (or several merged) as one output of a message.
+pub(crate) fn delta(d: &Delta, opts: ReplyOptions) -> pb::SequenceOutput {
+    seq_output(
+        d.index,
+        &d.text,
+        &d.token_ids,
+        &d.logprobs,
+        d.finish.as_ref(),
+        opts,
+    )
 }
 
 /// A whole output of a unary reply.
 pub(crate) fn output(index: usize, o: &SeqOutput, opts: ReplyOptions) -> pb::SequenceOutput {
-    pb::SequenceOutput {
-        index: index as u32,
-        text: o.text.clone(),
-        token_ids: if opts.token_ids {
-            o.token_ids.clone()
-        } else {
-            Vec::new()
-        },
-        logprobs: if opts.logprobs {
-            logprobs(&o.logprobs)
-        } else {
-            Vec::new()
-        },
-        finish: o.finish.as_ref().map(finish),
-    }
+    seq_output(
+        index,
+        &o.text,
+        &o.token_ids,
+        &o.logprobs,
+        o.finish.as_ref(),
+        opts,
+    )
 }
 
 pub(crate) fn u32_sat(n: usize) -> u32 {

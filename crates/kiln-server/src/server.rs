@@ -82,8 +82,8 @@ pub enum ServerError {
     AlreadyAttached,
 }
 
-/// A running gRPC server (and its metrics endpoint). Drop it only after
-/// [`shutdown`](Self::shutdown); its listeners run on the tokio runtime that bound them.
+/// A running gRPC server (and its metrics endpoint); its listeners run on the tokio runtime
+/// that bound them. [`shutdown`](Self::shutdown) drains; dropping it stops listening at once.
 #[derive(Debug)]
 pub struct Server {
     state: Arc<State>,
@@ -277,6 +277,14 @@ impl Server {
             }
         }
         tracing::info!("server stopped");
+    }
+}
+
+impl Drop for Server {
+    /// A server dropped without [`shutdown`](Server::shutdown) stops listening at once; the
+    /// engine then cancels whatever was in flight when its last handle goes.
+    fn drop(&mut self) {
+        let _ = self.stop.send(true);
     }
 }
 
