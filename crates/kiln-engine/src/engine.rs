@@ -100,13 +100,7 @@ impl Engine {
                 dtype: cfg.kv_dtype,
             },
         )?;
-        let kv_bytes_per_token = kiln_kv::KvShape {
-            num_layers: mcfg.layers as u32,
-            num_kv_heads: mcfg.kv_heads as u32,
-            head_dim: mcfg.head_dim as u32,
-            dtype: cfg.kv_dtype,
-        }
-        .bytes_per_token()?;
+        let kv_bytes_per_token = mcfg.kv_shape(cfg.kv_dtype).bytes_per_token()?;
         let specials = tokenizer.special_tokens();
         let watermark = (f64::from(blocks.watermark) * f64::from(blocks.num_blocks)) as usize;
         let info = EngineInfo {

@@ -63,6 +63,16 @@ pub struct ModelConfig {
 }
 
 impl ModelConfig {
+    /// The K/V shape of this model's cache, stored as `dtype` (for planning and sizing).
+    pub fn kv_shape(&self, dtype: kiln_kv::KvDtype) -> kiln_kv::KvShape {
+        kiln_kv::KvShape {
+            num_layers: self.layers as u32,
+            num_kv_heads: self.kv_heads as u32,
+            head_dim: self.head_dim as u32,
+            dtype,
+        }
+    }
+
     pub fn rope(&self) -> RopeConfig {
         RopeConfig {
             head_dim: self.head_dim,

@@ -45,7 +45,8 @@ pub fn default_model_path() -> Result<PathBuf, String> {
     }
 }
 
-/// [`default_model_path`] for tests: fails the test when the model is missing.
+/// [`default_model_path`] for tests: fails the test when the model is missing. Panicking is
+/// the point: this crate is only a dev-dependency, and a missing model must fail, not skip.
 pub fn default_model() -> PathBuf {
     default_model_path().unwrap_or_else(|e| panic!("{e}"))
 }
@@ -65,6 +66,7 @@ pub fn wgpu_device(opts: DeviceOptions) -> Option<Device> {
             );
             None
         }
+        // Fails the calling test on purpose (see the crate docs): never a silent pass.
         Err(e) => panic!(
             "no wgpu adapter: {e}. Install Mesa's Vulkan drivers (mesa-vulkan-drivers) or set \
              KILN_TEST_ALLOW_NO_GPU=1 to opt out explicitly"

@@ -10,7 +10,7 @@ use std::path::Path;
 use std::process::ExitCode;
 
 use cli::{Args, USAGE};
-use kiln_kv::{KvBudget, KvDtype, KvPlan, KvPlanConfig, KvShape};
+use kiln_kv::{KvBudget, KvDtype, KvPlan, KvPlanConfig};
 use kiln_model::{LoadOptions, ModelConfig, ModelFiles, ModelSource};
 use kiln_tensor::{BackendChoice, DType, Device, DeviceOptions};
 use kiln_tokenizer::Tokenizer;
@@ -97,14 +97,8 @@ fn info(args: &Args) -> CmdResult {
         "weights: {weights} bytes ({:.1} MiB) as stored",
         weights as f64 / (1 << 20) as f64
     );
-    let shape = KvShape {
-        num_layers: cfg.layers as u32,
-        num_kv_heads: cfg.kv_heads as u32,
-        head_dim: cfg.head_dim as u32,
-        dtype: KvDtype::F16,
-    };
     let plan = KvPlan::new(&KvPlanConfig {
-        shape,
+        shape: cfg.kv_shape(KvDtype::F16),
         block_size: 16,
         max_seq_len: cfg.max_position,
         budget: KvBudget::Bytes(budget),

@@ -6,7 +6,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use kiln_engine::{Engine, EngineConfig, EngineHandle};
-use kiln_kv::{KvBudget, KvDtype, KvPlan, KvPlanConfig, KvShape};
+use kiln_kv::{KvBudget, KvDtype, KvPlan, KvPlanConfig};
 use kiln_model::Model;
 use kiln_scheduler::SchedulerConfig;
 use kiln_server::{Server, ServerConfig};
@@ -130,12 +130,7 @@ fn start_engine(
     let model = Model::load(&dev, cfg.clone(), files.weights()).map_err(|e| e.to_string())?;
     drop(files);
     let kv = KvPlan::new(&KvPlanConfig {
-        shape: KvShape {
-            num_layers: cfg.layers as u32,
-            num_kv_heads: cfg.kv_heads as u32,
-            head_dim: cfg.head_dim as u32,
-            dtype: p.kv_dtype,
-        },
+        shape: cfg.kv_shape(p.kv_dtype),
         block_size: p.block_size,
         max_seq_len: p.max_model_len.unwrap_or(cfg.max_position),
         budget: KvBudget::Bytes(p.kv_bytes),
