@@ -19,6 +19,14 @@ fn gpu() -> Option<Device> {
     kiln_testkit::wgpu()
 }
 
+/// The adapter with each kernel family (CPU-shaped and GPU-shaped).
+fn gpus() -> Vec<Device> {
+    kiln_testkit::wgpu()
+        .into_iter()
+        .chain(kiln_testkit::wgpu_other_kernels())
+        .collect()
+}
+
 fn randv(r: &mut StdRng, n: usize) -> Vec<f32> {
     (0..n).map(|_| r.random_range(-1.0f32..1.0)).collect()
 }
@@ -212,7 +220,7 @@ fn assert_close(what: &str, got: &[f32], want: &[f32], tol: f32) {
 #[test]
 fn paged_attention_matches_contiguous_reference() {
     let mut r = StdRng::seed_from_u64(7);
-    let gpu = gpu();
+    let gpus = gpus();
     for (kv_heads, group) in [(2usize, 1usize), (3, 3), (1, 8)] {
         for head_dim in [64usize, 128] {
             for window in [None, Some(21)] {
@@ -228,7 +236,8 @@ fn paged_attention_matches_contiguous_reference() {
                 );
                 let cpu_i8 = run(&Device::cpu(), &c, KvDtype::Int8);
                 assert_close(&format!("cpu int8 {what}"), &cpu_i8, &exact, 0.03);
-                if let Some(g) = &gpu {
+                for g in &gpus {
+                    let what = format!("{what} cpu-shaped={}", g.cpu_shaped_kernels());
                     assert_close(
                         &format!("wgpu f32 {what}"),
                         &run(g, &c, KvDtype::F32),

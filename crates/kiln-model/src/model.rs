@@ -237,14 +237,10 @@ impl Model {
             let a = cache
                 .attention(rec, li, &q, &batch, &attn)?
                 .reshape(&[t, heads * d])?;
-            let o = rec.matmul(&a, &l.o, None)?;
-            x = rec.add(&x, &o)?;
+            x = rec.matmul_add(&a, &l.o, &x)?;
             let h = rec.rms_norm(&x, &l.ffn_norm, cfg.rms_eps)?;
-            let g = rec.matmul(&h, &l.gate, None)?;
-            let u = rec.matmul(&h, &l.up, None)?;
-            let m = rec.silu_mul(&g, &u)?;
-            let dn = rec.matmul(&m, &l.down, None)?;
-            x = rec.add(&x, &dn)?;
+            let m = rec.matmul_swiglu(&h, &l.gate, &l.up)?;
+            x = rec.matmul_add(&m, &l.down, &x)?;
         }
         let x = rec.rms_norm(&x, &self.norm, cfg.rms_eps)?;
         // The LM head only for the rows that need logits.

@@ -53,6 +53,14 @@ pub struct DeviceOptions {
     /// Split tensors into bindings of at most this many bytes even if the device allows more
     /// (tests use it to exercise the split path on small tensors).
     pub max_binding_bytes: Option<u64>,
+    /// Time every kernel launch with timestamp queries (wgpu, when the adapter has
+    /// `TIMESTAMP_QUERY`); read with [`Device::profile`]. Each submit then waits for the
+    /// device, so use it to find where the time goes, not to measure throughput.
+    pub profile: bool,
+    /// Kernel shapes: `None` picks by adapter type (CPU-type adapters such as lavapipe get
+    /// kernels shaped for SIMD-across-invocations compilers, GPUs the subgroup and tiled
+    /// ones); `Some(_)` forces one family (tests use it to run both on one adapter).
+    pub cpu_shaped_kernels: Option<bool>,
 }
 
 impl Default for DeviceOptions {
@@ -62,7 +70,36 @@ impl Default for DeviceOptions {
             allow_shader_f16: true,
             allow_subgroups: true,
             max_binding_bytes: None,
+            profile: false,
+            cpu_shaped_kernels: None,
         }
+    }
+}
+
+/// Device time per kernel, gathered with timestamp queries since the device opened or the
+/// last [`Device::reset_profile`].
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Profile {
+    /// Submits (one per recorded step).
+    pub submits: u64,
+    /// Kernel launches over all submits.
+    pub dispatches: u64,
+    /// Per kernel name, sorted by total time, longest first.
+    pub kernels: Vec<KernelTime>,
+}
+
+/// One kernel's launches and their summed device time.
+#[derive(Debug, Clone, PartialEq)]
+pub struct KernelTime {
+    pub name: String,
+    pub launches: u64,
+    pub total_ns: f64,
+}
+
+impl Profile {
+    /// Summed device time of every launch.
+    pub fn total_ns(&self) -> f64 {
+        self.kernels.iter().map(|k| k.total_ns).sum()
     }
 }
 
@@ -155,6 +192,31 @@ impl Device {
                 max_buffer_bytes: u64::MAX,
                 max_workgroups_per_dim: u32::MAX,
             },
+        }
+    }
+
+    /// The kernel profile when the device was opened with [`DeviceOptions::profile`] and the
+    /// adapter supports timestamp queries; `None` otherwise.
+    pub fn profile(&self) -> Option<Profile> {
+        match self {
+            Device::Wgpu(g) => g.profile(),
+            Device::Cpu => None,
+        }
+    }
+
+    /// Clear the kernel profile (after a warm-up, say).
+    pub fn reset_profile(&self) {
+        if let Device::Wgpu(g) = self {
+            g.reset_profile();
+        }
+    }
+
+    /// Whether kernels take the shapes meant for CPU-type adapters (see
+    /// [`DeviceOptions::cpu_shaped_kernels`]); false on the CPU backend, which runs no kernels.
+    pub fn cpu_shaped_kernels(&self) -> bool {
+        match self {
+            Device::Wgpu(g) => g.is_cpu_adapter(),
+            Device::Cpu => false,
         }
     }
 

@@ -36,7 +36,7 @@ mod quant;
 mod recorder;
 mod tensor;
 
-pub use device::{BackendChoice, Device, DeviceInfo, DeviceOptions};
+pub use device::{BackendChoice, Device, DeviceInfo, DeviceOptions, KernelTime, Profile};
 pub use dtype::{DType, QK};
 pub use error::{Result, TensorError};
 pub use gpu::{Access, GpuContext, KernelDef};

@@ -142,9 +142,11 @@ pub(crate) fn device_layout(dtype: DType, n_blocks: usize) -> DeviceQuantLayout 
         DType::Q4_0 => (n_blocks.div_ceil(2), 4),
         _ => (n_blocks, 4), // Q4_1: d and m share a word
     };
+    // The quants start 16-byte aligned, so that kernels read a block's quants as vec4<u32>.
+    let qs_offset = scale_words.next_multiple_of(4);
     DeviceQuantLayout {
-        qs_offset: scale_words,
-        words: scale_words + n_blocks * qs_words,
+        qs_offset,
+        words: qs_offset + n_blocks * qs_words,
     }
 }
 

@@ -2,17 +2,39 @@
 
 use std::sync::Arc;
 
-use crate::gpu::{GpuContext, KernelDef, PARAM_SLOT, Pipeline};
+use crate::gpu::{Access, GpuContext, KernelDef, PARAM_SLOT, Pipeline};
 use crate::tensor::Storage;
 use crate::{Device, Result, Tensor, TensorError};
+
+/// Launches of one submit that get timestamps when profiling (two queries each; a query set
+/// holds at most 4096).
+const MAX_TIMED: usize = 2048;
 
 /// Workgroups per dimension every adapter supports; bigger launches spill into `y`.
 const MAX_GROUPS_X: u32 = 65535;
 
+/// One storage or uniform binding of a launch.
+pub(crate) struct Bind {
+    /// Kept alive until submit.
+    pub tensor: Tensor,
+    pub chunk: usize,
+    /// `(offset, size)` in bytes within the chunk; the whole chunk when `None`.
+    pub range: Option<(u64, u64)>,
+}
+
+impl From<(Tensor, usize)> for Bind {
+    fn from((tensor, chunk): (Tensor, usize)) -> Self {
+        Self {
+            tensor,
+            chunk,
+            range: None,
+        }
+    }
+}
+
 struct Dispatch {
     pipeline: Arc<Pipeline>,
-    /// (tensor kept alive until submit, chunk index)
-    bindings: Vec<(Tensor, usize)>,
+    bindings: Vec<Bind>,
     param_offset: u32,
     groups: [u32; 3],
 }
@@ -38,6 +60,42 @@ impl std::fmt::Debug for Recorder {
             self.dispatches.len()
         )
     }
+}
+
+/// Wait for a profiled submit and turn its timestamps into (kernel, device ns) pairs.
+fn read_timestamps(
+    ctx: &GpuContext,
+    staging: &wgpu::Buffer,
+    kernels: &[&'static str],
+) -> Result<Vec<(&'static str, f64)>> {
+    let gpu_err = |e: String| TensorError::Gpu {
+        during: "profile read-back",
+        message: e,
+    };
+    let (tx, rx) = std::sync::mpsc::channel();
+    staging.map_async(wgpu::MapMode::Read, .., move |r| {
+        let _ = tx.send(r);
+    });
+    ctx.wait()?;
+    rx.recv()
+        .map_err(|e| gpu_err(e.to_string()))?
+        .map_err(|e| gpu_err(e.to_string()))?;
+    let period = f64::from(ctx.queue.get_timestamp_period());
+    let view = staging
+        .get_mapped_range(..)
+        .map_err(|e| gpu_err(e.to_string()))?;
+    let ticks: &[u64] = bytemuck::cast_slice(&view);
+    let out = kernels
+        .iter()
+        .enumerate()
+        .map(|(i, k)| {
+            let dt = ticks[2 * i + 1].saturating_sub(ticks[2 * i]);
+            (*k, dt as f64 * period)
+        })
+        .collect();
+    drop(view);
+    staging.unmap();
+    Ok(out)
 }
 
 /// Grid for `n` workgroups: `[x, y, 1]` with `x * y >= n`. Kernels rebuild the linear id as
@@ -98,6 +156,19 @@ impl Recorder {
         defines: &[(&str, String)],
         params: &P,
         bindings: Vec<(Tensor, usize)>,
+        groups: u32,
+    ) -> Result<()> {
+        let bindings = bindings.into_iter().map(Bind::from).collect();
+        self.dispatch_binds(kernel, defines, params, bindings, groups)
+    }
+
+    /// [`Recorder::dispatch`] with byte ranges for some bindings.
+    pub(crate) fn dispatch_binds<P: bytemuck::Pod>(
+        &mut self,
+        kernel: &KernelDef,
+        defines: &[(&str, String)],
+        params: &P,
+        bindings: Vec<Bind>,
         groups: u32,
     ) -> Result<()> {
         let Device::Wgpu(ctx) = &self.device else {
@@ -161,6 +232,19 @@ impl Recorder {
                 ),
             });
         }
+        if let Some(ctx) = self.gpu() {
+            for (t, a) in bindings.iter().zip(kernel.bindings) {
+                let bytes = t.dtype().stored().bytes_for(t.elem_count()).unwrap_or(0) as u64;
+                if *a == Access::Uniform && bytes > ctx.max_uniform_binding() {
+                    return Err(TensorError::TooLarge {
+                        what: format!("uniform binding {:?} of {}", t.shape(), kernel.name),
+                        bytes,
+                        limit: ctx.max_uniform_binding(),
+                        limit_name: "max_uniform_buffer_binding_size",
+                    });
+                }
+            }
+        }
         let bind = bindings.iter().map(|t| ((*t).clone(), 0)).collect();
         self.dispatch(kernel, defines, params, bind, groups)
     }
@@ -177,6 +261,57 @@ impl Recorder {
             Device::Wgpu(ctx) => Tensor::gpu_output(ctx, dtype, shape.to_vec(), what),
             Device::Cpu => Tensor::zeros(&self.device, dtype, shape),
         }
+    }
+
+    /// Profiling: every launch in its own compute pass with timestamps at its start and end,
+    /// resolved into a mappable buffer. Returns that buffer and the kernel of each timed launch.
+    fn encode_timed(
+        &self,
+        ctx: &GpuContext,
+        enc: &mut wgpu::CommandEncoder,
+        groups: &[wgpu::BindGroup],
+    ) -> Result<(wgpu::Buffer, Vec<&'static str>)> {
+        let n = self.dispatches.len().min(MAX_TIMED);
+        let device = &ctx.device;
+        let set = device.create_query_set(&wgpu::QuerySetDescriptor {
+            label: Some("kiln profile"),
+            ty: wgpu::QueryType::Timestamp,
+            count: (2 * n) as u32,
+        });
+        let mut kernels = Vec::with_capacity(n);
+        for (i, (d, bg)) in self.dispatches.iter().zip(groups).enumerate() {
+            let timestamp_writes = (i < n).then(|| wgpu::ComputePassTimestampWrites {
+                query_set: &set,
+                beginning_of_pass_write_index: Some(2 * i as u32),
+                end_of_pass_write_index: Some(2 * i as u32 + 1),
+            });
+            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                label: Some(d.pipeline.kernel),
+                timestamp_writes,
+            });
+            pass.set_pipeline(&d.pipeline.pipeline);
+            pass.set_bind_group(0, bg, &[d.param_offset]);
+            pass.dispatch_workgroups(d.groups[0], d.groups[1], d.groups[2]);
+            if i < n {
+                kernels.push(d.pipeline.kernel);
+            }
+        }
+        let bytes = (2 * n * 8) as u64;
+        let resolve = device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("kiln profile resolve"),
+            size: bytes,
+            usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
+            mapped_at_creation: false,
+        });
+        let staging = device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("kiln profile read"),
+            size: bytes,
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        enc.resolve_query_set(&set, 0..(2 * n) as u32, &resolve, 0);
+        enc.copy_buffer_to_buffer(&resolve, 0, &staging, 0, bytes);
+        Ok((staging, kernels))
     }
 
     /// Encode everything recorded into one command encoder and submit it once. Does not wait
@@ -217,17 +352,18 @@ impl Recorder {
                     size: wgpu::BufferSize::new(PARAM_SLOT),
                 }),
             }];
-            for (i, (t, chunk)) in d.bindings.iter().enumerate() {
-                let Storage::Gpu { chunks, .. } = t.storage() else {
+            for (i, b) in d.bindings.iter().enumerate() {
+                let Storage::Gpu { chunks, .. } = b.tensor.storage() else {
                     return Err(TensorError::DeviceMismatch { op: "submit" });
                 };
-                let c = &chunks[*chunk];
+                let c = &chunks[b.chunk];
+                let (offset, size) = b.range.unwrap_or((0, c.buf.binding_size()));
                 entries.push(wgpu::BindGroupEntry {
                     binding: i as u32 + 1,
                     resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
                         buffer: &c.buf.buffer,
-                        offset: 0,
-                        size: wgpu::BufferSize::new(c.buf.binding_size()),
+                        offset,
+                        size: wgpu::BufferSize::new(size),
                     }),
                 });
             }
@@ -240,7 +376,9 @@ impl Recorder {
         let mut enc = device.create_command_encoder(&wgpu::CommandEncoderDescriptor {
             label: Some("kiln step"),
         });
-        {
+        let timed = if ctx.profiling() {
+            Some(self.encode_timed(ctx, &mut enc, &groups)?)
+        } else {
             let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
                 label: Some("kiln step"),
                 timestamp_writes: None,
@@ -250,8 +388,13 @@ impl Recorder {
                 pass.set_bind_group(0, bg, &[d.param_offset]);
                 pass.dispatch_workgroups(d.groups[0], d.groups[1], d.groups[2]);
             }
-        }
+            None
+        };
         ctx.queue.submit([enc.finish()]);
+        if let Some((staging, kernels)) = timed {
+            let launches = read_timestamps(ctx, &staging, &kernels)?;
+            ctx.record_profile(&launches);
+        }
         let names: Vec<String> = self
             .dispatches
             .iter()

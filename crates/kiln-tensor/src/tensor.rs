@@ -155,14 +155,14 @@ impl Tensor {
             .unwrap_or(0);
         let row_bytes = dtype.bytes_for(cols).unwrap_or(0);
         // Device bytes per row: quantized rows are slightly larger in SoA form only by padding
-        // of the scale words, so budget the host size plus one word.
+        // and alignment of the scale words, so budget the host size plus one word a row and 16 bytes.
         let rows_per_chunk = if row_bytes == 0 {
             rows.max(1)
         } else {
-            ((ctx.max_binding() as usize).saturating_sub(8) / (row_bytes + 4)).max(1)
+            ((ctx.max_binding() as usize).saturating_sub(16) / (row_bytes + 4)).max(1)
         };
         let total_bytes = bytes.len() as u64;
-        let single = total_bytes + 8 <= ctx.max_binding();
+        let single = total_bytes + 16 <= ctx.max_binding();
         let mut chunks = Vec::new();
         let mut row0 = 0;
         loop {

@@ -10,7 +10,7 @@
 
 mod common;
 
-use common::{assert_close, fresh_gpu, gpu, gpu_plain, gpu_split, gpus, randn, rng};
+use common::{assert_close, fresh_gpu, gpu, gpu_plain, gpu_profiled, gpu_split, gpus, randn, rng};
 use kiln_tensor::{DType, Device, Recorder, Tensor, TensorError};
 
 #[test]
@@ -377,4 +377,57 @@ fn a_step_is_one_submit_and_pipelines_are_cached() {
         ctx.idle_pooled_buffers() > 0,
         "intermediates went back to the pool"
     );
+}
+
+#[test]
+fn profiling_times_every_launch_by_kernel() {
+    assert!(
+        Device::cpu().profile().is_none(),
+        "the CPU backend has no kernel profile"
+    );
+    assert!(
+        gpu().is_none_or(|d| d.profile().is_none()),
+        "profiling is off unless asked for"
+    );
+    let Some(dev) = gpu_profiled() else {
+        return;
+    };
+    let Some(p) = dev.profile() else {
+        panic!(
+            "{}: no timestamp queries, so no kernel profile",
+            dev.info().name
+        );
+    };
+    assert_eq!(p, kiln_tensor::Profile::default());
+    let mut r = rng(3);
+    let a = Tensor::from_f32(&dev, &[4, 64], &randn(&mut r, 256, 1.0)).unwrap();
+    let w =
+        Tensor::quantize_f32(&dev, DType::Q4_1, &[96, 64], &randn(&mut r, 96 * 64, 1.0)).unwrap();
+    let mut rec = Recorder::new(&dev);
+    let b = rec.add(&a, &a).unwrap();
+    let c = rec.add(&b, &a).unwrap();
+    let y = rec.matmul(&c, &w, None).unwrap();
+    rec.submit().unwrap();
+    // Profiling changes no result.
+    let want: Vec<f32> = a.to_f32_vec().unwrap().iter().map(|v| 3.0 * v).collect();
+    assert_close(
+        "add under profiling",
+        &c.to_f32_vec().unwrap(),
+        &want,
+        1e-6,
+        0.0,
+    );
+    assert_eq!(y.shape(), &[4, 96]);
+    let p = dev.profile().unwrap();
+    assert_eq!((p.submits, p.dispatches), (1, 3), "{p:?}");
+    let add = p.kernels.iter().find(|k| k.name == "add").unwrap();
+    assert_eq!(add.launches, 2, "{p:?}");
+    assert!(
+        p.kernels.iter().any(|k| k.name.starts_with("matmul")),
+        "{p:?}"
+    );
+    assert!(p.kernels.iter().all(|k| k.total_ns > 0.0), "{p:?}");
+    assert!(p.total_ns() >= add.total_ns);
+    dev.reset_profile();
+    assert_eq!(dev.profile().unwrap(), kiln_tensor::Profile::default());
 }

@@ -101,6 +101,68 @@ fn matmul_matches_cpu_for_every_weight_dtype() {
     }
 }
 
+/// `matmul_add` and `matmul_swiglu` (fused on CPU-type adapters, composed elsewhere) against
+/// the CPU reference's matmul, add and silu_mul, for every weight dtype and for batches that
+/// span several launches of the fused kernel.
+#[test]
+fn fused_matmul_epilogues_match_cpu() {
+    let mut r = rng(7);
+    for dtype in WEIGHT_DTYPES {
+        let k = if dtype.is_quantized() { 96 } else { 40 };
+        for &m in &[1usize, 3, 16, 37] {
+            let n = r.random_range(1..70);
+            let x = randn(&mut r, m * k, 1.0);
+            let w = randn(&mut r, n * k, 1.0);
+            let w2 = randn(&mut r, n * k, 1.0);
+            let res = randn(&mut r, m * n, 1.0);
+            let run = |dev: &Device| {
+                let xt = Tensor::from_f32(dev, &[m, k], &x).unwrap();
+                let wt = weight(dev, dtype, n, k, &w);
+                let w2t = weight(dev, dtype, n, k, &w2);
+                let rt = Tensor::from_f32(dev, &[m, n], &res).unwrap();
+                let mut rec = Recorder::new(dev);
+                let a = rec.matmul_add(&xt, &wt, &rt).unwrap();
+                let s = rec.matmul_swiglu(&xt, &wt, &w2t).unwrap();
+                rec.submit().unwrap();
+                assert_eq!(a.shape(), &[m, n]);
+                assert_eq!(s.shape(), &[m, n]);
+                (a.to_f32_vec().unwrap(), s.to_f32_vec().unwrap())
+            };
+            let (want_a, want_s) = run(&Device::cpu());
+            // The CPU reference of the fused ops is the composition of the plain ones.
+            let plain = run_matmul(&Device::cpu(), dtype, &x, m, k, &w, n, None);
+            let up = run_matmul(&Device::cpu(), dtype, &x, m, k, &w2, n, None);
+            for i in 0..m * n {
+                assert!((want_a[i] - (plain[i] + res[i])).abs() <= 1e-5 * want_a[i].abs().max(1.0));
+                let silu = plain[i] / (1.0 + (-plain[i]).exp()) * up[i];
+                assert!((want_s[i] - silu).abs() <= 1e-5 * silu.abs().max(1.0));
+            }
+            for (name, dev) in gpus() {
+                let (a, s) = run(&dev);
+                let what = format!("{name} {dtype:?} m={m} k={k} n={n}");
+                assert_close(
+                    &format!("{what} matmul_add"),
+                    &a,
+                    &want_a,
+                    matmul_tol(k),
+                    0.0,
+                );
+                // An error e in g and in u moves silu(g)·u by at most e·(1.1·|u| + |g|) + e².
+                for i in 0..m * n {
+                    let e = matmul_tol(k);
+                    let bound = e * (1.1 * up[i].abs() + plain[i].abs() + 1.0);
+                    assert!(
+                        (s[i] - want_s[i]).abs() <= bound,
+                        "{what} matmul_swiglu element {i}: got {}, want {} (bound {bound})",
+                        s[i],
+                        want_s[i]
+                    );
+                }
+            }
+        }
+    }
+}
+
 #[test]
 fn matmul_on_smollm_shapes() {
     // The projections of SmolLM2-135M: hidden 576, FFN 1536; decode and a prefill chunk.

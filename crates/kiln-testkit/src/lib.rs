@@ -81,6 +81,20 @@ pub fn wgpu() -> Option<Device> {
         .clone()
 }
 
+/// The default adapter with the kernel family it would not pick itself forced on (the
+/// GPU-shaped kernels on lavapipe), so both families are tested on one machine.
+pub fn wgpu_other_kernels() -> Option<Device> {
+    static D: OnceLock<Option<Device>> = OnceLock::new();
+    D.get_or_init(|| {
+        let natural = wgpu()?.cpu_shaped_kernels();
+        wgpu_device(DeviceOptions {
+            cpu_shaped_kernels: Some(!natural),
+            ..DeviceOptions::default()
+        })
+    })
+    .clone()
+}
+
 /// The CPU reference and (unless explicitly opted out) the shared wgpu device, named.
 pub fn devices() -> Vec<(&'static str, Device)> {
     let mut v = vec![("cpu", Device::cpu())];

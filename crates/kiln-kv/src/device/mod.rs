@@ -117,6 +117,8 @@ enum Store {
 pub struct KvCache {
     cfg: KvCacheConfig,
     device: Device,
+    /// The device is a CPU-type wgpu adapter (picks the attention kernel).
+    cpu_adapter: bool,
     store: Store,
 }
 
@@ -153,6 +155,17 @@ static ATTN: KernelDef = KernelDef {
 static ATTN_I8: KernelDef = KernelDef {
     name: "paged_attention",
     source: ATTN_SRC,
+    bindings: &[R, R, R, W, R, R, R, R],
+};
+const ATTN_ROWS_SRC: &str = include_str!("../../wgsl/paged_attention_rows.wgsl");
+static ATTN_ROWS: KernelDef = KernelDef {
+    name: "paged_attention_rows",
+    source: ATTN_ROWS_SRC,
+    bindings: &[R, R, R, W, R, R],
+};
+static ATTN_ROWS_I8: KernelDef = KernelDef {
+    name: "paged_attention_rows",
+    source: ATTN_ROWS_SRC,
     bindings: &[R, R, R, W, R, R, R, R],
 };
 
@@ -261,6 +274,7 @@ impl KvCache {
         Ok(Self {
             cfg,
             device: device.clone(),
+            cpu_adapter: device.cpu_shaped_kernels(),
             store,
         })
     }
@@ -530,6 +544,35 @@ impl KvCache {
                     scale: attn.scale,
                     _pad: 0,
                 };
+                // CPU-type adapters take the one-invocation-per-head kernel, whose 16-byte
+                // reads need the head size to be a whole number of them.
+                let per_read = match self.cfg.dtype {
+                    KvDtype::F32 => 4,
+                    KvDtype::F16 => 8,
+                    KvDtype::Int8 => 16,
+                };
+                if self.cpu_adapter && hd.is_multiple_of(per_read) && hd <= 256 {
+                    let work = batch.tokens * attn.heads;
+                    let groups = work.div_ceil(8) as u32;
+                    let defines = [dtype_define(self.cfg.dtype), ("HEAD_DIM", hd.to_string())];
+                    match &l.scales {
+                        Some([ks, vs]) => rec.launch(
+                            &ATTN_ROWS_I8,
+                            &defines,
+                            &params,
+                            &[q, info, tables, &out, &l.k, &l.v, ks, vs],
+                            groups,
+                        )?,
+                        None => rec.launch(
+                            &ATTN_ROWS,
+                            &defines,
+                            &params,
+                            &[q, info, tables, &out, &l.k, &l.v],
+                            groups,
+                        )?,
+                    }
+                    return Ok(out);
+                }
                 let groups = (batch.tokens * attn.heads) as u32;
                 let defines = [dtype_define(self.cfg.dtype)];
                 match &l.scales {

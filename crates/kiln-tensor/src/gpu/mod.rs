@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use pool::BufferPool;
 pub(crate) use pool::GpuBuffer;
 
-use crate::device::{BackendChoice, DeviceInfo, DeviceOptions};
+use crate::device::{BackendChoice, DeviceInfo, DeviceOptions, KernelTime, Profile};
 use crate::{Result, TensorError};
 
 /// Bytes of one op's parameter slot in the step's uniform buffer (the largest params struct
@@ -17,11 +17,22 @@ use crate::{Result, TensorError};
 /// alignment).
 pub(crate) const PARAM_SLOT: u64 = 256;
 
+/// Usage of every tensor buffer: storage for kernels, uniform for [`Access::Uniform`]
+/// bindings, copies for read-back and KV moves.
+const TENSOR_USAGE: wgpu::BufferUsages = wgpu::BufferUsages::STORAGE
+    .union(wgpu::BufferUsages::UNIFORM)
+    .union(wgpu::BufferUsages::COPY_SRC)
+    .union(wgpu::BufferUsages::COPY_DST);
+
 /// How a kernel binding is accessed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Access {
     Read,
     ReadWrite,
+    /// Read through a uniform buffer binding (a fixed-size array in the kernel, at most
+    /// [`GpuContext::max_uniform_binding`] bytes). Compilers for CPU-type adapters turn
+    /// workgroup-uniform reads of it into one broadcast load instead of a per-lane gather.
+    Uniform,
 }
 
 /// A kernel: WGSL source with entry point `main`, its params uniform at `@binding(0)` and its
@@ -41,10 +52,19 @@ pub struct KernelDef {
     pub bindings: &'static [Access],
 }
 
+/// Launch counts and device nanoseconds per kernel name.
+#[derive(Debug, Default)]
+pub(crate) struct Profiler {
+    submits: u64,
+    kernels: HashMap<&'static str, (u64, f64)>,
+}
+
 /// A compiled pipeline with its bind group layout.
 #[derive(Debug)]
 pub(crate) struct Pipeline {
     pub name: String,
+    /// The kernel's name without its specialisation (for profiles).
+    pub kernel: &'static str,
     pub pipeline: wgpu::ComputePipeline,
     pub layout: wgpu::BindGroupLayout,
 }
@@ -56,8 +76,13 @@ pub struct GpuContext {
     pub(crate) queue: wgpu::Queue,
     info: DeviceInfo,
     max_binding: u64,
+    max_uniform: u64,
+    uniform_align: u64,
+    cpu_shaped: bool,
     pub(crate) pool: Arc<BufferPool>,
     pipelines: Mutex<HashMap<String, Arc<Pipeline>>>,
+    /// Per-kernel device time when profiling (timestamp queries available and asked for).
+    profiler: Option<Mutex<Profiler>>,
     layouts: Mutex<HashMap<Vec<Access>, wgpu::BindGroupLayout>>,
 }
 
@@ -115,6 +140,13 @@ impl GpuContext {
         if opts.allow_subgroups && have.contains(wgpu::Features::SUBGROUP) {
             features |= wgpu::Features::SUBGROUP;
         }
+        let profile = opts.profile && have.contains(wgpu::Features::TIMESTAMP_QUERY);
+        if opts.profile && !profile {
+            tracing::warn!("the adapter has no timestamp queries: kernel profiling is off");
+        }
+        if profile {
+            features |= wgpu::Features::TIMESTAMP_QUERY;
+        }
         // Take the adapter's own limits: the defaults cap buffers at 256 MiB.
         let limits = adapter.limits();
         let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
@@ -137,6 +169,8 @@ impl GpuContext {
             .max_storage_buffer_binding_size
             .min(limits.max_buffer_size)
             .min(opts.max_binding_bytes.unwrap_or(u64::MAX));
+        let max_uniform = limits.max_uniform_buffer_binding_size;
+        let uniform_align = u64::from(limits.min_uniform_buffer_offset_alignment);
         let ainfo2 = adapter.get_info();
         let info = DeviceInfo {
             backend: ainfo.backend.to_string(),
@@ -162,8 +196,14 @@ impl GpuContext {
             queue,
             info,
             max_binding,
+            max_uniform,
+            uniform_align,
+            cpu_shaped: opts
+                .cpu_shaped_kernels
+                .unwrap_or(ainfo.device_type == wgpu::DeviceType::Cpu),
             pool: Arc::new(BufferPool::default()),
             pipelines: Mutex::default(),
+            profiler: profile.then(Mutex::default),
             layouts: Mutex::default(),
         })
     }
@@ -175,6 +215,64 @@ impl GpuContext {
     /// Largest byte size one binding (and so one tensor chunk) may have.
     pub(crate) fn max_binding(&self) -> u64 {
         self.max_binding
+    }
+
+    /// Largest byte size of one uniform binding ([`Access::Uniform`]).
+    pub fn max_uniform_binding(&self) -> u64 {
+        self.max_uniform
+    }
+
+    /// Required alignment of a uniform binding's offset into its buffer.
+    pub(crate) fn uniform_align(&self) -> u64 {
+        self.uniform_align
+    }
+
+    /// Whether kernels take the shapes for CPU implementations (lavapipe, SwiftShader, WARP),
+    /// whose compilers run invocations as SIMD lanes: by default when the adapter is one.
+    pub(crate) fn is_cpu_adapter(&self) -> bool {
+        self.cpu_shaped
+    }
+
+    pub(crate) fn profiling(&self) -> bool {
+        self.profiler.is_some()
+    }
+
+    /// Add one submit's launches (kernel name, device ns each).
+    pub(crate) fn record_profile(&self, launches: &[(&'static str, f64)]) {
+        if let Some(p) = &self.profiler {
+            let mut p = lock(p);
+            p.submits += 1;
+            for (name, ns) in launches {
+                let e = p.kernels.entry(name).or_default();
+                e.0 += 1;
+                e.1 += ns;
+            }
+        }
+    }
+
+    pub(crate) fn profile(&self) -> Option<Profile> {
+        let p = lock(self.profiler.as_ref()?);
+        let mut kernels: Vec<KernelTime> = p
+            .kernels
+            .iter()
+            .map(|(name, (launches, ns))| KernelTime {
+                name: (*name).to_string(),
+                launches: *launches,
+                total_ns: *ns,
+            })
+            .collect();
+        kernels.sort_by(|a, b| b.total_ns.total_cmp(&a.total_ns));
+        Some(Profile {
+            submits: p.submits,
+            dispatches: kernels.iter().map(|k| k.launches).sum(),
+            kernels,
+        })
+    }
+
+    pub(crate) fn reset_profile(&self) {
+        if let Some(p) = &self.profiler {
+            *lock(p) = Profiler::default();
+        }
     }
 
     /// Block until all submitted work has finished.
@@ -208,8 +306,11 @@ impl GpuContext {
                 binding: i as u32 + 1,
                 visibility: wgpu::ShaderStages::COMPUTE,
                 ty: wgpu::BindingType::Buffer {
-                    ty: wgpu::BufferBindingType::Storage {
-                        read_only: *a == Access::Read,
+                    ty: match a {
+                        Access::Uniform => wgpu::BufferBindingType::Uniform,
+                        _ => wgpu::BufferBindingType::Storage {
+                            read_only: *a == Access::Read,
+                        },
                     },
                     has_dynamic_offset: false,
                     min_binding_size: None,
@@ -280,6 +381,7 @@ impl GpuContext {
         }
         let p = Arc::new(Pipeline {
             name: key.clone(),
+            kernel: kernel.name,
             pipeline,
             layout,
         });
@@ -300,10 +402,7 @@ impl GpuContext {
     /// A pooled storage buffer of at least `bytes` (rounded up to 4) for an op's output.
     pub(crate) fn output_buffer(&self, bytes: u64, what: &str) -> Result<GpuBuffer> {
         self.check_binding(bytes, what)?;
-        let usage = wgpu::BufferUsages::STORAGE
-            | wgpu::BufferUsages::COPY_SRC
-            | wgpu::BufferUsages::COPY_DST;
-        Ok(self.pool.take(&self.device, bytes, usage))
+        Ok(self.pool.take(&self.device, bytes, TENSOR_USAGE))
     }
 
     pub(crate) fn check_binding(&self, bytes: u64, what: &str) -> Result<()> {
@@ -321,10 +420,7 @@ impl GpuContext {
     /// A new buffer holding `data` (uploaded through a mapping at creation: no staging copy).
     pub(crate) fn upload(&self, data: &[u8], what: &str) -> Result<GpuBuffer> {
         self.check_binding(data.len() as u64, what)?;
-        let usage = wgpu::BufferUsages::STORAGE
-            | wgpu::BufferUsages::COPY_SRC
-            | wgpu::BufferUsages::COPY_DST;
-        let buf = GpuBuffer::unpooled(&self.device, data.len() as u64, usage, true);
+        let buf = GpuBuffer::unpooled(&self.device, data.len() as u64, TENSOR_USAGE, true);
         buf.fill_mapped(data)?;
         Ok(buf)
     }

@@ -5,9 +5,14 @@
 //!   `SHADER_F16` enabled.
 //! - `{{NAME}}` is replaced by the define's value.
 
-/// Cache key naming the kernel and every specialisation axis.
+/// Cache key naming the kernel and every specialisation axis. Defines whose value spans
+/// several lines are code the launcher generated from the other defines, so they are left out.
 pub(crate) fn cache_key(kernel: &str, defines: &[(&str, String)]) -> String {
-    let mut d: Vec<String> = defines.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    let mut d: Vec<String> = defines
+        .iter()
+        .filter(|(_, v)| !v.contains('\n'))
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect();
     d.sort();
     format!("{kernel}[{}]", d.join(","))
 }

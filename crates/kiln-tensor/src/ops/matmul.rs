@@ -4,10 +4,13 @@
 //! once, eight threads a row); more take the 32×32 tiled kernel (prefill). A weight split into
 //! several chunks (bigger than one binding) is launched chunk by chunk into column ranges of Y.
 
+use std::sync::Arc;
+
 use bytemuck::{Pod, Zeroable};
 
 use super::{R2W, dot, host_f32, host_row, require_dtype, weight_defines};
-use crate::gpu::{Access, KernelDef};
+use crate::gpu::{Access, GpuContext, KernelDef};
+use crate::recorder::Bind;
 use crate::tensor::Storage;
 use crate::{DType, Recorder, Result, Tensor, TensorError};
 
@@ -22,6 +25,50 @@ const TILED_SRC: &str = concat!(
     include_str!("../../wgsl/weights.wgsl"),
     include_str!("../../wgsl/matmul_tiled.wgsl")
 );
+const ROWS_SRC: &str = include_str!("../../wgsl/matmul_rows.wgsl");
+const ROWS: &[Access] = &[Access::Uniform, Access::Read, Access::ReadWrite];
+const ROWS_BIAS: &[Access] = &[
+    Access::Uniform,
+    Access::Read,
+    Access::ReadWrite,
+    Access::Read,
+];
+static MATMUL_ROWS: KernelDef = KernelDef {
+    name: "matmul_rows",
+    source: ROWS_SRC,
+    bindings: ROWS,
+};
+static MATMUL_ROWS_BIAS: KernelDef = KernelDef {
+    name: "matmul_rows",
+    source: ROWS_SRC,
+    bindings: ROWS_BIAS,
+};
+static MATMUL_ROWS_RES: KernelDef = KernelDef {
+    name: "matmul_rows_add",
+    source: ROWS_SRC,
+    bindings: ROWS_BIAS,
+};
+static MATMUL_ROWS_SWIGLU: KernelDef = KernelDef {
+    name: "matmul_rows_swiglu",
+    source: ROWS_SRC,
+    bindings: ROWS_BIAS,
+};
+
+/// What the CPU-adapter kernel does with its dot products before writing them.
+#[derive(Clone, Copy)]
+enum Epilogue<'a> {
+    None,
+    Bias(&'a Tensor),
+    /// Y = residual + X·Wᵀ.
+    Residual(&'a Tensor),
+    /// Y = silu(X·Wᵀ) · (X·W2ᵀ), the tensor being W2.
+    SwiGlu(&'a Tensor),
+}
+/// Rows of X one launch of the CPU-adapter kernel takes at most.
+const ROWS_MAX_M: usize = 16;
+/// Invocations per workgroup of the CPU-adapter kernel: few, so that small matrices still
+/// split into enough workgroups for every worker thread.
+const ROWS_WG: usize = 16;
 const WITH_BIAS: &[Access] = &[Access::Read, Access::Read, Access::ReadWrite, Access::Read];
 
 static MATMUL_VEC: KernelDef = KernelDef {
@@ -54,7 +101,8 @@ struct Params {
     n_total: u32,
     n_offset: u32,
     qs: u32,
-    _pad: [u32; 2],
+    x_row0: u32,
+    _pad: u32,
 }
 
 const WEIGHT_DTYPES: &[DType] = &[
@@ -114,6 +162,11 @@ impl Recorder {
         let Storage::Gpu { chunks, .. } = w.storage() else {
             return Err(TensorError::DeviceMismatch { op: OP });
         };
+        if let Some(group) = rows_group(&ctx, w, m, k) {
+            let epi = bias.map_or(Epilogue::None, Epilogue::Bias);
+            self.matmul_rows(x, w, &y, epi, group)?;
+            return Ok(y);
+        }
         let vec = m <= MATVEC_MAX_M;
         let mut defines = weight_defines(w.dtype(), 2);
         defines.push(("BIAS", u32::from(bias.is_some()).to_string()));
@@ -135,7 +188,8 @@ impl Recorder {
                 n_total: n as u32,
                 n_offset: c.row0 as u32,
                 qs: c.qs_offset,
-                _pad: [0; 2],
+                x_row0: 0,
+                _pad: 0,
             };
             let mut bind = vec![(x.clone(), 0), (w.clone(), ci), (y.clone(), 0)];
             if let Some(b) = bias {
@@ -150,6 +204,201 @@ impl Recorder {
         }
         Ok(y)
     }
+}
+
+/// Rows of X per launch of the CPU-adapter kernel (`matmul_rows.wgsl`), or `None` when that
+/// kernel does not apply: a GPU adapter, a float weight, or X rows that do not fit a uniform
+/// binding at an aligned offset.
+fn rows_group(ctx: &GpuContext, w: &Tensor, m: usize, k: usize) -> Option<usize> {
+    if !ctx.is_cpu_adapter() || !w.dtype().is_quantized() || !k.is_multiple_of(32) {
+        return None;
+    }
+    let row_bytes = (k * 4) as u64;
+    let fit = (ctx.max_uniform_binding() / row_bytes) as usize;
+    let group = fit.min(ROWS_MAX_M);
+    if group == 0 {
+        return None;
+    }
+    // Later launches bind X at an offset of whole groups, which must be aligned.
+    if m > group && !(group as u64 * row_bytes).is_multiple_of(ctx.uniform_align()) {
+        return None;
+    }
+    Some(group)
+}
+
+/// Rows of W each invocation of the CPU-adapter kernel computes: each block of X it reads
+/// serves all of them (measured on lavapipe: 8 beat 2, 4 and 16 for one row of X and for 16).
+const ROWS_R: usize = 8;
+
+impl Recorder {
+    /// Y = residual + X · Wᵀ: a matmul whose result is added to `residual` (`[.., n]` F32),
+    /// in one launch where the device's kernel can (CPU-type adapters), else a matmul and an
+    /// add.
+    pub fn matmul_add(&mut self, x: &Tensor, w: &Tensor, residual: &Tensor) -> Result<Tensor> {
+        if let Some((ctx, group)) = self.rows_fusable(x, w) {
+            super::require_dtype("matmul_add", "the residual", residual, &[DType::F32])?;
+            let mut shape = x.shape().to_vec();
+            if let Some(last) = shape.last_mut() {
+                *last = w.rows();
+            }
+            if residual.shape() != shape.as_slice() {
+                return Err(TensorError::Shape {
+                    op: "matmul_add",
+                    detail: format!("residual {:?} for a product {shape:?}", residual.shape()),
+                });
+            }
+            self.check_device("matmul_add", &[residual])?;
+            let y = Tensor::gpu_output(&ctx, DType::F32, shape, "matmul_add")?;
+            self.matmul_rows(x, w, &y, Epilogue::Residual(residual), group)?;
+            return Ok(y);
+        }
+        let p = self.matmul(x, w, None)?;
+        self.add(residual, &p)
+    }
+
+    /// silu(X · Gᵀ) · (X · Uᵀ), the gate and up projections of a SwiGLU MLP, in one launch
+    /// where the device's kernel can (CPU-type adapters), else two matmuls and a `silu_mul`.
+    /// G and U have the same shape and dtype.
+    pub fn matmul_swiglu(&mut self, x: &Tensor, gate: &Tensor, up: &Tensor) -> Result<Tensor> {
+        if gate.shape() == up.shape()
+            && gate.dtype() == up.dtype()
+            && gate.chunk_count() == up.chunk_count()
+            && let Some((ctx, group)) = self.rows_fusable(x, gate)
+        {
+            self.check_device("matmul_swiglu", &[up])?;
+            let mut shape = x.shape().to_vec();
+            if let Some(last) = shape.last_mut() {
+                *last = gate.rows();
+            }
+            let y = Tensor::gpu_output(&ctx, DType::F32, shape, "matmul_swiglu")?;
+            self.matmul_rows(x, gate, &y, Epilogue::SwiGlu(up), group)?;
+            return Ok(y);
+        }
+        let g = self.matmul(x, gate, None)?;
+        let u = self.matmul(x, up, None)?;
+        self.silu_mul(&g, &u)
+    }
+
+    /// The context and rows per launch when `x · wᵀ` can take the CPU-adapter kernel (after
+    /// the checks `matmul` makes); `None` sends the caller to the general path, which
+    /// validates.
+    fn rows_fusable(&self, x: &Tensor, w: &Tensor) -> Option<(Arc<GpuContext>, usize)> {
+        let ctx = self.gpu()?.clone();
+        if x.dtype() != DType::F32
+            || w.shape().len() != 2
+            || w.cols() != x.cols()
+            || x.rows() == 0
+            || w.rows() == 0
+            || self.check_device("matmul", &[x, w]).is_err()
+        {
+            return None;
+        }
+        let group = rows_group(&ctx, w, x.rows(), x.cols())?;
+        Some((ctx, group))
+    }
+
+    /// Launch `matmul_rows.wgsl` over `x`'s rows in groups of `group`, writing `y`.
+    fn matmul_rows(
+        &mut self,
+        x: &Tensor,
+        w: &Tensor,
+        y: &Tensor,
+        epi: Epilogue<'_>,
+        group: usize,
+    ) -> Result<()> {
+        let Storage::Gpu { chunks, .. } = w.storage() else {
+            return Err(TensorError::DeviceMismatch { op: "matmul" });
+        };
+        let (m, k, n) = (x.rows(), x.cols(), w.rows());
+        let row_bytes = (k * 4) as u64;
+        let (kernel, flag) = match epi {
+            Epilogue::None => (&MATMUL_ROWS, None),
+            Epilogue::Bias(_) => (&MATMUL_ROWS_BIAS, Some("BIAS")),
+            Epilogue::Residual(_) => (&MATMUL_ROWS_RES, Some("RES")),
+            Epilogue::SwiGlu(_) => (&MATMUL_ROWS_SWIGLU, Some("SWIGLU")),
+        };
+        let swiglu = matches!(epi, Epilogue::SwiGlu(_));
+        for (ci, c) in chunks.iter().enumerate() {
+            let mut i0 = 0;
+            while i0 < m {
+                let mg = group.min(m - i0);
+                let r = ROWS_R;
+                let mut defines = weight_defines(w.dtype(), 2);
+                for f in ["BIAS", "RES", "SWIGLU"] {
+                    defines.push((f, u32::from(flag == Some(f)).to_string()));
+                }
+                defines.push(("MV_M", mg.to_string()));
+                defines.push(("R", r.to_string()));
+                defines.push(("WG", ROWS_WG.to_string()));
+                defines.push(("XV", (mg * k / 4).to_string()));
+                defines.extend(rows_unrolled(mg, r, swiglu));
+                let params = Params {
+                    m: mg as u32,
+                    k: k as u32,
+                    rows: c.rows as u32,
+                    n_total: n as u32,
+                    n_offset: c.row0 as u32,
+                    qs: c.qs_offset,
+                    x_row0: i0 as u32,
+                    _pad: 0,
+                };
+                let mut bind = vec![
+                    Bind {
+                        tensor: x.clone(),
+                        chunk: 0,
+                        range: Some((i0 as u64 * row_bytes, mg as u64 * row_bytes)),
+                    },
+                    (w.clone(), ci).into(),
+                    (y.clone(), 0).into(),
+                ];
+                match epi {
+                    Epilogue::None => {}
+                    Epilogue::Bias(t) | Epilogue::Residual(t) => bind.push((t.clone(), 0).into()),
+                    Epilogue::SwiGlu(t) => bind.push((t.clone(), ci).into()),
+                }
+                let groups = c.rows.div_ceil(ROWS_WG * r) as u32;
+                self.dispatch_binds(kernel, &defines, &params, bind, groups)?;
+                i0 += mg;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The accumulator code of `matmul_rows.wgsl` for `m` rows of X and `r` rows of W an
+/// invocation (and as many for W2 under SwiGLU), written out statement by statement: the
+/// R weight blocks are decoded once and each X block is read once per block and used for
+/// all of them.
+fn rows_unrolled(m: usize, r: usize, swiglu: bool) -> [(&'static str, String); 3] {
+    let mut decl = String::new();
+    let mut body = String::new();
+    let mut store = String::new();
+    for rr in 0..r {
+        body.push_str(&format!(
+            "let w{rr} = load_blk(min(r0 + {rr}u, last) * nb + blk);\n"
+        ));
+        if swiglu {
+            body.push_str(&format!(
+                "let g{rr} = load_blk2(min(r0 + {rr}u, last) * nb + blk);\n"
+            ));
+        }
+    }
+    for i in 0..m {
+        body.push_str(&format!("{{ let x = xblk({i}u * kv + xb);\n"));
+        for rr in 0..r {
+            decl.push_str(&format!("var a{i}_{rr} = 0.0;\n"));
+            body.push_str(&format!("a{i}_{rr} += bdot(w{rr}, x);\n"));
+            if swiglu {
+                decl.push_str(&format!("var u{i}_{rr} = 0.0;\n"));
+                body.push_str(&format!("u{i}_{rr} += bdot(g{rr}, x);\n"));
+                store.push_str(&format!("store({i}u, r0 + {rr}u, a{i}_{rr}, u{i}_{rr});\n"));
+            } else {
+                store.push_str(&format!("store({i}u, r0 + {rr}u, a{i}_{rr}, 0.0);\n"));
+            }
+        }
+        body.push_str("}\n");
+    }
+    [("ACC_DECL", decl), ("ACC_BODY", body), ("ACC_STORE", store)]
 }
 
 /// CPU reference: each weight row is dequantized once, then dotted with every row of X.

@@ -31,17 +31,32 @@ pub fn fresh_gpu() -> Option<Device> {
     open(wgpu_opts())
 }
 
-/// The same adapter with SHADER_F16 and SUBGROUP turned off (the fallback kernels).
+/// The same adapter with SHADER_F16 and SUBGROUP turned off (the fallback kernels), and the
+/// GPU-shaped kernels forced (CPU-type adapters would pick the others).
 pub fn gpu_plain() -> Option<Device> {
     static D: OnceLock<Option<Device>> = OnceLock::new();
     D.get_or_init(|| {
         open(DeviceOptions {
             allow_shader_f16: false,
             allow_subgroups: false,
+            cpu_shaped_kernels: Some(false),
             ..wgpu_opts()
         })
     })
     .clone()
+}
+
+/// A device of its own that times every launch with timestamp queries.
+pub fn gpu_profiled() -> Option<Device> {
+    open(DeviceOptions {
+        profile: true,
+        ..wgpu_opts()
+    })
+}
+
+/// The adapter with every feature and the kernel family it would not pick itself.
+pub fn gpu_other_kernels() -> Option<Device> {
+    kiln_testkit::wgpu_other_kernels()
 }
 
 /// Bindings capped at 16 KiB, so that modest tensors exercise the split-binding path.
@@ -61,6 +76,7 @@ pub fn gpus() -> Vec<(&'static str, Device)> {
     let mut v = Vec::new();
     v.extend(gpu().map(|d| ("wgpu", d)));
     v.extend(gpu_plain().map(|d| ("wgpu-no-f16-no-subgroups", d)));
+    v.extend(gpu_other_kernels().map(|d| ("wgpu-other-kernel-shapes", d)));
     v
 }
 

@@ -1,0 +1,159 @@
+// Paged attention for CPU-type adapters (lavapipe, SwiftShader), same contract as
+// paged_attention.wgsl: one invocation per (query token, query head) walks its keys with the
+// online softmax, holding Q and the output row in registers. Compilers there run
+// invocations as SIMD lanes and turn each storage read into a per-lane loop, so K and V rows
+// are read 16 bytes at a time and there are no workgroup barriers or shared-memory tiles.
+
+struct Params {
+    tokens: u32,
+    heads: u32,
+    kv_heads: u32,
+    head_dim: u32,
+    block_size: u32,
+    window: u32,
+    scale: f32,
+    _pad: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read> q: array<vec4<f32>>;
+// Per query token: (offset of its sequence's block table in `tables`, absolute position).
+@group(0) @binding(2) var<storage, read> info: array<u32>;
+@group(0) @binding(3) var<storage, read> tables: array<u32>;
+@group(0) @binding(4) var<storage, read_write> out: array<vec4<f32>>;
+#if KV_F32
+@group(0) @binding(5) var<storage, read> k_pool: array<vec4<f32>>;
+@group(0) @binding(6) var<storage, read> v_pool: array<vec4<f32>>;
+#else
+@group(0) @binding(5) var<storage, read> k_pool: array<vec4<u32>>;
+@group(0) @binding(6) var<storage, read> v_pool: array<vec4<u32>>;
+#endif
+#if KV_I8
+@group(0) @binding(7) var<storage, read> k_scale: array<f32>;
+@group(0) @binding(8) var<storage, read> v_scale: array<f32>;
+#endif
+
+const WG: u32 = 8u;
+const D4: u32 = {{HEAD_DIM}}u / 4u;
+// Elements one 16-byte read of the pool holds, and the vec4s they make.
+#if KV_F32
+const EPL: u32 = 4u;
+#endif
+#if KV_F16
+const EPL: u32 = 8u;
+#endif
+#if KV_I8
+const EPL: u32 = 16u;
+#endif
+const NL: u32 = {{HEAD_DIM}}u / EPL;
+const VPL: u32 = EPL / 4u;
+
+struct Part {
+    a: vec4<f32>,
+    b: vec4<f32>,
+    c: vec4<f32>,
+    d: vec4<f32>,
+}
+
+fn i8x4(x: u32) -> vec4<f32> {
+    return vec4<f32>(bitcast<vec4<i32>>(vec4<u32>(x << 24u, x << 16u, x << 8u, x)) >> vec4<u32>(24u));
+}
+
+#if KV_F32
+fn k_part(row: u32, l: u32) -> Part {
+    return Part(k_pool[row * NL + l], vec4<f32>(), vec4<f32>(), vec4<f32>());
+}
+fn v_part(row: u32, l: u32) -> Part {
+    return Part(v_pool[row * NL + l], vec4<f32>(), vec4<f32>(), vec4<f32>());
+}
+#endif
+#if KV_F16
+fn h8(v: vec4<u32>) -> Part {
+    return Part(vec4<f32>(unpack2x16float(v.x), unpack2x16float(v.y)),
+        vec4<f32>(unpack2x16float(v.z), unpack2x16float(v.w)), vec4<f32>(), vec4<f32>());
+}
+fn k_part(row: u32, l: u32) -> Part {
+    return h8(k_pool[row * NL + l]);
+}
+fn v_part(row: u32, l: u32) -> Part {
+    return h8(v_pool[row * NL + l]);
+}
+#endif
+#if KV_I8
+fn b16(v: vec4<u32>, s: f32) -> Part {
+    return Part(i8x4(v.x) * s, i8x4(v.y) * s, i8x4(v.z) * s, i8x4(v.w) * s);
+}
+fn k_part(row: u32, l: u32) -> Part {
+    return b16(k_pool[row * NL + l], k_scale[row]);
+}
+fn v_part(row: u32, l: u32) -> Part {
+    return b16(v_pool[row * NL + l], v_scale[row]);
+}
+#endif
+
+@compute @workgroup_size(WG)
+fn main(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_index) lid: u32,
+) {
+    let g = (wid.x + wid.y * nwg.x) * WG + lid;
+    if (g >= p.tokens * p.heads) {
+        return;
+    }
+    let t = g / p.heads;
+    let h = g % p.heads;
+    let kvh = h / (p.heads / p.kv_heads);
+    let table = info[2u * t];
+    let pos = info[2u * t + 1u];
+    let qb = (t * p.heads + h) * D4;
+    var qv: array<vec4<f32>, D4>;
+    var acc: array<vec4<f32>, D4>;
+    for (var c = 0u; c < D4; c++) {
+        qv[c] = q[qb + c] * p.scale;
+    }
+    var first = 0u;
+    if (p.window > 0u && pos + 1u > p.window) {
+        first = pos + 1u - p.window;
+    }
+    var m = bitcast<f32>(0xff800000u);
+    var l = 0.0;
+    for (var j = first; j <= pos; j++) {
+        let slot = tables[table + j / p.block_size] * p.block_size + j % p.block_size;
+        let row = slot * p.kv_heads + kvh;
+        var s = 0.0;
+        for (var c = 0u; c < NL; c++) {
+            let k = k_part(row, c);
+            let i = c * VPL;
+            s += dot(qv[i], k.a);
+            if (VPL > 1u) {
+                s += dot(qv[i + 1u], k.b);
+            }
+            if (VPL > 2u) {
+                s += dot(qv[i + 2u], k.c) + dot(qv[i + 3u], k.d);
+            }
+        }
+        // exp(-inf) = 0 rescales nothing on the first key.
+        let m_new = max(m, s);
+        let alpha = exp(m - m_new);
+        let pj = exp(s - m_new);
+        l = l * alpha + pj;
+        for (var c = 0u; c < NL; c++) {
+            let v = v_part(row, c);
+            let i = c * VPL;
+            acc[i] = acc[i] * alpha + pj * v.a;
+            if (VPL > 1u) {
+                acc[i + 1u] = acc[i + 1u] * alpha + pj * v.b;
+            }
+            if (VPL > 2u) {
+                acc[i + 2u] = acc[i + 2u] * alpha + pj * v.c;
+                acc[i + 3u] = acc[i + 3u] * alpha + pj * v.d;
+            }
+        }
+        m = m_new;
+    }
+    let inv = 1.0 / l;
+    for (var c = 0u; c < D4; c++) {
+        out[qb + c] = acc[c] * inv;
+    }
+}
