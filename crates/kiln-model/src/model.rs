@@ -224,13 +224,11 @@ impl Model {
         let mut x = rec.embedding(&self.embed, &ids)?;
         for (li, l) in self.layers.iter().enumerate() {
             let h = rec.rms_norm(&x, &l.attn_norm, cfg.rms_eps)?;
-            let [qb, kb, vb] = match &l.bias {
-                Some([q, k, v]) => [Some(q), Some(k), Some(v)],
-                None => [None, None, None],
-            };
-            let q = rec.matmul(&h, &l.q, qb)?.reshape(&[t, heads, d])?;
-            let k = rec.matmul(&h, &l.k, kb)?.reshape(&[t, kvh, d])?;
-            let v = rec.matmul(&h, &l.v, vb)?.reshape(&[t, kvh, d])?;
+            let bias = l.bias.as_ref().map(|[q, k, v]| [q, k, v]);
+            let [q, k, v] = rec.matmul_qkv(&h, [&l.q, &l.k, &l.v], bias)?;
+            let q = q.reshape(&[t, heads, d])?;
+            let k = k.reshape(&[t, kvh, d])?;
+            let v = v.reshape(&[t, kvh, d])?;
             let q = rec.rope(&q, &positions)?;
             let k = rec.rope(&k, &positions)?;
             cache.write(rec, li, &k, &v, &batch)?;

@@ -163,6 +163,64 @@ fn fused_matmul_epilogues_match_cpu() {
     }
 }
 
+/// `matmul_qkv` (one launch on CPU-type adapters) equals three matmuls on the CPU reference,
+/// with row counts that split invocations between the weights, and with biases (composed).
+#[test]
+fn fused_qkv_matches_three_matmuls() {
+    let mut r = rng(8);
+    for dtype in WEIGHT_DTYPES {
+        let k = if dtype.is_quantized() { 64 } else { 24 };
+        for &(m, nq, nkv) in &[(1usize, 40usize, 12usize), (3, 24, 8), (19, 9, 5)] {
+            let x = randn(&mut r, m * k, 1.0);
+            let ws: Vec<Vec<f32>> = [nq, nkv, nkv]
+                .iter()
+                .map(|&n| randn(&mut r, n * k, 1.0))
+                .collect();
+            let biases: Vec<Vec<f32>> = [nq, nkv, nkv]
+                .iter()
+                .map(|&n| randn(&mut r, n, 1.0))
+                .collect();
+            for with_bias in [false, true] {
+                let want: Vec<Vec<f32>> = (0..3)
+                    .map(|j| {
+                        let n = [nq, nkv, nkv][j];
+                        let b = with_bias.then(|| biases[j].as_slice());
+                        run_matmul(&Device::cpu(), dtype, &x, m, k, &ws[j], n, b)
+                    })
+                    .collect();
+                for (name, dev) in gpus() {
+                    let xt = Tensor::from_f32(&dev, &[m, k], &x).unwrap();
+                    let wt: Vec<Tensor> = (0..3)
+                        .map(|j| weight(&dev, dtype, [nq, nkv, nkv][j], k, &ws[j]))
+                        .collect();
+                    let bt: Vec<Tensor> = (0..3)
+                        .map(|j| Tensor::from_f32(&dev, &[biases[j].len()], &biases[j]).unwrap())
+                        .collect();
+                    let mut rec = Recorder::new(&dev);
+                    let out = rec
+                        .matmul_qkv(
+                            &xt,
+                            [&wt[0], &wt[1], &wt[2]],
+                            with_bias.then(|| [&bt[0], &bt[1], &bt[2]]),
+                        )
+                        .unwrap();
+                    rec.submit().unwrap();
+                    for j in 0..3 {
+                        assert_eq!(out[j].shape(), &[m, [nq, nkv, nkv][j]]);
+                        assert_close(
+                            &format!("{name} {dtype:?} qkv part {j} m={m} bias={with_bias}"),
+                            &out[j].to_f32_vec().unwrap(),
+                            &want[j],
+                            matmul_tol(k),
+                            0.0,
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
 #[test]
 fn matmul_on_smollm_shapes() {
     // The projections of SmolLM2-135M: hidden 576, FFN 1536; decode and a prefill chunk.

@@ -8,7 +8,9 @@
 //
 // Epilogues that save a launch each: RES adds a residual of Y's shape (Y = RES + X·Wᵀ);
 // SWIGLU takes a second weight W2 of W's shape and dtype and writes
-// silu(X·Wᵀ) * (X·W2ᵀ) (the gate and up projections of a SwiGLU MLP).
+// silu(X·Wᵀ) * (X·W2ᵀ) (the gate and up projections of a SwiGLU MLP); QKV computes the Q, K
+// and V projections (weights W, W2, W3 of n1, n2 and n2 rows, one dtype) into Y, Y2 and Y3,
+// its rows numbered through all three.
 
 struct Params {
     m: u32,
@@ -18,6 +20,11 @@ struct Params {
     n_offset: u32,
     qs: u32,
     x_row0: u32,
+    // Quants offsets of W2 and W3, and the QKV row split.
+    qs2: u32,
+    qs3: u32,
+    n1: u32,
+    n2: u32,
     _pad: u32,
 }
 
@@ -37,6 +44,12 @@ const WG: u32 = {{WG}}u;
 #endif
 #if SWIGLU
 @group(0) @binding(4) var<storage, read> wq2: array<vec4<u32>>;
+#endif
+#if QKV
+@group(0) @binding(4) var<storage, read> wq2: array<vec4<u32>>;
+@group(0) @binding(5) var<storage, read> wq3: array<vec4<u32>>;
+@group(0) @binding(6) var<storage, read_write> y2: array<f32>;
+@group(0) @binding(7) var<storage, read_write> y3: array<f32>;
 #endif
 
 // One block of 32 weights, dequantized: value j of the block is component j % 4 of q{j / 4}.
@@ -110,10 +123,10 @@ fn load_blk(b: u32) -> Blk {
     return decode(b, wq[si >> 2u][si & 3u], v0, v1);
 }
 
-#if SWIGLU
+#if W2
 fn load_blk2(b: u32) -> Blk {
     let si = scale_index(b);
-    let qi = (p.qs >> 2u) + b * QV;
+    let qi = (p.qs2 >> 2u) + b * QV;
     let v0 = wq2[qi];
 #if W_Q8_0
     let v1 = wq2[qi + 1u];
@@ -121,6 +134,35 @@ fn load_blk2(b: u32) -> Blk {
     let v1 = v0;
 #endif
     return decode(b, wq2[si >> 2u][si & 3u], v0, v1);
+}
+#endif
+
+#if QKV
+fn load_blk3(b: u32) -> Blk {
+    let si = scale_index(b);
+    let qi = (p.qs3 >> 2u) + b * QV;
+    let v0 = wq3[qi];
+#if W_Q8_0
+    let v1 = wq3[qi + 1u];
+#else
+    let v1 = v0;
+#endif
+    return decode(b, wq3[si >> 2u][si & 3u], v0, v1);
+}
+
+// Block `blk` of row r of the stacked [W; W2; W3].
+fn load_row(r: u32, blk: u32, nb: u32) -> Blk {
+    if (r < p.n1) {
+        return load_blk(r * nb + blk);
+    }
+    if (r < p.n1 + p.n2) {
+        return load_blk2((r - p.n1) * nb + blk);
+    }
+    return load_blk3((r - p.n1 - p.n2) * nb + blk);
+}
+#else
+fn load_row(r: u32, blk: u32, nb: u32) -> Blk {
+    return load_blk(r * nb + blk);
 }
 #endif
 
@@ -175,6 +217,17 @@ fn store(i: u32, r: u32, v: f32, u: f32) {
 #if SWIGLU
         s = s / (1.0 + exp(-s)) * u;
 #endif
+#if QKV
+        let row = p.x_row0 + i;
+        if (r < p.n1) {
+            y[row * p.n1 + r] = s;
+        } else if (r < p.n1 + p.n2) {
+            y2[row * p.n2 + r - p.n1] = s;
+        } else {
+            y3[row * p.n2 + r - p.n1 - p.n2] = s;
+        }
+#else
         y[at] = s;
+#endif
     }
 }

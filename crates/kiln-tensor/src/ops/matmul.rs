@@ -53,6 +53,19 @@ static MATMUL_ROWS_SWIGLU: KernelDef = KernelDef {
     source: ROWS_SRC,
     bindings: ROWS_BIAS,
 };
+static MATMUL_ROWS_QKV: KernelDef = KernelDef {
+    name: "matmul_rows_qkv",
+    source: ROWS_SRC,
+    bindings: &[
+        Access::Uniform,
+        Access::Read,
+        Access::ReadWrite,
+        Access::Read,
+        Access::Read,
+        Access::ReadWrite,
+        Access::ReadWrite,
+    ],
+};
 
 /// What the CPU-adapter kernel does with its dot products before writing them.
 #[derive(Clone, Copy)]
@@ -63,6 +76,26 @@ enum Epilogue<'a> {
     Residual(&'a Tensor),
     /// Y = silu(X·Wᵀ) · (X·W2ᵀ), the tensor being W2.
     SwiGlu(&'a Tensor),
+    /// Rows of [W; W2; W3] into Y, Y2, Y3: (W2, W3, Y2, Y3).
+    Qkv([&'a Tensor; 4]),
+}
+
+/// Parameters of `matmul_rows.wgsl`.
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+struct RowsParams {
+    m: u32,
+    k: u32,
+    rows: u32,
+    n_total: u32,
+    n_offset: u32,
+    qs: u32,
+    x_row0: u32,
+    qs2: u32,
+    qs3: u32,
+    n1: u32,
+    n2: u32,
+    _pad: u32,
 }
 /// Rows of X one launch of the CPU-adapter kernel takes at most.
 const ROWS_MAX_M: usize = 16;
@@ -101,8 +134,7 @@ struct Params {
     n_total: u32,
     n_offset: u32,
     qs: u32,
-    x_row0: u32,
-    _pad: u32,
+    _pad: [u32; 2],
 }
 
 const WEIGHT_DTYPES: &[DType] = &[
@@ -188,8 +220,7 @@ impl Recorder {
                 n_total: n as u32,
                 n_offset: c.row0 as u32,
                 qs: c.qs_offset,
-                x_row0: 0,
-                _pad: 0,
+                _pad: [0; 2],
             };
             let mut bind = vec![(x.clone(), 0), (w.clone(), ci), (y.clone(), 0)];
             if let Some(b) = bias {
@@ -279,6 +310,44 @@ impl Recorder {
         self.silu_mul(&g, &u)
     }
 
+    /// The Q, K and V projections of X (weights `[nq, k]`, `[nkv, k]`, `[nkv, k]`, optional
+    /// biases): one launch where the device's kernel can (CPU-type adapters, one dtype, no
+    /// bias), else three matmuls.
+    pub fn matmul_qkv(
+        &mut self,
+        x: &Tensor,
+        w: [&Tensor; 3],
+        bias: Option<[&Tensor; 3]>,
+    ) -> Result<[Tensor; 3]> {
+        let [wq, wk, wv] = w;
+        let fusable = bias.is_none()
+            && wk.dtype() == wq.dtype()
+            && wv.dtype() == wq.dtype()
+            && wk.shape() == wv.shape()
+            && wk.shape().len() == 2
+            && wk.cols() == x.cols()
+            && [wq, wk, wv].iter().all(|t| t.chunk_count() == 1);
+        if fusable && let Some((ctx, group)) = self.rows_fusable(x, wq) {
+            self.check_device("matmul_qkv", &[wk, wv])?;
+            let out = |n: usize| {
+                let mut shape = x.shape().to_vec();
+                if let Some(last) = shape.last_mut() {
+                    *last = n;
+                }
+                Tensor::gpu_output(&ctx, DType::F32, shape, "matmul_qkv")
+            };
+            let (q, k, v) = (out(wq.rows())?, out(wk.rows())?, out(wv.rows())?);
+            self.matmul_rows(x, wq, &q, Epilogue::Qkv([wk, wv, &k, &v]), group)?;
+            return Ok([q, k, v]);
+        }
+        let [bq, bk, bv] = bias.map_or([None; 3], |b| b.map(Some));
+        Ok([
+            self.matmul(x, wq, bq)?,
+            self.matmul(x, wk, bk)?,
+            self.matmul(x, wv, bv)?,
+        ])
+    }
+
     /// The context and rows per launch when `x · wᵀ` can take the CPU-adapter kernel (after
     /// the checks `matmul` makes); `None` sends the caller to the general path, which
     /// validates.
@@ -316,6 +385,16 @@ impl Recorder {
             Epilogue::Bias(_) => (&MATMUL_ROWS_BIAS, Some("BIAS")),
             Epilogue::Residual(_) => (&MATMUL_ROWS_RES, Some("RES")),
             Epilogue::SwiGlu(_) => (&MATMUL_ROWS_SWIGLU, Some("SWIGLU")),
+            Epilogue::Qkv(_) => (&MATMUL_ROWS_QKV, Some("QKV")),
+        };
+        // Row split and quants offsets of the stacked QKV weights (single chunks each).
+        let (qkv_rows, qs2, qs3) = match epi {
+            Epilogue::Qkv([wk, wv, _, _]) => (
+                Some((n, wk.rows())),
+                first_chunk_qs(wk)?,
+                first_chunk_qs(wv)?,
+            ),
+            _ => (None, 0, 0),
         };
         let swiglu = matches!(epi, Epilogue::SwiGlu(_));
         for (ci, c) in chunks.iter().enumerate() {
@@ -324,22 +403,28 @@ impl Recorder {
                 let mg = group.min(m - i0);
                 let r = ROWS_R;
                 let mut defines = weight_defines(w.dtype(), 2);
-                for f in ["BIAS", "RES", "SWIGLU"] {
+                for f in ["BIAS", "RES", "SWIGLU", "QKV"] {
                     defines.push((f, u32::from(flag == Some(f)).to_string()));
                 }
+                defines.push(("W2", u32::from(swiglu || qkv_rows.is_some()).to_string()));
                 defines.push(("MV_M", mg.to_string()));
                 defines.push(("R", r.to_string()));
                 defines.push(("WG", ROWS_WG.to_string()));
                 defines.push(("XV", (mg * k / 4).to_string()));
                 defines.extend(rows_unrolled(mg, r, swiglu));
-                let params = Params {
+                let (n1, n2) = qkv_rows.unwrap_or((0, 0));
+                let params = RowsParams {
                     m: mg as u32,
                     k: k as u32,
-                    rows: c.rows as u32,
+                    rows: (c.rows + 2 * n2) as u32,
                     n_total: n as u32,
                     n_offset: c.row0 as u32,
                     qs: c.qs_offset,
                     x_row0: i0 as u32,
+                    qs2: if swiglu { c.qs_offset } else { qs2 },
+                    qs3,
+                    n1: n1 as u32,
+                    n2: n2 as u32,
                     _pad: 0,
                 };
                 let mut bind = vec![
@@ -355,13 +440,25 @@ impl Recorder {
                     Epilogue::None => {}
                     Epilogue::Bias(t) | Epilogue::Residual(t) => bind.push((t.clone(), 0).into()),
                     Epilogue::SwiGlu(t) => bind.push((t.clone(), ci).into()),
+                    Epilogue::Qkv(ts) => bind.extend(ts.iter().map(|t| ((*t).clone(), 0).into())),
                 }
-                let groups = c.rows.div_ceil(ROWS_WG * r) as u32;
+                let groups = (c.rows + 2 * n2).div_ceil(ROWS_WG * r) as u32;
                 self.dispatch_binds(kernel, &defines, &params, bind, groups)?;
                 i0 += mg;
             }
         }
         Ok(())
+    }
+}
+
+/// Quants offset of a single-chunk weight.
+fn first_chunk_qs(w: &Tensor) -> Result<u32> {
+    match w.storage() {
+        Storage::Gpu { chunks, .. } if chunks.len() == 1 => Ok(chunks[0].qs_offset),
+        _ => Err(TensorError::Invalid {
+            op: "matmul_qkv",
+            detail: "fused QKV weights must each be one device binding".into(),
+        }),
     }
 }
 
@@ -375,7 +472,7 @@ fn rows_unrolled(m: usize, r: usize, swiglu: bool) -> [(&'static str, String); 3
     let mut store = String::new();
     for rr in 0..r {
         body.push_str(&format!(
-            "let w{rr} = load_blk(min(r0 + {rr}u, last) * nb + blk);\n"
+            "let w{rr} = load_row(min(r0 + {rr}u, last), blk, nb);\n"
         ));
         if swiglu {
             body.push_str(&format!(
