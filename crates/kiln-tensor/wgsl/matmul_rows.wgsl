@@ -166,11 +166,22 @@ fn load_row(r: u32, blk: u32, nb: u32) -> Blk {
 }
 #endif
 
-// The 32 values of X at vec4 index xb, and their dot with a block.
-fn xblk(xb: u32) -> Blk {
+// The 32 values of X at vec4 index xb. With SG_X (subgroups of at least 8 lanes), lane j
+// reads vec4 j & 7 and the others take it by broadcast: one gather a block instead of eight,
+// which is what these compilers make of a uniform-buffer read at a loop-dependent offset.
+#if SG_X
+fn xblk(xb: u32, lane: u32) -> Blk {
+    let v = xu[xb + (lane & 7u)];
+    return Blk(subgroupBroadcast(v, 0u), subgroupBroadcast(v, 1u), subgroupBroadcast(v, 2u),
+        subgroupBroadcast(v, 3u), subgroupBroadcast(v, 4u), subgroupBroadcast(v, 5u),
+        subgroupBroadcast(v, 6u), subgroupBroadcast(v, 7u));
+}
+#else
+fn xblk(xb: u32, lane: u32) -> Blk {
     return Blk(xu[xb], xu[xb + 1u], xu[xb + 2u], xu[xb + 3u], xu[xb + 4u], xu[xb + 5u],
         xu[xb + 6u], xu[xb + 7u]);
 }
+#endif
 
 fn bdot(w: Blk, x: Blk) -> f32 {
     return dot(w.q0, x.q0) + dot(w.q1, x.q1) + dot(w.q2, x.q2) + dot(w.q3, x.q3)
@@ -185,16 +196,16 @@ fn main(
     @builtin(workgroup_id) wid: vec3<u32>,
     @builtin(num_workgroups) nwg: vec3<u32>,
     @builtin(local_invocation_index) lid: u32,
+    {{SG_ARG}}
 ) {
+    // No early exit: every invocation takes part in the broadcasts; rows past the end compute
+    // a copy of the last row and are not written.
     let r0 = ((wid.x + wid.y * nwg.x) * WG + lid) * R;
-    if (r0 >= p.rows) {
-        return;
-    }
+    let lane = {{SG_LANE}};
     let nb = p.k / 32u;
     let kv = p.k / 4u;
     let last = p.rows - 1u;
     {{ACC_DECL}}
-    // Rows past the end compute a copy of the last row and are not written.
     for (var blk = 0u; blk < nb; blk++) {
         let xb = blk * 8u;
         {{ACC_BODY}}

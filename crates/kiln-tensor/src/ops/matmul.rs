@@ -397,6 +397,7 @@ impl Recorder {
             _ => (None, 0, 0),
         };
         let swiglu = matches!(epi, Epilogue::SwiGlu(_));
+        let sg_x = rows_x_broadcast(self.gpu().map(|c| c.info()));
         for (ci, c) in chunks.iter().enumerate() {
             let mut i0 = 0;
             while i0 < m {
@@ -412,6 +413,7 @@ impl Recorder {
                 defines.push(("WG", ROWS_WG.to_string()));
                 defines.push(("XV", (mg * k / 4).to_string()));
                 defines.extend(rows_unrolled(mg, r, swiglu));
+                defines.extend(sg_x.iter().cloned());
                 let (n1, n2) = qkv_rows.unwrap_or((0, 0));
                 let params = RowsParams {
                     m: mg as u32,
@@ -451,6 +453,28 @@ impl Recorder {
     }
 }
 
+/// Defines of the X reads of `matmul_rows.wgsl`: by subgroup broadcast where every subgroup
+/// has at least the 8 lanes one block of X needs.
+fn rows_x_broadcast(info: Option<&crate::DeviceInfo>) -> Vec<(&'static str, String)> {
+    let sg = info.is_some_and(|i| i.subgroups && i.subgroup_size.0 >= 8);
+    if sg {
+        vec![
+            ("SG_X", "1".into()),
+            (
+                "SG_ARG",
+                "@builtin(subgroup_invocation_id) sg_lane: u32,".into(),
+            ),
+            ("SG_LANE", "sg_lane".into()),
+        ]
+    } else {
+        vec![
+            ("SG_X", "0".into()),
+            ("SG_ARG", String::new()),
+            ("SG_LANE", "0u".into()),
+        ]
+    }
+}
+
 /// Quants offset of a single-chunk weight.
 fn first_chunk_qs(w: &Tensor) -> Result<u32> {
     match w.storage() {
@@ -481,7 +505,7 @@ fn rows_unrolled(m: usize, r: usize, swiglu: bool) -> [(&'static str, String); 3
         }
     }
     for i in 0..m {
-        body.push_str(&format!("{{ let x = xblk({i}u * kv + xb);\n"));
+        body.push_str(&format!("{{ let x = xblk({i}u * kv + xb, lane);\n"));
         for rr in 0..r {
             decl.push_str(&format!("var a{i}_{rr} = 0.0;\n"));
             body.push_str(&format!("a{i}_{rr} += bdot(w{rr}, x);\n"));

@@ -31,15 +31,28 @@ pub fn fresh_gpu() -> Option<Device> {
     open(wgpu_opts())
 }
 
-/// The same adapter with SHADER_F16 and SUBGROUP turned off (the fallback kernels), and the
-/// GPU-shaped kernels forced (CPU-type adapters would pick the others).
+/// The same adapter with SHADER_F16 and SUBGROUP turned off (the fallback kernels).
 pub fn gpu_plain() -> Option<Device> {
     static D: OnceLock<Option<Device>> = OnceLock::new();
     D.get_or_init(|| {
         open(DeviceOptions {
             allow_shader_f16: false,
             allow_subgroups: false,
-            cpu_shaped_kernels: Some(false),
+            ..wgpu_opts()
+        })
+    })
+    .clone()
+}
+
+/// Features off and the kernel family the adapter would not pick itself.
+pub fn gpu_plain_other_kernels() -> Option<Device> {
+    static D: OnceLock<Option<Device>> = OnceLock::new();
+    D.get_or_init(|| {
+        let natural = gpu()?.cpu_shaped_kernels();
+        open(DeviceOptions {
+            allow_shader_f16: false,
+            allow_subgroups: false,
+            cpu_shaped_kernels: Some(!natural),
             ..wgpu_opts()
         })
     })
@@ -77,6 +90,7 @@ pub fn gpus() -> Vec<(&'static str, Device)> {
     v.extend(gpu().map(|d| ("wgpu", d)));
     v.extend(gpu_plain().map(|d| ("wgpu-no-f16-no-subgroups", d)));
     v.extend(gpu_other_kernels().map(|d| ("wgpu-other-kernel-shapes", d)));
+    v.extend(gpu_plain_other_kernels().map(|d| ("wgpu-no-features-other-kernel-shapes", d)));
     v
 }
 
