@@ -1,5 +1,6 @@
 //! Project automation, run as `cargo xtask <command>` (a cargo alias for this package).
 
+mod bench;
 mod fetch_model;
 mod hf_folder;
 mod serve;
@@ -19,6 +20,11 @@ const COMMANDS: &[Command] = &[
         name: "serve",
         summary: "serve the default model over gRPC (fetching it first when missing); extra flags go to `kiln serve`",
         run: serve::run,
+    },
+    Command {
+        name: "bench",
+        summary: "serving benchmarks (single stream, concurrency sweep, shared prefix, roofline; --compare llama-cpp) on the default model; --help lists the flags",
+        run: bench::run,
     },
     Command {
         name: "fetch-model",

@@ -6,9 +6,9 @@ use crate::gpu::{Access, GpuContext, KernelDef, PARAM_SLOT, Pipeline};
 use crate::tensor::Storage;
 use crate::{Device, Result, Tensor, TensorError};
 
-/// Launches of one submit that get timestamps when profiling (two queries each; a query set
-/// holds at most 4096).
-const MAX_TIMED: usize = 2048;
+/// Launches timed by one query set when profiling (two queries each; a query set holds at
+/// most 4096); longer submits use several.
+const TIMED_PER_SET: usize = 2048;
 
 /// Workgroups per dimension every adapter supports; bigger launches spill into `y`.
 const MAX_GROUPS_X: u32 = 65535;
@@ -271,30 +271,33 @@ impl Recorder {
         enc: &mut wgpu::CommandEncoder,
         groups: &[wgpu::BindGroup],
     ) -> Result<(wgpu::Buffer, Vec<&'static str>)> {
-        let n = self.dispatches.len().min(MAX_TIMED);
+        let n = self.dispatches.len();
         let device = &ctx.device;
-        let set = device.create_query_set(&wgpu::QuerySetDescriptor {
-            label: Some("kiln profile"),
-            ty: wgpu::QueryType::Timestamp,
-            count: (2 * n) as u32,
-        });
+        let sets: Vec<wgpu::QuerySet> = (0..n.div_ceil(TIMED_PER_SET))
+            .map(|s| {
+                let count = (n - s * TIMED_PER_SET).min(TIMED_PER_SET);
+                device.create_query_set(&wgpu::QuerySetDescriptor {
+                    label: Some("kiln profile"),
+                    ty: wgpu::QueryType::Timestamp,
+                    count: (2 * count) as u32,
+                })
+            })
+            .collect();
         let mut kernels = Vec::with_capacity(n);
         for (i, (d, bg)) in self.dispatches.iter().zip(groups).enumerate() {
-            let timestamp_writes = (i < n).then(|| wgpu::ComputePassTimestampWrites {
-                query_set: &set,
-                beginning_of_pass_write_index: Some(2 * i as u32),
-                end_of_pass_write_index: Some(2 * i as u32 + 1),
-            });
+            let at = (2 * (i % TIMED_PER_SET)) as u32;
             let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
                 label: Some(d.pipeline.kernel),
-                timestamp_writes,
+                timestamp_writes: Some(wgpu::ComputePassTimestampWrites {
+                    query_set: &sets[i / TIMED_PER_SET],
+                    beginning_of_pass_write_index: Some(at),
+                    end_of_pass_write_index: Some(at + 1),
+                }),
             });
             pass.set_pipeline(&d.pipeline.pipeline);
             pass.set_bind_group(0, bg, &[d.param_offset]);
             pass.dispatch_workgroups(d.groups[0], d.groups[1], d.groups[2]);
-            if i < n {
-                kernels.push(d.pipeline.kernel);
-            }
+            kernels.push(d.pipeline.kernel);
         }
         let bytes = (2 * n * 8) as u64;
         let resolve = device.create_buffer(&wgpu::BufferDescriptor {
@@ -309,7 +312,11 @@ impl Recorder {
             usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
         });
-        enc.resolve_query_set(&set, 0..(2 * n) as u32, &resolve, 0);
+        for (s, set) in sets.iter().enumerate() {
+            let count = (n - s * TIMED_PER_SET).min(TIMED_PER_SET);
+            let offset = (2 * s * TIMED_PER_SET * 8) as u64;
+            enc.resolve_query_set(set, 0..(2 * count) as u32, &resolve, offset);
+        }
         enc.copy_buffer_to_buffer(&resolve, 0, &staging, 0, bytes);
         Ok((staging, kernels))
     }

@@ -430,4 +430,13 @@ fn profiling_times_every_launch_by_kernel() {
     assert!(p.total_ns() >= add.total_ns);
     dev.reset_profile();
     assert_eq!(dev.profile().unwrap(), kiln_tensor::Profile::default());
+    // A submit longer than one query set holds (2048 launches) is timed in full.
+    let mut rec = Recorder::new(&dev);
+    let mut t = a.clone();
+    for _ in 0..2100 {
+        t = rec.add(&t, &a).unwrap();
+    }
+    rec.submit().unwrap();
+    let p = dev.profile().unwrap();
+    assert_eq!((p.submits, p.dispatches), (1, 2100), "{p:?}");
 }

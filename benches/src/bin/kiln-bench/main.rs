@@ -1,0 +1,488 @@
+//! `kiln-bench` (run it as `cargo xtask bench`): what LLM operators measure a serving engine
+//! by, on the in-process engine or a running `kiln serve` (`--grpc`):
+//!
+//! - single stream: TTFT and prefill tokens/s of one prompt, ITL p50/p99 and decode tokens/s
+//!   of its continuation;
+//! - concurrency sweep: aggregate output tokens/s, TTFT and ITL percentiles per level;
+//! - shared prefix: prefix-cache hit rate and TTFT with and without the cache;
+//! - roofline: measured copy bandwidth and matmul FLOP/s, and the share of each that decode
+//!   and prefill reach;
+//! - `--compare llama-cpp`: the single stream through llama-cpp-python, with ratios.
+//!
+//! Prompts are synthetic token ids (distinct per request), decoding is greedy with EOS
+//! ignored, and times are taken where the tokens arrive (the client side). Percentiles are
+//! nearest-rank. Every figure goes to `<out>/kiln-bench-<unix-seconds>.json` and
+//! `<out>/latest.json`.
+
+mod args;
+mod llama_cpp;
+mod profile;
+mod report;
+mod roofline;
+mod scenarios;
+mod stats;
+mod target;
+
+use std::process::ExitCode;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use anyhow::{Context, bail};
+use kiln_model::ModelConfig;
+use kiln_tensor::{Device, DeviceOptions};
+
+use crate::args::{Args, Compare};
+use crate::report::{DeviceFacts, EngineFacts, Report, Workload};
+use crate::scenarios::{Prefix, PrefixWorkload, ratio};
+use crate::stats::Prompts;
+use crate::target::{EngineSizing, Target};
+
+/// Tokens per KV block (the engine's default).
+const BLOCK: usize = 16;
+/// The warm-up prompt: long enough for the prefill kernels.
+const WARM_PROMPT: usize = 64;
+/// Widest warm-up batch: wide enough for the batched decode kernels.
+const WARM_BATCH: usize = 16;
+
+fn main() -> ExitCode {
+    let argv: Vec<String> = std::env::args().skip(1).collect();
+    let env_backend = std::env::var("KILN_BACKEND").ok();
+    let args = match args::parse(&argv, env_backend.as_deref()) {
+        Ok(Some(a)) => a,
+        Ok(None) => {
+            print!("{}", args::USAGE);
+            return ExitCode::SUCCESS;
+        }
+        Err(e) => {
+            eprintln!("kiln-bench: {e:#}\n\n{}", args::USAGE);
+            return ExitCode::from(2);
+        }
+    };
+    let result = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")
+        .and_then(|rt| rt.block_on(bench(args)));
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("kiln-bench: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The in-process engine's model facts the roofline needs.
+struct InProcess {
+    device: Device,
+    config: ModelConfig,
+    weight_bytes: u64,
+    kv_bytes_per_token: u64,
+    sizing: EngineSizing,
+}
+
+/// Blocks one sequence of `tokens` tokens holds (one spare for the token being appended).
+fn blocks(tokens: usize) -> usize {
+    tokens.div_ceil(BLOCK) + 1
+}
+
+/// A pool that holds every scenario's sequences at once, over the 1% watermark.
+fn kv_blocks_needed(a: &Args, max_level: usize, warm_batch: usize) -> u32 {
+    let s = &a.scenarios;
+    let need = [
+        blocks(WARM_PROMPT + 4) + warm_batch * blocks(16 + 3),
+        if s.single {
+            blocks(a.prompt_tokens + a.new_tokens)
+        } else {
+            0
+        },
+        if s.sweep {
+            max_level * blocks(a.sweep_prompt_tokens + a.sweep_new_tokens)
+        } else {
+            0
+        },
+        if s.prefix {
+            3 * blocks(a.prefix_tokens + a.prefix_question_tokens + a.prefix_new_tokens)
+        } else {
+            0
+        },
+    ]
+    .into_iter()
+    .max()
+    .unwrap_or(0);
+    u32::try_from((need as f64 / 0.99).ceil() as usize + 8).unwrap_or(u32::MAX)
+}
+
+async fn bench(a: Args) -> anyhow::Result<()> {
+    let unix = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let max_level = if a.scenarios.sweep {
+        a.levels.iter().copied().max().unwrap_or(1)
+    } else {
+        1
+    };
+    let warm_batch = max_level.min(WARM_BATCH);
+    let longest = [
+        a.prompt_tokens + a.new_tokens,
+        a.sweep_prompt_tokens + a.sweep_new_tokens,
+        a.prefix_tokens + a.prefix_question_tokens + a.prefix_new_tokens,
+        WARM_PROMPT + 4,
+    ]
+    .into_iter()
+    .max()
+    .unwrap_or(0);
+    let new_max = a
+        .new_tokens
+        .max(a.sweep_new_tokens)
+        .max(a.prefix_new_tokens);
+    let mut notes = Vec::new();
+
+    let (target, vocab, device, engine, inproc, is_gguf) = match &a.grpc {
+        Some(addr) => {
+            if a.backend_given {
+                notes.push("--backend ignored: the server chose its device".to_owned());
+            }
+            let (client, info) = target::connect(addr).await?;
+            let limits = info.limits.unwrap_or_default();
+            let kv = info.kv_cache.unwrap_or_default();
+            if longest > info.context_length as usize {
+                bail!(
+                    "--grpc {addr}: a scenario needs {longest} tokens of context, the server allows {}",
+                    info.context_length
+                );
+            }
+            if limits.max_new_tokens != 0 && new_max > limits.max_new_tokens as usize {
+                bail!(
+                    "--grpc {addr}: a scenario asks for {new_max} new tokens, the server allows {} \
+                     (kiln serve --max-new-tokens)",
+                    limits.max_new_tokens
+                );
+            }
+            if max_level > limits.max_num_seqs as usize {
+                notes.push(format!(
+                    "the server runs at most {} sequences at once: higher levels queue",
+                    limits.max_num_seqs
+                ));
+            }
+            let device = DeviceFacts {
+                name: info.device.clone(),
+                backend: "remote".into(),
+                device_type: "remote".into(),
+                driver: String::new(),
+            };
+            let engine = EngineFacts {
+                kv_blocks: kv.total_blocks as usize,
+                block_size: kv.block_size as usize,
+                kv_dtype: kv.dtype.clone(),
+                kv_bytes_per_token: kv.bytes_per_token,
+                max_num_seqs: limits.max_num_seqs as usize,
+                max_num_batched_tokens: limits.max_num_batched_tokens as usize,
+            };
+            let is_gguf = a
+                .model
+                .extension()
+                .is_some_and(|e| e.eq_ignore_ascii_case("gguf"));
+            (
+                Target::Grpc(client),
+                info.vocab_size as usize,
+                device,
+                Some(engine),
+                None,
+                is_gguf,
+            )
+        }
+        None => {
+            let dev = Device::new(&DeviceOptions {
+                backend: a.backend,
+                ..DeviceOptions::default()
+            })
+            .context("opening the device")?;
+            let info = dev.info();
+            eprintln!("kiln-bench: loading {} on {}", a.model.display(), info.name);
+            let loaded = target::load(&a.model, &dev)?;
+            if longest > loaded.config.max_position {
+                bail!(
+                    "{}: a scenario needs {longest} tokens of context, the model has {}",
+                    a.model.display(),
+                    loaded.config.max_position
+                );
+            }
+            let sizing = EngineSizing {
+                kv_blocks: a
+                    .kv_blocks
+                    .unwrap_or_else(|| kv_blocks_needed(&a, max_level, warm_batch)),
+                max_num_seqs: a.max_num_seqs.unwrap_or(max_level.max(64)),
+                max_num_batched_tokens: a.max_batched_tokens,
+                max_waiting: max_level.max(256),
+                prefix_caching: true,
+            };
+            let (config, weight_bytes, is_gguf) =
+                (loaded.config.clone(), loaded.weight_bytes, loaded.is_gguf);
+            let engine = target::start_engine(loaded.model, loaded.tokenizer, &sizing)?;
+            let ei = engine.info().clone();
+            let device = DeviceFacts {
+                name: info.name.clone(),
+                backend: info.backend.clone(),
+                device_type: info.device_type.clone(),
+                driver: info.driver.clone(),
+            };
+            let facts = EngineFacts {
+                kv_blocks: ei.kv_blocks,
+                block_size: ei.block_size,
+                kv_dtype: ei.kv_dtype.to_owned(),
+                kv_bytes_per_token: ei.kv_bytes_per_token,
+                max_num_seqs: ei.max_num_seqs,
+                max_num_batched_tokens: ei.max_num_batched_tokens,
+            };
+            let inproc = InProcess {
+                device: dev,
+                config,
+                weight_bytes,
+                kv_bytes_per_token: ei.kv_bytes_per_token,
+                sizing,
+            };
+            (
+                Target::Engine(engine),
+                ei.vocab_size,
+                device,
+                Some(facts),
+                Some(inproc),
+                is_gguf,
+            )
+        }
+    };
+
+    let mut r = Report {
+        tool: "kiln-bench",
+        unix_time: unix,
+        date_utc: report::utc(unix),
+        model: a.model.display().to_string(),
+        mode: if a.grpc.is_some() {
+            "grpc"
+        } else {
+            "in-process"
+        },
+        grpc: a.grpc.clone(),
+        device,
+        engine,
+        threads: a.threads,
+        host_parallelism: std::thread::available_parallelism().map_or(1, usize::from),
+        lp_num_threads: std::env::var("LP_NUM_THREADS").ok(),
+        workload: Workload {
+            scenarios: a.scenarios.names(),
+            levels: a.levels.clone(),
+            prompt_tokens: a.prompt_tokens,
+            new_tokens: a.new_tokens,
+            sweep_prompt_tokens: a.sweep_prompt_tokens,
+            sweep_new_tokens: a.sweep_new_tokens,
+            prefix_tokens: a.prefix_tokens,
+            prefix_question_tokens: a.prefix_question_tokens,
+            prefix_new_tokens: a.prefix_new_tokens,
+            prefix_requests: a.prefix_requests,
+        },
+        single: None,
+        sweep: None,
+        prefix: None,
+        roofline: None,
+        profile: None,
+        llama_cpp: None,
+        notes: Vec::new(),
+    };
+    report::print_header(&r);
+    for n in notes {
+        r.note(n);
+    }
+
+    let result = run_scenarios(
+        &a,
+        &target,
+        inproc.as_ref(),
+        vocab,
+        warm_batch,
+        is_gguf,
+        &mut r,
+    )
+    .await;
+    target.shutdown().await;
+    result?;
+    let path = r.write(&a.out)?;
+    println!("wrote {} (and latest.json beside it)", path.display());
+    Ok(())
+}
+
+async fn run_scenarios(
+    a: &Args,
+    target: &Target,
+    inproc: Option<&InProcess>,
+    vocab: usize,
+    warm_batch: usize,
+    is_gguf: bool,
+    r: &mut Report,
+) -> anyhow::Result<()> {
+    let mut prompts = Prompts::new(vocab);
+    eprintln!("kiln-bench: warming up (pipelines compile on first use)");
+    scenarios::warm_up(target, &mut prompts, WARM_PROMPT, warm_batch).await?;
+
+    if a.scenarios.single {
+        let s = scenarios::single(target, &mut prompts, a.prompt_tokens, a.new_tokens).await?;
+        report::print_single(&s);
+        r.single = Some(s);
+    }
+
+    if a.scenarios.sweep {
+        report::print_sweep_header(a.sweep_prompt_tokens, a.sweep_new_tokens);
+        let single_decode = r.single.as_ref().and_then(|s| s.decode_tokens_per_s);
+        let sw = scenarios::sweep(
+            target,
+            &mut prompts,
+            &a.levels,
+            a.sweep_prompt_tokens,
+            a.sweep_new_tokens,
+            single_decode,
+            report::print_level,
+        )
+        .await?;
+        println!();
+        r.sweep = Some(sw);
+    }
+
+    if a.scenarios.prefix {
+        let w = PrefixWorkload::new(
+            &mut prompts,
+            a.prefix_tokens,
+            a.prefix_question_tokens,
+            a.prefix_requests,
+            a.prefix_new_tokens,
+        );
+        let with_cache = scenarios::prefix_run(target, &w, true).await?;
+        let (without_cache, note) = match inproc {
+            None => (
+                None,
+                Some(
+                    "without the cache: skipped over --grpc (the server's config is not ours)"
+                        .to_owned(),
+                ),
+            ),
+            Some(ip) => (Some(prefix_without_cache(a, ip, &w).await?), None),
+        };
+        let p = Prefix {
+            prefix_tokens: a.prefix_tokens,
+            question_tokens: a.prefix_question_tokens,
+            new_tokens: a.prefix_new_tokens,
+            ttft_speedup: ratio(
+                without_cache.as_ref().and_then(|w| w.ttft_mean_ms),
+                with_cache.ttft_mean_ms,
+            ),
+            with_cache,
+            without_cache,
+            note,
+        };
+        report::print_prefix(&p);
+        r.prefix = Some(p);
+    }
+
+    if a.scenarios.roofline {
+        match inproc {
+            None => {
+                r.note("roofline: skipped over --grpc (it measures the device in this process)")
+            }
+            Some(ip) => {
+                eprintln!("kiln-bench: measuring copy bandwidth and matmul FLOP/s");
+                let c = roofline::measure(&ip.device).context("roofline microbenchmarks")?;
+                let rl = roofline::relate(
+                    c,
+                    &ip.config,
+                    ip.weight_bytes,
+                    ip.kv_bytes_per_token,
+                    r.single.as_ref(),
+                    a.prompt_tokens,
+                    a.new_tokens,
+                );
+                report::print_roofline(&rl);
+                r.roofline = Some(rl);
+            }
+        }
+    }
+
+    if a.scenarios.profile {
+        match inproc {
+            None => r.note("profile: skipped over --grpc (it profiles a device in this process)"),
+            Some(_) => {
+                eprintln!("kiln-bench: profiling a stream (a second, profiling device)");
+                match profile::run(&a.model, a.backend, &mut prompts, a.prompt_tokens, 32).await? {
+                    Ok(p) => {
+                        profile::print_stream(&p);
+                        r.profile = Some(p);
+                    }
+                    Err(why) => r.note(format!("profile: skipped: {why}")),
+                }
+            }
+        }
+    }
+
+    if a.compare == Some(Compare::LlamaCpp) {
+        compare_llama_cpp(a, is_gguf, r);
+    }
+    Ok(())
+}
+
+/// The same shared-prefix workload on a second engine with the prefix cache off.
+async fn prefix_without_cache(
+    a: &Args,
+    ip: &InProcess,
+    w: &PrefixWorkload,
+) -> anyhow::Result<scenarios::PrefixRun> {
+    eprintln!("kiln-bench: starting a second engine without the prefix cache");
+    let loaded = target::load(&a.model, &ip.device)?;
+    let sizing = EngineSizing {
+        kv_blocks: u32::try_from(
+            2 * blocks(a.prefix_tokens + a.prefix_question_tokens + a.prefix_new_tokens) + 8,
+        )
+        .unwrap_or(u32::MAX),
+        max_num_seqs: 4,
+        prefix_caching: false,
+        ..ip.sizing
+    };
+    let t = Target::Engine(target::start_engine(
+        loaded.model,
+        loaded.tokenizer,
+        &sizing,
+    )?);
+    let run = scenarios::prefix_run(&t, w, false).await;
+    t.shutdown().await;
+    run
+}
+
+fn compare_llama_cpp(a: &Args, is_gguf: bool, r: &mut Report) {
+    let Some(single) = r.single.clone() else {
+        r.note("--compare llama-cpp: needs the single scenario (add it to --scenarios)");
+        return;
+    };
+    if !is_gguf {
+        r.note("--compare llama-cpp: llama.cpp loads GGUF files only; skipped");
+        return;
+    }
+    let python = llama_cpp::python();
+    if let Err(e) = llama_cpp::check_importable(&python) {
+        r.note(format!("--compare llama-cpp: skipped: {e:#}"));
+        return;
+    }
+    eprintln!(
+        "kiln-bench: running the single stream through llama-cpp-python ({} threads)",
+        a.threads
+    );
+    match llama_cpp::run(
+        &python,
+        &a.model,
+        &single.prompt_ids,
+        single.new_tokens,
+        a.threads,
+        &single,
+    ) {
+        Ok(l) => {
+            report::print_llama_cpp(&l, &single);
+            r.llama_cpp = Some(l);
+        }
+        Err(e) => r.note(format!("--compare llama-cpp: failed: {e:#}")),
+    }
+}

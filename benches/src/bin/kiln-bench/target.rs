@@ -1,0 +1,276 @@
+//! What the scenarios load: the in-process engine or a running server over gRPC. Both take a
+//! token-id prompt, decode greedily with EOS ignored, and time each token's arrival.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use kiln_engine::{Engine, EngineConfig, EngineHandle, Event, Request, ShutdownMode};
+use kiln_kv::BlockManagerConfig;
+use kiln_model::{LoadOptions, Model, ModelConfig, ModelFiles, ModelSource};
+use kiln_scheduler::SchedulerConfig;
+use kiln_server::pb;
+use kiln_server::pb::generation_client::GenerationClient;
+use kiln_server::pb::models_client::ModelsClient;
+use kiln_tensor::Device;
+use kiln_tokenizer::Tokenizer;
+use tokio::task::JoinSet;
+use tonic::transport::Channel;
+
+use crate::stats::Sample;
+
+/// One request of a scenario.
+#[derive(Debug, Clone)]
+pub struct Job {
+    pub ids: Vec<u32>,
+    pub new_tokens: usize,
+}
+
+/// Where requests go.
+#[derive(Debug, Clone)]
+pub enum Target {
+    Engine(EngineHandle),
+    Grpc(GenerationClient<Channel>),
+}
+
+/// Engine sizing for the in-process target.
+#[derive(Debug, Clone, Copy)]
+pub struct EngineSizing {
+    pub kv_blocks: u32,
+    pub max_num_seqs: usize,
+    pub max_num_batched_tokens: usize,
+    pub max_waiting: usize,
+    pub prefix_caching: bool,
+}
+
+/// The model as loaded here, before it moves onto the engine thread.
+#[derive(Debug)]
+pub struct Loaded {
+    pub model: Model,
+    pub tokenizer: Tokenizer,
+    pub config: ModelConfig,
+    pub weight_bytes: u64,
+    /// Whether the file is a GGUF (llama.cpp can only load those).
+    pub is_gguf: bool,
+}
+
+/// Reads `path` (a `.gguf` file or an HF folder) and uploads its weights to `device`.
+pub fn load(path: &Path, device: &Device) -> anyhow::Result<Loaded> {
+    // These errors name the file and carry their cause in their message already.
+    let files =
+        ModelFiles::open(path, LoadOptions::default()).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let (tokenizer, is_gguf) = match files.source() {
+        ModelSource::Gguf(_) => (Tokenizer::from_gguf_file(path), true),
+        ModelSource::Hf { dir, .. } => (Tokenizer::from_hf_dir(dir), false),
+    };
+    let tokenizer = tokenizer.map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    let config = files.config().clone();
+    let model = Model::load(device, config.clone(), files.weights())
+        .map_err(|e| anyhow::anyhow!("{}: loading the weights: {e}", path.display()))?;
+    Ok(Loaded {
+        weight_bytes: model.weight_bytes(),
+        model,
+        tokenizer,
+        config,
+        is_gguf,
+    })
+}
+
+/// Starts an engine over `model` sized by `s`.
+pub fn start_engine(
+    model: Model,
+    tokenizer: Tokenizer,
+    s: &EngineSizing,
+) -> anyhow::Result<EngineHandle> {
+    let mut blocks = BlockManagerConfig::new(s.kv_blocks);
+    blocks.enable_prefix_caching = s.prefix_caching;
+    let mut sched = SchedulerConfig::new(blocks);
+    sched.max_num_seqs = s.max_num_seqs;
+    sched.max_num_batched_tokens = s.max_num_batched_tokens;
+    sched.max_waiting = s.max_waiting;
+    Engine::start(model, tokenizer, EngineConfig::new(sched)).context("starting the engine")
+}
+
+/// Connects to `addr` (`host:port`, with or without `http://`) and reads the served model's
+/// facts.
+pub async fn connect(addr: &str) -> anyhow::Result<(GenerationClient<Channel>, pb::ModelInfo)> {
+    let uri = if addr.contains("://") {
+        addr.to_owned()
+    } else {
+        format!("http://{addr}")
+    };
+    let channel = Channel::from_shared(uri.clone())
+        .with_context(|| format!("--grpc {addr}: not a valid address"))?
+        .connect_timeout(Duration::from_secs(10))
+        .connect()
+        .await
+        .with_context(|| format!("--grpc {addr}: cannot connect (is `kiln serve` running?)"))?;
+    let info = ModelsClient::new(channel.clone())
+        .get_model_info(pb::GetModelInfoRequest::default())
+        .await
+        .with_context(|| format!("--grpc {addr}: Models.GetModelInfo"))?
+        .into_inner();
+    Ok((GenerationClient::new(channel), info))
+}
+
+impl Target {
+    /// Runs one request to its end.
+    pub async fn run(&self, job: Job) -> anyhow::Result<Sample> {
+        match self {
+            Target::Engine(e) => run_engine(e, job).await,
+            Target::Grpc(c) => run_grpc(c.clone(), job).await,
+        }
+    }
+
+    /// Submits every job at once and waits for all of them; samples in job order.
+    pub async fn run_all(&self, jobs: Vec<Job>) -> anyhow::Result<Vec<Sample>> {
+        let mut set = JoinSet::new();
+        match self {
+            // Submit all first (submission is synchronous), so they arrive together.
+            Target::Engine(e) => {
+                let mut streams = Vec::with_capacity(jobs.len());
+                for (i, job) in jobs.into_iter().enumerate() {
+                    let submitted = Instant::now();
+                    let stream = e.submit(request(&job)).context("submitting a request")?;
+                    streams.push((i, job, submitted, stream));
+                }
+                for (i, job, submitted, stream) in streams {
+                    set.spawn(async move {
+                        collect_engine(stream, &job, submitted)
+                            .await
+                            .map(|s| (i, s))
+                    });
+                }
+            }
+            Target::Grpc(c) => {
+                for (i, job) in jobs.into_iter().enumerate() {
+                    let c = c.clone();
+                    set.spawn(async move { run_grpc(c, job).await.map(|s| (i, s)) });
+                }
+            }
+        }
+        let mut out = Vec::with_capacity(set.len());
+        while let Some(joined) = set.join_next().await {
+            out.push(joined.context("a request task failed")??);
+        }
+        out.sort_by_key(|(i, _)| *i);
+        Ok(out.into_iter().map(|(_, s)| s).collect())
+    }
+
+    /// Drains and stops an in-process engine.
+    pub async fn shutdown(&self) {
+        if let Target::Engine(e) = self {
+            e.shutdown(ShutdownMode::Drain).await;
+        }
+    }
+}
+
+fn request(job: &Job) -> Request {
+    let mut r = Request::tokens(job.ids.clone()).max_new_tokens(job.new_tokens);
+    r.stopping.ignore_eos = true;
+    r
+}
+
+async fn run_engine(e: &EngineHandle, job: Job) -> anyhow::Result<Sample> {
+    let submitted = Instant::now();
+    let stream = e.submit(request(&job)).context("submitting a request")?;
+    collect_engine(stream, &job, submitted).await
+}
+
+async fn collect_engine(
+    mut stream: kiln_engine::RequestStream,
+    job: &Job,
+    submitted: Instant,
+) -> anyhow::Result<Sample> {
+    let mut s = Sample {
+        submitted,
+        token_times: Vec::with_capacity(job.new_tokens),
+        token_ids: Vec::with_capacity(job.new_tokens),
+        prompt_tokens: job.ids.len(),
+        cached_prompt_tokens: 0,
+        server_ttft: None,
+    };
+    while let Some(ev) = stream.recv().await {
+        let now = Instant::now();
+        match ev {
+            Event::Delta(d) => {
+                s.token_times.extend(d.token_ids.iter().map(|_| now));
+                s.token_ids.extend(&d.token_ids);
+            }
+            Event::Finished(sum) => {
+                s.prompt_tokens = sum.usage.prompt_tokens;
+                s.cached_prompt_tokens = sum.usage.cached_prompt_tokens;
+                s.server_ttft = Some(sum.timing.time_to_first_token);
+                check_count(&s, job)?;
+                return Ok(s);
+            }
+            Event::Error(err) => return Err(err).context("the engine ended a request"),
+        }
+    }
+    bail!("the engine closed a request's stream without a final event")
+}
+
+async fn run_grpc(mut client: GenerationClient<Channel>, job: Job) -> anyhow::Result<Sample> {
+    let req = pb::GenerateRequest {
+        prompt: Some(pb::generate_request::Prompt::TokenIds(pb::TokenIds {
+            ids: job.ids.clone(),
+        })),
+        sampling: Some(pb::SamplingParams {
+            temperature: Some(0.0),
+            ..Default::default()
+        }),
+        stopping: Some(pb::StoppingCriteria {
+            max_new_tokens: Some(u32::try_from(job.new_tokens).unwrap_or(u32::MAX)),
+            ignore_eos: true,
+            ..Default::default()
+        }),
+        // Count ids, not text: a text delta is empty while a character is incomplete.
+        output: Some(pb::OutputOptions {
+            return_token_ids: true,
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let submitted = Instant::now();
+    let mut stream = client
+        .generate_stream(req)
+        .await
+        .context("GenerateStream")?
+        .into_inner();
+    let mut s = Sample {
+        submitted,
+        token_times: Vec::with_capacity(job.new_tokens),
+        token_ids: Vec::with_capacity(job.new_tokens),
+        prompt_tokens: job.ids.len(),
+        cached_prompt_tokens: 0,
+        server_ttft: None,
+    };
+    while let Some(msg) = stream.message().await.context("GenerateStream")? {
+        let now = Instant::now();
+        for o in &msg.outputs {
+            s.token_times.extend(o.token_ids.iter().map(|_| now));
+            s.token_ids.extend(&o.token_ids);
+        }
+        if let Some(u) = msg.usage {
+            s.prompt_tokens = u.prompt_tokens as usize;
+            s.cached_prompt_tokens = u.cached_prompt_tokens as usize;
+        }
+        if let Some(t) = msg.timing {
+            s.server_ttft = Some(Duration::from_nanos(t.time_to_first_token_ns));
+        }
+    }
+    check_count(&s, &job)?;
+    Ok(s)
+}
+
+fn check_count(s: &Sample, job: &Job) -> anyhow::Result<()> {
+    if s.token_ids.len() != job.new_tokens {
+        bail!(
+            "a request asked for {} tokens and got {} (prompt {} tokens): is the context too short?",
+            job.new_tokens,
+            s.token_ids.len(),
+            job.ids.len()
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,37 @@
+//! `cargo xtask bench [FLAGS]`: the serving benchmarks (issue 8). Fetches the default model
+//! when no `--model` is given and it is missing, then runs the `kiln-bench` binary of
+//! `kiln-benches` from a release build; xtask itself stays free of the engine crates.
+
+use std::process::Command;
+
+use anyhow::{Context, bail};
+
+pub(crate) fn run(args: &[String]) -> anyhow::Result<()> {
+    let has_model = args
+        .iter()
+        .any(|a| a == "--model" || a.starts_with("--model="));
+    let wants_help = args.iter().any(|a| a == "-h" || a == "--help");
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let mut cmd = Command::new(cargo);
+    cmd.current_dir(crate::workspace_root()).args([
+        "run",
+        "--release",
+        "-p",
+        "kiln-benches",
+        "--bin",
+        "kiln-bench",
+        "--",
+    ]);
+    if !has_model && !wants_help {
+        let model = crate::fetch_model::ensure_default_model()?;
+        cmd.arg("--model").arg(model);
+    }
+    let status = cmd
+        .args(args)
+        .status()
+        .context("running `cargo run -p kiln-benches --bin kiln-bench`")?;
+    if !status.success() {
+        bail!("kiln-bench exited with {status}");
+    }
+    Ok(())
+}
