@@ -86,6 +86,18 @@ pub struct Sample {
 }
 
 impl Sample {
+    /// An empty sample of a request of `prompt_tokens` expecting `new_tokens`.
+    pub fn new(submitted: Instant, prompt_tokens: usize, new_tokens: usize) -> Self {
+        Self {
+            submitted,
+            token_times: Vec::with_capacity(new_tokens),
+            token_ids: Vec::with_capacity(new_tokens),
+            prompt_tokens,
+            cached_prompt_tokens: 0,
+            server_ttft: None,
+        }
+    }
+
     /// Submission to the first token.
     pub fn ttft(&self) -> Duration {
         self.token_times

@@ -182,14 +182,7 @@ async fn collect_engine(
     job: &Job,
     submitted: Instant,
 ) -> anyhow::Result<Sample> {
-    let mut s = Sample {
-        submitted,
-        token_times: Vec::with_capacity(job.new_tokens),
-        token_ids: Vec::with_capacity(job.new_tokens),
-        prompt_tokens: job.ids.len(),
-        cached_prompt_tokens: 0,
-        server_ttft: None,
-    };
+    let mut s = Sample::new(submitted, job.ids.len(), job.new_tokens);
     while let Some(ev) = stream.recv().await {
         let now = Instant::now();
         match ev {
@@ -237,14 +230,7 @@ async fn run_grpc(mut client: GenerationClient<Channel>, job: Job) -> anyhow::Re
         .await
         .context("GenerateStream")?
         .into_inner();
-    let mut s = Sample {
-        submitted,
-        token_times: Vec::with_capacity(job.new_tokens),
-        token_ids: Vec::with_capacity(job.new_tokens),
-        prompt_tokens: job.ids.len(),
-        cached_prompt_tokens: 0,
-        server_ttft: None,
-    };
+    let mut s = Sample::new(submitted, job.ids.len(), job.new_tokens);
     while let Some(msg) = stream.message().await.context("GenerateStream")? {
         let now = Instant::now();
         for o in &msg.outputs {
