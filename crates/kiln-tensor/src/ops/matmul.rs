@@ -412,7 +412,7 @@ impl Recorder {
                 defines.push(("R", r.to_string()));
                 defines.push(("WG", ROWS_WG.to_string()));
                 defines.push(("XV", (mg * k / 4).to_string()));
-                defines.extend(rows_unrolled(mg, r, swiglu));
+                defines.extend(rows_accumulators(mg, r, swiglu));
                 defines.extend(sg_x.iter().cloned());
                 let (n1, n2) = qkv_rows.unwrap_or((0, 0));
                 let params = RowsParams {
@@ -490,7 +490,7 @@ fn first_chunk_qs(w: &Tensor) -> Result<u32> {
 /// invocation (and as many for W2 under SwiGLU), written out statement by statement: the
 /// R weight blocks are decoded once and each X block is read once per block and used for
 /// all of them.
-fn rows_unrolled(m: usize, r: usize, swiglu: bool) -> [(&'static str, String); 3] {
+fn rows_accumulators(m: usize, r: usize, swiglu: bool) -> [(&'static str, String); 3] {
     let mut decl = String::new();
     let mut body = String::new();
     let mut store = String::new();
