@@ -215,7 +215,7 @@ impl Device {
     /// [`DeviceOptions::cpu_shaped_kernels`]); false on the CPU backend, which runs no kernels.
     pub fn cpu_shaped_kernels(&self) -> bool {
         match self {
-            Device::Wgpu(g) => g.is_cpu_adapter(),
+            Device::Wgpu(g) => g.cpu_shaped_kernels(),
             Device::Cpu => false,
         }
     }

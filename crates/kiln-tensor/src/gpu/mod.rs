@@ -229,7 +229,7 @@ impl GpuContext {
 
     /// Whether kernels take the shapes for CPU implementations (lavapipe, SwiftShader, WARP),
     /// whose compilers run invocations as SIMD lanes: by default when the adapter is one.
-    pub(crate) fn is_cpu_adapter(&self) -> bool {
+    pub(crate) fn cpu_shaped_kernels(&self) -> bool {
         self.cpu_shaped
     }
 

@@ -27,7 +27,8 @@ const TILED_SRC: &str = concat!(
 );
 const ROWS_SRC: &str = include_str!("../../wgsl/matmul_rows.wgsl");
 const ROWS: &[Access] = &[Access::Uniform, Access::Read, Access::ReadWrite];
-const ROWS_BIAS: &[Access] = &[
+/// Bindings with one epilogue operand (bias, residual or the SwiGLU up weight).
+const ROWS_EPI: &[Access] = &[
     Access::Uniform,
     Access::Read,
     Access::ReadWrite,
@@ -41,17 +42,17 @@ static MATMUL_ROWS: KernelDef = KernelDef {
 static MATMUL_ROWS_BIAS: KernelDef = KernelDef {
     name: "matmul_rows",
     source: ROWS_SRC,
-    bindings: ROWS_BIAS,
+    bindings: ROWS_EPI,
 };
 static MATMUL_ROWS_RES: KernelDef = KernelDef {
     name: "matmul_rows_add",
     source: ROWS_SRC,
-    bindings: ROWS_BIAS,
+    bindings: ROWS_EPI,
 };
 static MATMUL_ROWS_SWIGLU: KernelDef = KernelDef {
     name: "matmul_rows_swiglu",
     source: ROWS_SRC,
-    bindings: ROWS_BIAS,
+    bindings: ROWS_EPI,
 };
 static MATMUL_ROWS_QKV: KernelDef = KernelDef {
     name: "matmul_rows_qkv",
@@ -241,7 +242,7 @@ impl Recorder {
 /// kernel does not apply: a GPU adapter, a float weight, or X rows that do not fit a uniform
 /// binding at an aligned offset.
 fn rows_group(ctx: &GpuContext, w: &Tensor, m: usize, k: usize) -> Option<usize> {
-    if !ctx.is_cpu_adapter() || !w.dtype().is_quantized() || !k.is_multiple_of(32) {
+    if !ctx.cpu_shaped_kernels() || !w.dtype().is_quantized() || !k.is_multiple_of(32) {
         return None;
     }
     let row_bytes = (k * 4) as u64;
