@@ -16,12 +16,14 @@ use kiln_tensor::Recorder;
 use kiln_tokenizer::Tokenizer;
 use tokio::sync::oneshot;
 
+use crate::draft::{DraftModel, DraftProposer, check_same_tokenizer};
 use crate::handle::{
     Command, EngineHandle, EngineInfo, EngineStats, Shared, ShutdownMode, Submission,
 };
 use crate::metrics::EngineMetrics;
 use crate::output::{ReqState, TokenOutcome};
 use crate::request::{Event, Summary, Timing, Usage};
+use crate::speculative::{NgramProposer, ProposeInput, Proposer, SpecMethod, SpeculativeConfig};
 use crate::{EngineError, StartError};
 
 /// Engine limits. The scheduler's config holds the batch limits and the KV pool.
@@ -36,6 +38,8 @@ pub struct EngineConfig {
     pub max_n: usize,
     pub max_stop_strings: usize,
     pub max_top_logprobs: usize,
+    /// Speculative decoding (`None`: off).
+    pub speculative: Option<SpeculativeConfig>,
 }
 
 impl EngineConfig {
@@ -48,6 +52,7 @@ impl EngineConfig {
             max_n: 16,
             max_stop_strings: 16,
             max_top_logprobs: 20,
+            speculative: None,
         }
     }
 }
@@ -63,6 +68,18 @@ impl Engine {
         model: Model,
         tokenizer: Tokenizer,
         cfg: EngineConfig,
+    ) -> Result<EngineHandle, StartError> {
+        Self::start_with_draft(model, tokenizer, cfg, None)
+    }
+
+    /// [`start`](Self::start) with a draft model for speculative decoding
+    /// (`cfg.speculative` with [`SpecMethod::Draft`]). The draft must live on the same device
+    /// and share the target's tokenizer (checked: a clear error names the first difference).
+    pub fn start_with_draft(
+        model: Model,
+        tokenizer: Tokenizer,
+        cfg: EngineConfig,
+        draft: Option<DraftModel>,
     ) -> Result<EngineHandle, StartError> {
         let mcfg = model.config().clone();
         let max_model_len = cfg.max_model_len.unwrap_or(mcfg.max_position);
@@ -121,6 +138,70 @@ impl Engine {
             usable_blocks: (blocks.num_blocks as usize).saturating_sub(watermark),
             device: model.device().info().name,
         };
+        let spec = match (cfg.speculative, draft) {
+            (None, None) => None,
+            (None, Some(_))
+            | (
+                Some(SpeculativeConfig {
+                    method: SpecMethod::Ngram { .. },
+                    ..
+                }),
+                Some(_),
+            ) => {
+                return Err(StartError::Config {
+                    field: "draft_model",
+                    reason: "a draft model was given but the speculative method is not `draft`"
+                        .into(),
+                });
+            }
+            (Some(sc), draft) => {
+                sc.validate()
+                    .map_err(|(field, reason)| StartError::Config { field, reason })?;
+                let proposer: Box<dyn Proposer> = match (sc.method, draft) {
+                    (SpecMethod::Ngram { min_n, max_n }, _) => {
+                        Box::new(NgramProposer { min_n, max_n })
+                    }
+                    (SpecMethod::Draft, None) => {
+                        return Err(StartError::Config {
+                            field: "draft_model",
+                            reason: "speculative method `draft` needs a draft model".into(),
+                        });
+                    }
+                    (SpecMethod::Draft, Some(d)) => {
+                        check_same_tokenizer(&tokenizer, &d.tokenizer).map_err(|reason| {
+                            StartError::Config {
+                                field: "draft_model",
+                                reason,
+                            }
+                        })?;
+                        let dv = d.model.config().vocab;
+                        if (d.tokenizer.vocab_size() as usize) > dv {
+                            return Err(StartError::Config {
+                                field: "draft_model",
+                                reason: format!(
+                                    "{} tokens, more than its vocabulary of {dv}",
+                                    d.tokenizer.vocab_size()
+                                ),
+                            });
+                        }
+                        Box::new(
+                            DraftProposer::new(
+                                d.model,
+                                blocks.num_blocks,
+                                blocks.block_size,
+                                cfg.kv_dtype,
+                                vocab,
+                            )
+                            .map_err(|reason| StartError::Config {
+                                field: "draft_model",
+                                reason,
+                            })?,
+                        )
+                    }
+                };
+                Some(Spec { cfg: sc, proposer })
+            }
+        };
         let metrics = Arc::new(EngineMetrics::new());
         metrics.kv_total_blocks.set(i64::from(blocks.num_blocks));
         let queued = Arc::new(AtomicUsize::new(0));
@@ -140,6 +221,7 @@ impl Engine {
             rx,
             shutdown: None,
             waiters: Vec::new(),
+            spec,
         };
         let thread = std::thread::Builder::new()
             .name("kiln-engine".into())
@@ -176,6 +258,13 @@ struct Loop {
     rx: mpsc::Receiver<Command>,
     shutdown: Option<ShutdownMode>,
     waiters: Vec<oneshot::Sender<()>>,
+    spec: Option<Spec>,
+}
+
+/// Speculative decoding in the step loop.
+struct Spec {
+    cfg: SpeculativeConfig,
+    proposer: Box<dyn Proposer>,
 }
 
 /// How a request ended early.
@@ -308,8 +397,7 @@ impl Loop {
             return;
         };
         for seq in r.seqs() {
-            self.sched.finish(seq);
-            self.owner.remove(&seq);
+            self.finish_seq(seq);
         }
         if r.admitted.is_none() {
             self.queued.fetch_sub(1, Ordering::AcqRel);
@@ -328,8 +416,80 @@ impl Loop {
         }
     }
 
+    /// A sequence is done: its blocks (and its draft model's) go back before the next step.
+    fn finish_seq(&mut self, seq: SeqId) {
+        self.sched.finish(seq);
+        self.owner.remove(&seq);
+        if let Some(spec) = &mut self.spec {
+            spec.proposer.release(seq);
+        }
+    }
+
+    /// Drafts tokens for the sequences about to decode, unless the batch is too large for
+    /// speculation to pay ([`SpeculativeConfig::disable_batch_size`]) or the request opted out.
+    fn propose(&mut self) {
+        let Some(spec) = &mut self.spec else {
+            return;
+        };
+        if self.sched.stats().running > spec.cfg.disable_batch_size {
+            return;
+        }
+        let max_model_len = self.info.max_model_len;
+        let mut batch = Vec::new();
+        for (seq, tokens) in self.sched.decoding() {
+            let Some(r) = self
+                .owner
+                .get(&seq)
+                .and_then(|&(rid, idx)| Some((self.requests.get(&rid)?, idx)))
+            else {
+                continue;
+            };
+            // k + 1 new tokens at most, within the request's and the context's limits.
+            let k =
+                r.0.draft_room(r.1)
+                    .min(spec.cfg.num_tokens)
+                    .min(max_model_len.saturating_sub(tokens.len() + 1));
+            if k > 0 {
+                batch.push(ProposeInput {
+                    seq,
+                    tokens,
+                    max_tokens: k,
+                });
+            }
+        }
+        if batch.is_empty() {
+            return;
+        }
+        let drafts = match spec.proposer.propose(&batch) {
+            Ok(d) => d,
+            Err(e) => {
+                tracing::warn!(error = %e, "proposer failed; decoding without drafts this step");
+                return;
+            }
+        };
+        let vocab = self.info.vocab_size as u32;
+        let proposals: Vec<(SeqId, Vec<u32>)> = batch
+            .iter()
+            .zip(drafts)
+            .map(|(b, mut d)| {
+                d.truncate(b.max_tokens);
+                if let Some(bad) = d.iter().position(|&t| t >= vocab) {
+                    d.truncate(bad);
+                }
+                (b.seq, d)
+            })
+            .collect();
+        drop(batch);
+        for (seq, d) in proposals {
+            if let Err(e) = self.sched.propose(seq, d) {
+                tracing::warn!(seq = seq.0, error = %e, "draft refused");
+            }
+        }
+    }
+
     /// One forward step. Returns whether anything ran.
     fn step(&mut self) -> bool {
+        self.propose();
         let schedule = self.sched.schedule();
         self.steps += 1;
         let now = Instant::now();
@@ -411,24 +571,51 @@ impl Loop {
                 .map_err(|e| e.to_string())?;
             tables.push(table.iter().map(|b| b.0).collect());
         }
-        let mut inputs = Vec::with_capacity(schedule.seqs.len());
-        for (s, table) in schedule.seqs.iter().zip(&tables) {
-            let tokens = self
+        // A decode that verifies drafts computes its sampled token followed by the drafts.
+        let mut with_drafts: Vec<Vec<u32>> = Vec::new();
+        for s in schedule.seqs.iter().filter(|s| s.draft > 0) {
+            let mut t = self
                 .sched
                 .tokens(s.seq)
-                .and_then(|t| t.get(s.start..s.end()))
-                .ok_or_else(|| format!("sequence {:?} lost its tokens", s.seq))?;
+                .and_then(|t| t.get(s.start..s.real_end()))
+                .ok_or_else(|| format!("sequence {:?} lost its tokens", s.seq))?
+                .to_vec();
+            t.extend_from_slice(self.sched.verifying(s.seq));
+            with_drafts.push(t);
+        }
+        let mut drafted = with_drafts.iter();
+        let mut inputs = Vec::with_capacity(schedule.seqs.len());
+        for (s, table) in schedule.seqs.iter().zip(&tables) {
+            let tokens = if s.draft > 0 {
+                drafted.next().map(Vec::as_slice)
+            } else {
+                self.sched
+                    .tokens(s.seq)
+                    .and_then(|t| t.get(s.start..s.end()))
+            }
+            .filter(|t| t.len() == s.len)
+            .ok_or_else(|| format!("sequence {:?} lost its tokens", s.seq))?;
             inputs.push(SeqInput {
                 tokens,
                 block_table: table,
                 context_len: s.end(),
             });
         }
+        // Logits rows: one per sequence, plus one per draft token it verifies.
+        let tails: Vec<usize> = schedule.seqs.iter().map(|s| 1 + s.draft).collect();
+        let mut first = Vec::with_capacity(tails.len());
+        let mut total = 0usize;
+        for &n in &tails {
+            first.push(total);
+            total += n;
+        }
         // Rows whose sequence samples on the CPU; only those come back.
-        let need: Vec<u32> = (0u32..)
-            .zip(&schedule.seqs)
+        let need: Vec<u32> = schedule
+            .seqs
+            .iter()
+            .enumerate()
             .filter(|(_, s)| s.samples && self.needs_row(s.seq))
-            .map(|(i, _)| i)
+            .flat_map(|(i, s)| (first[i]..first[i] + 1 + s.draft).map(|r| r as u32))
             .collect();
         let mut rec = Recorder::new(self.model.device());
         if !schedule.copies.is_empty() {
@@ -438,14 +625,19 @@ impl Loop {
                 .copy_blocks(&mut rec, &pairs)
                 .map_err(|e| e.to_string())?;
         }
+        let at = if total == schedule.seqs.len() {
+            LogitsAt::Last
+        } else {
+            LogitsAt::Tail(&tails)
+        };
         let logits = self
             .model
-            .forward(&mut rec, &mut self.cache, &inputs, LogitsAt::Last)
+            .forward(&mut rec, &mut self.cache, &inputs, at)
             .map_err(|e| e.to_string())?;
         let best = rec.argmax(&logits).map_err(|e| e.to_string())?;
         let picked = match need.len() {
             0 => None,
-            n if n == schedule.seqs.len() => Some(logits),
+            n if n == total => Some(logits),
             // Gather the needed rows on the device (an exact copy) to read back less.
             _ => Some(rec.embedding(&logits, &need).map_err(|e| e.to_string())?),
         };
@@ -455,7 +647,7 @@ impl Loop {
             Some(t) => t.to_f32_vec().map_err(|e| e.to_string())?,
             None => Vec::new(),
         };
-        let mut slot = vec![None; schedule.seqs.len()];
+        let mut slot = vec![None; total];
         for (k, &i) in need.iter().enumerate() {
             slot[i as usize] = Some(k);
         }
@@ -463,6 +655,7 @@ impl Loop {
             argmax,
             logits,
             slot,
+            first,
             vocab: self.info.vocab_size,
         })
     }
@@ -491,6 +684,10 @@ impl Loop {
                 self.end(rid, Ending::Error(e));
                 continue;
             }
+            if s.draft > 0 {
+                self.verify(rid, idx, row, s, rows, now);
+                continue;
+            }
             let Some(r) = self.requests.get_mut(&rid) else {
                 continue;
             };
@@ -501,13 +698,8 @@ impl Loop {
             };
             let mut ended = None;
             for i in indices {
-                let outcome = r.on_row(
-                    i,
-                    rows.row(row),
-                    rows.argmax.get(row).copied(),
-                    now,
-                    &self.metrics,
-                );
+                let outcome =
+                    r.on_row(i, rows.row(row, 0), rows.argmax(row, 0), now, &self.metrics);
                 let seq = r.outs[i].seq;
                 match outcome {
                     Ok(TokenOutcome::Continue(token)) => {
@@ -517,8 +709,12 @@ impl Loop {
                         }
                     }
                     Ok(TokenOutcome::Finished) => {
+                        // `finish_seq`, spelled out: `r` still borrows the requests.
                         self.sched.finish(seq);
                         self.owner.remove(&seq);
+                        if let Some(spec) = &mut self.spec {
+                            spec.proposer.release(seq);
+                        }
                     }
                     Err(e) => {
                         ended = Some(e);
@@ -531,6 +727,47 @@ impl Loop {
                 continue;
             }
             self.flush(rid);
+        }
+    }
+
+    /// Sampling for a decode that verified drafts: the accepted drafts and the target's own
+    /// next token go out; the rejected drafts' slots go back.
+    fn verify(
+        &mut self,
+        rid: crate::RequestId,
+        idx: usize,
+        row: usize,
+        s: &kiln_scheduler::ScheduledSeq,
+        rows: &Rows,
+        now: Instant,
+    ) {
+        let Some(r) = self.requests.get_mut(&rid) else {
+            return;
+        };
+        let draft = self.sched.verifying(s.seq).to_vec();
+        let outcome = r.on_draft_rows(
+            idx,
+            &draft,
+            |j| rows.row(row, j),
+            |j| rows.argmax(row, j),
+            now,
+            &self.metrics,
+        );
+        let result = match outcome {
+            Ok((TokenOutcome::Continue(token), accepted)) => self
+                .sched
+                .accept_draft(s.seq, accepted)
+                .and_then(|()| self.sched.push_token(s.seq, token))
+                .map_err(|e| EngineError::Internal(e.to_string())),
+            Ok((TokenOutcome::Finished, _)) => {
+                self.finish_seq(s.seq);
+                Ok(())
+            }
+            Err(e) => Err(e),
+        };
+        match result {
+            Ok(()) => self.flush(rid),
+            Err(e) => self.end(rid, Ending::Error(e)),
         }
     }
 
@@ -579,6 +816,7 @@ impl Loop {
                 time_to_first_token: first - r.arrived,
                 decode: end - first,
                 total: end - r.arrived,
+                speculative: r.spec,
             },
         };
         for f in &summary.finish {
@@ -598,6 +836,7 @@ impl Loop {
             preemptions: s.preemptions,
             steps: self.steps,
             kv: s.kv,
+            draft_kv: self.spec.as_ref().and_then(|p| p.proposer.kv_metrics()),
             invariants: self
                 .sched
                 .check_invariants()
@@ -612,6 +851,10 @@ impl Loop {
                             self.sched.len()
                         ))
                     }
+                })
+                .and_then(|()| match &self.spec {
+                    Some(p) => p.proposer.check(&|seq| self.owner.contains_key(&seq)),
+                    None => Ok(()),
                 }),
         }
     }
@@ -635,17 +878,25 @@ impl Loop {
 
 /// What a step read back.
 struct Rows {
+    /// The device argmax of every logits row.
     argmax: Vec<u32>,
     /// The logits rows sampling needs, `[needed, vocab]`.
     logits: Vec<f32>,
-    /// For each scheduled sequence, its row in `logits`.
+    /// For each logits row, its place in `logits` (if read back).
     slot: Vec<Option<usize>>,
+    /// For each scheduled sequence, its first logits row (one more per draft token).
+    first: Vec<usize>,
     vocab: usize,
 }
 
 impl Rows {
-    fn row(&self, i: usize) -> Option<&[f32]> {
-        let k = self.slot.get(i).copied().flatten()?;
+    /// Logits row `j` of scheduled sequence `i`.
+    fn row(&self, i: usize, j: usize) -> Option<&[f32]> {
+        let k = self.slot.get(self.first.get(i)? + j).copied().flatten()?;
         self.logits.get(k * self.vocab..(k + 1) * self.vocab)
+    }
+
+    fn argmax(&self, i: usize, j: usize) -> Option<u32> {
+        self.argmax.get(self.first.get(i)? + j).copied()
     }
 }

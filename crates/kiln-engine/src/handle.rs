@@ -54,6 +54,8 @@ pub struct EngineStats {
     pub preemptions: u64,
     pub steps: u64,
     pub kv: KvMetrics,
+    /// The draft model's own KV pool (speculative decoding with a draft model).
+    pub draft_kv: Option<KvMetrics>,
     /// The scheduler's and block manager's invariants (`Err` names what is broken).
     pub invariants: Result<(), String>,
 }

@@ -34,6 +34,7 @@
 //! # }
 //! ```
 
+mod draft;
 mod engine;
 mod error;
 mod handle;
@@ -41,16 +42,19 @@ mod metrics;
 mod output;
 mod request;
 mod sampling;
+mod speculative;
 
+pub use draft::{DraftModel, DraftProposer, check_same_tokenizer};
 pub use engine::{Engine, EngineConfig};
 pub use error::{EngineError, StartError};
 pub use handle::{EngineHandle, EngineInfo, EngineStats, RequestStream, ShutdownMode};
 pub use metrics::{EngineMetrics, FinishLabel};
 pub use request::{
     Delta, Event, FinishReason, Output, OutputOptions, Prompt, Request, RequestId, SeqOutput,
-    StoppingCriteria, Summary, Timing, TokenLogprobs, Usage,
+    SpecStats, StoppingCriteria, Summary, Timing, TokenLogprobs, Usage,
 };
 pub use sampling::{
     LogprobRequest, ParamError, SampleError, Sampled, Sampler, SamplingParams, TokenHistory,
-    TokenLogprob, raw_logprobs,
+    TokenLogprob, raw_logprobs, rejection_sample,
 };
+pub use speculative::{NgramProposer, ProposeInput, Proposer, SpecMethod, SpeculativeConfig};

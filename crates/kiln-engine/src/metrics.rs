@@ -38,6 +38,11 @@ pub struct EngineMetrics {
     pub(crate) generation_tokens: Counter,
     pub(crate) preemptions: Counter,
     pub(crate) finished: Family<FinishLabel, Counter>,
+    pub(crate) spec_proposed: Counter,
+    pub(crate) spec_accepted: Counter,
+    pub(crate) spec_steps: Counter,
+    pub(crate) spec_acceptance: Gauge<f64, AtomicU64>,
+    pub(crate) spec_mean_accepted: Gauge<f64, AtomicU64>,
 }
 
 impl EngineMetrics {
@@ -64,6 +69,11 @@ impl EngineMetrics {
             generation_tokens: Counter::default(),
             preemptions: Counter::default(),
             finished: Family::default(),
+            spec_proposed: Counter::default(),
+            spec_accepted: Counter::default(),
+            spec_steps: Counter::default(),
+            spec_acceptance: Gauge::default(),
+            spec_mean_accepted: Gauge::default(),
             registry: Registry::default(),
         };
         let r = &mut registry;
@@ -152,7 +162,46 @@ impl EngineMetrics {
             "Requests ended, by reason",
             m.finished.clone(),
         );
+        r.register(
+            "spec_decode_proposed_tokens",
+            "Draft tokens proposed for verification (speculative decoding)",
+            m.spec_proposed.clone(),
+        );
+        r.register(
+            "spec_decode_accepted_tokens",
+            "Draft tokens the target model accepted",
+            m.spec_accepted.clone(),
+        );
+        r.register(
+            "spec_decode_verify_steps",
+            "Sequence steps that verified a draft",
+            m.spec_steps.clone(),
+        );
+        r.register(
+            "spec_decode_acceptance_ratio",
+            "Accepted over proposed draft tokens, since start",
+            m.spec_acceptance.clone(),
+        );
+        r.register(
+            "spec_decode_mean_accepted_length",
+            "Draft tokens accepted per verifying step, since start (tokens per step: this + 1)",
+            m.spec_mean_accepted.clone(),
+        );
         Self { registry, ..m }
+    }
+
+    /// Counts one sequence's verification of `proposed` draft tokens of which `accepted` held.
+    pub(crate) fn verified(&self, proposed: usize, accepted: usize) {
+        self.spec_proposed.inc_by(proposed as u64);
+        self.spec_accepted.inc_by(accepted as u64);
+        self.spec_steps.inc();
+        let stats = crate::SpecStats {
+            proposed_tokens: self.spec_proposed.get(),
+            accepted_tokens: self.spec_accepted.get(),
+            verify_steps: self.spec_steps.get(),
+        };
+        self.spec_acceptance.set(stats.acceptance_rate());
+        self.spec_mean_accepted.set(stats.mean_accepted_length());
     }
 
     /// Counts a request that ended for `reason`.

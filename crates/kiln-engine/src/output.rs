@@ -10,7 +10,9 @@ use tokio::sync::mpsc::UnboundedSender;
 use crate::EngineError;
 use crate::handle::{EngineInfo, Submission};
 use crate::metrics::EngineMetrics;
-use crate::request::{Delta, Event, FinishReason, OutputOptions, StoppingCriteria, TokenLogprobs};
+use crate::request::{
+    Delta, Event, FinishReason, OutputOptions, SpecStats, StoppingCriteria, TokenLogprobs,
+};
 use crate::sampling::{LogprobRequest, Sampler, SamplingParams, TokenHistory};
 
 /// What one sampled token did to its sequence.
@@ -43,6 +45,9 @@ pub(crate) struct ReqState {
     pub deadline: Option<Instant>,
     pub cached_tokens: usize,
     pub outs: Vec<OutState>,
+    /// Speculative decoding figures, for the summary's timing.
+    pub spec: SpecStats,
+    speculate: bool,
     prompt: Vec<u32>,
     params: SamplingParams,
     seed: u64,
@@ -84,6 +89,8 @@ impl ReqState {
             deadline: r.deadline,
             cached_tokens: 0,
             outs: Vec::with_capacity(r.n),
+            spec: SpecStats::default(),
+            speculate: r.speculate,
             prompt: sub.prompt_ids.clone(),
             params: r.sampling.clone(),
             seed: sub.seed,
@@ -160,6 +167,17 @@ impl ReqState {
             || suppressing
     }
 
+    /// Draft tokens output `idx` may verify in one step: its verification yields up to one
+    /// token more than it drafts, so one less than it may still generate (0: do not draft).
+    pub fn draft_room(&self, idx: usize) -> usize {
+        match self.outs.get(idx) {
+            Some(o) if self.speculate && o.finish.is_none() => {
+                self.max_new.saturating_sub(o.generated.len() + 1)
+            }
+            _ => 0,
+        }
+    }
+
     /// Picks output `idx`'s next token from its row (or the device argmax), applies the stop
     /// rules and queues the delta.
     pub fn on_row(
@@ -170,6 +188,49 @@ impl ReqState {
         now: Instant,
         metrics: &EngineMetrics,
     ) -> Result<TokenOutcome, EngineError> {
+        let (token, logprobs, _) = self.pick(idx, row, argmax, None)?;
+        self.apply(idx, token, logprobs, now, metrics)
+    }
+
+    /// Verifies output `idx`'s drafts against the target's rows (`row(j)` / `argmax(j)` at
+    /// draft position `j`, `j = draft.len()` the one after the last draft): takes each draft
+    /// token the target accepts, then the target's own token, stopping early if the output
+    /// finishes. Returns the last outcome and how many drafts were accepted.
+    pub fn on_draft_rows<'r>(
+        &mut self,
+        idx: usize,
+        draft: &[u32],
+        row: impl Fn(usize) -> Option<&'r [f32]>,
+        argmax: impl Fn(usize) -> Option<u32>,
+        now: Instant,
+        metrics: &EngineMetrics,
+    ) -> Result<(TokenOutcome, usize), EngineError> {
+        let mut accepted = 0;
+        let mut outcome = TokenOutcome::Finished;
+        for j in 0..=draft.len() {
+            let (token, logprobs, ok) = self.pick(idx, row(j), argmax(j), draft.get(j).copied())?;
+            accepted += usize::from(ok);
+            outcome = self.apply(idx, token, logprobs, now, metrics)?;
+            if !ok || matches!(outcome, TokenOutcome::Finished) {
+                break;
+            }
+        }
+        self.spec.proposed_tokens += draft.len() as u64;
+        self.spec.accepted_tokens += accepted as u64;
+        self.spec.verify_steps += 1;
+        metrics.verified(draft.len(), accepted);
+        Ok((outcome, accepted))
+    }
+
+    /// Output `idx`'s token from a row (or the device argmax), checked against `draft` when
+    /// one was proposed here; returns the token, its logprobs and whether it is the draft.
+    fn pick(
+        &mut self,
+        idx: usize,
+        row: Option<&[f32]>,
+        argmax: Option<u32>,
+        draft: Option<u32>,
+    ) -> Result<(u32, Option<TokenLogprobs>, bool), EngineError> {
         let suppress = self.suppressed(idx);
         let needs_row = self.needs_row(idx);
         let want = LogprobRequest {
@@ -177,30 +238,42 @@ impl ReqState {
             top_logprobs: self.output.top_logprobs,
         };
         let internal = |what: &str| EngineError::Internal(what.to_owned());
-        if self.first_token.is_none() {
-            self.first_token = Some(now);
-            metrics.ttft.observe((now - self.arrived).as_secs_f64());
-        }
         let Some(o) = self.outs.get_mut(idx) else {
             return Err(internal("output index out of range"));
         };
-        let (token, logprobs) = if needs_row {
+        if needs_row {
             let row = row.ok_or_else(|| internal("logits row was not read back"))?;
-            let s = o
+            let (s, ok) = o
                 .sampler
-                .sample(row, &o.history, &suppress, want)
+                .verify(row, &o.history, &suppress, draft, want)
                 .map_err(|e| EngineError::Internal(format!("sampling: {e}")))?;
             let lp = (want.logprobs || want.top_logprobs > 0).then(|| TokenLogprobs {
                 token: s.token,
                 logprob: s.logprob.unwrap_or(f32::NEG_INFINITY),
                 top: s.top,
             });
-            (s.token, lp)
+            Ok((s.token, lp, ok))
         } else {
-            (
-                argmax.ok_or_else(|| internal("argmax was not read back"))?,
-                None,
-            )
+            let token = argmax.ok_or_else(|| internal("argmax was not read back"))?;
+            Ok((token, None, draft == Some(token)))
+        }
+    }
+
+    /// Appends a picked token to output `idx`: stop rules, detokenization, the pending delta.
+    fn apply(
+        &mut self,
+        idx: usize,
+        token: u32,
+        logprobs: Option<TokenLogprobs>,
+        now: Instant,
+        metrics: &EngineMetrics,
+    ) -> Result<TokenOutcome, EngineError> {
+        if self.first_token.is_none() {
+            self.first_token = Some(now);
+            metrics.ttft.observe((now - self.arrived).as_secs_f64());
+        }
+        let Some(o) = self.outs.get_mut(idx) else {
+            return Err(EngineError::Internal("output index out of range".into()));
         };
         if let Some(t) = o.last_at {
             metrics.itl.observe((now - t).as_secs_f64());

@@ -74,6 +74,8 @@ pub struct Request {
     /// When the request must be finished; afterwards it ends with
     /// [`EngineError::DeadlineExceeded`](crate::EngineError::DeadlineExceeded).
     pub deadline: Option<Instant>,
+    /// Let the engine's speculative decoding (if configured) draft tokens for this request.
+    pub speculate: bool,
 }
 
 impl Request {
@@ -98,6 +100,7 @@ impl Request {
             output: OutputOptions::default(),
             priority: 0,
             deadline: None,
+            speculate: true,
         }
     }
 
@@ -175,6 +178,38 @@ pub struct Usage {
     pub cached_prompt_tokens: usize,
 }
 
+/// Speculative decoding figures of one request (or of the engine so far).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SpecStats {
+    /// Draft tokens proposed and verified.
+    pub proposed_tokens: u64,
+    /// Draft tokens the target model accepted.
+    pub accepted_tokens: u64,
+    /// Sequence steps that verified a draft (each also yields one token of the target's own).
+    pub verify_steps: u64,
+}
+
+impl SpecStats {
+    /// Accepted over proposed draft tokens (0 when nothing was proposed).
+    pub fn acceptance_rate(&self) -> f64 {
+        if self.proposed_tokens == 0 {
+            0.0
+        } else {
+            self.accepted_tokens as f64 / self.proposed_tokens as f64
+        }
+    }
+
+    /// Draft tokens accepted per verifying step (0 when none ran); each such step produced
+    /// this plus one tokens.
+    pub fn mean_accepted_length(&self) -> f64 {
+        if self.verify_steps == 0 {
+            0.0
+        } else {
+            self.accepted_tokens as f64 / self.verify_steps as f64
+        }
+    }
+}
+
 /// Where a finished request's time went.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Timing {
@@ -186,6 +221,8 @@ pub struct Timing {
     pub decode: Duration,
     /// Submission to the end.
     pub total: Duration,
+    /// What speculative decoding did for this request (all zero when it did not run).
+    pub speculative: SpecStats,
 }
 
 /// The last event of a successful request.

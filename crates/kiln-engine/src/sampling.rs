@@ -229,21 +229,64 @@ impl Sampler {
         } else {
             self.draw(processed)?
         };
-        let (logprob, top) = if want.logprobs || want.top_logprobs > 0 {
-            let (lp, top) = raw_logprobs(logits, token, want.top_logprobs);
-            (want.logprobs.then_some(lp), top)
-        } else {
-            (None, Vec::new())
+        Ok(with_logprobs(logits, token, want))
+    }
+
+    /// Speculative decoding's check of one draft token against this row (the target model's
+    /// logits at the draft's position). Greedy: the processed argmax, accepted when it is the
+    /// draft. Sampling: the rejection rule for a draft drawn from a point mass (the n-gram and
+    /// greedy draft-model proposers): accept with probability p(draft), else draw from p with
+    /// the draft removed ([`rejection_sample`]). Either way the token returned follows exactly
+    /// the distribution [`sample`](Self::sample) draws from. `draft: None` is a plain `sample`
+    /// (the bonus token after a fully accepted draft). Returns the token and whether it is the
+    /// accepted draft.
+    pub fn verify(
+        &mut self,
+        logits: &[f32],
+        history: &TokenHistory,
+        suppress: &[u32],
+        draft: Option<u32>,
+        want: LogprobRequest,
+    ) -> Result<(Sampled, bool), SampleError> {
+        let Some(draft) = draft else {
+            return Ok((self.sample(logits, history, suppress, want)?, false));
         };
-        Ok(Sampled {
-            token,
-            logprob,
-            top,
-        })
+        if logits.is_empty() {
+            return Err(SampleError::EmptyLogits);
+        }
+        let processed = process(logits, &self.params, history, suppress);
+        let (token, accepted) = if self.params.is_greedy() {
+            let t = argmax(&processed).ok_or(SampleError::NoCandidates)?;
+            (t, t == draft)
+        } else {
+            let target = self.candidates(processed)?;
+            rejection_sample(&target, None, draft, &mut self.rng)
+        };
+        Ok((with_logprobs(logits, token, want), accepted))
     }
 
     /// Temperature, top-k, top-p and min-p over the processed row, then one draw.
     fn draw(&mut self, processed: Vec<f32>) -> Result<u32, SampleError> {
+        let w = self.candidates(processed)?;
+        let total: f64 = w.iter().map(|c| c.1).sum();
+        let mut u = self.rng.random::<f64>() * total;
+        // Falls back to the last positive weight if rounding leaves `u` past the end.
+        let mut pick = None;
+        for &(id, wi) in &w {
+            if wi > 0.0 {
+                pick = Some(id);
+                if u < wi {
+                    break;
+                }
+                u -= wi;
+            }
+        }
+        pick.ok_or(SampleError::NoCandidates)
+    }
+
+    /// The distribution a draw picks from: candidate ids with unnormalised weights (zero for
+    /// what min-p dropped), after temperature, top-k, top-p and min-p.
+    fn candidates(&self, processed: Vec<f32>) -> Result<Vec<(u32, f64)>, SampleError> {
         let p = &self.params;
         let mut cand: Vec<(u32, f32)> = processed
             .into_iter()
@@ -288,22 +331,94 @@ impl Sampler {
                 .filter(|wi| **wi < floor)
                 .for_each(|wi| *wi = 0.0);
         }
-        let mut u = self.rng.random::<f64>() * w.iter().sum::<f64>();
-        // Falls back to the last positive weight if rounding leaves `u` past the end.
-        let mut pick = None;
-        for (n, &wi) in w.iter().enumerate() {
-            if wi > 0.0 {
-                pick = Some(n);
-                if u < wi {
-                    break;
-                }
-                u -= wi;
-            }
-        }
-        pick.and_then(|n| cand.get(n))
-            .map(|c| c.0)
-            .ok_or(SampleError::NoCandidates)
+        Ok(cand.iter().zip(w).map(|(c, wi)| (c.0, wi)).collect())
     }
+}
+
+/// A [`Sampled`] for `token`, with raw logprobs when `want` asks.
+fn with_logprobs(logits: &[f32], token: u32, want: LogprobRequest) -> Sampled {
+    let (logprob, top) = if want.logprobs || want.top_logprobs > 0 {
+        let (lp, top) = raw_logprobs(logits, token, want.top_logprobs);
+        (want.logprobs.then_some(lp), top)
+    } else {
+        (None, Vec::new())
+    };
+    Sampled {
+        token,
+        logprob,
+        top,
+    }
+}
+
+/// One step of speculative sampling (Leviathan et al. 2023; Chen et al. 2023). `target` is the
+/// target model's distribution p and `proposal` the draft's q, both as (id, unnormalised
+/// weight) lists; `None` means q is a point mass on `draft` (a deterministic proposer). The
+/// draft is accepted with probability min(1, p(draft) / q(draft)); otherwise the token comes
+/// from the normalised residual max(0, p − q). The token returned is distributed exactly as p
+/// when `draft` was drawn from q. Makes one RNG draw, plus one on rejection. Returns the token
+/// and whether it is the draft.
+pub fn rejection_sample<R: Rng + ?Sized>(
+    target: &[(u32, f64)],
+    proposal: Option<&[(u32, f64)]>,
+    draft: u32,
+    rng: &mut R,
+) -> (u32, bool) {
+    let total = |d: &[(u32, f64)]| d.iter().map(|c| c.1.max(0.0)).sum::<f64>();
+    let p_total = total(target);
+    if p_total <= 0.0 {
+        return (draft, false); // no distribution at all: validated rows never get here
+    }
+    let p_draft = target
+        .iter()
+        .filter(|c| c.0 == draft)
+        .map(|c| c.1.max(0.0))
+        .sum::<f64>()
+        / p_total;
+    // q as normalised probabilities by id (a point mass on the draft when `None`).
+    let q: HashMap<u32, f64> = match proposal {
+        None => HashMap::from([(draft, 1.0)]),
+        Some(q) => {
+            let q_total = total(q);
+            let mut m = HashMap::new();
+            if q_total > 0.0 {
+                for &(id, w) in q {
+                    *m.entry(id).or_insert(0.0) += w.max(0.0) / q_total;
+                }
+            }
+            m
+        }
+    };
+    let q_draft = q.get(&draft).copied().unwrap_or(0.0);
+    let u = rng.random::<f64>();
+    // q(draft) = 0 cannot happen for a draft drawn from q; then only p decides.
+    if p_draft > 0.0 && (q_draft <= 0.0 || u * q_draft < p_draft) {
+        return (draft, true);
+    }
+    // The residual max(0, p - q) over p's support.
+    let residual: Vec<(u32, f64)> = target
+        .iter()
+        .map(|&(id, w)| {
+            let qi = q.get(&id).copied().unwrap_or(0.0);
+            (id, (w.max(0.0) / p_total - qi).max(0.0))
+        })
+        .collect();
+    let mass: f64 = residual.iter().map(|c| c.1).sum();
+    if mass <= 0.0 {
+        // p == q up to rounding: the acceptance test could only fail by rounding.
+        return (draft, p_draft > 0.0);
+    }
+    let mut u = rng.random::<f64>() * mass;
+    let mut pick = draft;
+    for &(id, w) in &residual {
+        if w > 0.0 {
+            pick = id;
+            if u < w {
+                break;
+            }
+            u -= w;
+        }
+    }
+    (pick, false)
 }
 
 /// The log-softmax of raw logits at `token` plus the `top_n` best (best first, ties by lower id).

@@ -10,7 +10,10 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use kiln_engine::{EngineError, Event, FinishReason, Request, SamplingParams, ShutdownMode};
+use kiln_engine::{
+    EngineError, Event, FinishReason, Request, SamplingParams, ShutdownMode, SpecMethod,
+    SpeculativeConfig,
+};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -101,36 +104,76 @@ fn client(e: &kiln_engine::EngineHandle, seed: u64, requests: usize) -> Tally {
 fn two_hundred_requests_end_as_asked_and_free_everything() {
     for (name, dev) in common::devices() {
         let e = common::tiny_engine(&dev, 2, common::config(48, 4, 48, 12));
-        let tallies: Vec<Tally> = std::thread::scope(|s| {
-            let handles: Vec<_> = (0..8)
-                .map(|i| {
-                    let e = e.clone();
-                    s.spawn(move || client(&e, i, 25))
-                })
-                .collect();
-            handles.into_iter().map(|h| h.join().unwrap()).collect()
-        });
-        let total: usize = tallies
-            .iter()
-            .map(|t| t.finished + t.aborted + t.dropped + t.deadline)
-            .sum();
-        assert_eq!(total, 200, "{name}: {tallies:?}");
-        assert!(tallies.iter().map(|t| t.finished).sum::<usize>() > 100);
-        let mut stats = e.stats_blocking().unwrap();
-        for _ in 0..200 {
-            if stats.requests == 0 {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(5));
-            stats = e.stats_blocking().unwrap();
-        }
-        assert_eq!(stats.requests, 0, "{name}: {stats:?}");
-        assert_eq!((stats.running, stats.waiting, stats.preempted), (0, 0, 0));
-        assert_eq!(stats.kv.used_blocks, 0, "{name}: {stats:?}");
-        assert!(stats.preemptions > 0, "{name}: never preempted: {stats:?}");
-        stats.invariants.unwrap();
-        e.shutdown_blocking(ShutdownMode::Drain);
-        assert!(e.is_stopped(), "{name}: engine thread still running");
-        eprintln!("{name}: {tallies:?}, {} steps", stats.steps);
+        soak(name, &e);
     }
+}
+
+/// The same soak with speculative decoding: n-gram lookup on the CPU backend, a draft model
+/// (the tiny mistral, with its own KV pool) on every backend. Afterwards every block of the
+/// target's pool and of the draft's is free.
+#[test]
+fn speculative_soak_frees_every_block_of_target_and_draft() {
+    for (name, dev) in common::devices() {
+        let mut methods = vec![SpecMethod::Draft];
+        if name == "cpu" {
+            methods.push(SpecMethod::Ngram { min_n: 1, max_n: 3 });
+        }
+        for method in methods {
+            let mut cfg = common::config(48, 4, 48, 12);
+            cfg.speculative = Some(SpeculativeConfig {
+                method,
+                num_tokens: 4,
+                disable_batch_size: 6,
+            });
+            let e = match method {
+                SpecMethod::Draft => common::tiny_engine_with_draft(&dev, 2, cfg, "mistral"),
+                SpecMethod::Ngram { .. } => common::tiny_engine(&dev, 2, cfg),
+            };
+            let m = e.metrics().encode();
+            soak(&format!("{name}/{method:?}"), &e);
+            let after = e.metrics().encode();
+            assert_ne!(m, after);
+            assert!(
+                !after.contains("kiln_spec_decode_verify_steps_total 0\n"),
+                "{name}/{method:?}: nothing was verified"
+            );
+        }
+    }
+}
+
+fn soak(name: &str, e: &kiln_engine::EngineHandle) {
+    let tallies: Vec<Tally> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..8)
+            .map(|i| {
+                let e = e.clone();
+                s.spawn(move || client(&e, i, 25))
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let total: usize = tallies
+        .iter()
+        .map(|t| t.finished + t.aborted + t.dropped + t.deadline)
+        .sum();
+    assert_eq!(total, 200, "{name}: {tallies:?}");
+    assert!(tallies.iter().map(|t| t.finished).sum::<usize>() > 100);
+    let mut stats = e.stats_blocking().unwrap();
+    for _ in 0..200 {
+        if stats.requests == 0 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+        stats = e.stats_blocking().unwrap();
+    }
+    assert_eq!(stats.requests, 0, "{name}: {stats:?}");
+    assert_eq!((stats.running, stats.waiting, stats.preempted), (0, 0, 0));
+    assert_eq!(stats.kv.used_blocks, 0, "{name}: {stats:?}");
+    assert!(stats.preemptions > 0, "{name}: never preempted: {stats:?}");
+    if let Some(d) = stats.draft_kv {
+        assert_eq!(d.used_blocks, 0, "{name}: draft pool: {stats:?}");
+    }
+    stats.invariants.unwrap();
+    e.shutdown_blocking(ShutdownMode::Drain);
+    assert!(e.is_stopped(), "{name}: engine thread still running");
+    eprintln!("{name}: {tallies:?}, {} steps", stats.steps);
 }

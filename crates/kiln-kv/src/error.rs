@@ -33,6 +33,14 @@ pub enum KvError {
     /// write the same shared slots.
     #[error("{parent}: cannot fork with {uncomputed} reserved slots not yet computed")]
     ForkUncomputed { parent: SeqId, uncomputed: usize },
+    /// `truncate` may only drop reserved slots that are not computed.
+    #[error("{seq}: cannot truncate to {len} slots: {computed} are computed, {reserved} reserved")]
+    TruncateOutOfRange {
+        seq: SeqId,
+        len: usize,
+        computed: usize,
+        reserved: usize,
+    },
     /// A position past the sequence's reserved slots.
     #[error("{seq}: position {pos} is past its {len} reserved slots")]
     PositionOutOfRange { seq: SeqId, pos: usize, len: usize },

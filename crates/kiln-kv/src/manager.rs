@@ -311,6 +311,30 @@ impl BlockManager {
         Ok(())
     }
 
+    /// Gives back reserved slots past `len` (speculative decoding: the slots of rejected draft
+    /// tokens). Only uncomputed slots can go, so `len` must lie in `computed ..= reserved`.
+    /// Blocks no longer covered return to the pool; they were never committed, so they never
+    /// entered the prefix cache. Whatever K/V a step wrote into the dropped slots is garbage
+    /// that the next write to those positions overwrites.
+    pub fn truncate(&mut self, seq: SeqId, len: usize) -> Result<()> {
+        let b = self.block_size();
+        let s = self.seqs.get_mut(&seq).ok_or(KvError::UnknownSeq(seq))?;
+        if len < s.computed || len > s.len {
+            return Err(KvError::TruncateOutOfRange {
+                seq,
+                len,
+                computed: s.computed,
+                reserved: s.len,
+            });
+        }
+        let keep = len.div_ceil(b).max(s.trimmed);
+        for id in s.table.drain(keep..).rev() {
+            self.pool.release(id);
+        }
+        s.len = len;
+        Ok(())
+    }
+
     /// Gives `child` the same block table as `parent`, sharing every block (for `n > 1` and
     /// beam-like branching). The parent's reserved slots must all be computed.
     pub fn fork(&mut self, parent: SeqId, child: SeqId) -> Result<()> {

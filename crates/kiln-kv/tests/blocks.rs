@@ -459,3 +459,54 @@ fn metrics_report_usage() {
     assert_eq!(m.num_seqs, 1);
     assert!(m.to_string().contains("3 used / 10 total (30.0%)"), "{m}");
 }
+
+#[test]
+fn truncating_gives_back_rejected_draft_slots_without_caching_them() {
+    let mut kv = manager(8, 4);
+    let prompt: Vec<u32> = (10..16).collect(); // 6 tokens: a full block and 2
+    prefill(&mut kv, 1, &prompt);
+    assert_eq!(kv.metrics().used_blocks, 2);
+
+    // A verification step: the sampled token plus 5 draft tokens, slots 6..12.
+    kv.append_slots(SeqId(1), 6).unwrap();
+    assert_eq!(kv.block_table(SeqId(1)).unwrap().len(), 3);
+    // Two tokens turn out right (the sampled one and one draft): commit them, drop the rest.
+    kv.commit(SeqId(1), &[16, 17]).unwrap();
+    kv.truncate(SeqId(1), 8).unwrap();
+    assert_eq!(
+        (
+            kv.seq_len(SeqId(1)).unwrap(),
+            kv.computed_len(SeqId(1)).unwrap()
+        ),
+        (8, 8)
+    );
+    assert_eq!(kv.block_table(SeqId(1)).unwrap().len(), 2);
+    assert_eq!(kv.metrics().used_blocks, 2);
+    kv.check_invariants().unwrap();
+
+    // Only committed tokens enter the prefix cache: the rejected drafts 18.. never do.
+    let mut again: Vec<u32> = (10..18).collect();
+    again.push(1);
+    assert_eq!(kv.cached_prefix_tokens(&again), 8);
+    let mut rejected: Vec<u32> = (10..18).collect();
+    rejected.extend([18, 19, 20, 21, 1]);
+    assert_eq!(kv.cached_prefix_tokens(&rejected), 8);
+
+    // Truncating into computed slots, or past the reserved ones, is refused and changes nothing.
+    kv.append_slots(SeqId(1), 3).unwrap();
+    for bad in [7, 12] {
+        assert!(matches!(
+            kv.truncate(SeqId(1), bad),
+            Err(KvError::TruncateOutOfRange { .. })
+        ));
+    }
+    assert_eq!(kv.seq_len(SeqId(1)).unwrap(), 11);
+    kv.truncate(SeqId(1), 8).unwrap();
+    assert!(matches!(
+        kv.truncate(SeqId(9), 0),
+        Err(KvError::UnknownSeq(_))
+    ));
+    kv.free(SeqId(1)).unwrap();
+    assert_eq!(kv.metrics().used_blocks, 0);
+    kv.check_invariants().unwrap();
+}

@@ -54,12 +54,15 @@ pub struct SeqInput<'a> {
 
 /// Which positions get logits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum LogitsAt {
+pub enum LogitsAt<'a> {
     /// The last token of each sequence: `[sequences, vocab]`.
     #[default]
     Last,
     /// Every token of the step: `[tokens, vocab]` (prompt logprobs, tests).
     All,
+    /// The last `n[i]` tokens of sequence `i` (each at least 1 and at most its tokens), in
+    /// order: `[Σ n, vocab]`. Speculative decoding verifies a draft with these rows.
+    Tail(&'a [usize]),
 }
 
 fn bytes_of(t: &Tensor) -> u64 {
@@ -173,12 +176,21 @@ impl Model {
         rec: &mut Recorder,
         cache: &mut KvCache,
         seqs: &[SeqInput<'_>],
-        at: LogitsAt,
+        at: LogitsAt<'_>,
     ) -> Result<Tensor> {
         let cfg = &self.cfg;
         let mut ids = Vec::new();
         let mut positions = Vec::new();
         let mut last = Vec::with_capacity(seqs.len());
+        if let LogitsAt::Tail(n) = at
+            && n.len() != seqs.len()
+        {
+            return Err(ModelError::Batch(format!(
+                "logits asked for the tails of {} sequences in a batch of {}",
+                n.len(),
+                seqs.len()
+            )));
+        }
         for (i, s) in seqs.iter().enumerate() {
             if s.tokens.is_empty() || s.tokens.len() > s.context_len {
                 return Err(ModelError::Batch(format!(
@@ -201,7 +213,17 @@ impl Model {
             }
             ids.extend_from_slice(s.tokens);
             positions.extend((s.context_len - s.tokens.len()..s.context_len).map(|p| p as u32));
-            last.push(ids.len() as u32 - 1);
+            let tail = match at {
+                LogitsAt::Tail(n) => n[i],
+                _ => 1,
+            };
+            if tail == 0 || tail > s.tokens.len() {
+                return Err(ModelError::Batch(format!(
+                    "sequence {i}: logits for its last {tail} of {} tokens",
+                    s.tokens.len()
+                )));
+            }
+            last.extend((ids.len() - tail..ids.len()).map(|r| r as u32));
         }
         let sb: Vec<SeqBatch<'_>> = seqs
             .iter()
@@ -244,7 +266,7 @@ impl Model {
         // The LM head only for the rows that need logits.
         let x = match at {
             LogitsAt::All => x,
-            LogitsAt::Last => rec.embedding(&x, &last)?,
+            LogitsAt::Last | LogitsAt::Tail(_) => rec.embedding(&x, &last)?,
         };
         Ok(rec.matmul(&x, self.lm_head.as_ref().unwrap_or(&self.embed), None)?)
     }

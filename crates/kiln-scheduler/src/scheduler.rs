@@ -67,17 +67,25 @@ pub struct ScheduledSeq {
     pub seq: SeqId,
     /// Tokens already in the KV cache (the chunk's first position).
     pub start: usize,
-    /// Tokens computed this step.
+    /// Tokens computed this step, draft tokens included.
     pub len: usize,
     /// Whether this chunk reaches the end of the sequence's tokens, so its logits pick the
     /// next token (false for a prefill chunk that is not the last).
     pub samples: bool,
+    /// Draft tokens (speculative decoding) that end this chunk, after its last real token:
+    /// the step verifies them and [`Scheduler::accept_draft`] keeps the accepted ones.
+    pub draft: usize,
 }
 
 impl ScheduledSeq {
-    /// The context length after this step.
+    /// The context length after this step (draft slots included).
     pub fn end(&self) -> usize {
         self.start + self.len
+    }
+
+    /// Real (non-draft) tokens of the chunk end here.
+    pub fn real_end(&self) -> usize {
+        self.end() - self.draft
     }
 }
 
@@ -139,6 +147,10 @@ struct Entry {
     /// Forks still to come (reserved under `max_num_seqs`).
     forks: usize,
     status: SeqStatus,
+    /// Draft tokens proposed for the next decode step ([`Scheduler::propose`]).
+    draft: Vec<u32>,
+    /// Draft tokens a scheduled step is verifying, until [`Scheduler::accept_draft`].
+    verifying: Vec<u32>,
 }
 
 impl Entry {
@@ -239,6 +251,8 @@ impl Scheduler {
             arrival,
             forks: params.forks,
             status: SeqStatus::Waiting,
+            draft: Vec::new(),
+            verifying: Vec::new(),
         };
         self.waiting.insert(entry.key(seq));
         self.seqs.insert(seq, entry);
@@ -277,6 +291,17 @@ impl Scheduler {
         let mut budget = self.cfg.max_num_batched_tokens;
         let mut scheduled: BTreeSet<SeqId> = BTreeSet::new();
 
+        // A verifying step whose outcome never came back keeps none of its drafts.
+        let stale: Vec<SeqId> = self
+            .seqs
+            .iter()
+            .filter(|(_, e)| !e.verifying.is_empty())
+            .map(|(&id, _)| id)
+            .collect();
+        for seq in stale {
+            let _ = self.accept_draft(seq, 0);
+        }
+
         // 1. Decodes: running sequences with a sampled token that has no slot yet.
         let order: Vec<Key> = self.running.iter().copied().collect();
         for key in order {
@@ -298,24 +323,37 @@ impl Scheduler {
                 continue; // still in prefill: phase 2
             }
             let start = e.computed;
-            let len = e.tokens.len() - start;
-            if len > budget {
+            let real = e.tokens.len() - start;
+            if real > budget {
                 continue;
             }
+            // Drafts only ride on a plain decode, and only as far as the budget allows.
+            let mut draft = if real == 1 {
+                e.draft.len().min(budget - real)
+            } else {
+                0
+            };
             loop {
-                match self.kv.append_slots(seq, need) {
+                match self.kv.append_slots(seq, need + draft) {
                     Ok(copy) => {
                         out.copies.extend(copy);
                         out.seqs.push(ScheduledSeq {
                             seq,
                             start,
-                            len,
+                            len: real + draft,
                             samples: true,
+                            draft,
                         });
+                        if let Some(e) = self.seqs.get_mut(&seq) {
+                            e.draft.truncate(draft);
+                            e.verifying = std::mem::take(&mut e.draft);
+                        }
                         scheduled.insert(seq);
-                        budget -= len;
+                        budget -= real + draft;
                         break;
                     }
+                    // Speculation is never worth a preemption: drop the drafts first.
+                    Err(KvError::OutOfBlocks { .. }) if draft > 0 => draft = 0,
                     Err(KvError::OutOfBlocks { .. }) => {
                         let victim = self
                             .running
@@ -372,6 +410,7 @@ impl Scheduler {
                 start: e.computed,
                 len,
                 samples: len == remaining && reserved == e.tokens.len(),
+                draft: 0,
             });
             scheduled.insert(seq);
             budget -= len;
@@ -445,6 +484,7 @@ impl Scheduler {
                     start: e.computed,
                     len,
                     samples: len == remaining,
+                    draft: 0,
                 });
                 scheduled.insert(seq);
                 budget -= len;
@@ -475,6 +515,8 @@ impl Scheduler {
         let _ = self.kv.free(seq);
         if let Some(e) = self.seqs.get_mut(&seq) {
             e.computed = 0;
+            e.draft.clear();
+            e.verifying.clear();
             e.status = SeqStatus::Preempted;
             self.preempted.insert(key);
         }
@@ -504,9 +546,74 @@ impl Scheduler {
             if e.status != SeqStatus::Running || e.computed != s.start {
                 continue;
             }
-            self.kv.commit(s.seq, &e.tokens[s.start..s.end()])?;
-            e.computed = s.end();
+            self.kv.commit(s.seq, &e.tokens[s.start..s.real_end()])?;
+            e.computed = s.real_end();
         }
+        Ok(())
+    }
+
+    /// Stores draft tokens (speculative decoding) for the next step of `seq`, which must be a
+    /// running sequence with exactly one sampled token not yet computed. The next
+    /// [`schedule`](Self::schedule) appends as many of them as fit the token budget and the
+    /// pool to that decode (none when that would need a preemption); a sequence that is not
+    /// scheduled as a plain decode keeps them for later. An empty draft clears it.
+    pub fn propose(&mut self, seq: SeqId, draft: Vec<u32>) -> Result<()> {
+        let e = self
+            .seqs
+            .get_mut(&seq)
+            .ok_or(SchedulerError::UnknownSeq(seq))?;
+        if e.status != SeqStatus::Running || e.computed + 1 != e.tokens.len() {
+            return Err(SchedulerError::WrongState {
+                seq,
+                reason: "drafts follow the one sampled token of a running decode",
+            });
+        }
+        e.draft = draft;
+        Ok(())
+    }
+
+    /// The draft tokens the scheduled step of `seq` verifies (empty when none).
+    pub fn verifying(&self, seq: SeqId) -> &[u32] {
+        self.seqs.get(&seq).map_or(&[], |e| e.verifying.as_slice())
+    }
+
+    /// Running sequences waiting to decode (one sampled token not yet computed), with their
+    /// tokens: the ones a proposer may draft for.
+    pub fn decoding(&self) -> impl Iterator<Item = (SeqId, &[u32])> + '_ {
+        self.running.iter().filter_map(|k| {
+            let e = self.seqs.get(&k.2)?;
+            (e.computed + 1 == e.tokens.len()).then_some((k.2, e.tokens.as_slice()))
+        })
+    }
+
+    /// After a completed step that verified draft tokens of `seq`: keeps the first `accepted`
+    /// of them as tokens of the sequence (their K/V are already in the cache and are committed
+    /// now, so only they can enter the prefix cache) and gives back the slots of the rest.
+    /// Then push the token the target picked after them with
+    /// [`push_token`](Self::push_token).
+    pub fn accept_draft(&mut self, seq: SeqId, accepted: usize) -> Result<()> {
+        let e = self
+            .seqs
+            .get_mut(&seq)
+            .ok_or(SchedulerError::UnknownSeq(seq))?;
+        if e.status != SeqStatus::Running || e.computed != e.tokens.len() {
+            return Err(SchedulerError::WrongState {
+                seq,
+                reason: "drafts are accepted after their step completed",
+            });
+        }
+        if accepted > e.verifying.len() {
+            return Err(SchedulerError::WrongState {
+                seq,
+                reason: "more draft tokens accepted than were verified",
+            });
+        }
+        let kept = &e.verifying[..accepted];
+        self.kv.commit(seq, kept)?;
+        e.tokens.extend_from_slice(kept);
+        e.computed += accepted;
+        e.verifying.clear();
+        self.kv.truncate(seq, e.computed)?;
         Ok(())
     }
 
@@ -549,6 +656,8 @@ impl Scheduler {
             arrival: p.arrival,
             forks: 0,
             status: SeqStatus::Running,
+            draft: Vec::new(),
+            verifying: Vec::new(),
         };
         p.forks = p.forks.saturating_sub(1);
         self.kv.fork(parent, child)?;

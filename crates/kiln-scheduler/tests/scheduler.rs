@@ -462,3 +462,89 @@ proptest! {
         s.check_invariants().unwrap();
     }
 }
+
+#[test]
+fn drafts_ride_on_decodes_and_only_accepted_ones_stay() {
+    // 6 blocks of 4 tokens, 8 tokens a step.
+    let mut s = Scheduler::new(config(6, 4, 8, 4)).unwrap();
+    let mut next = 100;
+    s.add(SeqId(1), prompt(1, 6), SeqParams::default()).unwrap();
+    // Drafts are refused before the prompt ran.
+    assert!(matches!(
+        s.propose(SeqId(1), vec![7]),
+        Err(SchedulerError::WrongState { .. })
+    ));
+    let step = s.schedule();
+    run_step(&mut s, &step, &mut next);
+    assert_eq!(
+        s.decoding()
+            .map(|(id, t)| (id, t.len()))
+            .collect::<Vec<_>>(),
+        vec![(SeqId(1), 7)]
+    );
+
+    // Four drafts: the decode computes the sampled token and all four.
+    s.propose(SeqId(1), vec![201, 202, 203, 204]).unwrap();
+    let step = s.schedule();
+    assert_eq!(step.seqs.len(), 1);
+    let d = step.seqs[0];
+    assert_eq!((d.start, d.len, d.draft, d.real_end()), (6, 5, 4, 7));
+    assert_eq!(s.verifying(SeqId(1)), &[201, 202, 203, 204]);
+    assert_eq!(s.blocks().seq_len(SeqId(1)).unwrap(), 11);
+    s.complete(&step).unwrap();
+    assert_eq!(s.computed(SeqId(1)), Some(7));
+    // The target took two of them, then picked its own token.
+    assert!(matches!(
+        s.accept_draft(SeqId(1), 5),
+        Err(SchedulerError::WrongState { .. })
+    ));
+    s.accept_draft(SeqId(1), 2).unwrap();
+    s.push_token(SeqId(1), 300).unwrap();
+    let t = s.tokens(SeqId(1)).unwrap();
+    assert_eq!(&t[6..], &[101, 201, 202, 300]);
+    assert_eq!(s.computed(SeqId(1)), Some(9));
+    // The rejected drafts' slots (and the block only they used) are back.
+    assert_eq!(s.blocks().seq_len(SeqId(1)).unwrap(), 9);
+    assert_eq!(s.blocks().block_table(SeqId(1)).unwrap().len(), 3);
+    assert!(s.verifying(SeqId(1)).is_empty());
+    s.check_invariants().unwrap();
+
+    // Drafts are cut to the budget (8 tokens: the sampled one and 7 drafts at most)...
+    s.propose(SeqId(1), (400..420).collect()).unwrap();
+    let step = s.schedule();
+    assert_eq!((step.seqs[0].len, step.seqs[0].draft), (8, 7));
+    s.complete(&step).unwrap();
+    s.accept_draft(SeqId(1), 0).unwrap();
+    s.push_token(SeqId(1), 301).unwrap();
+    s.check_invariants().unwrap();
+
+    // ...and dropped rather than preempt anyone: a second sequence holds the other blocks.
+    s.add(SeqId(2), prompt(2, 12), SeqParams::default())
+        .unwrap();
+    let step = s.schedule();
+    run_step(&mut s, &step, &mut next); // seq 1 decodes, seq 2 prefills 7 of 12
+    assert_eq!(s.blocks().metrics().free_blocks, 0);
+    // Seq 1's next slot is in its last block, its drafts would need two more.
+    s.propose(SeqId(1), vec![1, 2, 3, 4, 5]).unwrap();
+    let step = s.schedule();
+    assert!(step.preempted.is_empty());
+    assert_eq!((step.seqs[0].seq, step.seqs[0].draft), (SeqId(1), 0));
+    assert_eq!(step.seqs[1].len, 5);
+    // A step whose verdict never came: the next schedule drops its drafts.
+    s.complete(&step).unwrap();
+    s.push_token(SeqId(1), 302).unwrap();
+    s.propose(SeqId(1), vec![9]).unwrap();
+    s.finish(SeqId(2));
+    let step = s.schedule();
+    assert_eq!(step.seqs[0].draft, 1);
+    s.complete(&step).unwrap();
+    let step = s.schedule();
+    assert!(step.is_empty() || step.seqs[0].draft == 0);
+    assert_eq!(
+        s.blocks().seq_len(SeqId(1)).unwrap(),
+        s.tokens(SeqId(1)).unwrap().len()
+    );
+    s.check_invariants().unwrap();
+    s.finish(SeqId(1));
+    assert_eq!(s.blocks().metrics().used_blocks, 0);
+}

@@ -152,6 +152,7 @@ pub(crate) fn request(
     req.output = output;
     req.priority = r.priority;
     req.deadline = deadline;
+    req.speculate = r.speculative.unwrap_or(true);
     Ok((req, reply))
 }
 
@@ -255,6 +256,11 @@ pub(crate) fn timing(t: &Timing) -> pb::Timing {
         time_to_first_token_ns: ns(t.time_to_first_token),
         decode_ns: ns(t.decode),
         total_ns: ns(t.total),
+        spec_proposed_tokens: t.speculative.proposed_tokens,
+        spec_accepted_tokens: t.speculative.accepted_tokens,
+        spec_verify_steps: t.speculative.verify_steps,
+        spec_acceptance_rate: t.speculative.acceptance_rate(),
+        spec_mean_accepted_length: t.speculative.mean_accepted_length(),
     }
 }
 

@@ -9,12 +9,20 @@ pub const USAGE: &str = "usage:
                 [--max-num-seqs N] [--max-num-batched-tokens N] [--max-waiting N]
                 [--max-model-len N] [--max-new-tokens N] [--default-max-new-tokens N]
                 [--drain-timeout SECONDS] [--dtype f16|f32] [--quantize q8_0|q4_0|q4_1]
+                [SPECULATIVE]
   kiln generate --model PATH --prompt TEXT [--max-tokens N] [--temperature T] [--top-k K]
                 [--top-p P] [--min-p P] [--repetition-penalty R] [--stop TEXT]
                 [--seed S] [--backend auto|wgpu|cpu] [--chat] [--json]
                 [--dtype f16|f32] [--quantize q8_0|q4_0|q4_1]   (HF folders)
+                [SPECULATIVE]
   kiln tokenize --model PATH --text TEXT
   kiln info     --model PATH [--backend auto|wgpu|cpu] [--kv-cache-memory BYTES]
+
+SPECULATIVE (speculative decoding; off by default):
+                [--speculative ngram|draft|off] [--draft-model PATH (implies draft)]
+                [--num-speculative-tokens K (4)] [--prompt-lookup-min N (1)]
+                [--prompt-lookup-max N (3)] [--speculative-disable-batch-size N (8: no
+                speculation in a step while more sequences run)]
 
 PATH is a .gguf file or a Hugging Face folder (config.json, tokenizer files, model.safetensors
 or model.safetensors.index.json).";

@@ -55,6 +55,7 @@ fn flag_error(e: EngineError) -> String {
 
 pub fn run(args: &Args) -> Result<(), String> {
     let path = args.required("model")?;
+    let speculative = crate::speculative::config(args)?;
     let prompt = args.required("prompt")?;
     let max_tokens = args.parsed::<usize>("max-tokens")?.unwrap_or(128);
     let params = sampling(args)?;
@@ -123,8 +124,11 @@ pub fn run(args: &Args) -> Result<(), String> {
     });
     sched.max_num_seqs = 1;
     sched.max_num_batched_tokens = PREFILL_CHUNK;
-    let engine =
-        Engine::start(model, tokenizer, EngineConfig::new(sched)).map_err(|e| e.to_string())?;
+    let mut ecfg = EngineConfig::new(sched);
+    ecfg.speculative = speculative;
+    let draft = crate::speculative::draft(args, &dev)?;
+    let engine = Engine::start_with_draft(model, tokenizer, ecfg, draft)
+        .map_err(|e| crate::speculative::start_error(args, path, &e))?;
     let mut request = Request::tokens(prompt_ids.clone()).sampling(params, seed);
     request.stopping.max_new_tokens = Some(max_tokens);
     if let Some(stop) = args.get("stop") {
@@ -169,6 +173,10 @@ pub fn run(args: &Args) -> Result<(), String> {
             "weight_bytes": weight_bytes,
             "load_ms": load_ms,
             "cached_prompt_tokens": summary.usage.cached_prompt_tokens,
+            "spec_proposed_tokens": t.speculative.proposed_tokens,
+            "spec_accepted_tokens": t.speculative.accepted_tokens,
+            "spec_acceptance_rate": t.speculative.acceptance_rate(),
+            "spec_mean_accepted_length": t.speculative.mean_accepted_length(),
         });
         println!("{v}");
     } else {

@@ -4,6 +4,7 @@
 mod cli;
 mod generate;
 mod serve;
+mod speculative;
 
 use std::io::Write;
 use std::path::Path;
@@ -132,9 +133,17 @@ fn run(argv: &[String]) -> CmdResult {
                 "dtype",
                 "quantize",
             ];
+            let allowed: Vec<&str> = allowed.iter().chain(speculative::FLAGS).copied().collect();
             generate::run(&Args::parse(cmd, rest, &allowed)?)
         }
-        "serve" => serve::run(&Args::parse(cmd, rest, serve::FLAGS)?),
+        "serve" => {
+            let allowed: Vec<&str> = serve::FLAGS
+                .iter()
+                .chain(speculative::FLAGS)
+                .copied()
+                .collect();
+            serve::run(&Args::parse(cmd, rest, &allowed)?)
+        }
         "tokenize" => tokenize(&Args::parse(cmd, rest, &["model", "text"])?),
         "info" => info(&Args::parse(
             cmd,

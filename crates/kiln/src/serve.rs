@@ -62,6 +62,7 @@ struct Plan {
     max_num_batched_tokens: Option<usize>,
     max_waiting: Option<usize>,
     max_model_len: Option<usize>,
+    speculative: Option<kiln_engine::SpeculativeConfig>,
 }
 
 fn plan(args: &Args) -> Result<Plan, String> {
@@ -111,6 +112,7 @@ fn plan(args: &Args) -> Result<Plan, String> {
         max_num_batched_tokens: args.parsed("max-num-batched-tokens")?,
         max_waiting: args.parsed("max-waiting")?,
         max_model_len: args.parsed("max-model-len")?,
+        speculative: crate::speculative::config(args)?,
         path,
     })
 }
@@ -120,6 +122,7 @@ fn start_engine(
     l: crate::Loaded,
     dev: kiln_tensor::Device,
     p: &Plan,
+    args: &Args,
 ) -> Result<EngineHandle, String> {
     let start = Instant::now();
     let crate::Loaded {
@@ -156,7 +159,13 @@ fn start_engine(
     let mut ecfg = EngineConfig::new(sched);
     ecfg.kv_dtype = p.kv_dtype;
     ecfg.max_model_len = p.max_model_len;
-    Engine::start(model, tokenizer, ecfg).map_err(|e| format!("{}: {e}", p.path))
+    ecfg.speculative = p.speculative;
+    let draft = crate::speculative::draft(args, &dev)?;
+    if let Some(s) = &p.speculative {
+        tracing::info!(method = ?s.method, k = s.num_tokens, off_above = s.disable_batch_size, "speculative decoding");
+    }
+    Engine::start_with_draft(model, tokenizer, ecfg, draft)
+        .map_err(|e| crate::speculative::start_error(args, &p.path, &e))
 }
 
 /// Resolves on SIGTERM or SIGINT (Ctrl-C).
@@ -209,7 +218,8 @@ pub fn run(args: &Args) -> Result<(), String> {
                 .map_or("off".to_owned(), |a| format!("http://{a}/metrics"))
         );
         let _ = std::io::Write::flush(&mut std::io::stdout());
-        let load = tokio::task::spawn_blocking(move || start_engine(loaded, dev, &p));
+        let args = args.clone();
+        let load = tokio::task::spawn_blocking(move || start_engine(loaded, dev, &p, &args));
         let engine = tokio::select! {
             r = load => r.map_err(|e| format!("model loading stopped: {e}")).and_then(|r| r),
             () = stop_signal() => {

@@ -4,7 +4,7 @@
 
 use std::path::PathBuf;
 
-use kiln_engine::{Engine, EngineConfig, EngineHandle};
+use kiln_engine::{DraftModel, Engine, EngineConfig, EngineHandle};
 use kiln_kv::BlockManagerConfig;
 use kiln_model::{LoadOptions, Model, ModelFiles};
 use kiln_scheduler::SchedulerConfig;
@@ -28,23 +28,59 @@ pub fn config(blocks: u32, block_size: u32, budget: usize, max_seqs: usize) -> E
     EngineConfig::new(s)
 }
 
-/// The tiny llama on `dev` with a byte-level tokenizer whose EOS is `eos`.
-pub fn tiny_engine(dev: &Device, eos: u32, cfg: EngineConfig) -> EngineHandle {
-    let files = ModelFiles::open(&tiny_dir(), LoadOptions::default()).unwrap();
-    let model = Model::load(dev, files.config().clone(), files.weights()).unwrap();
-    let tok = Tokenizer::byte_level(SpecialTokens {
+/// The byte-level tokenizer of the tiny models, EOS `eos`.
+pub fn byte_tokenizer(eos: u32) -> Tokenizer {
+    Tokenizer::byte_level(SpecialTokens {
         eos: Some(eos),
         ..SpecialTokens::default()
     })
-    .unwrap();
-    Engine::start(model, tok, cfg).unwrap()
+    .unwrap()
+}
+
+/// A tiny random-weight model of the fixtures (`llama3`, `mistral`, `qwen2`) on `dev`.
+pub fn tiny_model(dev: &Device, arch: &str) -> Model {
+    let dir = tiny_dir().join("..").join(arch);
+    let files = ModelFiles::open(&dir, LoadOptions::default()).unwrap();
+    Model::load(dev, files.config().clone(), files.weights()).unwrap()
+}
+
+/// The tiny llama on `dev` with a byte-level tokenizer whose EOS is `eos`.
+pub fn tiny_engine(dev: &Device, eos: u32, cfg: EngineConfig) -> EngineHandle {
+    Engine::start(tiny_model(dev, "llama3"), byte_tokenizer(eos), cfg).unwrap()
+}
+
+/// The tiny llama drafted for by the tiny model `draft` (`mistral`: same byte-level
+/// vocabulary, different weights, so most drafts are rejected; `llama3`: itself, so greedy
+/// drafts hold). `cfg.speculative` must name the draft method.
+pub fn tiny_engine_with_draft(
+    dev: &Device,
+    eos: u32,
+    cfg: EngineConfig,
+    draft: &str,
+) -> EngineHandle {
+    let draft = DraftModel {
+        model: tiny_model(dev, draft),
+        tokenizer: byte_tokenizer(eos),
+    };
+    Engine::start_with_draft(
+        tiny_model(dev, "llama3"),
+        byte_tokenizer(eos),
+        cfg,
+        Some(draft),
+    )
+    .unwrap()
+}
+
+/// The default model (SmolLM2-135M Q4_1) on `dev`, and its tokenizer.
+pub fn default_model(dev: &Device) -> (Model, Tokenizer) {
+    let path = kiln_testkit::default_model();
+    let files = ModelFiles::open(&path, LoadOptions::default()).unwrap();
+    let model = Model::load(dev, files.config().clone(), files.weights()).unwrap();
+    (model, Tokenizer::from_gguf_file(&path).unwrap())
 }
 
 /// The default model (SmolLM2-135M Q4_1) on `dev`.
 pub fn default_engine(dev: &Device, cfg: EngineConfig) -> EngineHandle {
-    let path = kiln_testkit::default_model();
-    let files = ModelFiles::open(&path, LoadOptions::default()).unwrap();
-    let model = Model::load(dev, files.config().clone(), files.weights()).unwrap();
-    let tok = Tokenizer::from_gguf_file(&path).unwrap();
+    let (model, tok) = default_model(dev);
     Engine::start(model, tok, cfg).unwrap()
 }

@@ -1,0 +1,548 @@
+//! Speculative decoding: greedy outputs are token-for-token those of plain decoding (n-gram
+//! prompt lookup and a draft model, alone and batched, on the golden prompts of the default
+//! model and on the tiny models with a pool that forces preemption); speculative sampling keeps
+//! the target distribution (chi-square over seeded draws from controlled logits); a draft model
+//! with another tokenizer is refused by name.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use std::collections::HashMap;
+
+use kiln_engine::{
+    DraftModel, Engine, EngineConfig, EngineHandle, LogprobRequest, Request, Sampler,
+    SamplingParams, SpecMethod, SpecStats, SpeculativeConfig, StartError, TokenHistory,
+    rejection_sample,
+};
+use kiln_tensor::Device;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use serde_json::Value;
+
+const NONE: LogprobRequest = LogprobRequest {
+    logprobs: false,
+    top_logprobs: 0,
+};
+
+fn golden_prompts() -> Vec<(String, Vec<u32>)> {
+    let v: Value = serde_json::from_str(include_str!(
+        "../../kiln-model/tests/fixtures/smollm2_golden.json"
+    ))
+    .unwrap();
+    v["cases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| {
+            let ids = c["prompt_ids"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|x| x.as_u64().unwrap() as u32)
+                .collect();
+            (c["name"].as_str().unwrap().to_owned(), ids)
+        })
+        .collect()
+}
+
+fn spec(method: SpecMethod, k: usize) -> SpeculativeConfig {
+    SpeculativeConfig {
+        method,
+        num_tokens: k,
+        disable_batch_size: 64,
+    }
+}
+
+fn greedy(ids: &[u32], new: usize, speculate: bool) -> Request {
+    let mut r = Request::tokens(ids.to_vec()).max_new_tokens(new);
+    r.stopping.ignore_eos = true;
+    r.speculate = speculate;
+    r
+}
+
+/// Runs `reqs` at once; returns each one's tokens and speculation figures.
+fn batch(e: &EngineHandle, reqs: &[Request]) -> Vec<(Vec<u32>, SpecStats)> {
+    let streams: Vec<_> = reqs.iter().map(|r| e.submit(r.clone()).unwrap()).collect();
+    streams
+        .into_iter()
+        .map(|s| {
+            let out = s.blocking_collect().unwrap();
+            (out.outputs[0].token_ids.clone(), out.timing.speculative)
+        })
+        .collect()
+}
+
+fn total(stats: &[(Vec<u32>, SpecStats)]) -> SpecStats {
+    stats
+        .iter()
+        .fold(SpecStats::default(), |a, (_, s)| SpecStats {
+            proposed_tokens: a.proposed_tokens + s.proposed_tokens,
+            accepted_tokens: a.accepted_tokens + s.accepted_tokens,
+            verify_steps: a.verify_steps + s.verify_steps,
+        })
+}
+
+fn assert_idle_and_free(e: &EngineHandle, name: &str) {
+    let mut stats = e.stats_blocking().unwrap();
+    for _ in 0..400 {
+        if stats.requests == 0 {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+        stats = e.stats_blocking().unwrap();
+    }
+    assert_eq!(stats.requests, 0, "{name}: {stats:?}");
+    assert_eq!(stats.kv.used_blocks, 0, "{name}: {stats:?}");
+    if let Some(d) = stats.draft_kv {
+        assert_eq!(d.used_blocks, 0, "{name}: draft pool: {stats:?}");
+    }
+    stats.invariants.unwrap();
+}
+
+/// Every golden prompt, greedy, 32 new tokens: with speculation off (the reference), then on,
+/// one at a time and all together.
+fn check_golden(name: &str, e: &EngineHandle) -> SpecStats {
+    let prompts = golden_prompts();
+    let off: Vec<Request> = prompts.iter().map(|(_, p)| greedy(p, 32, false)).collect();
+    let on: Vec<Request> = prompts.iter().map(|(_, p)| greedy(p, 32, true)).collect();
+    let want: Vec<Vec<u32>> = off
+        .iter()
+        .map(|r| batch(e, std::slice::from_ref(r))[0].0.clone())
+        .collect();
+    let alone: Vec<(Vec<u32>, SpecStats)> = on
+        .iter()
+        .map(|r| batch(e, std::slice::from_ref(r))[0].clone())
+        .collect();
+    let together = batch(e, &on);
+    for (i, (case, _)) in prompts.iter().enumerate() {
+        assert_eq!(alone[i].0, want[i], "{name}/{case}: alone");
+        assert_eq!(together[i].0, want[i], "{name}/{case}: batched");
+    }
+    assert_idle_and_free(e, name);
+    let t = total(&alone);
+    assert!(t.verify_steps > 0 && t.proposed_tokens > 0, "{name}: {t:?}");
+    eprintln!(
+        "{name}: alone {t:?} acceptance {:.2}, batched {:?}",
+        t.acceptance_rate(),
+        total(&together)
+    );
+    t
+}
+
+fn golden_config() -> EngineConfig {
+    common::config(256, 16, 256, 8)
+}
+
+#[test]
+fn greedy_with_ngram_lookup_is_plain_greedy_on_the_golden_prompts() {
+    for (name, dev) in common::devices() {
+        let mut cfg = golden_config();
+        cfg.speculative = Some(spec(SpecMethod::Ngram { min_n: 1, max_n: 3 }, 4));
+        let e = common::default_engine(&dev, cfg);
+        check_golden(name, &e);
+    }
+}
+
+#[test]
+fn greedy_with_a_draft_model_is_plain_greedy_on_the_golden_prompts() {
+    // The only real checkpoint in the tests is the default model, so it drafts for itself:
+    // nearly every draft holds, which walks the all-accepted path (bonus token, draft cache
+    // reuse); the tiny models below walk the rejections.
+    let dev = Device::cpu();
+    let (model, tokenizer) = common::default_model(&dev);
+    let (draft, draft_tok) = common::default_model(&dev);
+    let mut cfg = golden_config();
+    cfg.speculative = Some(spec(SpecMethod::Draft, 3));
+    let e = Engine::start_with_draft(
+        model,
+        tokenizer,
+        cfg,
+        Some(DraftModel {
+            model: draft,
+            tokenizer: draft_tok,
+        }),
+    )
+    .unwrap();
+    let t = check_golden("cpu", &e);
+    assert!(t.acceptance_rate() > 0.9, "{t:?}");
+    let m = e.metrics().encode();
+    for name in [
+        "kiln_spec_decode_proposed_tokens_total",
+        "kiln_spec_decode_accepted_tokens_total",
+        "kiln_spec_decode_acceptance_ratio",
+        "kiln_spec_decode_mean_accepted_length",
+    ] {
+        assert!(m.contains(name), "{name} missing from:\n{m}");
+    }
+}
+
+/// The tiny llama (drafted for by the tiny mistral, or by n-gram lookup) on every backend: a
+/// greedy request alone and among 9 others, some sampled, some not speculating, in a pool
+/// small enough to preempt.
+#[test]
+fn tiny_models_keep_greedy_tokens_in_a_crowd_with_preemption() {
+    let mut rng = StdRng::seed_from_u64(9);
+    let mut prompt = |n: usize| -> Vec<u32> { (0..n).map(|_| rng.random_range(3..256)).collect() };
+    let target = greedy(&prompt(20), 40, true);
+    let others: Vec<Request> = (0..9)
+        .map(|i| {
+            let mut r = greedy(&prompt(10 + 3 * i), 30, i % 3 != 0);
+            if i % 2 == 1 {
+                r = r.sampling(
+                    SamplingParams {
+                        temperature: 0.9,
+                        ..SamplingParams::default()
+                    },
+                    i as u64,
+                );
+                r.stopping.max_new_tokens = Some(30);
+            }
+            r
+        })
+        .collect();
+    for (name, dev) in common::devices() {
+        for method in [SpecMethod::Ngram { min_n: 1, max_n: 2 }, SpecMethod::Draft] {
+            let make = |cfg: EngineConfig| match method {
+                SpecMethod::Draft => common::tiny_engine_with_draft(&dev, 2, cfg, "mistral"),
+                SpecMethod::Ngram { .. } => common::tiny_engine(&dev, 2, cfg),
+            };
+            let mut roomy = common::config(512, 16, 512, 16);
+            roomy.speculative = Some(spec(method, 4));
+            let e = make(roomy);
+            let mut off = target.clone();
+            off.speculate = false;
+            let want = batch(&e, &[off])[0].0.clone();
+            let alone = batch(&e, std::slice::from_ref(&target))[0].clone();
+            assert_eq!(alone.0, want, "{name}/{method:?}: alone");
+            assert!(alone.1.verify_steps > 0, "{name}/{method:?}: {alone:?}");
+            drop(e);
+
+            // 24 blocks of 4 tokens, 32-token steps: chunked prefill, preemption, drafts cut
+            // by the budget and the pool.
+            let mut small = common::config(24, 4, 32, 10);
+            small.speculative = Some(spec(method, 4));
+            let e = make(small);
+            let mut all = others.clone();
+            all.insert(4, target.clone());
+            let got = batch(&e, &all);
+            assert_eq!(got[4].0, want, "{name}/{method:?}: in a crowd");
+            for (r, (ids, s)) in all.iter().zip(&got) {
+                assert_eq!(ids.len(), r.stopping.max_new_tokens.unwrap());
+                if !r.speculate {
+                    assert_eq!(*s, SpecStats::default(), "{name}: opted out but speculated");
+                }
+            }
+            let stats = e.stats_blocking().unwrap();
+            assert!(stats.preemptions > 0, "{name}/{method:?}: {stats:?}");
+            assert_idle_and_free(&e, name);
+            let t = total(&got);
+            eprintln!("{name}/{method:?}: crowd {t:?}");
+        }
+    }
+}
+
+#[test]
+fn speculation_stays_off_above_the_batch_size_rule() {
+    let mut cfg = common::config(256, 16, 256, 8);
+    cfg.speculative = Some(SpeculativeConfig {
+        disable_batch_size: 2,
+        ..spec(SpecMethod::Ngram { min_n: 1, max_n: 2 }, 4)
+    });
+    let e = common::tiny_engine(&Device::cpu(), 2, cfg);
+    let reqs: Vec<Request> = (0..4u32)
+        .map(|i| greedy(&[5 + i, 6, 7, 5 + i, 6], 12, true))
+        .collect();
+    // Four at once: more than two running from the first decode on, so never.
+    let got = batch(&e, &reqs);
+    assert_eq!(total(&got), SpecStats::default());
+    // Alone it speculates.
+    let alone = batch(&e, &reqs[..1]);
+    assert!(alone[0].1.verify_steps > 0, "{alone:?}");
+    assert_eq!(alone[0].0, got[0].0);
+}
+
+#[test]
+fn a_draft_model_with_another_tokenizer_is_refused_by_name() {
+    let dev = Device::cpu();
+    let mut cfg = common::config(64, 16, 64, 4);
+    cfg.speculative = Some(spec(SpecMethod::Draft, 4));
+    let mut other = common::byte_tokenizer(3);
+    // Same vocabulary, other end-of-sequence id.
+    let draft = DraftModel {
+        model: common::tiny_model(&dev, "mistral"),
+        tokenizer: std::mem::replace(&mut other, common::byte_tokenizer(3)),
+    };
+    let err = Engine::start_with_draft(
+        common::tiny_model(&dev, "llama3"),
+        common::byte_tokenizer(2),
+        cfg.clone(),
+        Some(draft),
+    )
+    .unwrap_err();
+    match &err {
+        StartError::Config { field, reason } => {
+            assert_eq!(*field, "draft_model");
+            assert!(reason.contains("end-of-sequence"), "{reason}");
+        }
+        e => panic!("{e}"),
+    }
+    // Another vocabulary: the default model's tokenizer.
+    let path = kiln_testkit::default_model();
+    let smol = kiln_tokenizer::Tokenizer::from_gguf_file(&path).unwrap();
+    let err = Engine::start_with_draft(
+        common::tiny_model(&dev, "llama3"),
+        common::byte_tokenizer(2),
+        cfg.clone(),
+        Some(DraftModel {
+            model: common::tiny_model(&dev, "mistral"),
+            tokenizer: smol,
+        }),
+    )
+    .unwrap_err();
+    assert!(
+        err.to_string().contains("tokens, the target's has 256"),
+        "{err}"
+    );
+    // The draft method without a draft model.
+    let err = Engine::start(
+        common::tiny_model(&dev, "llama3"),
+        common::byte_tokenizer(2),
+        cfg,
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("needs a draft model"), "{err}");
+}
+
+// ---- The distribution: chi-square tests over controlled logits ----
+
+fn softmax(x: &[f64]) -> Vec<f64> {
+    let m = x.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    let e: Vec<f64> = x.iter().map(|v| (v - m).exp()).collect();
+    let s: f64 = e.iter().sum();
+    e.iter().map(|v| v / s).collect()
+}
+
+/// Pearson's statistic of `counts` against probabilities `p` (cells with p = 0 must be empty).
+fn chi_square(counts: &[usize], p: &[f64]) -> (f64, usize) {
+    let n: usize = counts.iter().sum();
+    let mut stat = 0.0;
+    let mut cells = 0;
+    for (&c, &pi) in counts.iter().zip(p) {
+        if pi == 0.0 {
+            assert_eq!(c, 0, "a token of probability 0 was drawn");
+            continue;
+        }
+        let expected = n as f64 * pi;
+        stat += (c as f64 - expected).powi(2) / expected;
+        cells += 1;
+    }
+    (stat, cells - 1)
+}
+
+/// The chi-square quantile at 1 - 1e-4 (Wilson–Hilferty), so a correct sampler fails about
+/// once in ten thousand runs of a seed; the seeds are fixed, so the test is deterministic.
+fn critical(df: usize) -> f64 {
+    let d = df as f64;
+    let z = 3.719;
+    d * (1.0 - 2.0 / (9.0 * d) + z * (2.0 / (9.0 * d)).sqrt()).powi(3)
+}
+
+const LOGITS: [f32; 8] = [2.0, 1.5, 1.1, 0.4, 0.0, -0.5, -1.2, -3.0];
+
+/// The target distribution after the sampler's processing, computed independently.
+fn target(params: &SamplingParams) -> Vec<f64> {
+    let t = f64::from(params.temperature);
+    let mut p = softmax(&LOGITS.iter().map(|&v| f64::from(v) / t).collect::<Vec<_>>());
+    if params.top_k > 0 {
+        // LOGITS are sorted, so the top k are the first k.
+        p.iter_mut().skip(params.top_k).for_each(|x| *x = 0.0);
+        let s: f64 = p.iter().sum();
+        p.iter_mut().for_each(|x| *x /= s);
+    }
+    p
+}
+
+#[test]
+fn verified_sampling_follows_the_target_distribution_for_any_draft() {
+    let n = 60_000;
+    let settings = [
+        SamplingParams::default(),
+        SamplingParams {
+            temperature: 0.7,
+            top_k: 5,
+            ..SamplingParams::default()
+        },
+    ];
+    for (si, params) in settings.iter().enumerate() {
+        let p = target(params);
+        // A likely draft, an unlikely one and one outside top-k's support.
+        for draft in [0u32, 4, 7] {
+            let mut sampler = Sampler::new(params.clone(), 1000 + draft as u64 + si as u64);
+            let history = TokenHistory::new(&[]);
+            let mut counts = vec![0usize; LOGITS.len()];
+            let mut accepted = 0usize;
+            for _ in 0..n {
+                let (s, ok) = sampler
+                    .verify(&LOGITS, &history, &[], Some(draft), NONE)
+                    .unwrap();
+                counts[s.token as usize] += 1;
+                if ok {
+                    assert_eq!(s.token, draft);
+                    accepted += 1;
+                }
+            }
+            let (stat, df) = chi_square(&counts, &p);
+            assert!(
+                stat < critical(df),
+                "params {si}, draft {draft}: chi-square {stat:.1} >= {:.1} (df {df}): {counts:?} vs {p:?}",
+                critical(df)
+            );
+            // A point-mass draft is accepted with probability p(draft).
+            let rate = accepted as f64 / n as f64;
+            let sd = (p[draft as usize] * (1.0 - p[draft as usize]) / n as f64).sqrt();
+            assert!(
+                (rate - p[draft as usize]).abs() <= 5.0 * sd + 1e-12,
+                "params {si}, draft {draft}: accepted {rate} vs p {}",
+                p[draft as usize]
+            );
+        }
+    }
+}
+
+#[test]
+fn rejection_sampling_from_a_draft_distribution_yields_the_target_distribution() {
+    let p = softmax(&[1.0, 0.2, -0.5, 2.0, 0.0, -2.0]);
+    let q = softmax(&[0.0, 1.5, 0.5, 0.5, -1.0, 1.0]);
+    let to_list = |d: &[f64]| -> Vec<(u32, f64)> {
+        d.iter()
+            .enumerate()
+            .map(|(i, &w)| (i as u32, w * 3.0)) // unnormalised on purpose
+            .collect()
+    };
+    let (pl, ql) = (to_list(&p), to_list(&q));
+    let mut rng = StdRng::seed_from_u64(42);
+    let n = 80_000;
+    let mut counts = vec![0usize; p.len()];
+    let mut accepted = 0usize;
+    for _ in 0..n {
+        // The draft comes from q.
+        let mut u: f64 = rng.random();
+        let mut draft = q.len() - 1;
+        for (i, &qi) in q.iter().enumerate() {
+            if u < qi {
+                draft = i;
+                break;
+            }
+            u -= qi;
+        }
+        let (tok, ok) = rejection_sample(&pl, Some(&ql), draft as u32, &mut rng);
+        counts[tok as usize] += 1;
+        accepted += usize::from(ok);
+    }
+    let (stat, df) = chi_square(&counts, &p);
+    assert!(
+        stat < critical(df),
+        "chi-square {stat:.1}: {counts:?} vs {p:?}"
+    );
+    // Theory: the acceptance probability is the overlap sum(min(p, q)).
+    let overlap: f64 = p.iter().zip(&q).map(|(a, b)| a.min(*b)).sum();
+    let rate = accepted as f64 / n as f64;
+    let sd = (overlap * (1.0 - overlap) / n as f64).sqrt();
+    assert!((rate - overlap).abs() < 5.0 * sd, "{rate} vs {overlap}");
+}
+
+/// Two-sample chi-square of tallies `a` and `b` over the same categories (categories with fewer
+/// than 10 draws in all are pooled); returns the statistic and the degrees of freedom.
+fn two_sample<K: std::hash::Hash + Eq + Ord + Copy>(
+    a: &HashMap<K, usize>,
+    b: &HashMap<K, usize>,
+) -> (f64, usize) {
+    let mut keys: Vec<K> = a.keys().chain(b.keys()).copied().collect();
+    keys.sort_unstable();
+    keys.dedup();
+    let (mut stat, mut cells, mut rare) = (0.0, 0usize, [0usize; 2]);
+    let term = |x: usize, y: usize| (x as f64 - y as f64).powi(2) / (x + y) as f64;
+    for k in &keys {
+        let (x, y) = (
+            a.get(k).copied().unwrap_or(0),
+            b.get(k).copied().unwrap_or(0),
+        );
+        if x + y < 10 {
+            rare[0] += x;
+            rare[1] += y;
+        } else {
+            stat += term(x, y);
+            cells += 1;
+        }
+    }
+    if rare[0] + rare[1] > 0 {
+        stat += term(rare[0], rare[1]);
+        cells += 1;
+    }
+    (stat, cells.saturating_sub(1))
+}
+
+#[test]
+fn sampled_requests_with_speculation_follow_the_plain_distribution() {
+    // Tokens 2 and 3 of a sampled request (the first decode step: one draft token verified,
+    // then the target's own), over many seeds, with and without drafts: their distributions
+    // must agree (two-sample chi-square tests of token 2, of token 3 and of the pair). The
+    // tiny llama drafts for itself, so every draft is its most likely token and the
+    // acceptance rule decides a lot.
+    let mut cfg = common::config(256, 16, 256, 16);
+    cfg.speculative = Some(spec(SpecMethod::Draft, 2));
+    let e = common::tiny_engine_with_draft(&Device::cpu(), 2, cfg, "llama3");
+    let prompt: Vec<u32> = [40, 41, 42, 43].repeat(4);
+    let params = SamplingParams {
+        temperature: 1.5,
+        top_k: 4,
+        ..SamplingParams::default()
+    };
+    let runs = 2000;
+    type Tally = HashMap<(u32, u32), usize>;
+    let mut pairs: [Tally; 2] = [HashMap::new(), HashMap::new()];
+    let mut seconds: [Tally; 2] = [HashMap::new(), HashMap::new()];
+    let mut thirds: [Tally; 2] = [HashMap::new(), HashMap::new()];
+    let mut spec_total = SpecStats::default();
+    for (which, speculate) in [false, true].into_iter().enumerate() {
+        let reqs: Vec<Request> = (0..runs)
+            .map(|seed| {
+                let mut r = Request::tokens(prompt.clone()).sampling(params.clone(), seed);
+                r.stopping.max_new_tokens = Some(3);
+                r.stopping.ignore_eos = true;
+                r.speculate = speculate;
+                r
+            })
+            .collect();
+        for chunk in reqs.chunks(16) {
+            let got = batch(&e, chunk);
+            let t = total(&got);
+            spec_total.proposed_tokens += t.proposed_tokens;
+            spec_total.accepted_tokens += t.accepted_tokens;
+            for (ids, _) in got {
+                *pairs[which].entry((ids[1], ids[2])).or_insert(0) += 1;
+                *seconds[which].entry((ids[1], 0)).or_insert(0) += 1;
+                *thirds[which].entry((ids[2], 0)).or_insert(0) += 1;
+            }
+        }
+    }
+    let rate = spec_total.acceptance_rate();
+    assert!(
+        spec_total.proposed_tokens >= runs && rate > 0.1 && rate < 0.9,
+        "drafts must be both accepted and rejected: {spec_total:?}"
+    );
+    for (what, t) in [
+        ("token 2", &seconds),
+        ("token 3", &thirds),
+        ("pair", &pairs),
+    ] {
+        let (stat, df) = two_sample(&t[0], &t[1]);
+        assert!(
+            df >= 3 && stat < critical(df),
+            "{what}: two-sample chi-square {stat:.1} (df {df}, critical {:.1})",
+            critical(df)
+        );
+    }
+    assert_idle_and_free(&e, "cpu");
+}
