@@ -20,7 +20,7 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use kiln_engine::{Engine, EngineConfig, EngineHandle};
+use kiln_engine::{Engine, EngineConfig, EngineHandle, SpeculativeConfig};
 use kiln_kv::BlockManagerConfig;
 use kiln_model::{LoadOptions, Model, ModelFiles};
 use kiln_scheduler::SchedulerConfig;
@@ -45,6 +45,8 @@ pub struct Options {
     pub max_waiting: usize,
     pub max_num_batched_tokens: usize,
     pub max_model_len: Option<usize>,
+    /// Speculative decoding (n-gram lookup only: the harness loads one model).
+    pub speculative: Option<SpeculativeConfig>,
     pub server: ServerConfig,
 }
 
@@ -59,6 +61,7 @@ impl Default for Options {
             max_waiting: 256,
             max_num_batched_tokens: 256,
             max_model_len: Some(2048),
+            speculative: None,
             server,
         }
     }
@@ -77,6 +80,7 @@ pub fn start_engine(opts: &Options) -> EngineHandle {
     sched.max_num_batched_tokens = opts.max_num_batched_tokens;
     let mut cfg = EngineConfig::new(sched);
     cfg.max_model_len = opts.max_model_len;
+    cfg.speculative = opts.speculative;
     Engine::start(model, tokenizer, cfg).expect("start the engine")
 }
 

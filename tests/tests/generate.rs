@@ -357,3 +357,56 @@ async fn thirty_two_streams_with_cancellations_and_deadlines_leave_the_pool_free
     assert!(metrics.contains("kiln_requests_running 0"), "{metrics}");
     t.shutdown().await;
 }
+
+/// `kiln serve --speculative ngram` as a client sees it: the same greedy tokens with the
+/// request's `speculative` on (the default) and off, the figures in the last message's
+/// `Timing` (zero when off), and the counters on /metrics.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn speculative_decoding_keeps_greedy_tokens_and_reports_its_figures() {
+    let t = TestServer::start(Options {
+        speculative: Some(kiln_engine::SpeculativeConfig::ngram()),
+        ..Options::default()
+    })
+    .await;
+    let mut g = t.generation();
+    // An answer that copies the prompt: n-gram lookup's best case.
+    let text = "Copy: the red fox, the red fox, the red fox, the red fox, the red fox,";
+    let mut on = greedy(text, 24);
+    on.output.get_or_insert_default().return_token_ids = true;
+    let mut off = on.clone();
+    off.speculative = Some(false);
+    let a = g.generate(on).await.unwrap().into_inner();
+    let b = g.generate(off).await.unwrap().into_inner();
+    assert_eq!(a.outputs[0].token_ids, b.outputs[0].token_ids);
+    assert_eq!(a.outputs[0].token_ids.len(), 24);
+    let (ta, tb) = (a.timing.unwrap(), b.timing.unwrap());
+    assert!(ta.spec_verify_steps > 0, "{ta:?}");
+    assert!(
+        ta.spec_accepted_tokens > 0 && ta.spec_accepted_tokens <= ta.spec_proposed_tokens,
+        "{ta:?}"
+    );
+    let rate = ta.spec_accepted_tokens as f64 / ta.spec_proposed_tokens as f64;
+    assert!((ta.spec_acceptance_rate - rate).abs() < 1e-9, "{ta:?}");
+    let mean = ta.spec_accepted_tokens as f64 / ta.spec_verify_steps as f64;
+    assert!((ta.spec_mean_accepted_length - mean).abs() < 1e-9, "{ta:?}");
+    // Accepted drafts save steps: fewer verifications than tokens.
+    assert!(ta.spec_verify_steps < 23, "{ta:?}");
+    assert_eq!(
+        (
+            tb.spec_proposed_tokens,
+            tb.spec_accepted_tokens,
+            tb.spec_verify_steps
+        ),
+        (0, 0, 0)
+    );
+    let m = t.metrics().await;
+    let accepted = m
+        .lines()
+        .find_map(|l| l.strip_prefix("kiln_spec_decode_accepted_tokens_total "))
+        .unwrap_or_else(|| panic!("no accepted-token counter in:\n{m}"));
+    assert_eq!(accepted.trim(), ta.spec_accepted_tokens.to_string());
+    assert!(m.contains("kiln_spec_decode_acceptance_ratio"), "{m}");
+    let kv = t.wait_until_idle(Duration::from_secs(10)).await;
+    assert_eq!(kv.used_blocks, 0);
+    t.shutdown().await;
+}

@@ -104,6 +104,43 @@ fn generate_greedy_matches_the_reference_on_both_backends() {
     );
 }
 
+/// `--speculative ngram` and `--draft-model` (the model drafting for itself) print the same
+/// greedy text as plain decoding, with the speculation figures in `--json`.
+#[test]
+fn speculative_generate_prints_the_same_greedy_text() {
+    let m = model();
+    let run = |extra: &[&str]| {
+        let mut a = vec![
+            "generate",
+            "--model",
+            m.as_str(),
+            "--prompt",
+            "Once upon a time",
+            "--max-tokens",
+            "12",
+            "--backend",
+            "cpu",
+            "--json",
+        ];
+        a.extend_from_slice(extra);
+        let v: serde_json::Value = serde_json::from_str(stdout(&kiln(&a)).trim()).unwrap();
+        v
+    };
+    let plain = run(&[]);
+    assert_eq!(plain["spec_proposed_tokens"], 0);
+    for extra in [
+        &["--speculative", "ngram", "--prompt-lookup-max", "2"][..],
+        &["--draft-model", m.as_str(), "--num-speculative-tokens", "3"][..],
+    ] {
+        let v = run(extra);
+        assert_eq!(v["text"], plain["text"], "{extra:?}");
+        assert_eq!(v["token_ids"], plain["token_ids"], "{extra:?}");
+        assert!(v["spec_acceptance_rate"].as_f64().is_some(), "{v}");
+    }
+    let v = run(&["--draft-model", m.as_str()]);
+    assert!(v["spec_accepted_tokens"].as_u64().unwrap() > 0, "{v}");
+}
+
 #[test]
 fn chat_generation_stops_at_end_of_turn_and_sampling_is_seeded() {
     let m = model();
@@ -186,6 +223,29 @@ fn bad_input_is_one_clear_line() {
         "cuda",
     );
     fails_with(&kiln(&["serve-nothing"]), "unknown command");
+    // Speculative decoding flags.
+    let gen_with = |extra: &[&str]| {
+        let mut a = vec!["generate", "--model", m.as_str(), "--prompt", "x"];
+        a.extend_from_slice(extra);
+        kiln(&a)
+    };
+    fails_with(
+        &gen_with(&["--speculative", "maybe"]),
+        "--speculative maybe",
+    );
+    fails_with(
+        &gen_with(&["--speculative", "ngram", "--num-speculative-tokens", "0"]),
+        "--num-speculative-tokens",
+    );
+    fails_with(
+        &gen_with(&["--num-speculative-tokens", "3"]),
+        "--num-speculative-tokens needs speculative decoding",
+    );
+    fails_with(&gen_with(&["--speculative", "draft"]), "--draft-model");
+    fails_with(
+        &gen_with(&["--draft-model", "/nonexistent-draft.gguf"]),
+        "/nonexistent-draft.gguf",
+    );
     // A corrupt file: bad magic, and a truncated copy of the real model.
     let dir = std::env::temp_dir().join(format!("kiln-cli-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
