@@ -512,6 +512,12 @@ impl Loop {
         self.metrics
             .preemptions
             .inc_by(schedule.preempted.len() as u64);
+        if let Some(spec) = &mut self.spec {
+            // A preempted sequence recomputes later; its draft cache goes back now.
+            for &seq in &schedule.preempted {
+                spec.proposer.release(seq);
+            }
+        }
         for (seq, err) in &schedule.rejected {
             if let Some(&(rid, _)) = self.owner.get(seq) {
                 let reason = format!("no longer fits the KV pool: {err}");

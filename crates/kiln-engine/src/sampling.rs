@@ -7,8 +7,7 @@
 use std::cmp::Ordering;
 use std::collections::{BTreeMap, HashMap, HashSet};
 
-use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
+use rand::Rng;
 
 /// Per-request sampling settings (engine-level, plain Rust; the gRPC layer converts to it).
 #[derive(Debug, Clone, PartialEq)]
@@ -185,19 +184,45 @@ pub enum SampleError {
     NoCandidates,
 }
 
-/// One sequence's sampler: parameters plus its own RNG, so the same seed and the same logits give
-/// the same tokens no matter what else is batched.
+/// One sequence's sampler: parameters plus its own seed, so the same seed and the same logits
+/// give the same tokens no matter what else is batched.
+///
+/// A draw is a Gumbel-max pick: the candidate maximising `ln w + G`, where `w` is its weight
+/// after temperature and the filters and `G` is Gumbel noise hashed from (seed, draw index,
+/// token id). That is exact sampling from the normalised weights, and it makes the token of
+/// draw `n` a function of the seed, `n` and the logits alone: speculative decoding can verify a
+/// draft at any position by checking it against that very pick, so a seeded request gives the
+/// same tokens with speculation on or off.
 #[derive(Debug)]
 pub struct Sampler {
     params: SamplingParams,
-    rng: StdRng,
+    seed: u64,
+    /// Draws made so far (the index of the next one).
+    draws: u64,
+}
+
+/// splitmix64's finaliser: a well-mixed 64-bit hash.
+fn mix(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// Standard Gumbel noise for token `id` in draw `draw` of `seed`.
+fn gumbel(seed: u64, draw: u64, id: u32) -> f64 {
+    let bits = mix(seed ^ mix(draw ^ mix(u64::from(id))));
+    // A uniform in (0, 1): 53 bits, centred in their cell, so never 0 or 1.
+    let u = ((bits >> 11) as f64 + 0.5) * (1.0 / (1u64 << 53) as f64);
+    -(-u.ln()).ln()
 }
 
 impl Sampler {
     pub fn new(params: SamplingParams, seed: u64) -> Self {
         Self {
             params,
-            rng: StdRng::seed_from_u64(seed),
+            seed,
+            draws: 0,
         }
     }
 
@@ -210,7 +235,7 @@ impl Sampler {
     ///
     /// Order: suppress (for min_new_tokens) → logit_bias → repetition penalty →
     /// presence/frequency → greedy argmax (first index on ties), or temperature → top_k → top_p →
-    /// min_p → one draw. A non-greedy call that succeeds makes exactly one RNG draw, even if one
+    /// min_p → one draw. A non-greedy call that succeeds makes exactly one draw, even if one
     /// candidate is left, so a sequence's draw count depends only on its own steps; greedy makes
     /// none. NaN logits count as -inf and +inf as `f32::MAX` (so ties at +inf share the mass).
     pub fn sample(
@@ -233,13 +258,16 @@ impl Sampler {
     }
 
     /// Speculative decoding's check of one draft token against this row (the target model's
-    /// logits at the draft's position). Greedy: the processed argmax, accepted when it is the
-    /// draft. Sampling: the rejection rule for a draft drawn from a point mass (the n-gram and
-    /// greedy draft-model proposers): accept with probability p(draft), else draw from p with
-    /// the draft removed ([`rejection_sample`]). Either way the token returned follows exactly
-    /// the distribution [`sample`](Self::sample) draws from. `draft: None` is a plain `sample`
-    /// (the bonus token after a fully accepted draft). Returns the token and whether it is the
-    /// accepted draft.
+    /// logits at the draft's position): the token is exactly what [`sample`](Self::sample)
+    /// would pick here, and the draft is accepted when it is that token. Greedy, that is the
+    /// longest-agreeing-prefix rule. Sampling, the drafts of kiln's proposers are point masses
+    /// (n-gram lookup, a greedy draft model), for which the rejection rule of
+    /// [`rejection_sample`] reads: accept with probability p(draft), else draw from p without
+    /// the draft. The Gumbel-max draw realises exactly that rule (the draft is the pick with
+    /// probability p(draft); given it is not, the pick follows p without it) while coupling it
+    /// to plain sampling, so outputs do not depend on whether, or how much, a step speculated.
+    /// `draft: None` is a plain `sample` (the bonus token after a fully accepted draft).
+    /// Returns the token and whether it is the accepted draft.
     pub fn verify(
         &mut self,
         logits: &[f32],
@@ -254,34 +282,26 @@ impl Sampler {
         if logits.is_empty() {
             return Err(SampleError::EmptyLogits);
         }
-        let processed = process(logits, &self.params, history, suppress);
-        let (token, accepted) = if self.params.is_greedy() {
-            let t = argmax(&processed).ok_or(SampleError::NoCandidates)?;
-            (t, t == draft)
-        } else {
-            let target = self.candidates(processed)?;
-            rejection_sample(&target, None, draft, &mut self.rng)
-        };
-        Ok((with_logprobs(logits, token, want), accepted))
+        let s = self.sample(logits, history, suppress, want)?;
+        let accepted = s.token == draft;
+        Ok((s, accepted))
     }
 
     /// Temperature, top-k, top-p and min-p over the processed row, then one draw.
     fn draw(&mut self, processed: Vec<f32>) -> Result<u32, SampleError> {
         let w = self.candidates(processed)?;
-        let total: f64 = w.iter().map(|c| c.1).sum();
-        let mut u = self.rng.random::<f64>() * total;
-        // Falls back to the last positive weight if rounding leaves `u` past the end.
-        let mut pick = None;
+        let draw = self.draws;
+        self.draws += 1;
+        let mut pick: Option<(u32, f64)> = None;
         for &(id, wi) in &w {
             if wi > 0.0 {
-                pick = Some(id);
-                if u < wi {
-                    break;
+                let key = wi.ln() + gumbel(self.seed, draw, id);
+                if pick.is_none_or(|(_, best)| key > best) {
+                    pick = Some((id, key));
                 }
-                u -= wi;
             }
         }
-        pick.ok_or(SampleError::NoCandidates)
+        pick.map(|(id, _)| id).ok_or(SampleError::NoCandidates)
     }
 
     /// The distribution a draw picks from: candidate ids with unnormalised weights (zero for
@@ -552,6 +572,8 @@ mod tests {
     use proptest::prelude::{
         Just, Strategy, any, prop_assert, prop_assert_eq, prop_oneof, proptest,
     };
+    use rand::SeedableRng;
+    use rand::rngs::StdRng;
 
     const NONE: LogprobRequest = LogprobRequest {
         logprobs: false,
@@ -608,8 +630,7 @@ mod tests {
         assert!(k1.is_greedy() && !k1.needs_logits() && !g.needs_logits());
         let mut s = Sampler::new(k1, 9);
         assert_eq!(s.sample(&[0.0, 2.0, 2.0], &h, &[], NONE).unwrap().token, 1);
-        let fresh = StdRng::seed_from_u64(9).random::<u64>();
-        assert_eq!(s.rng.random::<u64>(), fresh);
+        assert_eq!(s.draws, 0);
     }
 
     #[test]

@@ -1,9 +1,14 @@
 //! Speculative decoding: proposers draft a few tokens per decoding sequence; the step loop
 //! appends them to the sequence's decode, the target model computes logits at every one of
 //! them in the same forward pass, and sampling keeps the longest prefix the target agrees with
-//! (greedy: equal to its argmax; sampling: the rejection rule of
-//! [`rejection_sample`](crate::rejection_sample)) plus one token of the target's own. Accepted
-//! tokens cost one weight read for several tokens, which is what a memory-bound decode lacks.
+//! plus one token of the target's own. Greedy, "agrees" means equal to its argmax. Sampling,
+//! the drafts are point masses, for which the rejection rule (accept with min(1, p/q), else
+//! draw from the normalised max(0, p − q); see [`rejection_sample`](crate::rejection_sample))
+//! reduces to "accept with probability p(draft), else draw from p without the draft"; the
+//! sampler realises it by checking the draft against its own seeded Gumbel-max draw
+//! ([`Sampler::verify`](crate::Sampler::verify)), so speculation never changes a seeded
+//! request's tokens. Accepted tokens cost one weight read for several tokens, which is what a
+//! memory-bound decode lacks.
 //!
 //! Two proposers share the [`Proposer`] trait: [`NgramProposer`] (prompt lookup, no model) and
 //! [`DraftProposer`](crate::DraftProposer) (a smaller model with the same tokenizer, on the same
