@@ -4,6 +4,7 @@ use std::path::PathBuf;
 use std::str::FromStr;
 
 use anyhow::{Context, bail};
+use kiln_engine::SpeculativeConfig;
 use kiln_tensor::BackendChoice;
 
 pub const USAGE: &str = "\
@@ -18,7 +19,9 @@ flags (all optional except --model, which `cargo xtask bench` fills in):
   --backend auto|cpu|wgpu    device of the in-process engine (default: $KILN_BACKEND, else auto)
   --grpc ADDR                load a running `kiln serve` at ADDR instead (no roofline, no
                              prefix run without the cache: the server's config is not ours)
-  --scenarios LIST           any of single,sweep,prefix,roofline,profile (default: all)
+  --scenarios LIST           any of single,sweep,prefix,roofline,profile,speculative
+                             (default: all but speculative; with --speculative: speculative
+                             only; `all` is every scenario but speculative)
   --levels LIST              concurrency levels of the sweep (default: 1,4,16,64)
   --prompt-tokens N          single stream: prompt length (default 512)
   --new-tokens N             single stream: tokens to generate (default 128)
@@ -28,6 +31,16 @@ flags (all optional except --model, which `cargo xtask bench` fills in):
   --prefix-question-tokens N shared prefix: each request's own question (default 16)
   --prefix-new-tokens N      shared prefix: tokens to generate per request (default 8)
   --prefix-requests N        shared prefix: measured requests per run (default 8)
+  --speculative ngram|draft  speculative decoding: adds the speculative scenario (decode tokens/s
+                             with and without speculation on an extractive and a free-generation
+                             chat prompt, acceptance rates, identical greedy output). Default of
+                             the scenario: ngram. In-process the other scenarios never speculate;
+                             over --grpc the server's own speculative config applies
+  --draft-model PATH         draft: the draft model, sharing the target's tokenizer (implies
+                             --speculative draft; default: the target model itself)
+  --num-speculative-tokens K draft tokens per step (default 4; 1..=64)
+  --spec-new-tokens N        speculative: most tokens to generate per run, EOS stops earlier
+                             (default 128)
   --threads N                llama.cpp's threads (default: the machine's available parallelism)
   --compare llama-cpp        also run the single stream through llama-cpp-python (interpreter:
                              $KILN_PYTHON, else python3) and print kiln/llama.cpp ratios
@@ -47,15 +60,27 @@ pub struct Scenarios {
     pub prefix: bool,
     pub roofline: bool,
     pub profile: bool,
+    pub speculative: bool,
 }
 
 impl Scenarios {
+    /// Every scenario but `speculative`, which needs speculation configured.
     pub const ALL: Self = Self {
         single: true,
         sweep: true,
         prefix: true,
         roofline: true,
         profile: true,
+        speculative: false,
+    };
+
+    pub const NONE: Self = Self {
+        single: false,
+        sweep: false,
+        prefix: false,
+        roofline: false,
+        profile: false,
+        speculative: false,
     };
 
     pub fn names(&self) -> Vec<&'static str> {
@@ -65,6 +90,7 @@ impl Scenarios {
             (self.prefix, "prefix"),
             (self.roofline, "roofline"),
             (self.profile, "profile"),
+            (self.speculative, "speculative"),
         ]
         .iter()
         .filter(|(on, _)| *on)
@@ -76,13 +102,7 @@ impl Scenarios {
 impl FromStr for Scenarios {
     type Err = anyhow::Error;
     fn from_str(s: &str) -> anyhow::Result<Self> {
-        let mut out = Self {
-            single: false,
-            sweep: false,
-            prefix: false,
-            roofline: false,
-            profile: false,
-        };
+        let mut out = Self::NONE;
         for name in s.split(',').map(str::trim) {
             match name {
                 "single" => out.single = true,
@@ -90,17 +110,32 @@ impl FromStr for Scenarios {
                 "prefix" => out.prefix = true,
                 "roofline" => out.roofline = true,
                 "profile" => out.profile = true,
-                "all" => out = Self::ALL,
+                "speculative" => out.speculative = true,
+                "all" => {
+                    out = Self {
+                        speculative: out.speculative,
+                        ..Self::ALL
+                    }
+                }
                 other => {
                     bail!(
                         "unknown scenario {other:?} (expected single, sweep, prefix, roofline, \
-                         profile)"
+                         profile, speculative)"
                     )
                 }
             }
         }
         Ok(out)
     }
+}
+
+/// How the speculative scenario drafts (`--speculative`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SpecChoice {
+    /// Prompt lookup.
+    Ngram,
+    /// A draft model (`--draft-model`, else the target itself).
+    Draft,
 }
 
 /// An engine to compare against.
@@ -127,6 +162,12 @@ pub struct Args {
     pub prefix_question_tokens: usize,
     pub prefix_new_tokens: usize,
     pub prefix_requests: usize,
+    /// Set whenever the speculative scenario runs.
+    pub speculative: Option<SpecChoice>,
+    /// `None` with [`SpecChoice::Draft`]: the target model drafts for itself.
+    pub draft_model: Option<PathBuf>,
+    pub num_speculative_tokens: usize,
+    pub spec_new_tokens: usize,
     pub threads: usize,
     pub compare: Option<Compare>,
     pub out: PathBuf,
@@ -170,6 +211,10 @@ pub fn parse(argv: &[String], env_backend: Option<&str>) -> anyhow::Result<Optio
         prefix_question_tokens: 16,
         prefix_new_tokens: 8,
         prefix_requests: 8,
+        speculative: None,
+        draft_model: None,
+        num_speculative_tokens: 4,
+        spec_new_tokens: 128,
         threads: std::thread::available_parallelism().map_or(1, usize::from),
         compare: None,
         out: default_out(),
@@ -178,6 +223,8 @@ pub fn parse(argv: &[String], env_backend: Option<&str>) -> anyhow::Result<Optio
         max_batched_tokens: 512,
     };
     let mut model = None;
+    let mut scenarios_given = false;
+    let mut spec_flags = Vec::new();
     let mut i = 0;
     while i < argv.len() {
         let arg = &argv[i];
@@ -212,7 +259,10 @@ pub fn parse(argv: &[String], env_backend: Option<&str>) -> anyhow::Result<Optio
                 }
                 a.grpc = Some(value);
             }
-            "scenarios" => a.scenarios = value.parse().context("--scenarios")?,
+            "scenarios" => {
+                a.scenarios = value.parse().context("--scenarios")?;
+                scenarios_given = true;
+            }
             "levels" => a.levels = positive_list(name, &value)?,
             "prompt-tokens" => a.prompt_tokens = positive(name, &value)?,
             "new-tokens" => a.new_tokens = positive(name, &value)?,
@@ -222,6 +272,22 @@ pub fn parse(argv: &[String], env_backend: Option<&str>) -> anyhow::Result<Optio
             "prefix-question-tokens" => a.prefix_question_tokens = positive(name, &value)?,
             "prefix-new-tokens" => a.prefix_new_tokens = positive(name, &value)?,
             "prefix-requests" => a.prefix_requests = positive(name, &value)?,
+            "speculative" => {
+                a.speculative = Some(match value.as_str() {
+                    "ngram" => SpecChoice::Ngram,
+                    "draft" => SpecChoice::Draft,
+                    other => bail!("--speculative {other}: expected ngram or draft"),
+                });
+            }
+            "draft-model" => a.draft_model = Some(PathBuf::from(value)),
+            "num-speculative-tokens" => {
+                a.num_speculative_tokens = positive(name, &value)?;
+                spec_flags.push(name);
+            }
+            "spec-new-tokens" => {
+                a.spec_new_tokens = positive(name, &value)?;
+                spec_flags.push(name);
+            }
             "threads" => a.threads = positive(name, &value)?,
             "compare" => match value.as_str() {
                 "llama-cpp" | "llama.cpp" | "llamacpp" => a.compare = Some(Compare::LlamaCpp),
@@ -239,10 +305,61 @@ pub fn parse(argv: &[String], env_backend: Option<&str>) -> anyhow::Result<Optio
         }
     }
     a.model = model.context("--model PATH is required (`cargo xtask bench` fills it in)")?;
+    speculative_flags(&mut a, scenarios_given, &spec_flags)?;
     if a.scenarios.names().is_empty() {
         bail!("--scenarios: name at least one scenario");
     }
     Ok(Some(a))
+}
+
+/// Settles `--speculative`, `--draft-model` and `--scenarios` against each other: a method
+/// adds the speculative scenario (alone when `--scenarios` was not given), the scenario
+/// defaults to ngram, and a draft model implies `draft`.
+fn speculative_flags(
+    a: &mut Args,
+    scenarios_given: bool,
+    spec_flags: &[&str],
+) -> anyhow::Result<()> {
+    if a.draft_model.is_some() {
+        match a.speculative {
+            Some(SpecChoice::Ngram) => {
+                bail!("--draft-model needs --speculative draft (ngram drafts from the prompt)")
+            }
+            Some(SpecChoice::Draft) => {}
+            None => a.speculative = Some(SpecChoice::Draft),
+        }
+    }
+    if a.speculative.is_some() {
+        if scenarios_given {
+            a.scenarios.speculative = true;
+        } else {
+            a.scenarios = Scenarios {
+                speculative: true,
+                ..Scenarios::NONE
+            };
+        }
+    } else if a.scenarios.speculative {
+        a.speculative = Some(SpecChoice::Ngram);
+    } else if let Some(flag) = spec_flags.first() {
+        bail!("--{flag} needs the speculative scenario: add --speculative ngram|draft");
+    }
+    if let Some(cfg) = a.spec_config() {
+        cfg.validate()
+            .map_err(|(_, reason)| anyhow::anyhow!("--num-speculative-tokens {reason}"))?;
+    }
+    Ok(())
+}
+
+impl Args {
+    /// The engine's speculative config for `--speculative` (`None`: the scenario is off).
+    pub fn spec_config(&self) -> Option<SpeculativeConfig> {
+        let mut cfg = match self.speculative? {
+            SpecChoice::Ngram => SpeculativeConfig::ngram(),
+            SpecChoice::Draft => SpeculativeConfig::draft(),
+        };
+        cfg.num_tokens = self.num_speculative_tokens;
+        Some(cfg)
+    }
 }
 
 fn positive(name: &str, value: &str) -> anyhow::Result<usize> {
@@ -307,7 +424,61 @@ mod tests {
     }
 
     #[test]
+    fn speculative_flags_settle_scenarios_and_method() {
+        let p = |s: &str| parse(&argv(s), None).unwrap().unwrap();
+        // No speculation unless asked for.
+        let a = p("--model m");
+        assert_eq!((a.speculative, a.spec_config()), (None, None));
+        assert!(!a.scenarios.speculative);
+        // A method alone runs only its scenario, with the defaults.
+        let a = p("--model m --speculative ngram");
+        assert_eq!(a.scenarios.names(), vec!["speculative"]);
+        assert_eq!((a.num_speculative_tokens, a.spec_new_tokens), (4, 128));
+        assert_eq!(a.spec_config(), Some(SpeculativeConfig::ngram()));
+        // With --scenarios it is added to them.
+        let a = p(
+            "--model m --scenarios single --speculative draft --num-speculative-tokens 6 \
+             --spec-new-tokens 64",
+        );
+        assert_eq!(a.scenarios.names(), vec!["single", "speculative"]);
+        assert_eq!(
+            (a.speculative, a.draft_model.as_ref()),
+            (Some(SpecChoice::Draft), None)
+        );
+        let cfg = a.spec_config().unwrap();
+        assert_eq!(
+            (cfg.method, cfg.num_tokens),
+            (SpeculativeConfig::draft().method, 6)
+        );
+        assert_eq!(a.spec_new_tokens, 64);
+        // A draft model implies draft.
+        let a = p("--model m --draft-model d.gguf");
+        assert_eq!(a.speculative, Some(SpecChoice::Draft));
+        assert_eq!(a.draft_model, Some(PathBuf::from("d.gguf")));
+        assert_eq!(a.scenarios.names(), vec!["speculative"]);
+        // The scenario by name defaults to ngram; `all` keeps it either side.
+        for list in ["all,speculative", "speculative,all"] {
+            let a = p(&format!("--model m --scenarios {list}"));
+            assert_eq!(a.scenarios.names().len(), 6);
+            assert_eq!(a.speculative, Some(SpecChoice::Ngram));
+        }
+    }
+
+    #[test]
     fn bad_input_is_a_clear_error() {
+        assert!(err("--model m --speculative medusa").contains("expected ngram or draft"));
+        assert!(
+            err("--model m --speculative ngram --draft-model d")
+                .contains("--draft-model needs --speculative draft")
+        );
+        assert!(
+            err("--model m --num-speculative-tokens 3")
+                .contains("--num-speculative-tokens needs the speculative scenario")
+        );
+        assert!(
+            err("--model m --speculative ngram --num-speculative-tokens 65").contains("1..=64")
+        );
+        assert!(err("--model m --spec-new-tokens 0").contains("positive integer"));
         assert!(err("").contains("--model"));
         assert!(err("--model m --levels 1,x").contains("--levels \"x\""));
         assert!(err("--model m --levels 0").contains("positive integer"));

@@ -7,12 +7,15 @@
 //! - shared prefix: prefix-cache hit rate and TTFT with and without the cache;
 //! - roofline: measured copy bandwidth and matmul FLOP/s, and the share of each that decode
 //!   and prefill reach;
-//! - `--compare llama-cpp`: the single stream through llama-cpp-python, with ratios.
+//! - `--compare llama-cpp`: the single stream through llama-cpp-python, with ratios;
+//! - `--speculative ngram|draft`: decode tokens/s with and without speculative decoding on an
+//!   extractive and a free-generation chat prompt, acceptance rates, and whether the greedy
+//!   output stayed the same.
 //!
 //! Prompts are synthetic token ids (distinct per request), decoding is greedy with EOS
-//! ignored, and times are taken where the tokens arrive (the client side). Percentiles are
-//! nearest-rank. Every figure goes to `<out>/kiln-bench-<unix-seconds>.json` and
-//! `<out>/latest.json`.
+//! ignored (the speculative scenario's chat prompts stop at EOS), and times are taken where
+//! the tokens arrive (the client side). Percentiles are nearest-rank. Every figure goes to
+//! `<out>/kiln-bench-<unix-seconds>.json` and `<out>/latest.json`.
 
 mod args;
 mod llama_cpp;
@@ -20,6 +23,7 @@ mod profile;
 mod report;
 mod roofline;
 mod scenarios;
+mod speculative;
 mod stats;
 mod target;
 
@@ -27,10 +31,11 @@ use std::process::ExitCode;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, bail};
+use kiln_engine::{DraftModel, SpecMethod};
 use kiln_model::ModelConfig;
 use kiln_tensor::{Device, DeviceOptions};
 
-use crate::args::{Args, Compare};
+use crate::args::{Args, Compare, SpecChoice};
 use crate::report::{DeviceFacts, EngineFacts, Report, Workload};
 use crate::scenarios::{Prefix, PrefixWorkload, ratio};
 use crate::stats::Prompts;
@@ -85,8 +90,9 @@ fn blocks(tokens: usize) -> usize {
     tokens.div_ceil(BLOCK) + 1
 }
 
-/// A pool that holds every scenario's sequences at once, over the 1% watermark.
-fn kv_blocks_needed(a: &Args, max_level: usize, warm_batch: usize) -> u32 {
+/// A pool that holds every scenario's sequences at once, over the 1% watermark;
+/// `spec_tokens` is the speculative scenario's sequence (prompt, new tokens and a draft).
+fn kv_blocks_needed(a: &Args, max_level: usize, warm_batch: usize, spec_tokens: usize) -> u32 {
     let s = &a.scenarios;
     let need = [
         blocks(WARM_PROMPT + 4) + warm_batch * blocks(16 + 3),
@@ -102,6 +108,11 @@ fn kv_blocks_needed(a: &Args, max_level: usize, warm_batch: usize) -> u32 {
         },
         if s.prefix {
             3 * blocks(a.prefix_tokens + a.prefix_question_tokens + a.prefix_new_tokens)
+        } else {
+            0
+        },
+        if s.speculative {
+            blocks(spec_tokens)
         } else {
             0
         },
@@ -134,7 +145,12 @@ async fn bench(a: Args) -> anyhow::Result<()> {
     let new_max = a
         .new_tokens
         .max(a.sweep_new_tokens)
-        .max(a.prefix_new_tokens);
+        .max(a.prefix_new_tokens)
+        .max(if a.scenarios.speculative {
+            a.spec_new_tokens
+        } else {
+            0
+        });
     let mut notes = Vec::new();
 
     let (target, vocab, device, engine, inproc, is_gguf) = match &a.grpc {
@@ -200,6 +216,15 @@ async fn bench(a: Args) -> anyhow::Result<()> {
             let info = dev.info();
             eprintln!("kiln-bench: loading {} on {}", a.model.display(), info.name);
             let loaded = target::load(&a.model, &dev)?;
+            // The speculative scenario's sequence: its chat prompt, its new tokens, a draft.
+            let spec_tokens = if a.scenarios.speculative {
+                speculative::longest_prompt(&loaded.tokenizer)?
+                    + a.spec_new_tokens
+                    + a.num_speculative_tokens
+            } else {
+                0
+            };
+            let longest = longest.max(spec_tokens);
             if longest > loaded.config.max_position {
                 bail!(
                     "{}: a scenario needs {longest} tokens of context, the model has {}",
@@ -207,18 +232,20 @@ async fn bench(a: Args) -> anyhow::Result<()> {
                     loaded.config.max_position
                 );
             }
+            let draft = load_draft(&a, &dev)?;
             let sizing = EngineSizing {
                 kv_blocks: a
                     .kv_blocks
-                    .unwrap_or_else(|| kv_blocks_needed(&a, max_level, warm_batch)),
+                    .unwrap_or_else(|| kv_blocks_needed(&a, max_level, warm_batch, spec_tokens)),
                 max_num_seqs: a.max_num_seqs.unwrap_or(max_level.max(64)),
                 max_num_batched_tokens: a.max_batched_tokens,
                 max_waiting: max_level.max(256),
                 prefix_caching: true,
+                speculative: a.spec_config(),
             };
             let (config, weight_bytes, is_gguf) =
                 (loaded.config.clone(), loaded.weight_bytes, loaded.is_gguf);
-            let engine = target::start_engine(loaded.model, loaded.tokenizer, &sizing)?;
+            let engine = target::start_engine(loaded.model, loaded.tokenizer, &sizing, draft)?;
             let ei = engine.info().clone();
             let device = DeviceFacts {
                 name: info.name.clone(),
@@ -279,12 +306,14 @@ async fn bench(a: Args) -> anyhow::Result<()> {
             prefix_question_tokens: a.prefix_question_tokens,
             prefix_new_tokens: a.prefix_new_tokens,
             prefix_requests: a.prefix_requests,
+            spec_new_tokens: a.spec_new_tokens,
         },
         single: None,
         sweep: None,
         prefix: None,
         roofline: None,
         profile: None,
+        speculative: None,
         llama_cpp: None,
         notes: Vec::new(),
     };
@@ -381,6 +410,12 @@ async fn run_scenarios(
         r.prefix = Some(p);
     }
 
+    if a.scenarios.speculative {
+        let s = speculative::run(target, spec_setup(a, inproc.is_some())).await?;
+        report::print_speculative(&s);
+        r.speculative = Some(s);
+    }
+
     if a.scenarios.roofline {
         match inproc {
             None => {
@@ -441,16 +476,69 @@ async fn prefix_without_cache(
         .unwrap_or(u32::MAX),
         max_num_seqs: 4,
         prefix_caching: false,
+        speculative: None,
         ..ip.sizing
     };
     let t = Target::Engine(target::start_engine(
         loaded.model,
         loaded.tokenizer,
         &sizing,
+        None,
     )?);
     let run = scenarios::prefix_run(&t, w, false).await;
     t.shutdown().await;
     run
+}
+
+/// The draft model of `--speculative draft`: `--draft-model`, else the target itself.
+fn load_draft(a: &Args, dev: &Device) -> anyhow::Result<Option<DraftModel>> {
+    if a.speculative != Some(SpecChoice::Draft) {
+        return Ok(None);
+    }
+    let path = a.draft_model.as_ref().unwrap_or(&a.model);
+    eprintln!("kiln-bench: loading the draft model {}", path.display());
+    let d = target::load(path, dev).context("the draft model")?;
+    Ok(Some(DraftModel {
+        model: d.model,
+        tokenizer: d.tokenizer,
+    }))
+}
+
+/// How the speculative scenario describes what drafts.
+fn spec_setup(a: &Args, in_process: bool) -> speculative::Setup {
+    let mut notes = Vec::new();
+    let cfg = a.spec_config().filter(|_| in_process);
+    let method = match cfg.map(|c| c.method) {
+        None => {
+            notes.push(
+                "over --grpc the server drafts as `kiln serve --speculative ...` set it up; \
+                 --speculative, --draft-model and --num-speculative-tokens do not apply"
+                    .to_owned(),
+            );
+            "the server's speculative decoding".to_owned()
+        }
+        Some(SpecMethod::Ngram { min_n, max_n }) => format!("ngram (n {min_n}..={max_n})"),
+        Some(SpecMethod::Draft) => "draft model".to_owned(),
+    };
+    let draft_model = match (cfg.map(|c| c.method), &a.draft_model) {
+        (Some(SpecMethod::Draft), Some(p)) => Some(p.display().to_string()),
+        (Some(SpecMethod::Draft), None) => {
+            notes.push(
+                "no --draft-model: the target drafts for itself, so nearly every draft is \
+                 accepted and the speed-up shows the verifying path, not a small draft's gain"
+                    .to_owned(),
+            );
+            Some(format!("{} (the target itself)", a.model.display()))
+        }
+        _ => None,
+    };
+    speculative::Setup {
+        method,
+        num_speculative_tokens: cfg.map(|c| c.num_tokens),
+        draft_model,
+        max_new_tokens: a.spec_new_tokens,
+        notes,
+    }
 }
 
 fn compare_llama_cpp(a: &Args, is_gguf: bool, r: &mut Report) {

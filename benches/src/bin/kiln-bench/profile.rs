@@ -100,8 +100,9 @@ pub async fn run(
         max_num_batched_tokens: prompt.max(64),
         max_waiting: 8,
         prefix_caching: false,
+        speculative: None,
     };
-    let engine = target::start_engine(loaded.model, loaded.tokenizer, &sizing)?;
+    let engine = target::start_engine(loaded.model, loaded.tokenizer, &sizing, None)?;
     let result = async {
         // Warm-up: pipelines compile outside the measured steps.
         for n in [prompt, 1] {

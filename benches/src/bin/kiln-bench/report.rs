@@ -8,6 +8,7 @@ use serde::Serialize;
 use crate::llama_cpp::LlamaCpp;
 use crate::roofline::Roofline;
 use crate::scenarios::{Level, Prefix, Single, Sweep};
+use crate::speculative::Speculative;
 
 #[derive(Debug, Clone, Serialize)]
 pub struct DeviceFacts {
@@ -41,6 +42,7 @@ pub struct Workload {
     pub prefix_question_tokens: usize,
     pub prefix_new_tokens: usize,
     pub prefix_requests: usize,
+    pub spec_new_tokens: usize,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -67,6 +69,7 @@ pub struct Report {
     pub prefix: Option<Prefix>,
     pub roofline: Option<Roofline>,
     pub profile: Option<crate::profile::StreamProfile>,
+    pub speculative: Option<Speculative>,
     pub llama_cpp: Option<LlamaCpp>,
     pub notes: Vec<String>,
 }
@@ -300,6 +303,62 @@ pub fn print_roofline(r: &Roofline) {
         pct(r.prefill_share_of_matmul)
     );
     if let Some(n) = &r.note {
+        println!("  ({n})");
+    }
+    println!();
+}
+
+pub fn print_speculative(s: &Speculative) {
+    println!(
+        "speculative decoding: {}{}{}; one stream, greedy chat prompts, up to {} new tokens \
+         (EOS stops earlier); best of {} runs each way, alternating",
+        s.method,
+        s.num_speculative_tokens
+            .map_or(String::new(), |k| format!(", k = {k}")),
+        s.draft_model
+            .as_ref()
+            .map_or(String::new(), |d| format!(", draft {d}")),
+        s.max_new_tokens,
+        s.rounds
+    );
+    println!(
+        "  {:<11} {:>6} {:>6} {:>10} {:>10} {:>8} {:>7} {:>8} {:>10} {:>8}  identical",
+        "workload",
+        "prompt",
+        "tokens",
+        "base tok/s",
+        "spec tok/s",
+        "speed-up",
+        "accept",
+        "mean acc",
+        "tok/verify",
+        "tok/step",
+    );
+    for c in &s.cases {
+        println!(
+            "  {:<11} {:>6} {:>6} {:>10} {:>10} {:>8} {:>7} {:>8.2} {:>10} {:>8}  {}",
+            c.workload,
+            c.prompt_tokens,
+            c.generated_tokens,
+            f(c.baseline_decode_tokens_per_s, 1),
+            f(c.speculative_decode_tokens_per_s, 1),
+            c.speedup.map_or_else(|| "-".into(), |v| format!("{v:.2}x")),
+            pct(Some(c.acceptance_rate)),
+            c.mean_accepted_length,
+            f(c.tokens_per_verify_step, 2),
+            f(c.tokens_per_target_step, 2),
+            match c.first_difference {
+                None => "yes".to_owned(),
+                Some(i) => format!("no (from token {i})"),
+            }
+        );
+    }
+    println!(
+        "  (accept: accepted / proposed draft tokens; mean acc: accepted per verifying step; \
+         tok/verify: tokens per verifying step;\n   tok/step: decode tokens per target forward \
+         pass, steps without a draft included)"
+    );
+    for n in &s.notes {
         println!("  ({n})");
     }
     println!();

@@ -2,6 +2,8 @@
 
 use std::time::{Duration, Instant};
 
+use kiln_engine::SpecStats;
+
 /// Nearest-rank percentile of sorted samples: the smallest sample with at least `p`% of the
 /// samples at or below it (so p99 of fewer than 100 samples is the maximum). `None` when empty.
 pub fn percentile(sorted: &[Duration], p: usize) -> Option<Duration> {
@@ -83,6 +85,8 @@ pub struct Sample {
     pub cached_prompt_tokens: usize,
     /// The engine's own TTFT (from the request's arrival at the engine), when reported.
     pub server_ttft: Option<Duration>,
+    /// What speculative decoding did for the request, as the engine reports it.
+    pub spec: SpecStats,
 }
 
 impl Sample {
@@ -95,6 +99,7 @@ impl Sample {
             prompt_tokens,
             cached_prompt_tokens: 0,
             server_ttft: None,
+            spec: SpecStats::default(),
         }
     }
 
@@ -183,6 +188,7 @@ mod tests {
             prompt_tokens: 8,
             cached_prompt_tokens: 0,
             server_ttft: None,
+            spec: SpecStats::default(),
         };
         assert_eq!(s.ttft(), Duration::from_millis(100));
         assert_eq!(s.gaps(), ms_list(&[10, 20]));

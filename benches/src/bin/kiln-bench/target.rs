@@ -1,11 +1,15 @@
 //! What the scenarios load: the in-process engine or a running server over gRPC. Both take a
-//! token-id prompt, decode greedily with EOS ignored, and time each token's arrival.
+//! token-id prompt, decode greedily with EOS ignored, and time each token's arrival; the
+//! speculative scenario's chat jobs stop at EOS and turn speculation on or off per request.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use kiln_engine::{Engine, EngineConfig, EngineHandle, Event, Request, ShutdownMode};
+use kiln_engine::{
+    DraftModel, Engine, EngineConfig, EngineHandle, Event, Request, ShutdownMode, SpecStats,
+    SpeculativeConfig,
+};
 use kiln_kv::BlockManagerConfig;
 use kiln_model::{LoadOptions, Model, ModelConfig, ModelFiles, ModelSource};
 use kiln_scheduler::SchedulerConfig;
@@ -13,7 +17,7 @@ use kiln_server::pb;
 use kiln_server::pb::generation_client::GenerationClient;
 use kiln_server::pb::models_client::ModelsClient;
 use kiln_tensor::Device;
-use kiln_tokenizer::Tokenizer;
+use kiln_tokenizer::{ChatMessage, ChatOptions, Tokenizer};
 use tokio::task::JoinSet;
 use tonic::transport::Channel;
 
@@ -24,6 +28,15 @@ use crate::stats::Sample;
 pub struct Job {
     pub ids: Vec<u32>,
     pub new_tokens: usize,
+}
+
+/// One request of the speculative scenario: `user` as the one user message of the model's
+/// chat template, greedy, ending at EOS or after `new_tokens`, drafting only if `speculate`.
+#[derive(Debug, Clone)]
+pub struct ChatJob {
+    pub user: String,
+    pub new_tokens: usize,
+    pub speculate: bool,
 }
 
 /// Where requests go.
@@ -41,6 +54,8 @@ pub struct EngineSizing {
     pub max_num_batched_tokens: usize,
     pub max_waiting: usize,
     pub prefix_caching: bool,
+    /// Configured only for the speculative scenario; the other scenarios' requests turn it off.
+    pub speculative: Option<SpeculativeConfig>,
 }
 
 /// The model as loaded here, before it moves onto the engine thread.
@@ -76,11 +91,12 @@ pub fn load(path: &Path, device: &Device) -> anyhow::Result<Loaded> {
     })
 }
 
-/// Starts an engine over `model` sized by `s`.
+/// Starts an engine over `model` sized by `s`, drafting with `draft` if given.
 pub fn start_engine(
     model: Model,
     tokenizer: Tokenizer,
     s: &EngineSizing,
+    draft: Option<DraftModel>,
 ) -> anyhow::Result<EngineHandle> {
     let mut blocks = BlockManagerConfig::new(s.kv_blocks);
     blocks.enable_prefix_caching = s.prefix_caching;
@@ -88,7 +104,21 @@ pub fn start_engine(
     sched.max_num_seqs = s.max_num_seqs;
     sched.max_num_batched_tokens = s.max_num_batched_tokens;
     sched.max_waiting = s.max_waiting;
-    Engine::start(model, tokenizer, EngineConfig::new(sched)).context("starting the engine")
+    let mut cfg = EngineConfig::new(sched);
+    cfg.speculative = s.speculative;
+    Engine::start_with_draft(model, tokenizer, cfg, draft).context("starting the engine")
+}
+
+/// `user` as the one user message of the model's chat template, the assistant's turn opened
+/// (as `kiln serve` renders a chat prompt).
+pub fn chat_text(tok: &Tokenizer, user: &str) -> anyhow::Result<String> {
+    tok.apply_chat_template(
+        &[ChatMessage::new("user", user)],
+        &ChatOptions {
+            add_generation_prompt: true,
+        },
+    )
+    .map_err(|e| anyhow::anyhow!("the model's chat template: {e}"))
 }
 
 /// Connects to `addr` (`host:port`, with or without `http://`) and reads the served model's
@@ -122,6 +152,37 @@ impl Target {
         }
     }
 
+    /// Runs one chat job to its end (EOS or `new_tokens`).
+    pub async fn run_chat(&self, job: &ChatJob) -> anyhow::Result<Sample> {
+        match self {
+            Target::Engine(e) => {
+                let mut r = Request::text(chat_text(e.tokenizer(), &job.user)?)
+                    .max_new_tokens(job.new_tokens);
+                r.speculate = job.speculate;
+                let submitted = Instant::now();
+                let stream = e.submit(r).context("submitting a request")?;
+                collect_engine(stream, 0, job.new_tokens, submitted).await
+            }
+            Target::Grpc(c) => {
+                let req = pb::GenerateRequest {
+                    prompt: Some(pb::generate_request::Prompt::Chat(pb::ChatMessages {
+                        messages: vec![pb::ChatMessage {
+                            role: "user".into(),
+                            content: job.user.clone(),
+                        }],
+                    })),
+                    stopping: Some(pb::StoppingCriteria {
+                        max_new_tokens: Some(u32::try_from(job.new_tokens).unwrap_or(u32::MAX)),
+                        ..Default::default()
+                    }),
+                    speculative: Some(job.speculate),
+                    ..grpc_request()
+                };
+                grpc_stream(c.clone(), req, 0, job.new_tokens).await
+            }
+        }
+    }
+
     /// Submits every job at once and waits for all of them; samples in job order.
     pub async fn run_all(&self, jobs: Vec<Job>) -> anyhow::Result<Vec<Sample>> {
         let mut set = JoinSet::new();
@@ -136,9 +197,10 @@ impl Target {
                 }
                 for (i, job, submitted, stream) in streams {
                     set.spawn(async move {
-                        collect_engine(stream, &job, submitted)
-                            .await
-                            .map(|s| (i, s))
+                        let s = collect_engine(stream, job.ids.len(), job.new_tokens, submitted)
+                            .await?;
+                        check_count(&s, &job)?;
+                        Ok((i, s))
                     });
                 }
             }
@@ -165,24 +227,30 @@ impl Target {
     }
 }
 
+/// Plain decoding: the engine speculates (when configured) for the speculative scenario only.
 fn request(job: &Job) -> Request {
     let mut r = Request::tokens(job.ids.clone()).max_new_tokens(job.new_tokens);
     r.stopping.ignore_eos = true;
+    r.speculate = false;
     r
 }
 
 async fn run_engine(e: &EngineHandle, job: Job) -> anyhow::Result<Sample> {
     let submitted = Instant::now();
     let stream = e.submit(request(&job)).context("submitting a request")?;
-    collect_engine(stream, &job, submitted).await
+    let s = collect_engine(stream, job.ids.len(), job.new_tokens, submitted).await?;
+    check_count(&s, &job)?;
+    Ok(s)
 }
 
+/// Reads a request's events into a sample (`prompt` is a placeholder until the summary).
 async fn collect_engine(
     mut stream: kiln_engine::RequestStream,
-    job: &Job,
+    prompt: usize,
+    new_tokens: usize,
     submitted: Instant,
 ) -> anyhow::Result<Sample> {
-    let mut s = Sample::new(submitted, job.ids.len(), job.new_tokens);
+    let mut s = Sample::new(submitted, prompt, new_tokens);
     while let Some(ev) = stream.recv().await {
         let now = Instant::now();
         match ev {
@@ -194,7 +262,7 @@ async fn collect_engine(
                 s.prompt_tokens = sum.usage.prompt_tokens;
                 s.cached_prompt_tokens = sum.usage.cached_prompt_tokens;
                 s.server_ttft = Some(sum.timing.time_to_first_token);
-                check_count(&s, job)?;
+                s.spec = sum.timing.speculative;
                 return Ok(s);
             }
             Event::Error(err) => return Err(err).context("the engine ended a request"),
@@ -203,18 +271,11 @@ async fn collect_engine(
     bail!("the engine closed a request's stream without a final event")
 }
 
-async fn run_grpc(mut client: GenerationClient<Channel>, job: Job) -> anyhow::Result<Sample> {
-    let req = pb::GenerateRequest {
-        prompt: Some(pb::generate_request::Prompt::TokenIds(pb::TokenIds {
-            ids: job.ids.clone(),
-        })),
+/// Greedy, token ids returned; the caller fills in the prompt and the stopping criteria.
+fn grpc_request() -> pb::GenerateRequest {
+    pb::GenerateRequest {
         sampling: Some(pb::SamplingParams {
             temperature: Some(0.0),
-            ..Default::default()
-        }),
-        stopping: Some(pb::StoppingCriteria {
-            max_new_tokens: Some(u32::try_from(job.new_tokens).unwrap_or(u32::MAX)),
-            ignore_eos: true,
             ..Default::default()
         }),
         // Count ids, not text: a text delta is empty while a character is incomplete.
@@ -223,14 +284,40 @@ async fn run_grpc(mut client: GenerationClient<Channel>, job: Job) -> anyhow::Re
             ..Default::default()
         }),
         ..Default::default()
+    }
+}
+
+async fn run_grpc(client: GenerationClient<Channel>, job: Job) -> anyhow::Result<Sample> {
+    let req = pb::GenerateRequest {
+        prompt: Some(pb::generate_request::Prompt::TokenIds(pb::TokenIds {
+            ids: job.ids.clone(),
+        })),
+        stopping: Some(pb::StoppingCriteria {
+            max_new_tokens: Some(u32::try_from(job.new_tokens).unwrap_or(u32::MAX)),
+            ignore_eos: true,
+            ..Default::default()
+        }),
+        ..grpc_request()
     };
+    let s = grpc_stream(client, req, job.ids.len(), job.new_tokens).await?;
+    check_count(&s, &job)?;
+    Ok(s)
+}
+
+/// Streams `req` into a sample (`prompt` is a placeholder until the usage arrives).
+async fn grpc_stream(
+    mut client: GenerationClient<Channel>,
+    req: pb::GenerateRequest,
+    prompt: usize,
+    new_tokens: usize,
+) -> anyhow::Result<Sample> {
     let submitted = Instant::now();
     let mut stream = client
         .generate_stream(req)
         .await
         .context("GenerateStream")?
         .into_inner();
-    let mut s = Sample::new(submitted, job.ids.len(), job.new_tokens);
+    let mut s = Sample::new(submitted, prompt, new_tokens);
     while let Some(msg) = stream.message().await.context("GenerateStream")? {
         let now = Instant::now();
         for o in &msg.outputs {
@@ -243,9 +330,13 @@ async fn run_grpc(mut client: GenerationClient<Channel>, job: Job) -> anyhow::Re
         }
         if let Some(t) = msg.timing {
             s.server_ttft = Some(Duration::from_nanos(t.time_to_first_token_ns));
+            s.spec = SpecStats {
+                proposed_tokens: t.spec_proposed_tokens,
+                accepted_tokens: t.spec_accepted_tokens,
+                verify_steps: t.spec_verify_steps,
+            };
         }
     }
-    check_count(&s, &job)?;
     Ok(s)
 }
 
