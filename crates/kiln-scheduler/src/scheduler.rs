@@ -558,18 +558,31 @@ impl Scheduler {
     /// pool to that decode (none when that would need a preemption); a sequence that is not
     /// scheduled as a plain decode keeps them for later. An empty draft clears it.
     pub fn propose(&mut self, seq: SeqId, draft: Vec<u32>) -> Result<()> {
+        let e = self.running_with(
+            seq,
+            1,
+            "drafts follow the one sampled token of a running decode",
+        )?;
+        e.draft = draft;
+        Ok(())
+    }
+
+    /// The entry of running `seq` whose tokens run exactly `uncomputed` past its computed ones;
+    /// `WrongState` with `reason` otherwise.
+    fn running_with(
+        &mut self,
+        seq: SeqId,
+        uncomputed: usize,
+        reason: &'static str,
+    ) -> Result<&mut Entry> {
         let e = self
             .seqs
             .get_mut(&seq)
             .ok_or(SchedulerError::UnknownSeq(seq))?;
-        if e.status != SeqStatus::Running || e.computed + 1 != e.tokens.len() {
-            return Err(SchedulerError::WrongState {
-                seq,
-                reason: "drafts follow the one sampled token of a running decode",
-            });
+        if e.status != SeqStatus::Running || e.computed + uncomputed != e.tokens.len() {
+            return Err(SchedulerError::WrongState { seq, reason });
         }
-        e.draft = draft;
-        Ok(())
+        Ok(e)
     }
 
     /// The draft tokens the scheduled step of `seq` verifies (empty when none).
@@ -592,43 +605,31 @@ impl Scheduler {
     /// Then push the token the target picked after them with
     /// [`push_token`](Self::push_token).
     pub fn accept_draft(&mut self, seq: SeqId, accepted: usize) -> Result<()> {
-        let e = self
-            .seqs
-            .get_mut(&seq)
-            .ok_or(SchedulerError::UnknownSeq(seq))?;
-        if e.status != SeqStatus::Running || e.computed != e.tokens.len() {
-            return Err(SchedulerError::WrongState {
-                seq,
-                reason: "drafts are accepted after their step completed",
-            });
-        }
+        let e = self.running_with(seq, 0, "drafts are accepted after their step completed")?;
         if accepted > e.verifying.len() {
             return Err(SchedulerError::WrongState {
                 seq,
                 reason: "more draft tokens accepted than were verified",
             });
         }
-        let kept = &e.verifying[..accepted];
-        self.kv.commit(seq, kept)?;
-        e.tokens.extend_from_slice(kept);
+        let mut kept = std::mem::take(&mut e.verifying);
+        kept.truncate(accepted);
+        self.kv.commit(seq, &kept)?;
+        let e = self.running_with(seq, 0, "drafts are accepted after their step completed")?;
+        e.tokens.extend_from_slice(&kept);
         e.computed += accepted;
-        e.verifying.clear();
-        self.kv.truncate(seq, e.computed)?;
+        let computed = e.computed;
+        self.kv.truncate(seq, computed)?;
         Ok(())
     }
 
     /// Appends a sampled token to a running sequence; the next step computes it.
     pub fn push_token(&mut self, seq: SeqId, token: u32) -> Result<()> {
-        let e = self
-            .seqs
-            .get_mut(&seq)
-            .ok_or(SchedulerError::UnknownSeq(seq))?;
-        if e.status != SeqStatus::Running || e.computed != e.tokens.len() {
-            return Err(SchedulerError::WrongState {
-                seq,
-                reason: "a token can only follow a fully computed running sequence",
-            });
-        }
+        let e = self.running_with(
+            seq,
+            0,
+            "a token can only follow a fully computed running sequence",
+        )?;
         e.tokens.push(token);
         Ok(())
     }

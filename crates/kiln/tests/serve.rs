@@ -1,5 +1,6 @@
-//! `kiln serve` as an operator runs it: the real binary on port 0, a real gRPC client, SIGTERM
-//! while a stream is in flight (the stream finishes, the process exits 0), and bad flags.
+//! `kiln serve` as an operator runs it: the real binary on port 0 (with prompt-lookup
+//! speculative decoding on), a real gRPC client, SIGTERM while a stream is in flight (the
+//! stream finishes, the process exits 0), and bad flags.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -23,6 +24,8 @@ async fn sigterm_drains_the_stream_in_flight_and_exits_zero() {
         .args(["serve", "--model", &model(), "--backend", "cpu"])
         .args(["--listen", "127.0.0.1:0", "--metrics-listen", "off"])
         .args(["--kv-cache-memory", "67108864"])
+        // Speculating changes no greedy token: the text checked below is plain decoding's.
+        .args(["--speculative", "ngram"])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -94,6 +97,8 @@ async fn sigterm_drains_the_stream_in_flight_and_exits_zero() {
         last = msg;
     }
     assert_eq!(last.usage.unwrap().completion_tokens, 32);
+    let timing = last.timing.unwrap();
+    assert!(timing.spec_verify_steps > 0, "never speculated: {timing:?}");
     assert!(text.starts_with(", the city of Nova Haven"), "{text:?}");
 
     let start = Instant::now();
@@ -139,6 +144,21 @@ fn serve_refuses_bad_flags_with_one_line() {
             "/no/such/model.gguf",
         ),
         (vec!["--listen", "127.0.0.1:0"], "missing --model"),
+        (
+            vec!["--model", &m, "--speculative", "sometimes"],
+            "--speculative sometimes",
+        ),
+        (
+            vec![
+                "--model",
+                &m,
+                "--speculative",
+                "ngram",
+                "--prompt-lookup-min",
+                "0",
+            ],
+            "--prompt-lookup-min/max",
+        ),
     ] {
         let o = run(&args);
         let err = String::from_utf8_lossy(&o.stderr);
