@@ -6,7 +6,10 @@
 //! [`EngineHandle`]: [`submit`](EngineHandle::submit) returns a [`RequestStream`] of
 //! [`Event`]s (token deltas, then a summary with finish reasons, usage and timing), and
 //! [`abort`](EngineHandle::abort) or dropping the stream frees the request's KV blocks before
-//! the next step. Metrics come out in the Prometheus text format.
+//! the next step. Metrics come out in the Prometheus text format. Speculative decoding
+//! ([`SpeculativeConfig`]: prompt lookup or a [`DraftModel`] via
+//! [`Engine::start_with_draft`]) drafts tokens that the target verifies in the same forward
+//! pass; it changes no greedy or seeded token.
 //!
 //! ```
 //! use kiln_engine::{Engine, EngineConfig, Request};
