@@ -33,6 +33,10 @@ pub(crate) struct OutState {
     pub finish: Option<FinishReason>,
     last_at: Option<Instant>,
     pending: Delta,
+    /// Verifying steps in a row that accepted no draft token.
+    spec_misses: u32,
+    /// Decode steps to go without drafting (the back-off after misses).
+    spec_skip: u32,
 }
 
 pub(crate) struct ReqState {
@@ -118,6 +122,8 @@ impl ReqState {
             generated: Vec::new(),
             finish: None,
             last_at: None,
+            spec_misses: 0,
+            spec_skip: 0,
             pending: Delta {
                 index,
                 token_ids: Vec::new(),
@@ -169,9 +175,13 @@ impl ReqState {
 
     /// Draft tokens output `idx` may verify in one step: its verification yields up to one
     /// token more than it drafts, so one less than it may still generate (0: do not draft).
+    /// After verifying steps that accepted nothing, an output backs off: it decodes 1, 2, 4,
+    /// 8, then 16 steps without drafts after 1, 2, 3, 4, 5+ such steps in a row, so a stream
+    /// the proposer cannot predict (free generation under prompt lookup) pays for few
+    /// wasted verifications; one accepted token resets it.
     pub fn draft_room(&self, idx: usize) -> usize {
         match self.outs.get(idx) {
-            Some(o) if self.speculate && o.finish.is_none() => {
+            Some(o) if self.speculate && o.finish.is_none() && o.spec_skip == 0 => {
                 self.max_new.saturating_sub(o.generated.len() + 1)
             }
             _ => 0,
@@ -189,6 +199,9 @@ impl ReqState {
         metrics: &EngineMetrics,
     ) -> Result<TokenOutcome, EngineError> {
         let (token, logprobs, _) = self.pick(idx, row, argmax, None)?;
+        if let Some(o) = self.outs.get_mut(idx) {
+            o.spec_skip = o.spec_skip.saturating_sub(1);
+        }
         self.apply(idx, token, logprobs, now, metrics)
     }
 
@@ -214,6 +227,13 @@ impl ReqState {
             if !ok || matches!(outcome, TokenOutcome::Finished) {
                 break;
             }
+        }
+        if let Some(o) = self.outs.get_mut(idx) {
+            o.spec_misses = if accepted == 0 { o.spec_misses + 1 } else { 0 };
+            o.spec_skip = match o.spec_misses {
+                0 => 0,
+                m => 1 << (m - 1).min(4),
+            };
         }
         self.spec.proposed_tokens += draft.len() as u64;
         self.spec.accepted_tokens += accepted as u64;

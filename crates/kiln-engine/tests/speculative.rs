@@ -505,3 +505,25 @@ fn seeded_sampling_gives_the_same_tokens_with_and_without_speculation() {
     );
     assert_idle_and_free(&e, "cpu");
 }
+
+#[test]
+fn drafts_that_keep_missing_back_off() {
+    // The tiny mistral predicts the tiny llama badly: after verifying steps that accept
+    // nothing, a sequence decodes 1, 2, 4, 8, then 16 steps without drafts, so most of a long
+    // output is plain decoding; its tokens stay those of plain decoding.
+    let mut cfg = common::config(256, 16, 256, 4);
+    cfg.speculative = Some(spec(SpecMethod::Draft, 4));
+    let e = common::tiny_engine_with_draft(&Device::cpu(), 2, cfg, "mistral");
+    let r = greedy(&[7, 8, 9, 10, 11], 120, true);
+    let mut off = r.clone();
+    off.speculate = false;
+    let plain = batch(&e, &[off])[0].0.clone();
+    let (ids, s) = batch(&e, &[r])[0].clone();
+    assert_eq!(ids, plain);
+    assert!(s.verify_steps > 0, "{s:?}");
+    // 119 decode steps: with every draft missed, verifications come after 0, 1, 2, 4, 8, 16,
+    // 16, ... plain steps: about 10 of them, where drafting every step would make 119.
+    let most = if s.accepted_tokens == 0 { 12 } else { 60 };
+    assert!(s.verify_steps <= most, "no back-off: {s:?}");
+    assert_idle_and_free(&e, "cpu");
+}
