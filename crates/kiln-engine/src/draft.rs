@@ -240,12 +240,13 @@ impl Proposer for DraftProposer {
         }
         // Round 0 catches up on the real tokens; they are committed whatever happens next.
         let mut next = self.forward(&feeds)?;
-        for (&(i, _), (seq, fed, _)) in active.iter().zip(&feeds) {
+        for (seq, fed, _) in &feeds {
             self.blocks
                 .commit(*seq, fed)
                 .map_err(|e| format!("draft KV: {e}"))?;
             if let Some(s) = self.seqs.get_mut(seq) {
-                s.known = batch[i].tokens.to_vec();
+                // `fed` starts where `known` ends: now it holds all of the sequence's tokens.
+                s.known.extend_from_slice(fed);
             }
         }
         for r in 0.. {

@@ -631,14 +631,9 @@ impl Loop {
                 .copy_blocks(&mut rec, &pairs)
                 .map_err(|e| e.to_string())?;
         }
-        let at = if total == schedule.seqs.len() {
-            LogitsAt::Last
-        } else {
-            LogitsAt::Tail(&tails)
-        };
         let logits = self
             .model
-            .forward(&mut rec, &mut self.cache, &inputs, at)
+            .forward(&mut rec, &mut self.cache, &inputs, LogitsAt::Tail(&tails))
             .map_err(|e| e.to_string())?;
         let best = rec.argmax(&logits).map_err(|e| e.to_string())?;
         let picked = match need.len() {
