@@ -5,8 +5,8 @@
 //! that reuses full computed blocks across prompts (evicted least recently used), sliding-window
 //! trimming, slot mapping, admission with a watermark, and capacity planning from a memory
 //! budget. Allocation is all-or-nothing and returns [`KvError::OutOfBlocks`] rather than
-//! panicking, so a scheduler decides what happens when blocks run out. The [`device`] module
-//! stores the blocks on a `kiln-tensor` device and launches paged attention over them.
+//! panicking, so a scheduler decides what happens when blocks run out. It links no device
+//! stack: `kiln-attention` stores the blocks on a device and runs paged attention over them.
 //!
 //! ```
 //! use kiln_kv::{BlockManager, BlockManagerConfig, SeqConfig, SeqId};
@@ -34,8 +34,6 @@
 //! # Ok(())
 //! # }
 //! ```
-
-pub mod device;
 
 mod error;
 mod hash;

@@ -73,6 +73,18 @@ impl ModelConfig {
         }
     }
 
+    /// The device KV cache of this model for a pool of `pool.num_blocks` blocks.
+    pub fn kv_cache_config(&self, pool: crate::KvPoolConfig) -> kiln_attention::KvCacheConfig {
+        kiln_attention::KvCacheConfig {
+            layers: self.layers,
+            kv_heads: self.kv_heads,
+            head_dim: self.head_dim,
+            block_size: pool.block_size as usize,
+            num_blocks: pool.num_blocks as usize,
+            dtype: pool.dtype,
+        }
+    }
+
     pub fn rope(&self) -> RopeConfig {
         RopeConfig {
             head_dim: self.head_dim,
@@ -113,13 +125,13 @@ impl ModelConfig {
                 ),
             );
         }
-        if !self.head_dim.is_multiple_of(4) || self.head_dim > kiln_kv::device::MAX_HEAD_DIM {
+        if !self.head_dim.is_multiple_of(4) || self.head_dim > kiln_attention::MAX_HEAD_DIM {
             return bad(
                 "head_dim",
                 format!(
                     "{} must be a multiple of 4 up to {}",
                     self.head_dim,
-                    kiln_kv::device::MAX_HEAD_DIM
+                    kiln_attention::MAX_HEAD_DIM
                 ),
             );
         }
@@ -213,10 +225,9 @@ impl ModelConfig {
 
     /// From an HF `config.json`'s text; `file` names it in errors.
     pub fn from_hf_json(file: &str, text: &str) -> Result<Self> {
-        let v: Value = serde_json::from_str(text).map_err(|e| ModelError::Config {
+        let v: Value = serde_json::from_str(text).map_err(|source| ModelError::Json {
             file: file.into(),
-            field: "(json)".into(),
-            problem: e.to_string(),
+            source,
         })?;
         let field = |k: &str| ModelError::Config {
             file: file.into(),

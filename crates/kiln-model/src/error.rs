@@ -23,14 +23,29 @@ pub enum ModelError {
         tensor: String,
         problem: String,
     },
+    /// A tensor read fine but the device refused it (too large, out of memory).
+    #[error("{file}: tensor `{tensor}` cannot be put on the device")]
+    Upload {
+        file: String,
+        tensor: String,
+        #[source]
+        source: kiln_tensor::TensorError,
+    },
     #[error("{file}: {problem}")]
     Format { file: String, problem: String },
+    /// A JSON file (or a safetensors header) is not valid JSON, or could not be written.
+    #[error("{file}: invalid JSON")]
+    Json {
+        file: String,
+        #[source]
+        source: serde_json::Error,
+    },
     #[error("{file}: unsupported architecture `{arch}` (supported: llama, mistral, qwen2)")]
     Architecture { file: String, arch: String },
     #[error(transparent)]
     Device(#[from] kiln_tensor::TensorError),
     #[error(transparent)]
-    Kv(#[from] kiln_kv::device::KvDeviceError),
+    Kv(#[from] kiln_attention::KvDeviceError),
     #[error("forward: {0}")]
     Batch(String),
 }

@@ -5,7 +5,8 @@
 //! files kept in their stored (possibly quantized) dtype or from HF safetensors folders
 //! ([`ModelFiles`] opens either; [`export::write_hf_folder`] turns a GGUF file into a folder), and the forward pass over a batch
 //! that mixes prefill chunks and decode tokens of different sequences, with K/V in a paged
-//! `kiln-kv` cache.
+//! cache (`kiln-attention` storage, `kiln-kv` block tables). [`ModelRunner`] pairs a model with
+//! its KV pool and runs one step for a batch: one submit, and only the readback asked for.
 //!
 //! ```
 //! use kiln_model::{ModelConfig, Arch};
@@ -23,6 +24,7 @@ mod error;
 pub mod export;
 mod files;
 mod model;
+mod runner;
 mod safetensors;
 mod weights;
 
@@ -30,5 +32,6 @@ pub use config::{Arch, ModelConfig};
 pub use error::{ModelError, Result};
 pub use files::{ModelFiles, ModelSource};
 pub use model::{LogitsAt, Model, SeqInput};
+pub use runner::{KvPoolConfig, ModelRunner, StepOutput, StepSeq};
 pub use safetensors::{HfSource, LoadOptions, SafetensorsFile, StDtype, encode_safetensors};
 pub use weights::{GgufSource, Weight, WeightSource};

@@ -1,6 +1,7 @@
 //! The Llama-family forward pass over a batch that mixes prefill chunks and decode tokens.
 
-use kiln_kv::device::{AttnConfig, KvCache, SeqBatch};
+use kiln_attention::{AttnConfig, KvCache, SeqBatch};
+use kiln_kv::BlockId;
 use kiln_tensor::{Device, Recorder, RopeTable, Tensor};
 
 use crate::weights::{Weight, WeightSource};
@@ -47,7 +48,7 @@ pub struct SeqInput<'a> {
     /// The tokens computed this step: a prompt chunk, or the last sampled token.
     pub tokens: &'a [u32],
     /// Its physical KV blocks, covering `context_len` tokens.
-    pub block_table: &'a [u32],
+    pub block_table: &'a [BlockId],
     /// Tokens in the cache after this step (earlier tokens + `tokens.len()`).
     pub context_len: usize,
 }

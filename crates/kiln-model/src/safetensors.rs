@@ -238,7 +238,10 @@ pub fn encode_safetensors(
         offset += data.len();
     }
     let mut json = serde_json::to_vec(&Value::Object(header))
-        .map_err(|e| format_err("(safetensors writer)", e.to_string()))?;
+        .map_err(|source| ModelError::Json {
+            file: "(safetensors writer)".into(),
+            source,
+        })?;
     // Data starts 8-byte aligned, as the reference writer does.
     while !json.len().is_multiple_of(8) {
         json.push(b' ');
@@ -447,10 +450,10 @@ impl WeightSource for HfSource {
         let (file, e) = self.entry(w, shape)?;
         let name = w.hf_name();
         let wrap = |r: kiln_tensor::Result<Tensor>| {
-            r.map_err(|err| ModelError::Tensor {
+            r.map_err(|source| ModelError::Upload {
                 file: file.name().into(),
                 tensor: name.clone(),
-                problem: err.to_string(),
+                source,
             })
         };
         if let Some(q) = self.options.quantize

@@ -163,6 +163,10 @@ impl WeightSource for GgufSource {
             ))
         })?;
         let data = self.file.tensor_data(&self.bytes, info)?;
-        Tensor::from_bytes(device, dtype, shape, data).map_err(|e| err(e.to_string()))
+        Tensor::from_bytes(device, dtype, shape, data).map_err(|source| ModelError::Upload {
+            file: self.describe().into(),
+            tensor: name.clone(),
+            source,
+        })
     }
 }

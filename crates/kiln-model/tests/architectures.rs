@@ -10,9 +10,9 @@ mod common;
 
 use std::path::PathBuf;
 
-use kiln_kv::KvDtype;
-use kiln_kv::device::{KvCache, KvCacheConfig};
-use kiln_model::{Arch, LoadOptions, LogitsAt, Model, ModelFiles, SeqInput};
+use kiln_attention::KvCache;
+use kiln_kv::{BlockId, KvDtype};
+use kiln_model::{Arch, KvPoolConfig, LoadOptions, LogitsAt, Model, ModelFiles, SeqInput};
 use kiln_tensor::{Recorder, RopeScaling};
 
 fn fixture(name: &str) -> PathBuf {
@@ -47,16 +47,13 @@ fn check(name: &str) -> ModelFiles {
     let cfg = files.config().clone();
     for (backend, dev) in common::devices() {
         let model = Model::load(&dev, cfg.clone(), files.weights()).unwrap();
-        let kvc = KvCacheConfig {
-            layers: cfg.layers,
-            kv_heads: cfg.kv_heads,
-            head_dim: cfg.head_dim,
+        let kvc = cfg.kv_cache_config(KvPoolConfig {
             block_size: 16,
             num_blocks: 4,
             dtype: KvDtype::F32,
-        };
+        });
         let mut cache = KvCache::new(&dev, kvc).unwrap();
-        let table = [2u32, 0, 3];
+        let table = [2, 0, 3].map(BlockId);
         let mut rec = Recorder::new(&dev);
         let logits = model
             .forward(

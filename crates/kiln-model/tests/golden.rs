@@ -15,9 +15,9 @@
 
 mod common;
 
-use kiln_kv::KvDtype;
-use kiln_kv::device::{KvCache, KvCacheConfig};
-use kiln_model::{GgufSource, LogitsAt, Model, ModelConfig, SeqInput};
+use kiln_attention::KvCache;
+use kiln_kv::{BlockId, KvDtype};
+use kiln_model::{GgufSource, KvPoolConfig, LogitsAt, Model, ModelConfig, SeqInput};
 use kiln_tensor::{Device, Recorder};
 
 #[test]
@@ -26,7 +26,7 @@ fn gguf_matches_transformers_on_every_backend() {
     let cfg = ModelConfig::from_gguf(src.file()).unwrap();
     for (name, dev) in common::devices() {
         let model = Model::load(&dev, cfg.clone(), &src).unwrap();
-        common::golden::run(name, &dev, &model, 32);
+        common::golden::run(name, model, 32);
     }
 }
 
@@ -41,15 +41,12 @@ fn chunked_prefill_matches_one_piece() {
         .unwrap();
     for (name, dev) in common::devices() {
         let model = Model::load(&dev, cfg.clone(), &src).unwrap();
-        let kvc = KvCacheConfig {
-            layers: cfg.layers,
-            kv_heads: cfg.kv_heads,
-            head_dim: cfg.head_dim,
+        let kvc = cfg.kv_cache_config(KvPoolConfig {
             block_size: 16,
             num_blocks: 8,
             dtype: KvDtype::F32,
-        };
-        let table: Vec<u32> = vec![5, 2, 7, 0];
+        });
+        let table: Vec<BlockId> = [5, 2, 7, 0].map(BlockId).to_vec();
         let run = |chunk: usize| {
             let mut cache = KvCache::new(&dev, kvc).unwrap();
             let mut out = Vec::new();
@@ -95,16 +92,13 @@ fn bad_batches_are_errors() {
     let cfg = ModelConfig::from_gguf(src.file()).unwrap();
     let dev = Device::cpu();
     let model = Model::load(&dev, cfg.clone(), &src).unwrap();
-    let kvc = KvCacheConfig {
-        layers: cfg.layers,
-        kv_heads: cfg.kv_heads,
-        head_dim: cfg.head_dim,
+    let kvc = cfg.kv_cache_config(KvPoolConfig {
         block_size: 16,
         num_blocks: 4,
         dtype: KvDtype::F16,
-    };
+    });
     let mut cache = KvCache::new(&dev, kvc).unwrap();
-    let t = [0u32];
+    let t = [BlockId(0)];
     let mut rec = Recorder::new(&dev);
     let e = model
         .forward(

@@ -12,10 +12,12 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use kiln_kv::device::{KvCache, KvCacheConfig};
-use kiln_kv::{BlockManager, BlockManagerConfig, KvDtype, SeqConfig, SeqId};
+use kiln_attention::KvCache;
+use kiln_kv::{BlockId, BlockManager, BlockManagerConfig, KvDtype, SeqConfig, SeqId};
 use kiln_model::export::{HfExport, weight_shapes, write_hf_folder};
-use kiln_model::{Arch, LoadOptions, LogitsAt, Model, ModelConfig, ModelFiles, SeqInput, Weight};
+use kiln_model::{
+    Arch, KvPoolConfig, LoadOptions, LogitsAt, Model, ModelConfig, ModelFiles, SeqInput, Weight,
+};
 use kiln_tensor::{DType, Device, Recorder, RopeLayout};
 use serde_json::Value;
 
@@ -92,7 +94,7 @@ fn hf_folder_from_gguf_matches_golden_on_every_backend_and_quantizes() {
     let mut f32_logits = Vec::new();
     for (name, dev) in common::devices() {
         let model = Model::load(&dev, cfg.clone(), files.weights()).unwrap();
-        let logits = common::golden::run(name, &dev, &model, 32);
+        let logits = common::golden::run(name, model, 32);
         if name == "cpu" {
             f32_logits = logits;
         }
@@ -115,24 +117,18 @@ fn hf_folder_from_gguf_matches_golden_on_every_backend_and_quantizes() {
         "Q8_0 weights are about 3.8x smaller than F32"
     );
     drop(fmodel);
-    let kvc = KvCacheConfig {
-        layers: cfg.layers,
-        kv_heads: cfg.kv_heads,
-        head_dim: cfg.head_dim,
+    let kvc = cfg.kv_cache_config(KvPoolConfig {
         block_size: 16,
         num_blocks: 256,
         dtype: KvDtype::F32,
-    };
+    });
     let mut cache = KvCache::new(&dev, kvc).unwrap();
     let mut kv = BlockManager::new(BlockManagerConfig::new(256)).unwrap();
     let seqs: Vec<SeqId> = (0..cases.len() as u64).map(SeqId).collect();
     for (s, c) in seqs.iter().zip(&cases) {
         kv.allocate(*s, &c.ids, SeqConfig::default()).unwrap();
     }
-    let tables: Vec<Vec<u32>> = seqs
-        .iter()
-        .map(|&s| kv.block_table(s).unwrap().iter().map(|b| b.0).collect())
-        .collect();
+    let tables: Vec<&[BlockId]> = seqs.iter().map(|&s| kv.block_table(s).unwrap()).collect();
     let inputs: Vec<SeqInput<'_>> = cases
         .iter()
         .zip(&tables)

@@ -8,10 +8,8 @@
 //! reference's top-1/top-2 margin is below `NEAR_TIE` = 0.05 a different pick is accepted and
 //! that sequence stops being compared (it has legitimately diverged).
 
-use kiln_kv::device::{KvCache, KvCacheConfig};
 use kiln_kv::{BlockManager, BlockManagerConfig, KvDtype, SeqConfig, SeqId};
-use kiln_model::{LogitsAt, Model, SeqInput};
-use kiln_tensor::{Device, Recorder};
+use kiln_model::{KvPoolConfig, Model, ModelRunner, StepSeq};
 use serde_json::Value;
 
 pub const NEAR_TIE: f32 = 0.05;
@@ -79,48 +77,44 @@ pub fn argmax(row: &[f32]) -> u32 {
     best as u32
 }
 
-fn table(kv: &BlockManager, s: SeqId) -> Vec<u32> {
-    kv.block_table(s).unwrap().iter().map(|b| b.0).collect()
-}
-
 /// Prefill every case in one step (logits at every position), then `steps - 1` greedy decode
-/// steps with the sequences side by side; checks both against the fixture and returns the
-/// prefill logits.
-pub fn run(name: &str, dev: &Device, model: &Model, steps: usize) -> Vec<f32> {
+/// steps with the sequences side by side, through the [`ModelRunner`] the engine uses; checks
+/// both against the fixture and returns the prefill logits.
+pub fn run(name: &str, model: Model, steps: usize) -> Vec<f32> {
     let cfg = model.config().clone();
     let cases = cases();
     assert!(cases.len() >= 6 && cases.iter().any(|c| c.ids.len() > 200));
     let mut kv = BlockManager::new(BlockManagerConfig::new(256)).unwrap();
-    let kvc = KvCacheConfig {
-        layers: cfg.layers,
-        kv_heads: cfg.kv_heads,
-        head_dim: cfg.head_dim,
+    let pool = KvPoolConfig {
         block_size: 16,
         num_blocks: 256,
         dtype: KvDtype::F32,
     };
-    let mut cache = KvCache::new(dev, kvc).unwrap();
+    let mut runner = ModelRunner::new(model, pool).unwrap();
     let seqs: Vec<SeqId> = (0..cases.len() as u64).map(SeqId).collect();
     for (s, c) in seqs.iter().zip(&cases) {
         kv.allocate(*s, &c.ids, SeqConfig::default()).unwrap();
     }
     // Prefill: every prompt in one step, logits at every position.
-    let tables: Vec<Vec<u32>> = seqs.iter().map(|&s| table(&kv, s)).collect();
-    let inputs: Vec<SeqInput<'_>> = cases
+    let batch: Vec<StepSeq<'_>> = cases
         .iter()
-        .zip(&tables)
-        .map(|(c, t)| SeqInput {
+        .zip(&seqs)
+        .map(|(c, &s)| StepSeq {
             tokens: &c.ids,
-            block_table: t,
+            block_table: kv.block_table(s).unwrap(),
             context_len: c.ids.len(),
+            logits_rows: c.ids.len(),
+            read_logits: true,
         })
         .collect();
-    let mut rec = Recorder::new(dev);
-    let logits = model
-        .forward(&mut rec, &mut cache, &inputs, LogitsAt::All)
-        .unwrap();
-    rec.submit().unwrap();
-    let logits = logits.to_f32_vec().unwrap();
+    let out = runner.step(&batch, &[]).unwrap();
+    drop(batch);
+    let logits: Vec<f32> = cases
+        .iter()
+        .enumerate()
+        .flat_map(|(i, c)| (0..c.ids.len()).map(move |p| (i, p)))
+        .flat_map(|(i, p)| out.logits(i, p).unwrap().to_vec())
+        .collect();
     let prefill = logits.clone();
     let vocab = cfg.vocab;
     let mut row = 0;
@@ -175,25 +169,28 @@ pub fn run(name: &str, dev: &Device, model: &Model, steps: usize) -> Vec<f32> {
             }
             lens[i] += 1;
         }
-        let tables: Vec<Vec<u32>> = seqs.iter().map(|&s| table(&kv, s)).collect();
         let toks: Vec<[u32; 1]> = last.iter().map(|&t| [t]).collect();
-        let inputs: Vec<SeqInput<'_>> = (0..cases.len())
-            .map(|i| SeqInput {
+        let batch: Vec<StepSeq<'_>> = (0..cases.len())
+            .map(|i| StepSeq {
                 tokens: &toks[i],
-                block_table: &tables[i],
+                block_table: kv.block_table(seqs[i]).unwrap(),
                 context_len: lens[i],
+                logits_rows: 1,
+                read_logits: true,
             })
             .collect();
-        let mut rec = Recorder::new(dev);
-        let logits = model
-            .forward(&mut rec, &mut cache, &inputs, LogitsAt::Last)
-            .unwrap();
-        rec.submit().unwrap();
-        let logits = logits.to_f32_vec().unwrap();
+        let out = runner.step(&batch, &[]).unwrap();
+        drop(batch);
         for (i, c) in cases.iter().enumerate() {
             kv.commit(seqs[i], &toks[i]).unwrap();
-            let ours = &logits[i * vocab..(i + 1) * vocab];
+            let ours = out.logits(i, 0).unwrap();
             let pick = argmax(ours);
+            assert_eq!(
+                out.argmax(i, 0),
+                Some(pick),
+                "{name} {}: device argmax",
+                c.name
+            );
             let (id, want, margin) = c.greedy[step];
             if live[i] {
                 if pick != id {

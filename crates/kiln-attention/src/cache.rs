@@ -1,4 +1,4 @@
-//! Device KV storage and paged attention.
+//! The per-layer K/V pools and the launches over them: write, copy, attention.
 //!
 //! Each layer has a K pool and a V pool shaped `[blocks, block_size, kv_heads, head_dim]` in
 //! F16 (default), F32 or INT8 with one f32 scale per (slot, kv head). A step first writes the
@@ -11,26 +11,12 @@
 //! format would hold (rounded to f16, or quantized to INT8 and back), so both backends compute
 //! the same attention.
 
-mod reference;
-
 use bytemuck::{Pod, Zeroable};
-use kiln_tensor::{Access, DType, Device, KernelDef, Recorder, Tensor, TensorError};
+use kiln_kv::{BlockCopy, BlockId, KvDtype};
+use kiln_tensor::{Access, DType, Device, KernelDef, Recorder, Tensor};
 
-pub use reference::contiguous_attention;
-
-use crate::KvDtype;
-
-/// Errors of the device KV layer.
-#[derive(Debug, thiserror::Error)]
-pub enum KvDeviceError {
-    #[error(transparent)]
-    Tensor(#[from] TensorError),
-    /// A batch or tensor does not fit the cache's configuration.
-    #[error("kv cache: {0}")]
-    Invalid(String),
-}
-
-type Result<T> = std::result::Result<T, KvDeviceError>;
+use crate::reference;
+use crate::{KvDeviceError, Result};
 
 fn invalid<T>(msg: String) -> Result<T> {
     Err(KvDeviceError::Invalid(msg))
@@ -53,14 +39,12 @@ impl KvCacheConfig {
     }
 }
 
-/// Block-table entry of a block freed by the sliding window (never read by attention).
-pub const FREED_BLOCK: u32 = u32::MAX;
-
 /// One sequence's part of a step.
 #[derive(Debug, Clone, Copy)]
 pub struct SeqBatch<'a> {
-    /// Physical block ids, in logical order, covering at least `context_len` tokens.
-    pub block_table: &'a [u32],
+    /// Physical blocks, in logical order, covering at least `context_len` tokens (a
+    /// sliding-window sequence's [`BlockId::TRIMMED`] entries are never read).
+    pub block_table: &'a [BlockId],
     /// Query tokens of this sequence in the step (prompt chunk, or 1 for decode).
     pub query_len: usize,
     /// Tokens in the cache once this step's tokens are written (cached prefix + `query_len`).
@@ -81,10 +65,10 @@ pub struct AttnConfig {
 /// A step's attention metadata, validated against the cache and uploaded once.
 #[derive(Debug)]
 pub struct AttnBatch {
-    tokens: usize,
+    pub(crate) tokens: usize,
     /// Per query token: (offset of its block table in `tables`, absolute position).
-    info: Vec<u32>,
-    tables: Vec<u32>,
+    pub(crate) info: Vec<u32>,
+    pub(crate) tables: Vec<u32>,
     /// Per query token: the slot its K/V row is written to.
     slots: Vec<u32>,
     device: Option<[Tensor; 3]>,
@@ -128,8 +112,8 @@ impl std::fmt::Debug for KvCache {
     }
 }
 
-const WRITE_SRC: &str = include_str!("../../wgsl/kv_write.wgsl");
-const ATTN_SRC: &str = include_str!("../../wgsl/paged_attention.wgsl");
+const WRITE_SRC: &str = include_str!("../wgsl/kv_write.wgsl");
+const ATTN_SRC: &str = include_str!("../wgsl/paged_attention.wgsl");
 const R: Access = Access::Read;
 const W: Access = Access::ReadWrite;
 static KV_WRITE: KernelDef = KernelDef {
@@ -144,7 +128,7 @@ static KV_WRITE_I8: KernelDef = KernelDef {
 };
 static KV_COPY: KernelDef = KernelDef {
     name: "kv_copy",
-    source: include_str!("../../wgsl/kv_copy.wgsl"),
+    source: include_str!("../wgsl/kv_copy.wgsl"),
     bindings: &[R, W],
 };
 static ATTN: KernelDef = KernelDef {
@@ -157,7 +141,7 @@ static ATTN_I8: KernelDef = KernelDef {
     source: ATTN_SRC,
     bindings: &[R, R, R, W, R, R, R, R],
 };
-const ATTN_ROWS_SRC: &str = include_str!("../../wgsl/paged_attention_rows.wgsl");
+const ATTN_ROWS_SRC: &str = include_str!("../wgsl/paged_attention_rows.wgsl");
 static ATTN_ROWS: KernelDef = KernelDef {
     name: "paged_attention_rows",
     source: ATTN_ROWS_SRC,
@@ -223,7 +207,7 @@ impl KvCache {
                 cfg.head_dim
             ));
         }
-        if cfg.slots() >= FREED_BLOCK as usize / 2 {
+        if cfg.slots() >= BlockId::TRIMMED.0 as usize / 2 {
             return invalid(format!(
                 "{} slots exceed the 32-bit slot index",
                 cfg.slots()
@@ -305,24 +289,24 @@ impl KvCache {
             }
             if let Some(b) = s.block_table[..need]
                 .iter()
-                .find(|&&b| b != FREED_BLOCK && b as usize >= self.cfg.num_blocks)
+                .find(|b| !b.is_trimmed() && b.0 as usize >= self.cfg.num_blocks)
             {
                 return invalid(format!(
-                    "sequence {i}: block id {b} is outside the pool of {}",
+                    "sequence {i}: {b} is outside the pool of {}",
                     self.cfg.num_blocks
                 ));
             }
             let offset = tables.len() as u32;
-            tables.extend_from_slice(&s.block_table[..need]);
+            tables.extend(s.block_table[..need].iter().map(|b| b.0));
             for pos in s.context_len - s.query_len..s.context_len {
                 let block = s.block_table[pos / bs];
-                if block == FREED_BLOCK {
+                if block.is_trimmed() {
                     return invalid(format!(
                         "sequence {i}: position {pos} falls in a freed block"
                     ));
                 }
                 info.extend([offset, pos as u32]);
-                slots.push(block * bs as u32 + (pos % bs) as u32);
+                slots.push(block.0 * bs as u32 + (pos % bs) as u32);
             }
         }
         if slots.is_empty() {
@@ -435,10 +419,11 @@ impl KvCache {
 
     /// Copy whole blocks `src → dst` in every layer's pools (copy-on-write after a fork, as
     /// the block manager asks). A destination must not also be a source in the same call.
-    pub fn copy_blocks(&mut self, rec: &mut Recorder, pairs: &[(u32, u32)]) -> Result<()> {
-        if pairs.is_empty() {
+    pub fn copy_blocks(&mut self, rec: &mut Recorder, copies: &[BlockCopy]) -> Result<()> {
+        if copies.is_empty() {
             return Ok(());
         }
+        let pairs: Vec<(u32, u32)> = copies.iter().map(|c| (c.src.0, c.dst.0)).collect();
         let nb = self.cfg.num_blocks as u32;
         if let Some(p) = pairs.iter().find(|(s, d)| *s >= nb || *d >= nb || s == d) {
             return invalid(format!(
@@ -453,7 +438,7 @@ impl KvCache {
             Store::Cpu(layers) => {
                 for pools in layers.iter_mut() {
                     for pool in pools.iter_mut() {
-                        for &(s, d) in pairs {
+                        for &(s, d) in &pairs {
                             let (s, d) = (s as usize * per_block, d as usize * per_block);
                             pool.copy_within(s..s + per_block, d);
                         }

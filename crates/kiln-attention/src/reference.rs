@@ -1,6 +1,6 @@
 //! CPU attention: the plain contiguous reference, and the paged host path built on it.
 
-use super::{AttnBatch, AttnConfig, KvCacheConfig};
+use crate::{AttnBatch, AttnConfig, KvCacheConfig};
 
 /// Plain attention of queries `q [tq, heads, d]` at absolute positions `q_pos` over one
 /// sequence's contiguous `k`, `v` `[len, kv_heads, d]`: query at position p sees keys
@@ -51,7 +51,7 @@ pub fn contiguous_attention(
 
 /// The CPU backend's paged attention: gather each sequence's rows through its block table,
 /// then run the contiguous reference.
-pub(super) fn paged_attention_host(
+pub(crate) fn paged_attention_host(
     q: &[f32],
     kp: &[f32],
     vp: &[f32],

@@ -8,8 +8,8 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use kiln_kv::KvDtype;
-use kiln_kv::device::{AttnConfig, KvCache, KvCacheConfig, SeqBatch, contiguous_attention};
+use kiln_attention::{AttnConfig, KvCache, KvCacheConfig, SeqBatch, contiguous_attention};
+use kiln_kv::{BlockCopy, BlockId, KvDtype};
 use kiln_tensor::{Device, Recorder, Tensor};
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
@@ -27,12 +27,19 @@ fn gpus() -> Vec<Device> {
         .collect()
 }
 
+fn copy(src: u32, dst: u32) -> BlockCopy {
+    BlockCopy {
+        src: BlockId(src),
+        dst: BlockId(dst),
+    }
+}
+
 fn randv(r: &mut StdRng, n: usize) -> Vec<f32> {
     (0..n).map(|_| r.random_range(-1.0f32..1.0)).collect()
 }
 
 struct Seq {
-    table: Vec<u32>,
+    table: Vec<BlockId>,
     context: usize,
     query: usize,
     k: Vec<f32>,
@@ -59,7 +66,7 @@ fn random_case(
     window: Option<usize>,
 ) -> Case {
     let heads = kv_heads * group;
-    let mut free: Vec<u32> = (0..BLOCKS as u32).collect();
+    let mut free: Vec<BlockId> = (0..BLOCKS as u32).map(BlockId).collect();
     free.shuffle(r);
     let n = r.random_range(2..6);
     let mut seqs = Vec::new();
@@ -75,7 +82,7 @@ fn random_case(
             1 => context,                     // whole prompt
             _ => r.random_range(1..=context), // a chunk after a cached prefix
         };
-        let table: Vec<u32> = free.drain(..context.div_ceil(BS)).collect();
+        let table: Vec<BlockId> = free.drain(..context.div_ceil(BS)).collect();
         seqs.push(Seq {
             table,
             context,
@@ -276,7 +283,7 @@ fn bad_batches_are_errors() {
         dtype: KvDtype::F16,
     };
     let cache = KvCache::new(&dev, cfg).unwrap();
-    let short = [0u32];
+    let short = [BlockId(0)];
     let e = cache
         .batch(&[SeqBatch {
             block_table: &short,
@@ -285,7 +292,7 @@ fn bad_batches_are_errors() {
         }])
         .unwrap_err();
     assert!(e.to_string().contains("blocks cover fewer"), "{e}");
-    let outside = [9u32];
+    let outside = [BlockId(9)];
     let e = cache
         .batch(&[SeqBatch {
             block_table: &outside,
@@ -364,8 +371,8 @@ fn copied_blocks_read_like_their_source() {
             let k = randv(&mut r, n * kvh * d);
             let v = randv(&mut r, n * kvh * d);
             let q = randv(&mut r, 2 * d);
-            let src = [0u32];
-            let dst = [3u32];
+            let src = [BlockId(0)];
+            let dst = [BlockId(3)];
             let batch = cache
                 .batch(&[SeqBatch {
                     block_table: &src,
@@ -379,7 +386,7 @@ fn copied_blocks_read_like_their_source() {
             for layer in 0..2 {
                 cache.write(&mut rec, layer, &kt, &vt, &batch).unwrap();
             }
-            cache.copy_blocks(&mut rec, &[(0, 3)]).unwrap();
+            cache.copy_blocks(&mut rec, &[copy(0, 3)]).unwrap();
             rec.submit().unwrap();
             let attn = AttnConfig {
                 heads: 2,
@@ -387,7 +394,7 @@ fn copied_blocks_read_like_their_source() {
                 window: None,
             };
             let qt = Tensor::from_f32(&dev, &[1, 2, d], &q).unwrap();
-            let read = |table: &[u32]| {
+            let read = |table: &[BlockId]| {
                 let b = cache
                     .batch(&[SeqBatch {
                         block_table: table,
@@ -401,8 +408,12 @@ fn copied_blocks_read_like_their_source() {
                 o.to_f32_vec().unwrap()
             };
             assert_eq!(read(&dst), read(&src), "{dev:?} {dtype:?}");
-            assert!(cache.copy_blocks(&mut rec, &[(0, 4)]).is_err());
-            assert!(cache.copy_blocks(&mut rec, &[(0, 1), (1, 2)]).is_err());
+            assert!(cache.copy_blocks(&mut rec, &[copy(0, 4)]).is_err());
+            assert!(
+                cache
+                    .copy_blocks(&mut rec, &[copy(0, 1), copy(1, 2)])
+                    .is_err()
+            );
         }
     }
 }

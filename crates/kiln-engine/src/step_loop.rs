@@ -1,0 +1,385 @@
+//! The step loop: one thread owns the model runner and the scheduler. Each step it takes
+//! commands, drops aborted, abandoned and expired requests (freeing their blocks), asks the
+//! proposer for drafts and the scheduler for a batch, runs the batch (`batch.rs`), samples, and
+//! sends each request its deltas. A failed step ends that batch's requests with the same
+//! internal error, cause attached; the loop goes on.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, mpsc};
+use std::time::{Duration, Instant};
+
+use kiln_kv::SeqId;
+use kiln_model::ModelRunner;
+use kiln_scheduler::{Schedule, Scheduler, SeqParams};
+use kiln_tokenizer::Tokenizer;
+use tokio::sync::oneshot;
+
+use crate::EngineError;
+use crate::error::{InternalError, InvariantError, error_chain};
+use crate::handle::{Command, EngineInfo, EngineStats, ShutdownMode, Submission};
+use crate::metrics::EngineMetrics;
+use crate::output::ReqState;
+use crate::request::{Event, RequestId, Summary, Timing, Usage};
+use crate::speculative::Spec;
+
+/// The engine thread's state: the model runner, the scheduler and every request in flight.
+pub(crate) struct Loop {
+    pub runner: ModelRunner,
+    pub sched: Scheduler,
+    pub tokenizer: Tokenizer,
+    pub info: EngineInfo,
+    pub metrics: Arc<EngineMetrics>,
+    pub queued: Arc<AtomicUsize>,
+    pub requests: HashMap<RequestId, ReqState>,
+    /// Which request and output index each sequence serves.
+    pub owner: HashMap<SeqId, (RequestId, usize)>,
+    pub next_seq: u64,
+    pub steps: u64,
+    pub rx: mpsc::Receiver<Command>,
+    pub shutdown: Option<ShutdownMode>,
+    pub waiters: Vec<oneshot::Sender<()>>,
+    /// Speculative decoding, when configured.
+    pub spec: Option<Spec>,
+}
+
+/// How a request ended early.
+pub(crate) enum Ending {
+    Error(EngineError),
+    /// The receiver is gone: nobody to tell.
+    Abandoned,
+}
+
+impl Loop {
+    pub fn run(mut self) {
+        loop {
+            if self.sched.is_empty() {
+                if self.shutdown.is_some() {
+                    break;
+                }
+                match self.rx.recv() {
+                    Ok(cmd) => self.command(cmd),
+                    Err(_) => break, // every handle dropped, nothing in flight
+                }
+            }
+            loop {
+                match self.rx.try_recv() {
+                    Ok(cmd) => self.command(cmd),
+                    Err(mpsc::TryRecvError::Empty) => break,
+                    Err(mpsc::TryRecvError::Disconnected) => {
+                        self.shutdown = Some(ShutdownMode::Cancel);
+                        break;
+                    }
+                }
+            }
+            if self.shutdown == Some(ShutdownMode::Cancel) {
+                let ids: Vec<_> = self.requests.keys().copied().collect();
+                for id in ids {
+                    self.end(
+                        id,
+                        Ending::Error(EngineError::Cancelled("engine shutting down".into())),
+                    );
+                }
+            }
+            self.reap();
+            if self.sched.is_empty() {
+                self.publish();
+                continue;
+            }
+            let ran = self.step();
+            self.publish();
+            if !ran {
+                // Nothing could be scheduled (waiting on memory held by nobody should not
+                // happen; wait for a command rather than spin).
+                if let Ok(cmd) = self.rx.recv_timeout(Duration::from_millis(5)) {
+                    self.command(cmd);
+                }
+            }
+        }
+        self.publish();
+        for w in self.waiters.drain(..) {
+            let _ = w.send(());
+        }
+        tracing::info!(steps = self.steps, "engine stopped");
+    }
+
+    fn command(&mut self, cmd: Command) {
+        match cmd {
+            Command::Submit(sub) => self.admit_request(*sub),
+            Command::Abort(id) => {
+                self.end(id, Ending::Error(EngineError::Cancelled("aborted".into())));
+            }
+            Command::Stats(tx) => {
+                let _ = tx.send(self.stats());
+            }
+            Command::Shutdown(mode, done) => {
+                // Cancel wins over drain.
+                if self.shutdown != Some(ShutdownMode::Cancel) {
+                    self.shutdown = Some(mode);
+                }
+                self.waiters.push(done);
+            }
+        }
+    }
+
+    fn admit_request(&mut self, sub: Submission) {
+        let seq = SeqId(self.next_seq);
+        self.next_seq += 1;
+        let params = SeqParams {
+            priority: sub.request.priority,
+            forks: sub.request.n - 1,
+        };
+        if let Err(e) = self.sched.add(seq, sub.prompt_ids.clone(), params) {
+            self.queued.fetch_sub(1, Ordering::AcqRel);
+            let err = match e {
+                kiln_scheduler::SchedulerError::Overloaded { waiting, limit } => {
+                    EngineError::Overloaded { waiting, limit }
+                }
+                other => EngineError::invalid_because("prompt", "cannot be scheduled", other),
+            };
+            let _ = sub.tx.send(Event::Error(err));
+            return;
+        }
+        tracing::debug!(
+            request = sub.id.0,
+            label = %sub.request.label,
+            prompt_tokens = sub.prompt_ids.len(),
+            "request queued"
+        );
+        self.owner.insert(seq, (sub.id, 0));
+        let state = ReqState::new(&sub, seq, &self.tokenizer, &self.info);
+        self.requests.insert(sub.id, state);
+    }
+
+    /// Drops requests whose stream was dropped or whose deadline passed.
+    fn reap(&mut self) {
+        let now = Instant::now();
+        let mut ended = Vec::new();
+        for (&id, r) in &self.requests {
+            if r.tx.is_closed() {
+                ended.push((id, Ending::Abandoned));
+            } else if r.deadline.is_some_and(|d| d <= now) {
+                ended.push((id, Ending::Error(EngineError::DeadlineExceeded)));
+            }
+        }
+        for (id, why) in ended {
+            self.end(id, why);
+        }
+    }
+
+    /// Ends a request early: frees every sequence, tells the caller if it still listens.
+    pub fn end(&mut self, id: RequestId, why: Ending) {
+        let Some(r) = self.requests.remove(&id) else {
+            return;
+        };
+        for seq in r.seqs() {
+            self.finish_seq(seq);
+        }
+        if r.admitted.is_none() {
+            self.queued.fetch_sub(1, Ordering::AcqRel);
+        }
+        let label = match &why {
+            Ending::Abandoned => "abandoned",
+            Ending::Error(EngineError::DeadlineExceeded) => "deadline",
+            Ending::Error(EngineError::Cancelled(_)) => "cancelled",
+            Ending::Error(_) => "error",
+        };
+        self.metrics.finished(label);
+        self.metrics.e2e.observe(r.arrived.elapsed().as_secs_f64());
+        tracing::debug!(request = id.0, label, "request ended early");
+        if let Ending::Error(e) = why {
+            let _ = r.tx.send(Event::Error(e));
+        }
+    }
+
+    /// A sequence is done: its blocks (and its draft model's) go back before the next step.
+    pub fn finish_seq(&mut self, seq: SeqId) {
+        self.sched.finish(seq);
+        self.owner.remove(&seq);
+        if let Some(spec) = &mut self.spec {
+            spec.proposer.release(seq);
+        }
+    }
+
+    /// One forward step. Returns whether anything ran.
+    fn step(&mut self) -> bool {
+        self.propose();
+        let schedule = self.sched.schedule();
+        self.steps += 1;
+        let now = Instant::now();
+        for &(seq, cached) in &schedule.admitted {
+            let Some(&(rid, _)) = self.owner.get(&seq) else {
+                continue;
+            };
+            if let Some(r) = self.requests.get_mut(&rid)
+                && r.admitted.is_none()
+            {
+                r.admitted = Some(now);
+                r.cached_tokens = cached;
+                self.queued.fetch_sub(1, Ordering::AcqRel);
+                self.metrics
+                    .queue_time
+                    .observe((now - r.arrived).as_secs_f64());
+                self.metrics.prompt_tokens.inc_by(r.prompt_len as u64);
+            }
+        }
+        self.metrics
+            .preemptions
+            .inc_by(schedule.preempted.len() as u64);
+        if let Some(spec) = &mut self.spec {
+            // A preempted sequence recomputes later; its draft cache goes back now.
+            for &seq in &schedule.preempted {
+                spec.proposer.release(seq);
+            }
+        }
+        for (seq, err) in schedule.rejected.iter().cloned() {
+            if let Some(&(rid, _)) = self.owner.get(&seq) {
+                let e = InternalError::NoLongerFits(err);
+                self.end(rid, Ending::Error(e.into()));
+            }
+        }
+        if schedule.is_empty() {
+            return false;
+        }
+        let _span = tracing::debug_span!(
+            "step",
+            n = self.steps,
+            seqs = schedule.seqs.len(),
+            tokens = schedule.num_tokens(),
+            decodes = schedule.num_decodes(),
+            preempted = schedule.preempted.len()
+        )
+        .entered();
+        self.metrics
+            .step_tokens
+            .observe(schedule.num_tokens() as f64);
+        let out = self.forward(&schedule).and_then(|out| {
+            self.sched
+                .complete(&schedule)
+                .map_err(InternalError::Scheduler)?;
+            Ok(out)
+        });
+        match out {
+            Ok(out) => self.sample_all(&schedule, &out),
+            Err(e) => self.fail_batch(&schedule, e),
+        }
+        true
+    }
+
+    /// Every request in a failed batch ends with the same internal error; the loop goes on.
+    fn fail_batch(&mut self, schedule: &Schedule, e: InternalError) {
+        let e = EngineError::from(e);
+        tracing::error!(error = %error_chain(&e), "step failed");
+        for s in &schedule.seqs {
+            if let Some(&(rid, _)) = self.owner.get(&s.seq) {
+                self.end(rid, Ending::Error(e.clone()));
+            }
+        }
+    }
+
+    /// Outputs `1..n` of a request fork from its finished prompt.
+    pub fn fork(&mut self, rid: RequestId, parent: SeqId) -> Result<(), EngineError> {
+        let Some(r) = self.requests.get_mut(&rid) else {
+            return Ok(());
+        };
+        for index in 1..r.n {
+            let child = SeqId(self.next_seq);
+            self.next_seq += 1;
+            self.sched
+                .fork(parent, child)
+                .map_err(InternalError::Scheduler)?;
+            r.add_output(child, &self.tokenizer);
+            self.owner.insert(child, (rid, index));
+        }
+        Ok(())
+    }
+
+    /// Sends pending deltas; a request whose outputs all finished gets its summary and goes.
+    pub fn flush(&mut self, rid: RequestId) {
+        let Some(r) = self.requests.get_mut(&rid) else {
+            return;
+        };
+        for d in r.take_deltas() {
+            let _ = r.tx.send(Event::Delta(d));
+        }
+        if !r.all_finished() {
+            return;
+        }
+        let Some(r) = self.requests.remove(&rid) else {
+            return;
+        };
+        let end = Instant::now();
+        let first = r.first_token.unwrap_or(end);
+        let admitted = r.admitted.unwrap_or(end);
+        let summary = Summary {
+            finish: r.outs.iter().filter_map(|o| o.finish.clone()).collect(),
+            usage: Usage {
+                prompt_tokens: r.prompt_len,
+                completion_tokens: r.outs.iter().map(|o| o.generated.len()).sum(),
+                cached_prompt_tokens: r.cached_tokens,
+            },
+            timing: Timing {
+                queue: admitted - r.arrived,
+                time_to_first_token: first - r.arrived,
+                decode: end - first,
+                total: end - r.arrived,
+                speculative: r.spec,
+            },
+        };
+        for f in &summary.finish {
+            self.metrics.finished(f.name());
+        }
+        self.metrics.e2e.observe(summary.timing.total.as_secs_f64());
+        let _ = r.tx.send(Event::Finished(summary));
+    }
+
+    /// Queue depths, KV figures and the invariant checks, between steps.
+    fn stats(&self) -> EngineStats {
+        let s = self.sched.stats();
+        EngineStats {
+            requests: self.requests.len(),
+            running: s.running,
+            waiting: s.waiting,
+            preempted: s.preempted,
+            preemptions: s.preemptions,
+            steps: self.steps,
+            kv: s.kv,
+            draft_kv: self.spec.as_ref().and_then(|p| p.proposer.kv_metrics()),
+            invariants: self
+                .sched
+                .check_invariants()
+                .map_err(InvariantError::Scheduler)
+                .and_then(|()| {
+                    if self.owner.len() == self.sched.len() {
+                        Ok(())
+                    } else {
+                        Err(InvariantError::Owners {
+                            owners: self.owner.len(),
+                            held: self.sched.len(),
+                        })
+                    }
+                })
+                .and_then(|()| match &self.spec {
+                    Some(p) => p.proposer.check(&|seq| self.owner.contains_key(&seq)),
+                    None => Ok(()),
+                }),
+        }
+    }
+
+    /// The gauges and counters of the metrics registry, after every step.
+    fn publish(&self) {
+        let s = self.sched.stats();
+        let m = &self.metrics;
+        m.running.set(s.running as i64);
+        m.waiting.set(s.waiting as i64);
+        m.preempted.set(s.preempted as i64);
+        m.kv_usage.set(s.kv.usage());
+        m.kv_used_blocks.set(s.kv.used_blocks as i64);
+        let hits = m.prefix_hit_tokens.get();
+        m.prefix_hit_tokens
+            .inc_by(s.kv.prefix_hit_tokens.saturating_sub(hits));
+        let queries = m.prefix_query_tokens.get();
+        m.prefix_query_tokens
+            .inc_by(s.kv.prefix_query_tokens.saturating_sub(queries));
+    }
+}

@@ -1,0 +1,170 @@
+//! The model runner: a [`Model`] and its paged KV cache, running one forward step for a batch
+//! and reading back only what the caller asks for. Every caller that steps a model (the
+//! engine's step loop, a speculative draft model, tests and benches) goes through it, so
+//! batch assembly, the one submit per step and the readback exist once.
+//!
+//! Block tables come from the caller (`kiln-kv`'s `BlockManager` decides which block holds
+//! what); the runner only stores and reads K/V where they point.
+
+use kiln_attention::{KvCache, KvCacheConfig};
+use kiln_kv::{BlockCopy, BlockId, KvDtype};
+use kiln_tensor::{Device, Recorder};
+
+use crate::model::{LogitsAt, Model, SeqInput};
+use crate::{ModelConfig, ModelError, Result};
+
+/// The KV pool a runner allocates: the model gives layers, heads and head size.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KvPoolConfig {
+    pub block_size: u32,
+    pub num_blocks: u32,
+    pub dtype: KvDtype,
+}
+
+/// One sequence's part of a step.
+#[derive(Debug, Clone, Copy)]
+pub struct StepSeq<'a> {
+    /// The tokens computed this step: a prompt chunk, the last sampled token, or that token
+    /// followed by draft tokens to verify.
+    pub tokens: &'a [u32],
+    /// Its KV blocks in logical order, covering `context_len` tokens.
+    pub block_table: &'a [BlockId],
+    /// Tokens in the cache after this step (earlier tokens + `tokens.len()`).
+    pub context_len: usize,
+    /// Logits rows for the last this-many tokens (at least 1, at most `tokens.len()`): 1 for
+    /// a plain step, `1 + k` when verifying `k` drafts.
+    pub logits_rows: usize,
+    /// Read those rows' logits back to the host (CPU sampling, logprobs). The device argmax
+    /// of every row comes back either way.
+    pub read_logits: bool,
+}
+
+/// What a step read back.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct StepOutput {
+    /// The device argmax of every logits row, sequences in order.
+    argmax: Vec<u32>,
+    /// The logits rows read back, `[read rows, vocab]`.
+    logits: Vec<f32>,
+    /// For each logits row, its place in `logits` (if read back).
+    slot: Vec<Option<usize>>,
+    /// For each sequence, its first logits row.
+    first: Vec<usize>,
+    vocab: usize,
+}
+
+impl StepOutput {
+    /// The argmax of logits row `row` (0-based among its `logits_rows`) of sequence `seq`.
+    pub fn argmax(&self, seq: usize, row: usize) -> Option<u32> {
+        self.argmax.get(self.first.get(seq)? + row).copied()
+    }
+
+    /// Logits row `row` of sequence `seq`, if it asked for `read_logits`.
+    pub fn logits(&self, seq: usize, row: usize) -> Option<&[f32]> {
+        let k = self
+            .slot
+            .get(self.first.get(seq)? + row)
+            .copied()
+            .flatten()?;
+        self.logits.get(k * self.vocab..(k + 1) * self.vocab)
+    }
+}
+
+/// A model and its paged KV cache on one device.
+pub struct ModelRunner {
+    model: Model,
+    cache: KvCache,
+}
+
+impl std::fmt::Debug for ModelRunner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "ModelRunner({:?}, {:?})", self.model, self.cache)
+    }
+}
+
+impl ModelRunner {
+    /// Allocates the KV pool for `model` on its device.
+    pub fn new(model: Model, pool: KvPoolConfig) -> Result<Self> {
+        let cache = KvCache::new(model.device(), model.config().kv_cache_config(pool))?;
+        Ok(Self { model, cache })
+    }
+
+    pub fn model(&self) -> &Model {
+        &self.model
+    }
+
+    pub fn config(&self) -> &ModelConfig {
+        self.model.config()
+    }
+
+    pub fn device(&self) -> &Device {
+        self.model.device()
+    }
+
+    pub fn cache_config(&self) -> &KvCacheConfig {
+        self.cache.config()
+    }
+
+    /// One forward step: the block copies `copies` (copy-on-write, before anything writes),
+    /// then the model over `seqs`, recorded into one submit; reads back the argmax of every
+    /// logits row and the rows whose sequence asked for them.
+    pub fn step(&mut self, seqs: &[StepSeq<'_>], copies: &[BlockCopy]) -> Result<StepOutput> {
+        let inputs: Vec<SeqInput<'_>> = seqs
+            .iter()
+            .map(|s| SeqInput {
+                tokens: s.tokens,
+                block_table: s.block_table,
+                context_len: s.context_len,
+            })
+            .collect();
+        let tails: Vec<usize> = seqs.iter().map(|s| s.logits_rows).collect();
+        let mut first = Vec::with_capacity(seqs.len());
+        let mut total = 0usize;
+        for &n in &tails {
+            first.push(total);
+            total += n;
+        }
+        let need: Vec<u32> = seqs
+            .iter()
+            .zip(&first)
+            .filter(|(s, _)| s.read_logits)
+            .flat_map(|(s, &f)| (f..f + s.logits_rows).map(|r| r as u32))
+            .collect();
+        let mut rec = Recorder::new(self.model.device());
+        self.cache.copy_blocks(&mut rec, copies)?;
+        // `forward` checks every sequence's rows against its tokens.
+        let logits =
+            self.model
+                .forward(&mut rec, &mut self.cache, &inputs, LogitsAt::Tail(&tails))?;
+        let best = rec.argmax(&logits)?;
+        let picked = match need.len() {
+            0 => None,
+            n if n == total => Some(logits),
+            // Gather the needed rows on the device (an exact copy) to read back less.
+            _ => Some(rec.embedding(&logits, &need)?),
+        };
+        rec.submit()?;
+        let argmax = best.to_u32_vec()?;
+        if argmax.len() != total {
+            return Err(ModelError::Batch(format!(
+                "read back {} argmax ids for {total} logits rows",
+                argmax.len()
+            )));
+        }
+        let logits = match picked {
+            Some(t) => t.to_f32_vec()?,
+            None => Vec::new(),
+        };
+        let mut slot = vec![None; total];
+        for (k, &i) in need.iter().enumerate() {
+            slot[i as usize] = Some(k);
+        }
+        Ok(StepOutput {
+            argmax,
+            logits,
+            slot,
+            first,
+            vocab: self.model.config().vocab,
+        })
+    }
+}
