@@ -9,8 +9,12 @@ pub enum TensorError {
     #[error("no wgpu adapter available: {0}")]
     NoAdapter(String),
     /// The adapter refused to create a device.
-    #[error("wgpu adapter `{adapter}` refused to create a device: {reason}")]
-    DeviceRequest { adapter: String, reason: String },
+    #[error("wgpu adapter `{adapter}` refused to create a device")]
+    DeviceRequest {
+        adapter: String,
+        #[source]
+        source: wgpu::RequestDeviceError,
+    },
     /// An unknown backend name was given (`auto|wgpu|cpu` are accepted).
     #[error("unknown backend `{0}`: expected one of auto, wgpu, cpu")]
     UnknownBackend(String),
@@ -57,15 +61,36 @@ pub enum TensorError {
         message: String,
         source_text: String,
     },
-    /// The device reported an error while encoding, submitting or reading back.
-    #[error("wgpu error during {during}: {message}")]
+    /// The device reported an error while mapping, waiting or reading back.
+    #[error("wgpu error during {during}")]
     Gpu {
         during: &'static str,
-        message: String,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// The device reported an error for a submitted step (validation, out of memory).
+    #[error("wgpu error during submit (kernels: {kernels})")]
+    Submit {
+        kernels: String,
+        #[source]
+        source: wgpu::Error,
     },
     /// Bad op arguments not covered above (zero-sized dims, bad eps, ...).
     #[error("{op}: invalid argument: {detail}")]
     Invalid { op: &'static str, detail: String },
+}
+
+impl TensorError {
+    /// `map_err` for a wgpu call that failed during `during`, keeping its error as the cause.
+    pub(crate) fn gpu<E>(during: &'static str) -> impl FnOnce(E) -> Self
+    where
+        E: std::error::Error + Send + Sync + 'static,
+    {
+        move |e| Self::Gpu {
+            during,
+            source: Box::new(e),
+        }
+    }
 }
 
 /// Result alias used throughout `kiln-tensor`.

@@ -68,22 +68,8 @@ fn read_timestamps(
     staging: &wgpu::Buffer,
     kernels: &[&'static str],
 ) -> Result<Vec<(&'static str, f64)>> {
-    let gpu_err = |e: String| TensorError::Gpu {
-        during: "profile read-back",
-        message: e,
-    };
-    let (tx, rx) = std::sync::mpsc::channel();
-    staging.map_async(wgpu::MapMode::Read, .., move |r| {
-        let _ = tx.send(r);
-    });
-    ctx.wait()?;
-    rx.recv()
-        .map_err(|e| gpu_err(e.to_string()))?
-        .map_err(|e| gpu_err(e.to_string()))?;
+    let view = ctx.map_read(staging, "profile read-back")?;
     let period = f64::from(ctx.queue.get_timestamp_period());
-    let view = staging
-        .get_mapped_range(..)
-        .map_err(|e| gpu_err(e.to_string()))?;
     let ticks: &[u64] = bytemuck::cast_slice(&view);
     let out = kernels
         .iter()
@@ -342,10 +328,7 @@ impl Recorder {
         {
             let mut view = uniform
                 .get_mapped_range_mut(..)
-                .map_err(|e| TensorError::Gpu {
-                    during: "params upload",
-                    message: e.to_string(),
-                })?;
+                .map_err(TensorError::gpu("params upload"))?;
             view.slice(..).copy_from_slice(&self.params);
         }
         uniform.unmap();
@@ -411,10 +394,10 @@ impl Recorder {
         self.params.clear();
         let oom_err = pollster::block_on(oom.pop());
         let val_err = pollster::block_on(scope.pop());
-        if let Some(e) = oom_err.or(val_err) {
-            return Err(TensorError::Gpu {
-                during: "submit",
-                message: format!("{e} (kernels: {})", names.join(", ")),
+        if let Some(source) = oom_err.or(val_err) {
+            return Err(TensorError::Submit {
+                kernels: names.join(", "),
+                source,
             });
         }
         Ok(())

@@ -32,16 +32,31 @@ pub fn model_dir() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../models"))
 }
 
+/// The default model is not where the tests look for it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MissingModel {
+    pub path: PathBuf,
+}
+
+impl std::fmt::Display for MissingModel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} is missing: run `cargo xtask fetch-model` (or set KILN_MODEL_DIR)",
+            self.path.display()
+        )
+    }
+}
+
+impl std::error::Error for MissingModel {}
+
 /// The default model's GGUF, or an error saying how to fetch it.
-pub fn default_model_path() -> Result<PathBuf, String> {
+pub fn default_model_path() -> Result<PathBuf, MissingModel> {
     let path = model_dir().join(DEFAULT_GGUF);
     if path.is_file() {
         Ok(path)
     } else {
-        Err(format!(
-            "{} is missing: run `cargo xtask fetch-model` (or set KILN_MODEL_DIR)",
-            path.display()
-        ))
+        Err(MissingModel { path })
     }
 }
 

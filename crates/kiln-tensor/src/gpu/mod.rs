@@ -157,9 +157,9 @@ impl GpuContext {
             memory_hints: wgpu::MemoryHints::Performance,
             trace: wgpu::Trace::Off,
         }))
-        .map_err(|e| TensorError::DeviceRequest {
+        .map_err(|source| TensorError::DeviceRequest {
             adapter: ainfo.name.clone(),
-            reason: e.to_string(),
+            source,
         })?;
         device.on_uncaptured_error(Arc::new(|e: wgpu::Error| {
             tracing::error!("uncaptured wgpu error: {e}");
@@ -280,10 +280,7 @@ impl GpuContext {
         self.device
             .poll(wgpu::PollType::wait_indefinitely())
             .map(|_| ())
-            .map_err(|e| TensorError::Gpu {
-                during: "wait",
-                message: e.to_string(),
-            })
+            .map_err(TensorError::gpu("wait"))
     }
 
     fn layout(&self, access: &[Access]) -> wgpu::BindGroupLayout {
@@ -340,10 +337,11 @@ impl GpuContext {
             return Ok(p.clone());
         }
         let source =
-            template::render(kernel.source, defines, self.info.shader_f16).map_err(|message| {
+            template::render(kernel.source, defines, self.info.shader_f16).map_err(|e| {
+                // The report carries the template's own text: a shader error is read whole.
                 TensorError::Shader {
                     kernel: key.clone(),
-                    message,
+                    message: e.to_string(),
                     source_text: kernel.source.to_string(),
                 }
             })?;
@@ -425,6 +423,25 @@ impl GpuContext {
         Ok(buf)
     }
 
+    /// Maps `staging` (submitted work writes it) for reading, waiting for the device.
+    pub(crate) fn map_read(
+        &self,
+        staging: &wgpu::Buffer,
+        during: &'static str,
+    ) -> Result<wgpu::BufferView> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        staging.map_async(wgpu::MapMode::Read, .., move |r| {
+            let _ = tx.send(r);
+        });
+        self.wait()?;
+        rx.recv()
+            .map_err(TensorError::gpu(during))?
+            .map_err(TensorError::gpu(during))?;
+        staging
+            .get_mapped_range(..)
+            .map_err(TensorError::gpu(during))
+    }
+
     /// Copy `ranges` of buffers back to the host, in order, with one submit and one wait.
     pub(crate) fn read_back(&self, parts: &[(&wgpu::Buffer, u64)]) -> Result<Vec<u8>> {
         let total: u64 = parts.iter().map(|(_, n)| n.next_multiple_of(4)).sum();
@@ -449,24 +466,7 @@ impl GpuContext {
             at += n4;
         }
         self.queue.submit([enc.finish()]);
-        let (tx, rx) = std::sync::mpsc::channel();
-        staging.map_async(wgpu::MapMode::Read, .., move |r| {
-            let _ = tx.send(r);
-        });
-        self.wait()?;
-        rx.recv()
-            .map_err(|e| TensorError::Gpu {
-                during: "readback",
-                message: e.to_string(),
-            })?
-            .map_err(|e| TensorError::Gpu {
-                during: "readback",
-                message: e.to_string(),
-            })?;
-        let view = staging.get_mapped_range(..).map_err(|e| TensorError::Gpu {
-            during: "readback",
-            message: e.to_string(),
-        })?;
+        let view = self.map_read(&staging, "readback")?;
         let mut out = Vec::with_capacity(total as usize);
         let mut at = 0usize;
         for (_, n) in parts {

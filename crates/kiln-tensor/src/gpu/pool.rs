@@ -95,10 +95,7 @@ impl GpuBuffer {
             let mut view = self
                 .buffer
                 .get_mapped_range_mut(..)
-                .map_err(|e| TensorError::Gpu {
-                    during: "upload",
-                    message: e.to_string(),
-                })?;
+                .map_err(TensorError::gpu("upload"))?;
             view.slice(..data.len()).copy_from_slice(data);
         }
         self.buffer.unmap();

@@ -17,7 +17,24 @@ pub(crate) fn cache_key(kernel: &str, defines: &[(&str, String)]) -> String {
     format!("{kernel}[{}]", d.join(","))
 }
 
-pub(crate) fn render(src: &str, defines: &[(&str, String)], f16: bool) -> Result<String, String> {
+/// Why a kernel template does not render.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum TemplateError {
+    #[error("line {0}: #else without #if")]
+    ElseWithoutIf(usize),
+    #[error("line {0}: #endif without #if")]
+    EndifWithoutIf(usize),
+    #[error("unterminated #if")]
+    Unterminated,
+    #[error("undefined template value {0}")]
+    Undefined(String),
+}
+
+pub(crate) fn render(
+    src: &str,
+    defines: &[(&str, String)],
+    f16: bool,
+) -> Result<String, TemplateError> {
     let truthy = |name: &str| {
         if name == "F16" {
             return f16;
@@ -38,26 +55,26 @@ pub(crate) fn render(src: &str, defines: &[(&str, String)], f16: bool) -> Result
         } else if t.starts_with("#else") {
             let top = stack
                 .last_mut()
-                .ok_or(format!("line {}: #else without #if", n + 1))?;
+                .ok_or(TemplateError::ElseWithoutIf(n + 1))?;
             top.0 = !top.0;
         } else if t.starts_with("#endif") {
             stack
                 .pop()
-                .ok_or(format!("line {}: #endif without #if", n + 1))?;
+                .ok_or(TemplateError::EndifWithoutIf(n + 1))?;
         } else if !parent_off {
             out.push_str(line);
             out.push('\n');
         }
     }
     if !stack.is_empty() {
-        return Err("unterminated #if".into());
+        return Err(TemplateError::Unterminated);
     }
     for (k, v) in defines {
         out = out.replace(&format!("{{{{{k}}}}}"), v);
     }
     if let Some(at) = out.find("{{") {
         let end = out[at..].find("}}").map_or(out.len(), |e| at + e + 2);
-        return Err(format!("undefined template value {}", &out[at..end]));
+        return Err(TemplateError::Undefined(out[at..end].to_owned()));
     }
     Ok(out)
 }
@@ -78,7 +95,12 @@ mod tests {
         );
         assert!(render("#if X\n", &[], false).is_err());
         assert!(render("#endif\n", &[], false).is_err());
-        assert!(render("{{Q}}", &[], false).unwrap_err().contains("{{Q}}"));
+        assert!(
+            render("{{Q}}", &[], false)
+                .unwrap_err()
+                .to_string()
+                .contains("{{Q}}")
+        );
         assert_eq!(
             cache_key("k", &[("B", "2".into()), ("A", "1".into())]),
             "k[A=1,B=2]"
