@@ -38,10 +38,12 @@
 //! # }
 //! ```
 
+mod config;
 mod error;
+mod schedule;
 mod scheduler;
 
+pub use config::{SchedulerConfig, SeqParams};
 pub use error::{Result, SchedulerError};
-pub use scheduler::{
-    Schedule, ScheduledSeq, Scheduler, SchedulerConfig, SchedulerStats, SeqParams, SeqStatus,
-};
+pub use schedule::{Schedule, ScheduledSeq, SchedulerStats, SeqStatus};
+pub use scheduler::Scheduler;

@@ -2,136 +2,14 @@
 
 use std::collections::{BTreeSet, HashMap};
 
-use kiln_kv::{
-    Admission, BlockCopy, BlockManager, BlockManagerConfig, KvError, KvMetrics, SeqConfig, SeqId,
+mod drafts;
+
+use kiln_kv::{Admission, BlockManager, KvError, SeqConfig, SeqId};
+
+use crate::{
+    Result, Schedule, ScheduledSeq, SchedulerConfig, SchedulerError, SchedulerStats, SeqParams,
+    SeqStatus,
 };
-
-use crate::{Result, SchedulerError};
-
-/// Limits of one step and of the queues.
-#[derive(Debug, Clone, PartialEq)]
-pub struct SchedulerConfig {
-    /// Sequences in one step (and running at once).
-    pub max_num_seqs: usize,
-    /// Tokens in one step: one per decode plus the prefill chunks.
-    pub max_num_batched_tokens: usize,
-    /// Requests that may wait for admission; more are refused as overloaded.
-    pub max_waiting: usize,
-    /// Cut long prompts into chunks that fill the step's leftover budget. Off: a prompt runs
-    /// whole in one step, so it must fit `max_num_batched_tokens`.
-    pub chunked_prefill: bool,
-    /// Sliding-window attention of the model, passed to the block manager.
-    pub sliding_window: Option<usize>,
-    /// The KV block pool.
-    pub blocks: BlockManagerConfig,
-}
-
-impl SchedulerConfig {
-    /// 64 sequences, 512 tokens a step, 256 waiting, chunked prefill, over `blocks`.
-    pub fn new(blocks: BlockManagerConfig) -> Self {
-        Self {
-            max_num_seqs: 64,
-            max_num_batched_tokens: 512,
-            max_waiting: 256,
-            chunked_prefill: true,
-            sliding_window: None,
-            blocks,
-        }
-    }
-}
-
-/// Per-sequence scheduling options.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct SeqParams {
-    /// Lower runs first (vLLM's convention); ties go to the earlier arrival.
-    pub priority: i32,
-    /// Sequences this one will fork into after its prompt (`n - 1` for `n` outputs): admission
-    /// reserves room for them under `max_num_seqs`.
-    pub forks: usize,
-}
-
-/// Where a sequence is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SeqStatus {
-    /// Queued for admission; no KV blocks.
-    Waiting,
-    /// Holds KV blocks and is scheduled every step it can be.
-    Running,
-    /// Was running, lost its blocks under memory pressure; recomputes when readmitted.
-    Preempted,
-}
-
-/// One sequence's part of a step: compute positions `start .. start + len` of its tokens.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ScheduledSeq {
-    pub seq: SeqId,
-    /// Tokens already in the KV cache (the chunk's first position).
-    pub start: usize,
-    /// Tokens computed this step, draft tokens included.
-    pub len: usize,
-    /// Whether this chunk reaches the end of the sequence's tokens, so its logits pick the
-    /// next token (false for a prefill chunk that is not the last).
-    pub samples: bool,
-    /// Draft tokens (speculative decoding) that end this chunk, after its last real token:
-    /// the step verifies them and [`Scheduler::accept_draft`] keeps the accepted ones.
-    pub draft: usize,
-}
-
-impl ScheduledSeq {
-    /// The context length after this step (draft slots included).
-    pub fn end(&self) -> usize {
-        self.start + self.len
-    }
-
-    /// Real (non-draft) tokens of the chunk end here.
-    pub fn real_end(&self) -> usize {
-        self.end() - self.draft
-    }
-}
-
-/// What [`Scheduler::schedule`] decided for one step.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct Schedule {
-    /// Decodes first, then prefill chunks, each in (priority, arrival) order.
-    pub seqs: Vec<ScheduledSeq>,
-    /// How many of `seqs` (the leading ones) are decodes.
-    pub decodes: usize,
-    /// Copy-on-write block copies that must run on the device before this step's K/V writes.
-    pub copies: Vec<BlockCopy>,
-    /// Sequences preempted this step (their blocks are free; they wait to recompute).
-    pub preempted: Vec<SeqId>,
-    /// Sequences admitted this step with the prompt tokens the prefix cache supplied.
-    pub admitted: Vec<(SeqId, usize)>,
-    /// Sequences dropped because they can never fit the pool (the caller reports an error).
-    pub rejected: Vec<(SeqId, SchedulerError)>,
-}
-
-impl Schedule {
-    /// Tokens computed this step.
-    pub fn num_tokens(&self) -> usize {
-        self.seqs.iter().map(|s| s.len).sum()
-    }
-
-    /// Sequences computing the token they sampled last step.
-    pub fn num_decodes(&self) -> usize {
-        self.decodes
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.seqs.is_empty()
-    }
-}
-
-/// Queue lengths and pool figures.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct SchedulerStats {
-    pub running: usize,
-    pub waiting: usize,
-    pub preempted: usize,
-    /// Preemptions so far.
-    pub preemptions: u64,
-    pub kv: KvMetrics,
-}
 
 /// Ordering key: priority, then arrival, then id (forks share their parent's arrival).
 type Key = (i32, u64, SeqId);
@@ -552,21 +430,6 @@ impl Scheduler {
         Ok(())
     }
 
-    /// Stores draft tokens (speculative decoding) for the next step of `seq`, which must be a
-    /// running sequence with exactly one sampled token not yet computed. The next
-    /// [`schedule`](Self::schedule) appends as many of them as fit the token budget and the
-    /// pool to that decode (none when that would need a preemption); a sequence that is not
-    /// scheduled as a plain decode keeps them for later. An empty draft clears it.
-    pub fn propose(&mut self, seq: SeqId, draft: Vec<u32>) -> Result<()> {
-        let e = self.running_with(
-            seq,
-            1,
-            "drafts follow the one sampled token of a running decode",
-        )?;
-        e.draft = draft;
-        Ok(())
-    }
-
     /// The entry of running `seq` whose tokens run exactly `uncomputed` past its computed ones;
     /// `WrongState` with `reason` otherwise.
     fn running_with(
@@ -583,44 +446,6 @@ impl Scheduler {
             return Err(SchedulerError::WrongState { seq, reason });
         }
         Ok(e)
-    }
-
-    /// The draft tokens the scheduled step of `seq` verifies (empty when none).
-    pub fn verifying(&self, seq: SeqId) -> &[u32] {
-        self.seqs.get(&seq).map_or(&[], |e| e.verifying.as_slice())
-    }
-
-    /// Running sequences waiting to decode (one sampled token not yet computed), with their
-    /// tokens: the ones a proposer may draft for.
-    pub fn decoding(&self) -> impl Iterator<Item = (SeqId, &[u32])> + '_ {
-        self.running.iter().filter_map(|k| {
-            let e = self.seqs.get(&k.2)?;
-            (e.computed + 1 == e.tokens.len()).then_some((k.2, e.tokens.as_slice()))
-        })
-    }
-
-    /// After a completed step that verified draft tokens of `seq`: keeps the first `accepted`
-    /// of them as tokens of the sequence (their K/V are already in the cache and are committed
-    /// now, so only they can enter the prefix cache) and gives back the slots of the rest.
-    /// Then push the token the target picked after them with
-    /// [`push_token`](Self::push_token).
-    pub fn accept_draft(&mut self, seq: SeqId, accepted: usize) -> Result<()> {
-        let e = self.running_with(seq, 0, "drafts are accepted after their step completed")?;
-        if accepted > e.verifying.len() {
-            return Err(SchedulerError::WrongState {
-                seq,
-                reason: "more draft tokens accepted than were verified",
-            });
-        }
-        let mut kept = std::mem::take(&mut e.verifying);
-        kept.truncate(accepted);
-        self.kv.commit(seq, &kept)?;
-        let e = self.running_with(seq, 0, "drafts are accepted after their step completed")?;
-        e.tokens.extend_from_slice(&kept);
-        e.computed += accepted;
-        let computed = e.computed;
-        self.kv.truncate(seq, computed)?;
-        Ok(())
     }
 
     /// Appends a sampled token to a running sequence; the next step computes it.
