@@ -1,17 +1,27 @@
-//! Tidy: the crate dependency graph points one way (DESIGN.md §2, ARCHITECTURE.md), only
-//! the server crate may know protobuf, and the README shows the Python client as it is.
+//! Tidy: the crate dependency graph points one way (ARCHITECTURE.md), checked on the resolved
+//! graph (`cargo metadata`), transitive dependencies included: the bookkeeping crates link no
+//! GPU stack, only the server crate (and what sits on it) links protobuf; and the README shows
+//! the Python client as it is.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
+use std::process::Command;
 
-/// Each library crate and the kiln crates it may depend on.
+use serde_json::Value;
+
+/// Each library crate and the kiln crates it may depend on directly.
 const ALLOWED: &[(&str, &[&str])] = &[
     ("kiln-gguf", &[]),
     ("kiln-tensor", &[]),
     ("kiln-tokenizer", &["kiln-gguf"]),
-    ("kiln-kv", &["kiln-tensor"]),
-    ("kiln-model", &["kiln-tensor", "kiln-kv", "kiln-gguf"]),
+    ("kiln-kv", &[]),
+    ("kiln-attention", &["kiln-tensor", "kiln-kv"]),
+    (
+        "kiln-model",
+        &["kiln-tensor", "kiln-kv", "kiln-attention", "kiln-gguf"],
+    ),
     ("kiln-scheduler", &["kiln-kv"]),
     // Test support: only ever a dev-dependency.
     ("kiln-testkit", &["kiln-tensor"]),
@@ -28,66 +38,223 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("kiln-server", &["kiln-engine", "kiln-tokenizer"]),
 ];
 
+/// Crates that are pure CPU logic: nothing they link, however indirectly, is a GPU stack.
+const NO_GPU: &[&str] = &["kiln-gguf", "kiln-tokenizer", "kiln-kv", "kiln-scheduler"];
+const GPU: &[&str] = &["wgpu", "naga"];
+
+/// Only these (the server and what sits on top of it) may link protobuf.
+const PROTOBUF_USERS: &[&str] = &["kiln-server", "kiln", "kiln-tests", "kiln-benches"];
 const PROTOBUF: &[&str] = &["prost", "tonic", "protox"];
 
-/// Package names in a manifest's `[dependencies]` table (not dev- or build-dependencies).
-fn dependencies(manifest: &str) -> Vec<String> {
-    let mut in_deps = false;
-    let mut out = Vec::new();
-    for line in manifest.lines().map(str::trim) {
-        if line.starts_with('[') {
-            in_deps = line == "[dependencies]";
-            continue;
-        }
-        if in_deps
-            && let Some((name, _)) = line.split_once(['=', '.'])
-            && !name.trim().is_empty()
-            && !name.starts_with('#')
-        {
-            out.push(name.trim().to_owned());
-        }
+/// Whether `name` is the package `family` or one of its `family-*` crates.
+fn in_family(name: &str, family: &[&str]) -> bool {
+    family
+        .iter()
+        .any(|f| name == *f || name.starts_with(&format!("{f}-")))
+}
+
+/// The resolved graph for this machine's target: package name -> names of its normal
+/// (not dev-, not build-) dependencies.
+struct Graph {
+    deps: BTreeMap<String, BTreeSet<String>>,
+    workspace: BTreeSet<String>,
+}
+
+impl Graph {
+    fn load() -> Self {
+        let host = Command::new(std::env::var("RUSTC").unwrap_or_else(|_| "rustc".into()))
+            .arg("-vV")
+            .output()
+            .expect("run rustc -vV");
+        let host = String::from_utf8(host.stdout).unwrap();
+        let host = host
+            .lines()
+            .find_map(|l| l.strip_prefix("host: "))
+            .expect("rustc -vV names the host")
+            .to_owned();
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        // Offline: the build that runs this test already fetched every host package.
+        let out = Command::new(env!("CARGO"))
+            .current_dir(&root)
+            .args(["metadata", "--format-version", "1", "--offline"])
+            .args(["--filter-platform", &host])
+            .output()
+            .expect("run cargo metadata");
+        assert!(
+            out.status.success(),
+            "cargo metadata failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Self::parse(&serde_json::from_slice(&out.stdout).unwrap())
     }
-    out
+
+    fn parse(meta: &Value) -> Self {
+        let name_of: BTreeMap<&str, &str> = meta["packages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| (p["id"].as_str().unwrap(), p["name"].as_str().unwrap()))
+            .collect();
+        let workspace = meta["workspace_members"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|id| name_of[id.as_str().unwrap()].to_owned())
+            .collect();
+        let mut deps = BTreeMap::new();
+        for node in meta["resolve"]["nodes"].as_array().unwrap() {
+            let normal = node["deps"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|d| {
+                    d["dep_kinds"]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .any(|k| k["kind"].is_null())
+                })
+                .map(|d| name_of[d["pkg"].as_str().unwrap()].to_owned())
+                .collect();
+            deps.insert(name_of[node["id"].as_str().unwrap()].to_owned(), normal);
+        }
+        Self { deps, workspace }
+    }
+
+    fn direct(&self, name: &str) -> impl Iterator<Item = &String> {
+        self.deps.get(name).into_iter().flatten()
+    }
+
+    /// Everything `name` links, however indirectly.
+    fn closure(&self, name: &str) -> BTreeSet<String> {
+        let mut seen = BTreeSet::new();
+        let mut todo = vec![name.to_owned()];
+        while let Some(n) = todo.pop() {
+            for d in self.deps.get(&n).into_iter().flatten() {
+                if seen.insert(d.clone()) {
+                    todo.push(d.clone());
+                }
+            }
+        }
+        seen
+    }
+
+    /// Why `from` links `to`: the dependency path, for the failure message.
+    fn path(&self, from: &str, to: &str) -> Vec<String> {
+        let mut parent: BTreeMap<String, String> = BTreeMap::new();
+        let mut todo = std::collections::VecDeque::from([from.to_owned()]);
+        while let Some(n) = todo.pop_front() {
+            if n == to {
+                let mut path = vec![n.clone()];
+                let mut at = n;
+                while let Some(p) = parent.get(&at) {
+                    path.push(p.clone());
+                    at = p.clone();
+                }
+                path.reverse();
+                return path;
+            }
+            for d in self.deps.get(&n).into_iter().flatten() {
+                if d != from && !parent.contains_key(d) {
+                    parent.insert(d.clone(), n.clone());
+                    todo.push_back(d.clone());
+                }
+            }
+        }
+        Vec::new()
+    }
+}
+
+/// The rules on a graph; `Err` says which crate breaks which.
+fn check(g: &Graph) -> Result<usize, String> {
+    let mut checked = 0;
+    for name in &g.workspace {
+        let closure = g.closure(name);
+        if !PROTOBUF_USERS.contains(&name.as_str())
+            && let Some(p) = closure.iter().find(|d| in_family(d, PROTOBUF))
+        {
+            return Err(format!(
+                "{name} links {p} ({}): only kiln-server knows protobuf",
+                g.path(name, p).join(" -> ")
+            ));
+        }
+        if NO_GPU.contains(&name.as_str())
+            && let Some(p) = closure.iter().find(|d| in_family(d, GPU))
+        {
+            return Err(format!(
+                "{name} links {p} ({}): it must build without a GPU stack",
+                g.path(name, p).join(" -> ")
+            ));
+        }
+        let Some((_, allowed)) = ALLOWED.iter().find(|(c, _)| c == name) else {
+            continue; // the binary, the harness, benches and xtask sit on top
+        };
+        for d in g.direct(name).filter(|d| d.starts_with("kiln")) {
+            if !allowed.contains(&d.as_str()) {
+                return Err(format!(
+                    "{name} must not depend on {d} (allowed: {allowed:?})"
+                ));
+            }
+        }
+        checked += 1;
+    }
+    Ok(checked)
 }
 
 #[test]
 fn crate_dependencies_point_one_way() {
-    let crates = Path::new(env!("CARGO_MANIFEST_DIR")).join("../crates");
-    let mut checked = 0;
-    for entry in std::fs::read_dir(&crates).unwrap() {
-        let dir = entry.unwrap().path();
-        let name = dir.file_name().unwrap().to_string_lossy().into_owned();
-        let manifest = std::fs::read_to_string(dir.join("Cargo.toml")).unwrap();
-        let deps = dependencies(&manifest);
-        if name != "kiln-server" {
-            for p in PROTOBUF {
-                assert!(
-                    !deps
-                        .iter()
-                        .any(|d| d == p || d.starts_with(&format!("{p}-"))),
-                    "{name} depends on {p}: only kiln-server knows protobuf"
-                );
-            }
-        }
-        let Some((_, allowed)) = ALLOWED.iter().find(|(c, _)| *c == name) else {
-            continue; // the binary sits on top
-        };
-        for d in deps.iter().filter(|d| d.starts_with("kiln")) {
-            assert!(
-                allowed.contains(&d.as_str()),
-                "{name} must not depend on {d} (allowed: {allowed:?})"
-            );
-        }
-        checked += 1;
-    }
+    let g = Graph::load();
+    let checked = check(&g).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(checked, ALLOWED.len(), "a library crate is missing");
+    // Every crate folder is in the table (or is the binary on top).
+    let crates = Path::new(env!("CARGO_MANIFEST_DIR")).join("../crates");
+    for entry in std::fs::read_dir(&crates).unwrap() {
+        let name = entry.unwrap().file_name().to_string_lossy().into_owned();
+        assert!(
+            name == "kiln" || ALLOWED.iter().any(|(c, _)| *c == name),
+            "crates/{name} has no rule in ALLOWED"
+        );
+    }
 }
 
+/// The check itself: a GPU stack reached through a chain of crates, or protobuf reached by the
+/// engine, is caught and the chain named.
 #[test]
-fn the_parser_reads_only_the_dependencies_table() {
-    let m = "[package]\nname = \"x\"\n[dependencies]\nkiln-kv.workspace = true\nrand = \"0.9\"\n\
-             [dev-dependencies]\nkiln-model.workspace = true\n";
-    assert_eq!(dependencies(m), vec!["kiln-kv", "rand"]);
+fn transitive_dependencies_are_caught() {
+    let graph = |edges: &[(&str, &str)]| {
+        let mut deps: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+        for (a, b) in edges {
+            deps.entry((*a).into()).or_default().insert((*b).into());
+            deps.entry((*b).into()).or_default();
+        }
+        let workspace = ["kiln-kv", "kiln-scheduler", "kiln-tensor", "kiln-engine"]
+            .into_iter()
+            .map(String::from)
+            .collect();
+        Graph { deps, workspace }
+    };
+    let ok = graph(&[
+        ("kiln-scheduler", "kiln-kv"),
+        ("kiln-tensor", "wgpu"),
+        ("kiln-engine", "kiln-scheduler"),
+        ("kiln-engine", "kiln-tensor"),
+    ]);
+    assert_eq!(check(&ok), Ok(4));
+    let gpu = graph(&[
+        ("kiln-scheduler", "kiln-kv"),
+        ("kiln-kv", "kiln-tensor"),
+        ("kiln-tensor", "wgpu"),
+        ("wgpu", "wgpu-core"),
+    ]);
+    let e = check(&gpu).unwrap_err();
+    assert!(
+        e.contains("kiln-kv links wgpu (kiln-kv -> kiln-tensor -> wgpu)")
+            || e.contains("kiln-scheduler links wgpu (kiln-scheduler -> kiln-kv -> kiln-tensor -> wgpu)"),
+        "{e}"
+    );
+    let proto = graph(&[("kiln-engine", "tonic-health"), ("tonic-health", "prost")]);
+    let e = check(&proto).unwrap_err();
+    assert!(e.starts_with("kiln-engine links "), "{e}");
 }
 
 /// The bodies of the README's ```python fenced blocks.
