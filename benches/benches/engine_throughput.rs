@@ -12,12 +12,9 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use kiln_engine::{Engine, EngineConfig, EngineHandle, Event, Request};
-use kiln_kv::BlockManagerConfig;
-use kiln_model::{LoadOptions, Model, ModelFiles};
-use kiln_scheduler::SchedulerConfig;
+use kiln_engine::{Checkpoint, EngineHandle, EngineOptions, Event, KvSize, Request};
+use kiln_model::LoadOptions;
 use kiln_tensor::{BackendChoice, Device, DeviceOptions};
-use kiln_tokenizer::Tokenizer;
 
 const PROMPT: usize = 32;
 const NEW: usize = 48;
@@ -43,13 +40,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .split(',')
         .map(str::parse)
         .collect::<Result<_, _>>()?;
-    let files = ModelFiles::open(&path, LoadOptions::default())?;
-    let model = Model::load(&dev, files.config().clone(), files.weights())?;
-    let tok = Tokenizer::from_gguf_file(&path)?;
-    let mut sched = SchedulerConfig::new(BlockManagerConfig::new(1024));
-    sched.max_num_seqs = 16;
-    sched.max_num_batched_tokens = 512;
-    let engine = Engine::start(model, tok, EngineConfig::new(sched))?;
+    let opts = EngineOptions {
+        kv_size: KvSize::Blocks(1024),
+        max_num_seqs: Some(16),
+        max_num_batched_tokens: Some(512),
+        ..EngineOptions::new(dev.clone())
+    };
+    let checkpoint = Checkpoint::open(&path, LoadOptions::default())?;
+    let engine = kiln_engine::build(checkpoint, &opts, &mut |_, _| {})?.engine;
     println!(
         "engine throughput on {} ({PROMPT}-token prompts, {NEW} new tokens each)",
         dev.info().name

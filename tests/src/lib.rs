@@ -20,16 +20,13 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use kiln_engine::{Engine, EngineConfig, EngineHandle, SpeculativeConfig};
-use kiln_kv::BlockManagerConfig;
-use kiln_model::{LoadOptions, Model, ModelFiles};
-use kiln_scheduler::SchedulerConfig;
+use kiln_engine::{Checkpoint, EngineHandle, EngineOptions, KvSize, SpeculativeConfig};
+use kiln_model::LoadOptions;
 use kiln_server::pb::generation_client::GenerationClient;
 use kiln_server::pb::models_client::ModelsClient;
 use kiln_server::pb::tokenization_client::TokenizationClient;
 use kiln_server::{Server, ServerConfig, pb};
 use kiln_tensor::Device;
-use kiln_tokenizer::Tokenizer;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tonic::transport::Channel;
 use tonic_health::pb::health_client::HealthClient;
@@ -67,21 +64,24 @@ impl Default for Options {
     }
 }
 
-/// The default model on `opts.device`, behind an engine sized by `opts`.
+/// The default model on `opts.device`, behind an engine sized by `opts` (built as `kiln serve`
+/// builds its engine).
 pub fn start_engine(opts: &Options) -> EngineHandle {
     let path = kiln_testkit::default_model();
-    let files = ModelFiles::open(&path, LoadOptions::default()).expect("open the default model");
-    let model = Model::load(&opts.device, files.config().clone(), files.weights())
-        .expect("load the default model");
-    let tokenizer = Tokenizer::from_gguf_file(&path).expect("the default model's tokenizer");
-    let mut sched = SchedulerConfig::new(BlockManagerConfig::new(opts.kv_blocks));
-    sched.max_num_seqs = opts.max_num_seqs;
-    sched.max_waiting = opts.max_waiting;
-    sched.max_num_batched_tokens = opts.max_num_batched_tokens;
-    let mut cfg = EngineConfig::new(sched);
-    cfg.max_model_len = opts.max_model_len;
-    cfg.speculative = opts.speculative;
-    Engine::start(model, tokenizer, cfg).expect("start the engine")
+    let checkpoint =
+        Checkpoint::open(&path, LoadOptions::default()).expect("open the default model");
+    let engine = EngineOptions {
+        kv_size: KvSize::Blocks(opts.kv_blocks),
+        max_num_seqs: Some(opts.max_num_seqs),
+        max_waiting: Some(opts.max_waiting),
+        max_num_batched_tokens: Some(opts.max_num_batched_tokens),
+        max_model_len: opts.max_model_len,
+        speculative: opts.speculative,
+        ..EngineOptions::new(opts.device.clone())
+    };
+    kiln_engine::build(checkpoint, &engine, &mut |_, _| {})
+        .expect("start the engine")
+        .engine
 }
 
 /// A real server on loopback, with a channel to it.

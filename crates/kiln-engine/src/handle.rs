@@ -12,6 +12,7 @@ use kiln_tokenizer::Tokenizer;
 use tokio::sync::{mpsc as tmpsc, oneshot};
 
 use crate::EngineError;
+use crate::error::{InternalError, InvariantError};
 use crate::metrics::EngineMetrics;
 use crate::request::{Event, Output, OutputBuilder, Prompt, Request, RequestId};
 
@@ -57,7 +58,7 @@ pub struct EngineStats {
     /// The draft model's own KV pool (speculative decoding with a draft model).
     pub draft_kv: Option<KvMetrics>,
     /// The scheduler's and block manager's invariants (`Err` names what is broken).
-    pub invariants: Result<(), String>,
+    pub invariants: Result<(), InvariantError>,
 }
 
 /// How [`EngineHandle::shutdown`] treats requests in flight.
@@ -244,7 +245,7 @@ impl EngineHandle {
                 self.shared
                     .tokenizer
                     .encode(t)
-                    .map_err(|e| EngineError::invalid("prompt", e.to_string()))?
+                    .map_err(|e| EngineError::invalid_because("prompt", "cannot be tokenized", e))?
             }
             Prompt::TokenIds(ids) => ids.clone(),
         };
@@ -397,5 +398,5 @@ impl RequestStream {
 }
 
 fn closed() -> EngineError {
-    EngineError::Internal("the engine closed the stream without a final event".into())
+    InternalError::StreamClosed.into()
 }

@@ -37,8 +37,8 @@
 //! # }
 //! ```
 
-mod draft;
-mod engine;
+mod batch;
+mod builder;
 mod error;
 mod handle;
 mod metrics;
@@ -46,10 +46,11 @@ mod output;
 mod request;
 mod sampling;
 mod speculative;
+mod start;
+mod step_loop;
 
-pub use draft::{DraftModel, DraftProposer, check_same_tokenizer};
-pub use engine::{Engine, EngineConfig};
-pub use error::{EngineError, StartError};
+pub use builder::{BuildError, Built, Checkpoint, EngineOptions, KvSize, build};
+pub use error::{Cause, EngineError, InternalError, InvariantError, StartError, error_chain};
 pub use handle::{EngineHandle, EngineInfo, EngineStats, RequestStream, ShutdownMode};
 pub use metrics::{EngineMetrics, FinishLabel};
 pub use request::{
@@ -60,4 +61,8 @@ pub use sampling::{
     LogprobRequest, ParamError, SampleError, Sampled, Sampler, SamplingParams, TokenHistory,
     TokenLogprob, raw_logprobs, rejection_sample,
 };
-pub use speculative::{NgramProposer, ProposeInput, Proposer, SpecMethod, SpeculativeConfig};
+pub use speculative::{
+    DraftModel, DraftProposer, NgramProposer, ProposeError, ProposeInput, Proposer, SpecMethod,
+    SpeculativeConfig, TokenizerMismatch, check_same_tokenizer,
+};
+pub use start::{Engine, EngineConfig};

@@ -8,6 +8,7 @@ use kiln_tokenizer::{DecodeOptions, IncrementalDetokenizer, StopMatcher, Tokeniz
 use tokio::sync::mpsc::UnboundedSender;
 
 use crate::EngineError;
+use crate::error::InternalError;
 use crate::handle::{EngineInfo, Submission};
 use crate::metrics::EngineMetrics;
 use crate::request::{
@@ -257,7 +258,7 @@ impl ReqState {
             logprobs: self.output.logprobs,
             top_logprobs: self.output.top_logprobs,
         };
-        let internal = |what: &str| EngineError::Internal(what.to_owned());
+        let internal = |what: &'static str| EngineError::from(InternalError::State(what));
         let Some(o) = self.outs.get_mut(idx) else {
             return Err(internal("output index out of range"));
         };
@@ -266,7 +267,7 @@ impl ReqState {
             let (s, ok) = o
                 .sampler
                 .verify(row, &o.history, &suppress, draft, want)
-                .map_err(|e| EngineError::Internal(format!("sampling: {e}")))?;
+                .map_err(InternalError::Sampling)?;
             let lp = (want.logprobs || want.top_logprobs > 0).then(|| TokenLogprobs {
                 token: s.token,
                 logprob: s.logprob.unwrap_or(f32::NEG_INFINITY),
@@ -293,7 +294,7 @@ impl ReqState {
             metrics.ttft.observe((now - self.arrived).as_secs_f64());
         }
         let Some(o) = self.outs.get_mut(idx) else {
-            return Err(EngineError::Internal("output index out of range".into()));
+            return Err(InternalError::State("output index out of range").into());
         };
         if let Some(t) = o.last_at {
             metrics.itl.observe((now - t).as_secs_f64());
@@ -312,10 +313,7 @@ impl ReqState {
         } else if stops_allowed && self.stopping.stop_token_ids.contains(&token) {
             finish = Some(FinishReason::StopToken(token));
         } else {
-            let text = o
-                .detok
-                .push(token)
-                .map_err(|e| EngineError::Internal(format!("detokenize: {e}")))?;
+            let text = o.detok.push(token).map_err(InternalError::Detokenize)?;
             if let Some(hit) = o.push_text(&text, stops_allowed, &self.stopping) {
                 finish = Some(hit);
             }
@@ -332,10 +330,7 @@ impl ReqState {
         };
         if !matches!(reason, FinishReason::StopSequence(_)) {
             // Flush what the detokenizer and the stop matcher still hold.
-            let tail = o
-                .detok
-                .finish()
-                .map_err(|e| EngineError::Internal(format!("detokenize: {e}")))?;
+            let tail = o.detok.finish().map_err(InternalError::Detokenize)?;
             if let Some(hit) = o.push_text(&tail, stops_allowed, &self.stopping) {
                 o.finish = Some(hit.clone());
                 o.pending.finish = Some(hit);

@@ -113,11 +113,15 @@ fn authorized(headers: &http::HeaderMap, key: &str) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
+/// A malformed `grpc-timeout` header value.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("grpc-timeout `{0}`: expected up to 8 digits and a unit (H, M, S, m, u, n)")]
+pub(crate) struct BadTimeout(String);
+
 /// The `grpc-timeout` header: at most 8 digits and a unit (`H M S m u n`), per the gRPC HTTP/2
-/// protocol. `Err` names what is malformed.
-pub(crate) fn parse_grpc_timeout(v: &str) -> Result<Duration, String> {
-    let bad =
-        || format!("grpc-timeout `{v}`: expected up to 8 digits and a unit (H, M, S, m, u, n)");
+/// protocol.
+pub(crate) fn parse_grpc_timeout(v: &str) -> Result<Duration, BadTimeout> {
+    let bad = || BadTimeout(v.to_owned());
     if v.len() < 2 || v.len() > 9 {
         return Err(bad());
     }

@@ -16,7 +16,7 @@ use crate::convert::{self, ReplyOptions};
 use crate::edge::{REQUEST_ID, parse_grpc_timeout};
 use crate::pb;
 use crate::server::State;
-use crate::status::{from_engine, invalid};
+use crate::status::{from_engine, invalid, invalid_timeout};
 
 /// Tonic answers an expired `grpc-timeout` with CANCELLED from a timer started just before the
 /// handler runs; ending the request this much earlier makes the answer DEADLINE_EXCEEDED.
@@ -54,7 +54,7 @@ impl GenerationService {
                 let v = v
                     .to_str()
                     .map_err(|_| invalid("grpc-timeout", "not ASCII"))?;
-                let timeout = parse_grpc_timeout(v).map_err(Status::invalid_argument)?;
+                let timeout = parse_grpc_timeout(v).map_err(|e| invalid_timeout(&e))?;
                 Some(Instant::now() + timeout.saturating_sub(DEADLINE_MARGIN))
             }
         };

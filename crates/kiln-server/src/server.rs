@@ -69,15 +69,15 @@ impl State {
 /// Why a server could not start or take its model.
 #[derive(Debug, thiserror::Error)]
 pub enum ServerError {
-    #[error("cannot listen on {addr}: {source}")]
+    #[error("cannot listen on {addr}")]
     Bind {
         addr: SocketAddr,
         source: std::io::Error,
     },
-    #[error("reflection service: {0}")]
-    Reflection(String),
-    #[error("warm-up request failed: {0}")]
-    Warmup(EngineError),
+    #[error("reflection service")]
+    Reflection(#[source] tonic_reflection::server::Error),
+    #[error("warm-up request failed")]
+    Warmup(#[source] EngineError),
     #[error("a model is already attached to this server")]
     AlreadyAttached,
 }
@@ -126,13 +126,11 @@ impl Server {
                 .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
                 .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         };
-        let reflection_v1 = reflection()
-            .build_v1()
-            .map_err(|e| ServerError::Reflection(e.to_string()))?;
+        let reflection_v1 = reflection().build_v1().map_err(ServerError::Reflection)?;
         // grpcurl and older tools still ask the v1alpha service.
         let reflection_v1alpha = reflection()
             .build_v1alpha()
-            .map_err(|e| ServerError::Reflection(e.to_string()))?;
+            .map_err(ServerError::Reflection)?;
 
         let (max_in, max_out) = (cfg.max_request_bytes, cfg.max_response_bytes);
         let api_key = cfg.api_key.as_deref().map(Arc::from);

@@ -1,21 +1,29 @@
-//! Engine errors as gRPC statuses (DESIGN.md §5): never in-band.
+//! Engine errors as gRPC statuses (DESIGN.md §5): never in-band. The one place that maps an
+//! error kind to a status code; the message is the error with its whole chain of causes.
 
-use kiln_engine::EngineError;
+use kiln_engine::{EngineError, error_chain};
 use tonic::Status;
 
 pub(crate) fn from_engine(e: EngineError) -> Status {
+    let message = error_chain(&e);
     match e {
-        EngineError::InvalidArgument { field, reason } => {
-            Status::invalid_argument(format!("{field}: {reason}"))
-        }
-        e @ EngineError::Overloaded { .. } => Status::resource_exhausted(e.to_string()),
-        EngineError::DeadlineExceeded => Status::deadline_exceeded("deadline exceeded"),
+        EngineError::InvalidArgument { .. } => Status::invalid_argument(message),
+        EngineError::Overloaded { .. } => Status::resource_exhausted(message),
+        EngineError::DeadlineExceeded => Status::deadline_exceeded(message),
         EngineError::Cancelled(why) => Status::cancelled(why),
         EngineError::ShuttingDown => Status::unavailable("the server is draining"),
-        EngineError::Internal(why) => Status::internal(why),
+        EngineError::Internal(_) => {
+            tracing::error!(error = %message, "request failed inside the engine");
+            Status::internal(message)
+        }
     }
 }
 
 pub(crate) fn invalid(field: &str, reason: impl std::fmt::Display) -> Status {
     Status::invalid_argument(format!("{field}: {reason}"))
+}
+
+/// A malformed `grpc-timeout` header is the client's error.
+pub(crate) fn invalid_timeout(e: &crate::edge::BadTimeout) -> Status {
+    Status::invalid_argument(e.to_string())
 }

@@ -4,7 +4,7 @@
 
 use std::path::PathBuf;
 
-use kiln_engine::{DraftModel, Engine, EngineConfig, EngineHandle};
+use kiln_engine::{Checkpoint, DraftModel, Engine, EngineConfig, EngineHandle};
 use kiln_kv::BlockManagerConfig;
 use kiln_model::{LoadOptions, Model, ModelFiles};
 use kiln_scheduler::SchedulerConfig;
@@ -73,10 +73,10 @@ pub fn tiny_engine_with_draft(
 
 /// The default model (SmolLM2-135M Q4_1) on `dev`, and its tokenizer.
 pub fn default_model(dev: &Device) -> (Model, Tokenizer) {
-    let path = kiln_testkit::default_model();
-    let files = ModelFiles::open(&path, LoadOptions::default()).unwrap();
-    let model = Model::load(dev, files.config().clone(), files.weights()).unwrap();
-    (model, Tokenizer::from_gguf_file(&path).unwrap())
+    Checkpoint::open(&kiln_testkit::default_model(), LoadOptions::default())
+        .unwrap()
+        .load(dev, &mut |_, _| {})
+        .unwrap()
 }
 
 /// The default model (SmolLM2-135M Q4_1) on `dev`.

@@ -1,0 +1,140 @@
+//! Batch building: a [`Schedule`] becomes the model runner's [`StepSeq`]s (prefill chunks,
+//! decodes, and decodes followed by the drafts they verify), with logits read back only for
+//! the sequences that sample on the CPU; then every sequence that reached the end of its tokens
+//! samples its next token.
+
+use std::time::Instant;
+
+use kiln_kv::SeqId;
+use kiln_model::{StepOutput, StepSeq};
+use kiln_scheduler::Schedule;
+
+use crate::error::InternalError;
+use crate::output::{ReqState, TokenOutcome};
+use crate::step_loop::{Ending, Loop};
+
+impl Loop {
+    /// Runs the model over `schedule`: the argmax of every logits row, and the rows sampling
+    /// needs on the CPU (penalties, logprobs, non-greedy sampling, `min_new_tokens`).
+    pub fn forward(&mut self, schedule: &Schedule) -> Result<StepOutput, InternalError> {
+        let lost = |seq| InternalError::LostTokens(seq);
+        // A decode that verifies drafts computes its sampled token followed by the drafts.
+        let mut with_drafts: Vec<Vec<u32>> = Vec::new();
+        for s in schedule.seqs.iter().filter(|s| s.draft > 0) {
+            let mut t = self
+                .sched
+                .tokens(s.seq)
+                .and_then(|t| t.get(s.start..s.real_end()))
+                .ok_or(lost(s.seq))?
+                .to_vec();
+            t.extend_from_slice(self.sched.verifying(s.seq));
+            with_drafts.push(t);
+        }
+        let mut drafted = with_drafts.iter();
+        let mut batch = Vec::with_capacity(schedule.seqs.len());
+        for s in &schedule.seqs {
+            let tokens = if s.draft > 0 {
+                drafted.next().map(Vec::as_slice)
+            } else {
+                self.sched
+                    .tokens(s.seq)
+                    .and_then(|t| t.get(s.start..s.end()))
+            }
+            .filter(|t| t.len() == s.len)
+            .ok_or(lost(s.seq))?;
+            batch.push(StepSeq {
+                tokens,
+                block_table: self
+                    .sched
+                    .blocks()
+                    .block_table(s.seq)
+                    .map_err(|e| InternalError::Scheduler(e.into()))?,
+                context_len: s.end(),
+                // One row per sequence, plus one per draft token it verifies.
+                logits_rows: 1 + s.draft,
+                read_logits: s.samples && self.needs_row(s.seq),
+            });
+        }
+        self.runner
+            .step(&batch, &schedule.copies)
+            .map_err(InternalError::Forward)
+    }
+
+    /// Whether `seq`'s output samples on the CPU (so its logits row must come back).
+    fn needs_row(&self, seq: SeqId) -> bool {
+        self.owner
+            .get(&seq)
+            .and_then(|(rid, idx)| Some((self.requests.get(rid)?, *idx)))
+            .is_some_and(|(r, idx)| r.needs_row(idx))
+    }
+
+    /// Samples every sequence that reached the end of its tokens, applies the stop rules and
+    /// sends the deltas.
+    pub fn sample_all(&mut self, schedule: &Schedule, out: &StepOutput) {
+        let now = Instant::now();
+        for (row, s) in schedule.seqs.iter().enumerate() {
+            if !s.samples {
+                continue;
+            }
+            let Some(&(rid, idx)) = self.owner.get(&s.seq) else {
+                continue; // ended during this step
+            };
+            // n > 1: the prompt is done, so the other outputs fork from it now.
+            if idx == 0
+                && self.requests.get(&rid).is_some_and(ReqState::wants_forks)
+                && let Err(e) = self.fork(rid, s.seq)
+            {
+                self.end(rid, Ending::Error(e));
+                continue;
+            }
+            if s.draft > 0 {
+                self.verify(rid, idx, row, s, out, now);
+                continue;
+            }
+            let Some(r) = self.requests.get_mut(&rid) else {
+                continue;
+            };
+            let indices: Vec<usize> = if idx == 0 && r.first_token.is_none() {
+                (0..r.outs.len()).collect()
+            } else {
+                vec![idx]
+            };
+            let mut ended = None;
+            for i in indices {
+                let outcome = r.on_row(
+                    i,
+                    out.logits(row, 0),
+                    out.argmax(row, 0),
+                    now,
+                    &self.metrics,
+                );
+                let seq = r.outs[i].seq;
+                match outcome {
+                    Ok(TokenOutcome::Continue(token)) => {
+                        if let Err(e) = self.sched.push_token(seq, token) {
+                            ended = Some(InternalError::Scheduler(e).into());
+                            break;
+                        }
+                    }
+                    Ok(TokenOutcome::Finished) => {
+                        // `finish_seq`, spelled out: `r` still borrows the requests.
+                        self.sched.finish(seq);
+                        self.owner.remove(&seq);
+                        if let Some(spec) = &mut self.spec {
+                            spec.proposer.release(seq);
+                        }
+                    }
+                    Err(e) => {
+                        ended = Some(e);
+                        break;
+                    }
+                }
+            }
+            if let Some(e) = ended {
+                self.end(rid, Ending::Error(e));
+                continue;
+            }
+            self.flush(rid);
+        }
+    }
+}

@@ -1,0 +1,226 @@
+//! Starting an engine: the config checks that must hold before the step loop runs (context
+//! length, vocabulary, the speculative method and its draft model), the KV cache, and the
+//! engine thread.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
+use std::sync::{Arc, Mutex, mpsc};
+
+use kiln_kv::KvDtype;
+use kiln_model::{KvPoolConfig, Model, ModelRunner};
+use kiln_scheduler::{Scheduler, SchedulerConfig};
+use kiln_tokenizer::Tokenizer;
+
+use crate::handle::{EngineHandle, EngineInfo, Shared};
+use crate::metrics::EngineMetrics;
+use crate::speculative::{
+    DraftModel, DraftProposer, NgramProposer, Proposer, Spec, SpecMethod, SpeculativeConfig,
+    check_same_tokenizer,
+};
+use crate::step_loop::Loop;
+use crate::{StartError, speculative};
+
+/// Engine limits. The scheduler's config holds the batch limits and the KV pool.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EngineConfig {
+    pub scheduler: SchedulerConfig,
+    /// How K/V are stored on the device.
+    pub kv_dtype: KvDtype,
+    /// Cap on prompt plus generated tokens (`None`: the model's context length).
+    pub max_model_len: Option<usize>,
+    /// Outputs per request, at most.
+    pub max_n: usize,
+    pub max_stop_strings: usize,
+    pub max_top_logprobs: usize,
+    /// Speculative decoding (`None`: off).
+    pub speculative: Option<SpeculativeConfig>,
+}
+
+impl EngineConfig {
+    /// Defaults over a scheduler config (which sizes the KV pool).
+    pub fn new(scheduler: SchedulerConfig) -> Self {
+        Self {
+            scheduler,
+            kv_dtype: KvDtype::F16,
+            max_model_len: None,
+            max_n: 16,
+            max_stop_strings: 16,
+            max_top_logprobs: 20,
+            speculative: None,
+        }
+    }
+}
+
+/// Starts the engine thread.
+#[derive(Debug)]
+pub struct Engine;
+
+impl Engine {
+    /// Moves `model` onto a dedicated thread with a KV cache sized by `cfg` and returns the
+    /// handle that talks to it.
+    pub fn start(
+        model: Model,
+        tokenizer: Tokenizer,
+        cfg: EngineConfig,
+    ) -> Result<EngineHandle, StartError> {
+        Self::start_with_draft(model, tokenizer, cfg, None)
+    }
+
+    /// [`start`](Self::start) with a draft model for speculative decoding
+    /// (`cfg.speculative` with [`SpecMethod::Draft`]). The draft must live on the same device
+    /// and share the target's tokenizer (checked: a clear error names the first difference).
+    pub fn start_with_draft(
+        model: Model,
+        tokenizer: Tokenizer,
+        cfg: EngineConfig,
+        draft: Option<DraftModel>,
+    ) -> Result<EngineHandle, StartError> {
+        let mcfg = model.config().clone();
+        let max_model_len = cfg.max_model_len.unwrap_or(mcfg.max_position);
+        if max_model_len < 2 || max_model_len > mcfg.max_position {
+            return Err(StartError::Config {
+                field: "max_model_len",
+                reason: format!(
+                    "{max_model_len} must be in 2..={} (the model's context)",
+                    mcfg.max_position
+                ),
+            });
+        }
+        let vocab = mcfg.vocab;
+        if (tokenizer.vocab_size() as usize) > vocab {
+            return Err(StartError::Config {
+                field: "tokenizer",
+                reason: format!(
+                    "{} tokens, more than the model's vocabulary of {vocab}",
+                    tokenizer.vocab_size()
+                ),
+            });
+        }
+        let mut scfg = cfg.scheduler.clone();
+        scfg.sliding_window = mcfg.sliding_window;
+        let sched = Scheduler::new(scfg.clone())?;
+        let blocks = &scfg.blocks;
+        let pool = KvPoolConfig {
+            block_size: blocks.block_size,
+            num_blocks: blocks.num_blocks,
+            dtype: cfg.kv_dtype,
+        };
+        let kv_bytes_per_token = mcfg.kv_shape(cfg.kv_dtype).bytes_per_token()?;
+        let device = model.device().info().name;
+        let runner = ModelRunner::new(model, pool).map_err(StartError::KvCache)?;
+        let specials = tokenizer.special_tokens();
+        let watermark = (f64::from(blocks.watermark) * f64::from(blocks.num_blocks)) as usize;
+        let info = EngineInfo {
+            vocab_size: vocab,
+            max_model_len,
+            bos: specials.bos,
+            eos_ids: specials.stop_ids.clone(),
+            max_n: cfg.max_n.min(scfg.max_num_seqs),
+            max_stop_strings: cfg.max_stop_strings,
+            max_top_logprobs: cfg.max_top_logprobs,
+            max_num_seqs: scfg.max_num_seqs,
+            max_num_batched_tokens: scfg.max_num_batched_tokens,
+            max_waiting: scfg.max_waiting,
+            kv_blocks: blocks.num_blocks as usize,
+            block_size: blocks.block_size as usize,
+            kv_dtype: cfg.kv_dtype.name(),
+            kv_bytes_per_token,
+            usable_blocks: (blocks.num_blocks as usize).saturating_sub(watermark),
+            device,
+        };
+        let spec = speculation(cfg.speculative, draft, &tokenizer, pool, vocab)?;
+        let metrics = Arc::new(EngineMetrics::new());
+        metrics.kv_total_blocks.set(i64::from(blocks.num_blocks));
+        let queued = Arc::new(AtomicUsize::new(0));
+        let (tx, rx) = mpsc::channel();
+        let lp = Loop {
+            runner,
+            sched,
+            tokenizer: tokenizer.clone(),
+            info: info.clone(),
+            metrics: metrics.clone(),
+            queued: queued.clone(),
+            requests: HashMap::new(),
+            owner: HashMap::new(),
+            next_seq: 0,
+            steps: 0,
+            rx,
+            shutdown: None,
+            waiters: Vec::new(),
+            spec,
+        };
+        let thread = std::thread::Builder::new()
+            .name("kiln-engine".into())
+            .spawn(move || lp.run())
+            .map_err(StartError::Thread)?;
+        Ok(EngineHandle {
+            shared: Arc::new(Shared {
+                tx: Mutex::new(tx),
+                tokenizer,
+                info,
+                queued,
+                closing: AtomicBool::new(false),
+                next_id: AtomicU64::new(0),
+                metrics,
+                thread: Mutex::new(Some(thread)),
+            }),
+        })
+    }
+}
+
+/// The proposer the speculative config asks for, checked against the draft model given (if
+/// any): the method must match, and a draft must share the target's tokenizer. Its KV pool has
+/// the target's blocks, so every running sequence fits.
+fn speculation(
+    cfg: Option<SpeculativeConfig>,
+    draft: Option<DraftModel>,
+    tokenizer: &Tokenizer,
+    pool: KvPoolConfig,
+    vocab: usize,
+) -> Result<Option<Spec>, StartError> {
+    let draft_error = |reason: String| StartError::Config {
+        field: "draft_model",
+        reason,
+    };
+    let Some(sc) = cfg else {
+        return match draft {
+            None => Ok(None),
+            Some(_) => Err(draft_error(
+                "a draft model was given but the speculative method is not `draft`".into(),
+            )),
+        };
+    };
+    sc.validate()
+        .map_err(|(field, reason)| StartError::Config { field, reason })?;
+    let proposer: Box<dyn Proposer> = match (sc.method, draft) {
+        (SpecMethod::Ngram { .. }, Some(_)) => {
+            return Err(draft_error(
+                "a draft model was given but the speculative method is not `draft`".into(),
+            ));
+        }
+        (SpecMethod::Ngram { min_n, max_n }, None) => Box::new(NgramProposer { min_n, max_n }),
+        (SpecMethod::Draft, None) => {
+            return Err(draft_error(
+                "speculative method `draft` needs a draft model".into(),
+            ));
+        }
+        (SpecMethod::Draft, Some(d)) => {
+            // A mismatch is a leaf fact (no cause to keep): its text is the reason.
+            if let Err(mismatch) = check_same_tokenizer(tokenizer, &d.tokenizer) {
+                return Err(draft_error(mismatch.to_string()));
+            }
+            let dv = d.model.config().vocab;
+            if (d.tokenizer.vocab_size() as usize) > dv {
+                return Err(draft_error(format!(
+                    "{} tokens, more than its vocabulary of {dv}",
+                    d.tokenizer.vocab_size()
+                )));
+            }
+            Box::new(
+                DraftProposer::new(d.model, pool.num_blocks, pool.block_size, pool.dtype, vocab)
+                    .map_err(StartError::Draft)?,
+            )
+        }
+    };
+    Ok(Some(speculative::Spec { cfg: sc, proposer }))
+}
