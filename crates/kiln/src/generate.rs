@@ -9,7 +9,7 @@ use kiln_model::Model;
 use kiln_scheduler::SchedulerConfig;
 use kiln_tokenizer::{ChatMessage, ChatOptions};
 
-use crate::cli::Args;
+use crate::args::{DeviceArgs, LoadArgs, ModelArgs, SpeculativeArgs};
 
 /// Prompt tokens per forward step: bounds activation memory for long prompts.
 const PREFILL_CHUNK: usize = 512;
@@ -21,16 +21,70 @@ fn ms(d: std::time::Duration) -> f64 {
     d.as_secs_f64() * 1e3
 }
 
+/// `kiln generate`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct GenerateArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    #[command(flatten)]
+    pub load: LoadArgs,
+    /// The prompt (with --chat: the user's message)
+    #[arg(long, value_name = "TEXT", allow_hyphen_values = true)]
+    pub prompt: String,
+    /// Most tokens to generate
+    #[arg(long, value_name = "N", default_value_t = 128)]
+    pub max_tokens: usize,
+    /// Stop generating at this text
+    #[arg(long, value_name = "TEXT", allow_hyphen_values = true)]
+    pub stop: Option<String>,
+    /// Sampling seed
+    #[arg(long, value_name = "S", default_value_t = 0)]
+    pub seed: u64,
+    /// Apply the model's chat template to the prompt
+    #[arg(long)]
+    pub chat: bool,
+    /// Print one JSON object (text, token ids, timings) instead of streaming the text
+    #[arg(long)]
+    pub json: bool,
+    // The groups with a heading of their own come last: a heading holds for the flags after it.
+    #[command(flatten)]
+    pub device: DeviceArgs,
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
+    #[command(flatten)]
+    pub speculative: SpeculativeArgs,
+}
+
 /// The sampling flags (`--temperature` 0 is greedy, the default).
-fn sampling(args: &Args) -> Result<SamplingParams, String> {
-    Ok(SamplingParams {
-        temperature: args.parsed::<f32>("temperature")?.unwrap_or(0.0),
-        top_k: args.parsed::<usize>("top-k")?.unwrap_or(0),
-        top_p: args.parsed::<f32>("top-p")?.unwrap_or(1.0),
-        min_p: args.parsed::<f32>("min-p")?.unwrap_or(0.0),
-        repetition_penalty: args.parsed::<f32>("repetition-penalty")?.unwrap_or(1.0),
+#[derive(Debug, Clone, clap::Args)]
+#[command(next_help_heading = "Sampling")]
+pub struct SamplingArgs {
+    /// 0 is greedy
+    #[arg(long, value_name = "T", default_value_t = 0.0)]
+    pub temperature: f32,
+    /// Keep the K most likely tokens (0: all)
+    #[arg(long, value_name = "K", default_value_t = 0)]
+    pub top_k: usize,
+    /// Keep the most likely tokens up to this probability mass
+    #[arg(long, value_name = "P", default_value_t = 1.0)]
+    pub top_p: f32,
+    /// Drop tokens below P times the most likely one's probability
+    #[arg(long, value_name = "P", default_value_t = 0.0)]
+    pub min_p: f32,
+    /// Penalize tokens already in the prompt or output (1: off)
+    #[arg(long, value_name = "R", default_value_t = 1.0)]
+    pub repetition_penalty: f32,
+}
+
+fn sampling(args: &SamplingArgs) -> SamplingParams {
+    SamplingParams {
+        temperature: args.temperature,
+        top_k: args.top_k,
+        top_p: args.top_p,
+        min_p: args.min_p,
+        repetition_penalty: args.repetition_penalty,
         ..SamplingParams::default()
-    })
+    }
 }
 
 /// Engine errors in the words of the flags that caused them.
@@ -53,22 +107,22 @@ fn flag_error(e: EngineError) -> String {
     }
 }
 
-pub fn run(args: &Args) -> Result<(), String> {
-    let path = args.required("model")?;
-    let speculative = crate::speculative::config(args)?;
-    let prompt = args.required("prompt")?;
-    let max_tokens = args.parsed::<usize>("max-tokens")?.unwrap_or(128);
-    let params = sampling(args)?;
-    let seed = args.parsed::<u64>("seed")?.unwrap_or(0);
-    let json = args.switch("json");
+pub fn run(args: &GenerateArgs) -> Result<(), String> {
+    let path = args.model.model.as_str();
+    let speculative = crate::speculative::config(&args.speculative)?;
+    let prompt = args.prompt.as_str();
+    let max_tokens = args.max_tokens;
+    let params = sampling(&args.sampling);
+    let seed = args.seed;
+    let json = args.json;
 
     let crate::Loaded {
         files,
         cfg,
         tokenizer,
-    } = crate::load(path, crate::load_options(args)?)?;
-    let dev = crate::device(args)?;
-    let text = if args.switch("chat") {
+    } = crate::load(path, crate::load_options(&args.load))?;
+    let dev = crate::device(&args.device)?;
+    let text = if args.chat {
         tokenizer
             .apply_chat_template(
                 &[ChatMessage::new("user", prompt)],
@@ -126,13 +180,13 @@ pub fn run(args: &Args) -> Result<(), String> {
     sched.max_num_batched_tokens = PREFILL_CHUNK;
     let mut ecfg = EngineConfig::new(sched);
     ecfg.speculative = speculative;
-    let draft = crate::speculative::draft(args, &dev)?;
+    let draft = crate::speculative::draft(&args.speculative, &dev)?;
     let engine = Engine::start_with_draft(model, tokenizer, ecfg, draft)
-        .map_err(|e| crate::speculative::start_error(args, path, &e))?;
+        .map_err(|e| crate::speculative::start_error(&args.speculative, path, &e))?;
     let mut request = Request::tokens(prompt_ids.clone()).sampling(params, seed);
     request.stopping.max_new_tokens = Some(max_tokens);
-    if let Some(stop) = args.get("stop") {
-        request.stopping.stop = vec![stop.to_owned()];
+    if let Some(stop) = &args.stop {
+        request.stopping.stop = vec![stop.clone()];
     }
     let mut stream = engine.submit(request).map_err(flag_error)?;
 

@@ -1,19 +1,22 @@
 //! `kiln`: serve a model over gRPC, generate text, tokenize, and describe a model from the
 //! command line.
 
+mod args;
 mod cli;
 mod generate;
 mod serve;
 mod speculative;
 
+use std::ffi::OsString;
 use std::io::Write;
 use std::path::Path;
 use std::process::ExitCode;
 
-use cli::{Args, USAGE};
+use args::{DeviceArgs, LoadArgs, ModelArgs, Quantize, WeightDtype};
+use cli::Command;
 use kiln_kv::{KvBudget, KvDtype, KvPlan, KvPlanConfig};
 use kiln_model::{LoadOptions, ModelConfig, ModelFiles, ModelSource};
-use kiln_tensor::{BackendChoice, DType, Device, DeviceOptions};
+use kiln_tensor::{DType, Device, DeviceOptions};
 use kiln_tokenizer::Tokenizer;
 
 /// A failure worth one line on stderr.
@@ -27,21 +30,18 @@ pub(crate) struct Loaded {
 }
 
 /// `--dtype f16|f32` and `--quantize q8_0|q4_0|q4_1` (HF folders only).
-pub(crate) fn load_options(args: &Args) -> Result<LoadOptions, String> {
-    let dtype = match args.get("dtype") {
-        None => None,
-        Some("f16") => Some(DType::F16),
-        Some("f32") => Some(DType::F32),
-        Some(other) => return Err(format!("--dtype {other}: expected f16 or f32")),
-    };
-    let quantize = match args.get("quantize") {
-        None => None,
-        Some("q8_0") => Some(DType::Q8_0),
-        Some("q4_0") => Some(DType::Q4_0),
-        Some("q4_1") => Some(DType::Q4_1),
-        Some(other) => return Err(format!("--quantize {other}: expected q8_0, q4_0 or q4_1")),
-    };
-    Ok(LoadOptions { dtype, quantize })
+pub(crate) fn load_options(args: &LoadArgs) -> LoadOptions {
+    LoadOptions {
+        dtype: args.dtype.map(|d| match d {
+            WeightDtype::F16 => DType::F16,
+            WeightDtype::F32 => DType::F32,
+        }),
+        quantize: args.quantize.map(|q| match q {
+            Quantize::Q8_0 => DType::Q8_0,
+            Quantize::Q4_0 => DType::Q4_0,
+            Quantize::Q4_1 => DType::Q4_1,
+        }),
+    }
 }
 
 /// A `.gguf` file or a Hugging Face folder.
@@ -61,35 +61,49 @@ pub(crate) fn load(path: &str, options: LoadOptions) -> Result<Loaded, String> {
     })
 }
 
-pub(crate) fn device(args: &Args) -> Result<Device, String> {
-    let backend = match args.get("backend") {
-        Some(b) => b
-            .parse::<BackendChoice>()
-            .map_err(|e| format!("--backend: {e}"))?,
-        None => BackendChoice::from_env().map_err(|e| format!("KILN_BACKEND: {e}"))?,
-    };
+pub(crate) fn device(args: &DeviceArgs) -> Result<Device, String> {
     Device::new(&DeviceOptions {
-        backend,
+        backend: args.backend,
         ..DeviceOptions::default()
     })
     .map_err(|e| e.to_string())
 }
 
-fn tokenize(args: &Args) -> CmdResult {
-    let path = args.required("model")?;
-    let text = args.required("text")?;
-    let l = load(path, LoadOptions::default())?;
-    let ids = l.tokenizer.encode(text).map_err(|e| e.to_string())?;
+/// `kiln tokenize`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct TokenizeArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// The text to tokenize
+    #[arg(long, value_name = "TEXT", allow_hyphen_values = true)]
+    pub text: String,
+}
+
+/// `kiln info`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct InfoArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    #[command(flatten)]
+    pub device: DeviceArgs,
+    /// K/V cache memory in bytes to plan for
+    #[arg(long, value_name = "BYTES", default_value_t = 1 << 30)]
+    pub kv_cache_memory: u64,
+}
+
+fn tokenize(args: &TokenizeArgs) -> CmdResult {
+    let l = load(&args.model.model, LoadOptions::default())?;
+    let ids = l.tokenizer.encode(&args.text).map_err(|e| e.to_string())?;
     println!("{}", serde_json::json!({ "ids": ids }));
     Ok(())
 }
 
-fn info(args: &Args) -> CmdResult {
-    let path = args.required("model")?;
+fn info(args: &InfoArgs) -> CmdResult {
+    let path = &args.model.model;
     let l = load(path, LoadOptions::default())?;
     let cfg = &l.cfg;
-    let budget = args.parsed::<u64>("kv-cache-memory")?.unwrap_or(1 << 30);
-    let dev = device(args)?;
+    let budget = args.kv_cache_memory;
+    let dev = device(&args.device)?;
     println!("model: {path}");
     println!("device: {}", dev.info());
     println!("config: {cfg:#?}");
@@ -109,59 +123,31 @@ fn info(args: &Args) -> CmdResult {
     Ok(())
 }
 
-fn run(argv: &[String]) -> CmdResult {
-    let Some(cmd) = argv.first() else {
-        return Err(USAGE.to_string());
-    };
-    let rest = &argv[1..];
-    match cmd.as_str() {
-        "generate" => {
-            let allowed = [
-                "model",
-                "prompt",
-                "max-tokens",
-                "temperature",
-                "top-k",
-                "top-p",
-                "min-p",
-                "repetition-penalty",
-                "stop",
-                "seed",
-                "backend",
-                "json",
-                "chat",
-                "dtype",
-                "quantize",
-            ];
-            let allowed: Vec<&str> = allowed.iter().chain(speculative::FLAGS).copied().collect();
-            generate::run(&Args::parse(cmd, rest, &allowed)?)
-        }
-        "serve" => {
-            let allowed: Vec<&str> = serve::FLAGS
-                .iter()
-                .chain(speculative::FLAGS)
-                .copied()
-                .collect();
-            serve::run(&Args::parse(cmd, rest, &allowed)?)
-        }
-        "tokenize" => tokenize(&Args::parse(cmd, rest, &["model", "text"])?),
-        "info" => info(&Args::parse(
-            cmd,
-            rest,
-            &["model", "backend", "kv-cache-memory"],
-        )?),
-        "help" | "--help" | "-h" => {
-            println!("{USAGE}");
-            Ok(())
-        }
-        other => Err(format!("unknown command `{other}`\n{USAGE}")),
+fn run(command: &Command) -> CmdResult {
+    match command {
+        Command::Serve(a) => serve::run(a),
+        Command::Generate(a) => generate::run(a),
+        Command::Tokenize(a) => tokenize(a),
+        Command::Info(a) => info(a),
     }
 }
 
 fn main() -> ExitCode {
-    let argv: Vec<String> = std::env::args().skip(1).collect();
+    let argv: Vec<OsString> = std::env::args_os().collect();
+    let cli = match cli::parse(&argv) {
+        Ok(cli) => cli,
+        // `--help`, `--version`: stdout, exit 0.
+        Err(e) if !e.use_stderr() => {
+            let _ = e.print();
+            return ExitCode::SUCCESS;
+        }
+        Err(e) => {
+            eprintln!("kiln: {}", cli::message(&e, &argv));
+            return ExitCode::FAILURE;
+        }
+    };
     // A server logs what it does; the one-shot commands only warn.
-    let default_level = if argv.first().is_some_and(|c| c == "serve") {
+    let default_level = if matches!(cli.command, Command::Serve(_)) {
         "info"
     } else {
         "warn"
@@ -174,7 +160,7 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
-    match run(&argv) {
+    match run(&cli.command) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             let _ = std::io::stdout().flush();

@@ -11,42 +11,85 @@ use kiln_model::Model;
 use kiln_scheduler::SchedulerConfig;
 use kiln_server::{Server, ServerConfig};
 
-use crate::cli::Args;
-
-pub const FLAGS: &[&str] = &[
-    "model",
-    "model-id",
-    "listen",
-    "metrics-listen",
-    "backend",
-    "kv-cache-memory",
-    "kv-dtype",
-    "block-size",
-    "max-num-seqs",
-    "max-num-batched-tokens",
-    "max-waiting",
-    "max-model-len",
-    "max-new-tokens",
-    "default-max-new-tokens",
-    "api-key",
-    "drain-timeout",
-    "dtype",
-    "quantize",
-];
+use crate::args::{DeviceArgs, EngineArgs, LoadArgs, ModelArgs, SpeculativeArgs};
 
 const DEFAULT_LISTEN: &str = "127.0.0.1:50051";
 const DEFAULT_METRICS: &str = "127.0.0.1:9464";
-/// 512 MiB of K/V: ~22k tokens of the default model at f16.
-const DEFAULT_KV_BYTES: u64 = 512 << 20;
 
-fn addr(args: &Args, flag: &str, default: &str) -> Result<Option<SocketAddr>, String> {
-    let v = args.get(flag).unwrap_or(default);
-    if v == "off" {
-        return Ok(None);
-    }
+/// `kiln serve`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    #[command(flatten)]
+    pub load: LoadArgs,
+    /// The model's name in requests and model info [default: the file name without extension]
+    #[arg(long, value_name = "NAME")]
+    pub model_id: Option<String>,
+    /// gRPC address
+    #[arg(long, value_name = "HOST:PORT", default_value = DEFAULT_LISTEN, value_parser = listen_addr)]
+    pub listen: SocketAddr,
+    /// Prometheus address (/metrics), or off
+    #[arg(
+        long,
+        value_name = "HOST:PORT|off",
+        default_value = DEFAULT_METRICS,
+        value_parser = metrics_addr
+    )]
+    pub metrics_listen: MaybeAddr,
+    /// Every kiln.v1 call must carry `authorization: Bearer KEY` (empty: no key)
+    #[arg(
+        long,
+        value_name = "KEY",
+        env = "KILN_API_KEY",
+        hide_env_values = true,
+        allow_hyphen_values = true
+    )]
+    pub api_key: Option<String>,
+    /// Most new tokens a request may ask for [default: up to the context]
+    #[arg(long, value_name = "N")]
+    pub max_new_tokens: Option<usize>,
+    /// New tokens for a request that names no limit [default: 256]
+    #[arg(long, value_name = "N")]
+    pub default_max_new_tokens: Option<usize>,
+    /// On SIGTERM or Ctrl-C, how long running requests may finish [default: 30]
+    #[arg(long, value_name = "SECONDS", value_parser = seconds)]
+    pub drain_timeout: Option<Duration>,
+    // The groups with a heading of their own come last: a heading holds for the flags after it.
+    #[command(flatten)]
+    pub device: DeviceArgs,
+    #[command(flatten)]
+    pub engine: EngineArgs,
+    #[command(flatten)]
+    pub speculative: SpeculativeArgs,
+}
+
+/// A `HOST:PORT` address, or none (`off`).
+#[derive(Debug, Clone, Copy)]
+pub struct MaybeAddr(pub Option<SocketAddr>);
+
+fn addr(v: &str, default: &str) -> Result<SocketAddr, String> {
     v.parse()
-        .map(Some)
-        .map_err(|e| format!("--{flag} {v}: {e} (expected HOST:PORT, e.g. {default})"))
+        .map_err(|e| format!("{e} (expected HOST:PORT, e.g. {default})"))
+}
+
+fn listen_addr(v: &str) -> Result<SocketAddr, String> {
+    if v == "off" {
+        return Err("the gRPC server needs an address".into());
+    }
+    addr(v, DEFAULT_LISTEN)
+}
+
+fn metrics_addr(v: &str) -> Result<MaybeAddr, String> {
+    if v == "off" {
+        return Ok(MaybeAddr(None));
+    }
+    addr(v, DEFAULT_METRICS).map(|a| MaybeAddr(Some(a)))
+}
+
+fn seconds(v: &str) -> Result<Duration, String> {
+    let s = v.parse::<f64>().map_err(|e| e.to_string())?;
+    Duration::try_from_secs_f64(s).map_err(|e| format!("expected seconds >= 0 ({e})"))
 }
 
 /// Everything `serve` was told, checked before any work starts.
@@ -65,54 +108,39 @@ struct Plan {
     speculative: Option<kiln_engine::SpeculativeConfig>,
 }
 
-fn plan(args: &Args) -> Result<Plan, String> {
-    let path = args.required("model")?.to_owned();
-    let model_id = match args.get("model-id") {
-        Some(id) => id.to_owned(),
+fn plan(args: &ServeArgs) -> Result<Plan, String> {
+    let path = args.model.model.clone();
+    let model_id = match &args.model_id {
+        Some(id) => id.clone(),
         None => Path::new(&path)
             .file_stem()
             .map(|s| s.to_string_lossy().into_owned())
             .unwrap_or_else(|| path.clone()),
     };
     let mut server = ServerConfig::new(model_id);
-    server.api_key = args
-        .get("api-key")
-        .map(str::to_owned)
-        .or_else(|| std::env::var("KILN_API_KEY").ok())
-        .filter(|k| !k.is_empty());
-    if let Some(n) = args.parsed::<usize>("max-new-tokens")? {
+    server.api_key = args.api_key.clone().filter(|k| !k.is_empty());
+    if let Some(n) = args.max_new_tokens {
         server.max_new_tokens = Some(n);
     }
-    if let Some(n) = args.parsed::<usize>("default-max-new-tokens")? {
+    if let Some(n) = args.default_max_new_tokens {
         server.default_max_new_tokens = n;
     }
-    if let Some(s) = args.parsed::<f64>("drain-timeout")? {
-        if !(s.is_finite() && s >= 0.0) {
-            return Err(format!("--drain-timeout {s}: expected seconds >= 0"));
-        }
-        server.drain_timeout = Duration::from_secs_f64(s);
+    if let Some(d) = args.drain_timeout {
+        server.drain_timeout = d;
     }
-    let kv_dtype = match args.get("kv-dtype").unwrap_or("f16") {
-        "f16" => KvDtype::F16,
-        "f32" => KvDtype::F32,
-        "int8" => KvDtype::Int8,
-        other => return Err(format!("--kv-dtype {other}: expected f16, f32 or int8")),
-    };
+    let e = &args.engine;
     Ok(Plan {
-        listen: addr(args, "listen", DEFAULT_LISTEN)?
-            .ok_or("--listen off: the gRPC server needs an address")?,
-        metrics: addr(args, "metrics-listen", DEFAULT_METRICS)?,
+        listen: args.listen,
+        metrics: args.metrics_listen.0,
         server,
-        kv_bytes: args
-            .parsed::<u64>("kv-cache-memory")?
-            .unwrap_or(DEFAULT_KV_BYTES),
-        kv_dtype,
-        block_size: args.parsed::<u32>("block-size")?.unwrap_or(16),
-        max_num_seqs: args.parsed("max-num-seqs")?,
-        max_num_batched_tokens: args.parsed("max-num-batched-tokens")?,
-        max_waiting: args.parsed("max-waiting")?,
-        max_model_len: args.parsed("max-model-len")?,
-        speculative: crate::speculative::config(args)?,
+        kv_bytes: e.kv_cache_memory,
+        kv_dtype: e.kv_dtype,
+        block_size: e.block_size,
+        max_num_seqs: e.max_num_seqs,
+        max_num_batched_tokens: e.max_num_batched_tokens,
+        max_waiting: e.max_waiting,
+        max_model_len: e.max_model_len,
+        speculative: crate::speculative::config(&args.speculative)?,
         path,
     })
 }
@@ -122,7 +150,7 @@ fn start_engine(
     l: crate::Loaded,
     dev: kiln_tensor::Device,
     p: &Plan,
-    args: &Args,
+    args: &ServeArgs,
 ) -> Result<EngineHandle, String> {
     let start = Instant::now();
     let crate::Loaded {
@@ -160,12 +188,12 @@ fn start_engine(
     ecfg.kv_dtype = p.kv_dtype;
     ecfg.max_model_len = p.max_model_len;
     ecfg.speculative = p.speculative;
-    let draft = crate::speculative::draft(args, &dev)?;
+    let draft = crate::speculative::draft(&args.speculative, &dev)?;
     if let Some(s) = &p.speculative {
         tracing::info!(method = ?s.method, k = s.num_tokens, off_above = s.disable_batch_size, "speculative decoding");
     }
     Engine::start_with_draft(model, tokenizer, ecfg, draft)
-        .map_err(|e| crate::speculative::start_error(args, &p.path, &e))
+        .map_err(|e| crate::speculative::start_error(&args.speculative, &p.path, &e))
 }
 
 /// Resolves on SIGTERM or SIGINT (Ctrl-C).
@@ -193,13 +221,13 @@ async fn stop_signal() {
     }
 }
 
-pub fn run(args: &Args) -> Result<(), String> {
+pub fn run(args: &ServeArgs) -> Result<(), String> {
     let mut p = plan(args)?;
     // The quick part first, so a bad path or flag fails before anything listens: the config and
     // tokenizer (the weights are read later, while health already answers NOT_SERVING).
-    let loaded = crate::load(&p.path, crate::load_options(args)?)?;
+    let loaded = crate::load(&p.path, crate::load_options(&args.load))?;
     p.server.architecture = loaded.cfg.arch.name().to_owned();
-    let dev = crate::device(args)?;
+    let dev = crate::device(&args.device)?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("kiln-server")

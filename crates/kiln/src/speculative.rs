@@ -1,66 +1,54 @@
 //! The speculative-decoding flags shared by `serve` and `generate`:
-//! `--speculative ngram|draft`, `--draft-model PATH` (implies `draft`),
+//! `--speculative ngram|draft|off`, `--draft-model PATH` (implies `draft`),
 //! `--num-speculative-tokens K`, `--prompt-lookup-min N`, `--prompt-lookup-max N` and
-//! `--speculative-disable-batch-size N`.
+//! `--speculative-disable-batch-size N` ([`SpeculativeArgs`]). Rules that tie flags together
+//! are checked here, with messages that name the flags.
 
 use kiln_engine::{DraftModel, SpecMethod, SpeculativeConfig};
 use kiln_model::Model;
 use kiln_tensor::Device;
 
-use crate::cli::Args;
-
-pub const FLAGS: &[&str] = &[
-    "speculative",
-    "draft-model",
-    "num-speculative-tokens",
-    "prompt-lookup-min",
-    "prompt-lookup-max",
-    "speculative-disable-batch-size",
-];
+use crate::args::{SpecMethodArg, SpeculativeArgs};
 
 /// The speculative config the flags ask for (`None`: off).
-pub fn config(args: &Args) -> Result<Option<SpeculativeConfig>, String> {
-    let method = match (args.get("speculative"), args.get("draft-model")) {
-        (None | Some("off"), None) => {
-            for f in &FLAGS[2..] {
-                if args.get(f).is_some() {
-                    return Err(format!(
-                        "--{f} needs speculative decoding: add --speculative ngram or --draft-model PATH"
-                    ));
-                }
+pub fn config(args: &SpeculativeArgs) -> Result<Option<SpeculativeConfig>, String> {
+    let mut cfg = match (args.speculative, &args.draft_model) {
+        (None | Some(SpecMethodArg::Off), None) => {
+            let tuning = [
+                ("num-speculative-tokens", args.num_speculative_tokens),
+                ("prompt-lookup-min", args.prompt_lookup_min),
+                ("prompt-lookup-max", args.prompt_lookup_max),
+                (
+                    "speculative-disable-batch-size",
+                    args.speculative_disable_batch_size,
+                ),
+            ];
+            if let Some((f, _)) = tuning.iter().find(|(_, v)| v.is_some()) {
+                return Err(format!(
+                    "--{f} needs speculative decoding: add --speculative ngram or --draft-model PATH"
+                ));
             }
             return Ok(None);
         }
-        (Some("off"), Some(_)) => {
+        (Some(SpecMethodArg::Off), Some(_)) => {
             return Err("--draft-model conflicts with --speculative off".into());
         }
-        (Some("ngram"), Some(_)) => {
+        (Some(SpecMethodArg::Ngram), Some(_)) => {
             return Err("--draft-model needs --speculative draft (or no --speculative)".into());
         }
-        (Some("ngram"), None) => "ngram",
-        (Some("draft") | None, Some(_)) => "draft",
-        (Some("draft"), None) => return Err("--speculative draft needs --draft-model PATH".into()),
-        (Some(other), _) => {
-            return Err(format!(
-                "--speculative {other}: expected ngram, draft or off"
-            ));
+        (Some(SpecMethodArg::Ngram), None) => SpeculativeConfig::ngram(),
+        (Some(SpecMethodArg::Draft) | None, Some(_)) => SpeculativeConfig::draft(),
+        (Some(SpecMethodArg::Draft), None) => {
+            return Err("--speculative draft needs --draft-model PATH".into());
         }
     };
-    let mut cfg = if method == "ngram" {
-        SpeculativeConfig::ngram()
-    } else {
-        SpeculativeConfig::draft()
-    };
-    if let Some(k) = args.parsed::<usize>("num-speculative-tokens")? {
+    if let Some(k) = args.num_speculative_tokens {
         cfg.num_tokens = k;
     }
-    if let Some(n) = args.parsed::<usize>("speculative-disable-batch-size")? {
+    if let Some(n) = args.speculative_disable_batch_size {
         cfg.disable_batch_size = n;
     }
-    let (min, max) = (
-        args.parsed::<usize>("prompt-lookup-min")?,
-        args.parsed::<usize>("prompt-lookup-max")?,
-    );
+    let (min, max) = (args.prompt_lookup_min, args.prompt_lookup_max);
     match &mut cfg.method {
         SpecMethod::Ngram { min_n, max_n } => {
             *min_n = min.unwrap_or(*min_n);
@@ -83,8 +71,8 @@ pub fn config(args: &Args) -> Result<Option<SpeculativeConfig>, String> {
 }
 
 /// Loads `--draft-model` onto `dev` (the target's device), if given.
-pub fn draft(args: &Args, dev: &Device) -> Result<Option<DraftModel>, String> {
-    let Some(path) = args.get("draft-model") else {
+pub fn draft(args: &SpeculativeArgs, dev: &Device) -> Result<Option<DraftModel>, String> {
+    let Some(path) = &args.draft_model else {
         return Ok(None);
     };
     let l = crate::load(path, kiln_model::LoadOptions::default())
@@ -98,8 +86,8 @@ pub fn draft(args: &Args, dev: &Device) -> Result<Option<DraftModel>, String> {
 }
 
 /// `Engine::start_with_draft`'s error, naming the draft's file when it is about the draft.
-pub fn start_error(args: &Args, target: &str, e: &kiln_engine::StartError) -> String {
-    match (e, args.get("draft-model")) {
+pub fn start_error(args: &SpeculativeArgs, target: &str, e: &kiln_engine::StartError) -> String {
+    match (e, &args.draft_model) {
         (kiln_engine::StartError::Config { field, reason }, Some(path))
             if *field == "draft_model" =>
         {

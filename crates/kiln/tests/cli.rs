@@ -343,3 +343,135 @@ fn generate_from_an_hf_folder_matches_the_gguf() {
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// `kiln <command> --help` prints every flag of the command on stdout and exits 0.
+#[test]
+fn help_lists_every_flag() {
+    let help = |args: &[&str]| stdout(&kiln(args));
+    let speculative = [
+        "--speculative",
+        "--draft-model",
+        "--num-speculative-tokens",
+        "--prompt-lookup-min",
+        "--prompt-lookup-max",
+        "--speculative-disable-batch-size",
+    ];
+    let serve = help(&["serve", "--help"]);
+    for flag in [
+        "--model",
+        "--model-id",
+        "--listen",
+        "--metrics-listen",
+        "--backend",
+        "KILN_BACKEND",
+        "--api-key",
+        "KILN_API_KEY",
+        "--kv-cache-memory",
+        "--kv-dtype",
+        "--block-size",
+        "--max-num-seqs",
+        "--max-num-batched-tokens",
+        "--max-waiting",
+        "--max-model-len",
+        "--max-new-tokens",
+        "--default-max-new-tokens",
+        "--drain-timeout",
+        "--dtype",
+        "--quantize",
+    ]
+    .iter()
+    .chain(&speculative)
+    {
+        assert!(serve.contains(flag), "serve --help lacks {flag}:\n{serve}");
+    }
+    let generate = help(&["generate", "--help"]);
+    for flag in [
+        "--model",
+        "--prompt",
+        "--max-tokens",
+        "--temperature",
+        "--top-k",
+        "--top-p",
+        "--min-p",
+        "--repetition-penalty",
+        "--stop",
+        "--seed",
+        "--backend",
+        "--chat",
+        "--json",
+        "--dtype",
+        "--quantize",
+    ]
+    .iter()
+    .chain(&speculative)
+    {
+        assert!(
+            generate.contains(flag),
+            "generate --help lacks {flag}:\n{generate}"
+        );
+    }
+    let info = help(&["info", "--help"]);
+    for flag in ["--model", "--backend", "--kv-cache-memory"] {
+        assert!(info.contains(flag), "info --help lacks {flag}:\n{info}");
+    }
+    assert!(help(&["tokenize", "-h"]).contains("--text"));
+    let top = help(&["--help"]);
+    for cmd in ["serve", "generate", "tokenize", "info"] {
+        assert!(top.contains(cmd), "{top}");
+    }
+    assert!(help(&["help", "serve"]).contains("--kv-cache-memory"));
+    assert!(help(&["--version"]).contains(env!("CARGO_PKG_VERSION")));
+}
+
+/// `--backend` defaults to `KILN_BACKEND` (empty: auto); the flag wins over it, and a bad
+/// value is one line that names the variable.
+#[test]
+fn kiln_backend_env_is_the_default_of_backend() {
+    let m = model();
+    let info = |env: &str, extra: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_kiln"))
+            .args(["info", "--model", &m])
+            .args(extra)
+            .env("KILN_BACKEND", env)
+            .output()
+            .unwrap()
+    };
+    let cpu = stdout(&info("cpu", &[]));
+    assert!(cpu.contains("device: kiln CPU reference"), "{cpu}");
+    let flag_wins = stdout(&info("tpu", &["--backend", "cpu"]));
+    assert!(
+        flag_wins.contains("device: kiln CPU reference"),
+        "{flag_wins}"
+    );
+    stdout(&info("", &[]));
+    let bad = info("tpu", &[]);
+    fails_with(&bad, "KILN_BACKEND=tpu");
+    assert_eq!(String::from_utf8_lossy(&bad.stderr).lines().count(), 1);
+}
+
+/// Parse errors are one line prefixed `kiln: `, and a bare `kiln` names the commands.
+#[test]
+fn parse_errors_are_one_line() {
+    for (args, needle) in [
+        (&[][..], "missing command"),
+        (&["serve"][..], "missing --model"),
+        (
+            &["generate", "--model", "m", "--prompt"][..],
+            "--prompt needs a value",
+        ),
+        (
+            &["info", "--model", "m", "stray"][..],
+            "unexpected argument `stray`",
+        ),
+        (
+            &["tokenize", "--model", "m", "--text", "x", "--dtype", "f16"][..],
+            "--dtype",
+        ),
+    ] {
+        let o = kiln(args);
+        fails_with(&o, needle);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
+        assert!(err.starts_with("kiln: "), "{err}");
+    }
+}

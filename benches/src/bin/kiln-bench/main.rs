@@ -18,6 +18,7 @@
 //! `<out>/kiln-bench-<unix-seconds>.json` and `<out>/latest.json`.
 
 mod args;
+mod cli;
 mod llama_cpp;
 mod profile;
 mod report;
@@ -49,17 +50,12 @@ const WARM_PROMPT: usize = 64;
 const WARM_BATCH: usize = 16;
 
 fn main() -> ExitCode {
-    let argv: Vec<String> = std::env::args().skip(1).collect();
-    let env_backend = std::env::var("KILN_BACKEND").ok();
-    let args = match args::parse(&argv, env_backend.as_deref()) {
-        Ok(Some(a)) => a,
-        Ok(None) => {
-            print!("{}", args::USAGE);
-            return ExitCode::SUCCESS;
-        }
+    let args = match cli::parse(std::env::args_os()) {
+        Ok(a) => a,
+        // `--help` (stdout, 0) or a usage error (stderr, 2).
         Err(e) => {
-            eprintln!("kiln-bench: {e:#}\n\n{}", args::USAGE);
-            return ExitCode::from(2);
+            let _ = e.print();
+            return ExitCode::from(u8::try_from(e.exit_code()).unwrap_or(2));
         }
     };
     let result = tokio::runtime::Builder::new_current_thread()

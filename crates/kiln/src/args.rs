@@ -1,0 +1,131 @@
+//! The flag groups the `kiln` commands share, each defined once and flattened
+//! (`#[command(flatten)]`) into every command that takes it.
+
+use clap::{Args, ValueEnum};
+use kiln_kv::KvDtype;
+use kiln_tensor::{BackendChoice, TensorError};
+
+/// `--model PATH`: what every command runs on.
+#[derive(Debug, Clone, Args)]
+pub struct ModelArgs {
+    /// A .gguf file or a Hugging Face folder (config.json, tokenizer files, model.safetensors
+    /// or model.safetensors.index.json)
+    #[arg(long, value_name = "PATH")]
+    pub model: String,
+}
+
+/// How the weights of a Hugging Face folder are loaded (`serve`, `generate`).
+#[derive(Debug, Clone, Args)]
+pub struct LoadArgs {
+    /// Weight type of a Hugging Face folder's float tensors [default: as stored]
+    #[arg(long, value_enum, value_name = "DTYPE")]
+    pub dtype: Option<WeightDtype>,
+    /// Quantize a Hugging Face folder's weights while loading
+    #[arg(long, value_enum, value_name = "TYPE")]
+    pub quantize: Option<Quantize>,
+}
+
+/// `--dtype`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum WeightDtype {
+    F16,
+    F32,
+}
+
+/// `--quantize`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Quantize {
+    #[value(name = "q8_0")]
+    Q8_0,
+    #[value(name = "q4_0")]
+    Q4_0,
+    #[value(name = "q4_1")]
+    Q4_1,
+}
+
+/// `--backend` (env `KILN_BACKEND`).
+#[derive(Debug, Clone, Args)]
+pub struct DeviceArgs {
+    /// Device: `auto` takes the best adapter and falls back to the CPU reference backend
+    #[arg(
+        long,
+        env = "KILN_BACKEND",
+        value_name = "auto|wgpu|cpu",
+        default_value = "auto",
+        value_parser = backend
+    )]
+    pub backend: BackendChoice,
+}
+
+/// A `--backend` name; an empty one (as in `KILN_BACKEND=`) is `auto`.
+fn backend(s: &str) -> Result<BackendChoice, TensorError> {
+    if s.trim().is_empty() {
+        Ok(BackendChoice::Auto)
+    } else {
+        s.parse()
+    }
+}
+
+/// The engine's memory and batching limits (`serve`).
+#[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "Engine")]
+pub struct EngineArgs {
+    /// K/V cache memory in bytes (512 MiB: ~22k tokens of the default model at f16)
+    #[arg(long, value_name = "BYTES", default_value_t = 512 << 20)]
+    pub kv_cache_memory: u64,
+    /// K/V cache element type
+    #[arg(long, value_name = "f16|f32|int8", default_value = "f16")]
+    pub kv_dtype: KvDtype,
+    /// Tokens per K/V block
+    #[arg(long, value_name = "N", default_value_t = 16)]
+    pub block_size: u32,
+    /// Most sequences in one step [default: 64]
+    #[arg(long, value_name = "N")]
+    pub max_num_seqs: Option<usize>,
+    /// Most tokens in one step [default: 512]
+    #[arg(long, value_name = "N")]
+    pub max_num_batched_tokens: Option<usize>,
+    /// Most requests waiting for a slot [default: 256]
+    #[arg(long, value_name = "N")]
+    pub max_waiting: Option<usize>,
+    /// Longest sequence, prompt and output [default: the model's context]
+    #[arg(long, value_name = "N")]
+    pub max_model_len: Option<usize>,
+}
+
+/// Speculative decoding (`serve`, `generate`); the consistency rules are
+/// `crate::speculative::config`'s.
+#[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "Speculative decoding (off by default)")]
+pub struct SpeculativeArgs {
+    /// How drafts are made: prompt lookup, or a draft model
+    #[arg(long, value_enum, value_name = "METHOD")]
+    pub speculative: Option<SpecMethodArg>,
+    /// The draft model (.gguf or Hugging Face folder) with the target's tokenizer; implies
+    /// --speculative draft
+    #[arg(long, value_name = "PATH")]
+    pub draft_model: Option<String>,
+    /// Tokens drafted per step, 1..=64 [default: 4]
+    #[arg(long, value_name = "K")]
+    pub num_speculative_tokens: Option<usize>,
+    /// ngram: shortest n-gram looked up [default: 1]
+    #[arg(long, value_name = "N")]
+    pub prompt_lookup_min: Option<usize>,
+    /// ngram: longest n-gram looked up [default: 3]
+    #[arg(long, value_name = "N")]
+    pub prompt_lookup_max: Option<usize>,
+    /// No speculation in a step while more sequences than this run [default: 8]
+    #[arg(long, value_name = "N")]
+    pub speculative_disable_batch_size: Option<usize>,
+}
+
+/// `--speculative`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum SpecMethodArg {
+    /// Prompt lookup: no second model
+    Ngram,
+    /// A draft model (--draft-model)
+    Draft,
+    /// No speculative decoding
+    Off,
+}
