@@ -249,7 +249,9 @@ fn transitive_dependencies_are_caught() {
     let e = check(&gpu).unwrap_err();
     assert!(
         e.contains("kiln-kv links wgpu (kiln-kv -> kiln-tensor -> wgpu)")
-            || e.contains("kiln-scheduler links wgpu (kiln-scheduler -> kiln-kv -> kiln-tensor -> wgpu)"),
+            || e.contains(
+                "kiln-scheduler links wgpu (kiln-scheduler -> kiln-kv -> kiln-tensor -> wgpu)"
+            ),
         "{e}"
     );
     let proto = graph(&[("kiln-engine", "tonic-health"), ("tonic-health", "prost")]);

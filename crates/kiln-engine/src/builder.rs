@@ -76,7 +76,7 @@ impl Checkpoint {
         )
         .map_err(|source| BuildError::Weights {
             path: self.path.clone(),
-            source,
+            source: Box::new(source),
         })?;
         Ok((model, self.tokenizer))
     }
@@ -91,6 +91,16 @@ pub enum KvSize {
     Blocks(u32),
     /// Room for one sequence of this many tokens (a one-shot `kiln generate`).
     Tokens(usize),
+}
+
+impl std::fmt::Display for KvSize {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            KvSize::Bytes(b) => write!(f, "{b} bytes"),
+            KvSize::Blocks(n) => write!(f, "{n} blocks"),
+            KvSize::Tokens(t) => write!(f, "room for {t} tokens"),
+        }
+    }
 }
 
 /// Everything but the model that shapes an engine. `None` keeps the scheduler's default.
@@ -275,10 +285,10 @@ pub enum BuildError {
     Weights {
         path: PathBuf,
         #[source]
-        source: ModelError,
+        source: Box<ModelError>,
     },
     /// The KV pool the options ask for cannot exist.
-    #[error("KV cache of {size:?}")]
+    #[error("KV cache of {size}")]
     KvPlan {
         size: KvSize,
         #[source]

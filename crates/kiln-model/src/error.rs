@@ -29,7 +29,7 @@ pub enum ModelError {
         file: String,
         tensor: String,
         #[source]
-        source: kiln_tensor::TensorError,
+        source: Box<kiln_tensor::TensorError>,
     },
     #[error("{file}: {problem}")]
     Format { file: String, problem: String },

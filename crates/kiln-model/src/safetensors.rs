@@ -237,8 +237,8 @@ pub fn encode_safetensors(
         header.insert(name.clone(), Value::Object(e));
         offset += data.len();
     }
-    let mut json = serde_json::to_vec(&Value::Object(header))
-        .map_err(|source| ModelError::Json {
+    let mut json =
+        serde_json::to_vec(&Value::Object(header)).map_err(|source| ModelError::Json {
             file: "(safetensors writer)".into(),
             source,
         })?;
@@ -453,7 +453,7 @@ impl WeightSource for HfSource {
             r.map_err(|source| ModelError::Upload {
                 file: file.name().into(),
                 tensor: name.clone(),
-                source,
+                source: Box::new(source),
             })
         };
         if let Some(q) = self.options.quantize

@@ -166,7 +166,7 @@ impl WeightSource for GgufSource {
         Tensor::from_bytes(device, dtype, shape, data).map_err(|source| ModelError::Upload {
             file: self.describe().into(),
             tensor: name.clone(),
-            source,
+            source: Box::new(source),
         })
     }
 }

@@ -2,6 +2,7 @@
 //! (`#[command(flatten)]`) into every command that takes it.
 
 use clap::{Args, ValueEnum};
+use kiln_engine::{EngineOptions, KvSize};
 use kiln_kv::KvDtype;
 use kiln_tensor::{BackendChoice, TensorError};
 
@@ -91,6 +92,19 @@ pub struct EngineArgs {
     /// Longest sequence, prompt and output [default: the model's context]
     #[arg(long, value_name = "N")]
     pub max_model_len: Option<usize>,
+}
+
+impl EngineArgs {
+    /// These limits, into the engine options.
+    pub fn apply(&self, opts: &mut EngineOptions) {
+        opts.kv_size = KvSize::Bytes(self.kv_cache_memory);
+        opts.kv_dtype = self.kv_dtype;
+        opts.block_size = self.block_size;
+        opts.max_num_seqs = self.max_num_seqs;
+        opts.max_num_batched_tokens = self.max_num_batched_tokens;
+        opts.max_waiting = self.max_waiting;
+        opts.max_model_len = self.max_model_len;
+    }
 }
 
 /// Speculative decoding (`serve`, `generate`); the consistency rules are

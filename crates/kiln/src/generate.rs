@@ -1,19 +1,16 @@
 //! `kiln generate`: one prompt through the engine, streamed to stdout.
 
 use std::io::{IsTerminal, Write};
-use std::time::Instant;
 
-use kiln_engine::{Engine, EngineConfig, EngineError, Event, Request, SamplingParams};
-use kiln_kv::BlockManagerConfig;
-use kiln_model::Model;
-use kiln_scheduler::SchedulerConfig;
+use kiln_engine::{
+    EngineError, EngineOptions, Event, KvSize, Request, SamplingParams, error_chain,
+};
 use kiln_tokenizer::{ChatMessage, ChatOptions};
 
 use crate::args::{DeviceArgs, LoadArgs, ModelArgs, SpeculativeArgs};
 
 /// Prompt tokens per forward step: bounds activation memory for long prompts.
 const PREFILL_CHUNK: usize = 512;
-const BLOCK: u32 = 16;
 /// Files above this size get a loading progress bar.
 const PROGRESS_BYTES: u64 = 256 << 20;
 
@@ -90,7 +87,11 @@ fn sampling(args: &SamplingArgs) -> SamplingParams {
 /// Engine errors in the words of the flags that caused them.
 fn flag_error(e: EngineError) -> String {
     match e {
-        EngineError::InvalidArgument { field, reason } => {
+        EngineError::InvalidArgument {
+            field,
+            reason,
+            source,
+        } => {
             let flag = match field.as_str() {
                 "sampling.temperature" => "--temperature",
                 "sampling.top_p" => "--top-p",
@@ -101,27 +102,28 @@ fn flag_error(e: EngineError) -> String {
                 "prompt" | "prompt.token_ids" => "--prompt",
                 other => other,
             };
-            format!("{flag}: {reason}")
+            match source {
+                Some(cause) => format!("{flag}: {reason}: {}", error_chain(cause.as_ref())),
+                None => format!("{flag}: {reason}"),
+            }
         }
-        other => other.to_string(),
+        other => error_chain(&other),
     }
 }
 
 pub fn run(args: &GenerateArgs) -> Result<(), String> {
     let path = args.model.model.as_str();
-    let speculative = crate::speculative::config(&args.speculative)?;
+    // Flags first: a bad combination fails before any file is read.
+    crate::speculative::config(&args.speculative)?;
     let prompt = args.prompt.as_str();
     let max_tokens = args.max_tokens;
     let params = sampling(&args.sampling);
     let seed = args.seed;
     let json = args.json;
 
-    let crate::Loaded {
-        files,
-        cfg,
-        tokenizer,
-    } = crate::load(path, crate::load_options(&args.load))?;
+    let checkpoint = crate::open(path, crate::load_options(&args.load))?;
     let dev = crate::device(&args.device)?;
+    let tokenizer = checkpoint.tokenizer();
     let text = if args.chat {
         tokenizer
             .apply_chat_template(
@@ -130,15 +132,25 @@ pub fn run(args: &GenerateArgs) -> Result<(), String> {
                     add_generation_prompt: true,
                 },
             )
-            .map_err(|e| format!("{path}: chat template: {e}"))?
+            .map_err(|e| format!("{path}: chat template: {}", error_chain(&e)))?
     } else {
         prompt.to_string()
     };
-    let prompt_ids = tokenizer.encode(&text).map_err(|e| e.to_string())?;
-    let load_start = Instant::now();
+    let prompt_ids = tokenizer.encode(&text).map_err(|e| error_chain(&e))?;
+    // A pool for this one sequence: prompt plus generated tokens (capped by the context), one
+    // sequence a step, long prompts in chunks (bounding activation memory).
+    let mut opts = EngineOptions {
+        kv_size: KvSize::Tokens(prompt_ids.len() + max_tokens),
+        watermark: Some(0.0),
+        max_num_seqs: Some(1),
+        max_num_batched_tokens: Some(PREFILL_CHUNK),
+        ..EngineOptions::new(dev.clone())
+    };
+    crate::speculative::apply(&args.speculative, &mut opts)?;
     // A progress bar for files that take a while, when a person is watching.
-    let show_progress =
-        !json && std::io::stderr().is_terminal() && files.stored_bytes() > PROGRESS_BYTES;
+    let show_progress = !json
+        && std::io::stderr().is_terminal()
+        && checkpoint.files().stored_bytes() > PROGRESS_BYTES;
     let mut progress = |done: usize, total: usize| {
         if show_progress {
             let width = 40;
@@ -153,13 +165,11 @@ pub fn run(args: &GenerateArgs) -> Result<(), String> {
             }
         }
     };
-    let model = Model::load_with_progress(&dev, cfg.clone(), files.weights(), &mut progress)
-        .map_err(|e| e.to_string())?;
-    let load_ms = ms(load_start.elapsed());
-    let weight_bytes = model.weight_bytes();
-    // The weights live on the device now (or in the model's own host tensors on the CPU
-    // backend): release the file bytes.
-    drop(files);
+    let built = kiln_engine::build(checkpoint, &opts, &mut progress)
+        .map_err(|e| crate::build_error(&e, path, args.speculative.draft_model.as_deref()))?;
+    let load_ms = ms(built.load_time);
+    let weight_bytes = built.weight_bytes;
+    let engine = built.engine;
     if !json {
         eprintln!(
             "kiln: {:.1} MiB of weights on {} in {load_ms:.0} ms",
@@ -167,22 +177,6 @@ pub fn run(args: &GenerateArgs) -> Result<(), String> {
             dev.info().name
         );
     }
-
-    // A pool for this one sequence: prompt plus generated tokens, capped by the context.
-    let context = (prompt_ids.len() + max_tokens).min(cfg.max_position);
-    let blocks = context.div_ceil(BLOCK as usize) as u32 + 1;
-    let mut sched = SchedulerConfig::new(BlockManagerConfig {
-        block_size: BLOCK,
-        watermark: 0.0,
-        ..BlockManagerConfig::new(blocks)
-    });
-    sched.max_num_seqs = 1;
-    sched.max_num_batched_tokens = PREFILL_CHUNK;
-    let mut ecfg = EngineConfig::new(sched);
-    ecfg.speculative = speculative;
-    let draft = crate::speculative::draft(&args.speculative, &dev)?;
-    let engine = Engine::start_with_draft(model, tokenizer, ecfg, draft)
-        .map_err(|e| crate::speculative::start_error(&args.speculative, path, &e))?;
     let mut request = Request::tokens(prompt_ids.clone()).sampling(params, seed);
     request.stopping.max_new_tokens = Some(max_tokens);
     if let Some(stop) = &args.stop {

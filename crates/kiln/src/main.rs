@@ -14,20 +14,12 @@ use std::process::ExitCode;
 
 use args::{DeviceArgs, LoadArgs, ModelArgs, Quantize, WeightDtype};
 use cli::Command;
-use kiln_kv::{KvBudget, KvDtype, KvPlan, KvPlanConfig};
-use kiln_model::{LoadOptions, ModelConfig, ModelFiles, ModelSource};
+use kiln_engine::{BuildError, Checkpoint, EngineOptions, KvSize, StartError, error_chain};
+use kiln_model::LoadOptions;
 use kiln_tensor::{DType, Device, DeviceOptions};
-use kiln_tokenizer::Tokenizer;
 
 /// A failure worth one line on stderr.
 type CmdResult = Result<(), String>;
-
-/// The model's files, its config and its tokenizer.
-pub(crate) struct Loaded {
-    pub files: ModelFiles,
-    pub cfg: ModelConfig,
-    pub tokenizer: Tokenizer,
-}
 
 /// `--dtype f16|f32` and `--quantize q8_0|q4_0|q4_1` (HF folders only).
 pub(crate) fn load_options(args: &LoadArgs) -> LoadOptions {
@@ -44,21 +36,38 @@ pub(crate) fn load_options(args: &LoadArgs) -> LoadOptions {
     }
 }
 
-/// A `.gguf` file or a Hugging Face folder.
-pub(crate) fn load(path: &str, options: LoadOptions) -> Result<Loaded, String> {
-    let files = ModelFiles::open(Path::new(path), options).map_err(|e| e.to_string())?;
-    let tokenizer = match files.source() {
-        ModelSource::Gguf(g) => Tokenizer::from_gguf_metadata(g.file().metadata())
-            .map_err(|e| format!("{path}: {e}"))?,
-        ModelSource::Hf { dir, .. } => {
-            Tokenizer::from_hf_dir(dir).map_err(|e| format!("{path}: {e}"))?
+/// A `.gguf` file or a Hugging Face folder, opened: config and tokenizer read (quick), weights
+/// not yet loaded. The error names the file and keeps its causes.
+pub(crate) fn open(path: &str, options: LoadOptions) -> Result<Checkpoint, String> {
+    Checkpoint::open(Path::new(path), options).map_err(|e| error_chain(&e))
+}
+
+/// A failed engine build in the words of the flags: the draft model's problems name
+/// `--draft-model`, a pool that cannot exist names `--kv-cache-memory`, anything else the
+/// target model's path. Every cause in the chain is kept.
+pub(crate) fn build_error(e: &BuildError, target: &str, draft: Option<&str>) -> String {
+    match (e, draft) {
+        (BuildError::Draft { source, .. }, Some(path)) => {
+            format!("--draft-model {path}: {}", error_chain(source.as_ref()))
         }
-    };
-    Ok(Loaded {
-        cfg: files.config().clone(),
-        files,
-        tokenizer,
-    })
+        (BuildError::Start(StartError::Config { field, reason }), Some(path))
+            if *field == "draft_model" =>
+        {
+            format!("--draft-model {path}: {reason}")
+        }
+        (
+            BuildError::KvPlan {
+                size: KvSize::Bytes(bytes),
+                source,
+            },
+            _,
+        ) => format!("--kv-cache-memory {bytes}: {}", error_chain(source)),
+        // These name their file themselves.
+        (BuildError::Model(_) | BuildError::Tokenizer { .. } | BuildError::Weights { .. }, _) => {
+            error_chain(e)
+        }
+        _ => format!("{target}: {}", error_chain(e)),
+    }
 }
 
 pub(crate) fn device(args: &DeviceArgs) -> Result<Device, String> {
@@ -66,7 +75,7 @@ pub(crate) fn device(args: &DeviceArgs) -> Result<Device, String> {
         backend: args.backend,
         ..DeviceOptions::default()
     })
-    .map_err(|e| e.to_string())
+    .map_err(|e| error_chain(&e))
 }
 
 /// `kiln tokenize`.
@@ -92,33 +101,34 @@ pub struct InfoArgs {
 }
 
 fn tokenize(args: &TokenizeArgs) -> CmdResult {
-    let l = load(&args.model.model, LoadOptions::default())?;
-    let ids = l.tokenizer.encode(&args.text).map_err(|e| e.to_string())?;
+    let c = open(&args.model.model, LoadOptions::default())?;
+    let ids = c
+        .tokenizer()
+        .encode(&args.text)
+        .map_err(|e| error_chain(&e))?;
     println!("{}", serde_json::json!({ "ids": ids }));
     Ok(())
 }
 
 fn info(args: &InfoArgs) -> CmdResult {
     let path = &args.model.model;
-    let l = load(path, LoadOptions::default())?;
-    let cfg = &l.cfg;
-    let budget = args.kv_cache_memory;
+    let c = open(path, LoadOptions::default())?;
+    let cfg = c.config();
     let dev = device(&args.device)?;
     println!("model: {path}");
     println!("device: {}", dev.info());
     println!("config: {cfg:#?}");
-    let weights = l.files.stored_bytes();
+    let weights = c.files().stored_bytes();
     println!(
         "weights: {weights} bytes ({:.1} MiB) as stored",
         weights as f64 / (1 << 20) as f64
     );
-    let plan = KvPlan::new(&KvPlanConfig {
-        shape: cfg.kv_shape(KvDtype::F16),
-        block_size: 16,
-        max_seq_len: cfg.max_position,
-        budget: KvBudget::Bytes(budget),
-    })
-    .map_err(|e| format!("--kv-cache-memory {budget}: {e}"))?;
+    // The pool `kiln serve --kv-cache-memory` would plan (its other defaults).
+    let opts = EngineOptions {
+        kv_size: KvSize::Bytes(args.kv_cache_memory),
+        ..EngineOptions::new(dev)
+    };
+    let plan = opts.kv_plan(cfg).map_err(|e| build_error(&e, path, None))?;
     println!("kv cache: {}", plan.explain());
     Ok(())
 }

@@ -3,13 +3,11 @@
 
 use std::net::SocketAddr;
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use kiln_engine::{Engine, EngineConfig, EngineHandle};
-use kiln_kv::{KvBudget, KvDtype, KvPlan, KvPlanConfig};
-use kiln_model::Model;
-use kiln_scheduler::SchedulerConfig;
+use kiln_engine::{EngineOptions, error_chain};
 use kiln_server::{Server, ServerConfig};
+use kiln_tensor::Device;
 
 use crate::args::{DeviceArgs, EngineArgs, LoadArgs, ModelArgs, SpeculativeArgs};
 
@@ -98,14 +96,7 @@ struct Plan {
     listen: SocketAddr,
     metrics: Option<SocketAddr>,
     server: ServerConfig,
-    kv_bytes: u64,
-    kv_dtype: KvDtype,
-    block_size: u32,
-    max_num_seqs: Option<usize>,
-    max_num_batched_tokens: Option<usize>,
-    max_waiting: Option<usize>,
-    max_model_len: Option<usize>,
-    speculative: Option<kiln_engine::SpeculativeConfig>,
+    engine: EngineOptions,
 }
 
 fn plan(args: &ServeArgs) -> Result<Plan, String> {
@@ -128,72 +119,17 @@ fn plan(args: &ServeArgs) -> Result<Plan, String> {
     if let Some(d) = args.drain_timeout {
         server.drain_timeout = d;
     }
-    let e = &args.engine;
+    // The device is opened once the model's files check out (see `run`).
+    let mut engine = EngineOptions::new(Device::Cpu);
+    args.engine.apply(&mut engine);
+    crate::speculative::apply(&args.speculative, &mut engine)?;
     Ok(Plan {
         listen: args.listen,
         metrics: args.metrics_listen.0,
         server,
-        kv_bytes: e.kv_cache_memory,
-        kv_dtype: e.kv_dtype,
-        block_size: e.block_size,
-        max_num_seqs: e.max_num_seqs,
-        max_num_batched_tokens: e.max_num_batched_tokens,
-        max_waiting: e.max_waiting,
-        max_model_len: e.max_model_len,
-        speculative: crate::speculative::config(&args.speculative)?,
+        engine,
         path,
     })
-}
-
-/// Uploads the weights and starts the engine (blocking: runs off the async workers).
-fn start_engine(
-    l: crate::Loaded,
-    dev: kiln_tensor::Device,
-    p: &Plan,
-    args: &ServeArgs,
-) -> Result<EngineHandle, String> {
-    let start = Instant::now();
-    let crate::Loaded {
-        files,
-        cfg,
-        tokenizer,
-    } = l;
-    let model = Model::load(&dev, cfg.clone(), files.weights()).map_err(|e| e.to_string())?;
-    drop(files);
-    let kv = KvPlan::new(&KvPlanConfig {
-        shape: cfg.kv_shape(p.kv_dtype),
-        block_size: p.block_size,
-        max_seq_len: p.max_model_len.unwrap_or(cfg.max_position),
-        budget: KvBudget::Bytes(p.kv_bytes),
-    })
-    .map_err(|e| format!("--kv-cache-memory {}: {e}", p.kv_bytes))?;
-    tracing::info!(
-        weights_mib = model.weight_bytes() as f64 / f64::from(1 << 20),
-        device = %dev.info(),
-        kv = %kv.explain(),
-        ms = start.elapsed().as_millis() as u64,
-        "model loaded"
-    );
-    let mut sched = SchedulerConfig::new(kv.block_manager_config());
-    if let Some(n) = p.max_num_seqs {
-        sched.max_num_seqs = n;
-    }
-    if let Some(n) = p.max_num_batched_tokens {
-        sched.max_num_batched_tokens = n;
-    }
-    if let Some(n) = p.max_waiting {
-        sched.max_waiting = n;
-    }
-    let mut ecfg = EngineConfig::new(sched);
-    ecfg.kv_dtype = p.kv_dtype;
-    ecfg.max_model_len = p.max_model_len;
-    ecfg.speculative = p.speculative;
-    let draft = crate::speculative::draft(&args.speculative, &dev)?;
-    if let Some(s) = &p.speculative {
-        tracing::info!(method = ?s.method, k = s.num_tokens, off_above = s.disable_batch_size, "speculative decoding");
-    }
-    Engine::start_with_draft(model, tokenizer, ecfg, draft)
-        .map_err(|e| crate::speculative::start_error(&args.speculative, &p.path, &e))
 }
 
 /// Resolves on SIGTERM or SIGINT (Ctrl-C).
@@ -225,9 +161,9 @@ pub fn run(args: &ServeArgs) -> Result<(), String> {
     let mut p = plan(args)?;
     // The quick part first, so a bad path or flag fails before anything listens: the config and
     // tokenizer (the weights are read later, while health already answers NOT_SERVING).
-    let loaded = crate::load(&p.path, crate::load_options(&args.load))?;
-    p.server.architecture = loaded.cfg.arch.name().to_owned();
-    let dev = crate::device(&args.device)?;
+    let checkpoint = crate::open(&p.path, crate::load_options(&args.load))?;
+    p.server.architecture = checkpoint.config().arch.name().to_owned();
+    p.engine.device = crate::device(&args.device)?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("kiln-server")
@@ -236,7 +172,7 @@ pub fn run(args: &ServeArgs) -> Result<(), String> {
     let result = rt.block_on(async move {
         let server = Server::bind(p.listen, p.metrics, p.server.clone())
             .await
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| error_chain(&e))?;
         // One line on stdout that scripts (and tests binding port 0) can read.
         println!(
             "kiln: listening on {} (metrics: {})",
@@ -246,8 +182,13 @@ pub fn run(args: &ServeArgs) -> Result<(), String> {
                 .map_or("off".to_owned(), |a| format!("http://{a}/metrics"))
         );
         let _ = std::io::Write::flush(&mut std::io::stdout());
-        let args = args.clone();
-        let load = tokio::task::spawn_blocking(move || start_engine(loaded, dev, &p, &args));
+        // Uploading the weights blocks: off the async workers.
+        let draft = args.speculative.draft_model.clone();
+        let load = tokio::task::spawn_blocking(move || {
+            kiln_engine::build(checkpoint, &p.engine, &mut |_, _| {})
+                .map(|b| b.engine)
+                .map_err(|e| crate::build_error(&e, &p.path, draft.as_deref()))
+        });
         let engine = tokio::select! {
             r = load => r.map_err(|e| format!("model loading stopped: {e}")).and_then(|r| r),
             () = stop_signal() => {
@@ -264,7 +205,7 @@ pub fn run(args: &ServeArgs) -> Result<(), String> {
         };
         if let Err(e) = server.attach(engine).await {
             server.shutdown().await;
-            return Err(e.to_string());
+            return Err(error_chain(&e));
         }
         stop_signal().await;
         server.shutdown().await;

@@ -4,9 +4,9 @@
 //! `--speculative-disable-batch-size N` ([`SpeculativeArgs`]). Rules that tie flags together
 //! are checked here, with messages that name the flags.
 
-use kiln_engine::{DraftModel, SpecMethod, SpeculativeConfig};
-use kiln_model::Model;
-use kiln_tensor::Device;
+use std::path::PathBuf;
+
+use kiln_engine::{EngineOptions, SpecMethod, SpeculativeConfig};
 
 use crate::args::{SpecMethodArg, SpeculativeArgs};
 
@@ -70,29 +70,10 @@ pub fn config(args: &SpeculativeArgs) -> Result<Option<SpeculativeConfig>, Strin
     Ok(Some(cfg))
 }
 
-/// Loads `--draft-model` onto `dev` (the target's device), if given.
-pub fn draft(args: &SpeculativeArgs, dev: &Device) -> Result<Option<DraftModel>, String> {
-    let Some(path) = &args.draft_model else {
-        return Ok(None);
-    };
-    let l = crate::load(path, kiln_model::LoadOptions::default())
-        .map_err(|e| format!("--draft-model: {e}"))?;
-    let model = Model::load(dev, l.cfg.clone(), l.files.weights())
-        .map_err(|e| format!("--draft-model {path}: {e}"))?;
-    Ok(Some(DraftModel {
-        model,
-        tokenizer: l.tokenizer,
-    }))
-}
-
-/// `Engine::start_with_draft`'s error, naming the draft's file when it is about the draft.
-pub fn start_error(args: &SpeculativeArgs, target: &str, e: &kiln_engine::StartError) -> String {
-    match (e, &args.draft_model) {
-        (kiln_engine::StartError::Config { field, reason }, Some(path))
-            if *field == "draft_model" =>
-        {
-            format!("--draft-model {path}: {reason}")
-        }
-        _ => format!("{target}: {e}"),
-    }
+/// Speculative decoding as the flags ask for it, into the engine options: the method and,
+/// for a draft model, its path (the builder loads it beside the target).
+pub fn apply(args: &SpeculativeArgs, opts: &mut EngineOptions) -> Result<(), String> {
+    opts.speculative = config(args)?;
+    opts.draft_model = args.draft_model.as_ref().map(PathBuf::from);
+    Ok(())
 }

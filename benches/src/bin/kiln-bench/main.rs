@@ -32,7 +32,7 @@ use std::process::ExitCode;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, bail};
-use kiln_engine::{DraftModel, SpecMethod};
+use kiln_engine::SpecMethod;
 use kiln_model::ModelConfig;
 use kiln_tensor::{Device, DeviceOptions};
 
@@ -211,24 +211,23 @@ async fn bench(a: Args) -> anyhow::Result<()> {
             .context("opening the device")?;
             let info = dev.info();
             eprintln!("kiln-bench: loading {} on {}", a.model.display(), info.name);
-            let loaded = target::load(&a.model, &dev)?;
+            let checkpoint = target::open(&a.model)?;
             // The speculative scenario's sequence: its chat prompt, its new tokens, a draft.
             let spec_tokens = if a.scenarios.speculative {
-                speculative::longest_prompt(&loaded.tokenizer)?
+                speculative::longest_prompt(checkpoint.tokenizer())?
                     + a.spec_new_tokens
                     + a.num_speculative_tokens
             } else {
                 0
             };
             let longest = longest.max(spec_tokens);
-            if longest > loaded.config.max_position {
+            let max_position = checkpoint.config().max_position;
+            if longest > max_position {
                 bail!(
-                    "{}: a scenario needs {longest} tokens of context, the model has {}",
-                    a.model.display(),
-                    loaded.config.max_position
+                    "{}: a scenario needs {longest} tokens of context, the model has {max_position}",
+                    a.model.display()
                 );
             }
-            let draft = load_draft(&a, &dev)?;
             let sizing = EngineSizing {
                 kv_blocks: a
                     .kv_blocks
@@ -239,9 +238,9 @@ async fn bench(a: Args) -> anyhow::Result<()> {
                 prefix_caching: true,
                 speculative: a.spec_config(),
             };
-            let (config, weight_bytes, is_gguf) =
-                (loaded.config.clone(), loaded.weight_bytes, loaded.is_gguf);
-            let engine = target::start_engine(loaded.model, loaded.tokenizer, &sizing, draft)?;
+            let is_gguf = target::is_gguf(&checkpoint);
+            let built = target::start_engine(checkpoint, &dev, &sizing, draft_path(&a))?;
+            let (engine, config, weight_bytes) = (built.engine, built.config, built.weight_bytes);
             let ei = engine.info().clone();
             let device = DeviceFacts {
                 name: info.name.clone(),
@@ -464,7 +463,7 @@ async fn prefix_without_cache(
     w: &PrefixWorkload,
 ) -> anyhow::Result<scenarios::PrefixRun> {
     eprintln!("kiln-bench: starting a second engine without the prefix cache");
-    let loaded = target::load(&a.model, &ip.device)?;
+    let checkpoint = target::open(&a.model)?;
     let sizing = EngineSizing {
         kv_blocks: u32::try_from(
             2 * blocks(a.prefix_tokens + a.prefix_question_tokens + a.prefix_new_tokens) + 8,
@@ -475,29 +474,20 @@ async fn prefix_without_cache(
         speculative: None,
         ..ip.sizing
     };
-    let t = Target::Engine(target::start_engine(
-        loaded.model,
-        loaded.tokenizer,
-        &sizing,
-        None,
-    )?);
+    let t = Target::Engine(target::start_engine(checkpoint, &ip.device, &sizing, None)?.engine);
     let run = scenarios::prefix_run(&t, w, false).await;
     t.shutdown().await;
     run
 }
 
 /// The draft model of `--speculative draft`: `--draft-model`, else the target itself.
-fn load_draft(a: &Args, dev: &Device) -> anyhow::Result<Option<DraftModel>> {
+fn draft_path(a: &Args) -> Option<&std::path::Path> {
     if a.speculative != Some(SpecChoice::Draft) {
-        return Ok(None);
+        return None;
     }
     let path = a.draft_model.as_ref().unwrap_or(&a.model);
-    eprintln!("kiln-bench: loading the draft model {}", path.display());
-    let d = target::load(path, dev).context("the draft model")?;
-    Ok(Some(DraftModel {
-        model: d.model,
-        tokenizer: d.tokenizer,
-    }))
+    eprintln!("kiln-bench: the draft model is {}", path.display());
+    Some(path)
 }
 
 /// How the speculative scenario describes what drafts.

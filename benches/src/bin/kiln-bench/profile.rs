@@ -92,7 +92,7 @@ pub async fn run(
     if dev.profile().is_none() {
         return Ok(Err(format!("{} has no timestamp queries", dev.info().name)));
     }
-    let loaded = target::load(model, &dev)?;
+    let checkpoint = target::open(model)?;
     let sizing = EngineSizing {
         kv_blocks: u32::try_from((prompt + steps + 2).div_ceil(16) * 2 + 8).unwrap_or(u32::MAX),
         max_num_seqs: 4,
@@ -102,7 +102,7 @@ pub async fn run(
         prefix_caching: false,
         speculative: None,
     };
-    let engine = target::start_engine(loaded.model, loaded.tokenizer, &sizing, None)?;
+    let engine = target::start_engine(checkpoint, &dev, &sizing, None)?.engine;
     let result = async {
         // Warm-up: pipelines compile outside the measured steps.
         for n in [prompt, 1] {

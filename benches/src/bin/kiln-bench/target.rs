@@ -7,12 +7,10 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use kiln_engine::{
-    DraftModel, Engine, EngineConfig, EngineHandle, Event, Request, ShutdownMode, SpecStats,
-    SpeculativeConfig,
+    Built, Checkpoint, EngineHandle, EngineOptions, Event, KvSize, Request, ShutdownMode,
+    SpecStats, SpeculativeConfig,
 };
-use kiln_kv::BlockManagerConfig;
-use kiln_model::{LoadOptions, Model, ModelConfig, ModelFiles, ModelSource};
-use kiln_scheduler::SchedulerConfig;
+use kiln_model::{LoadOptions, ModelSource};
 use kiln_server::pb;
 use kiln_server::pb::generation_client::GenerationClient;
 use kiln_server::pb::models_client::ModelsClient;
@@ -58,55 +56,44 @@ pub struct EngineSizing {
     pub speculative: Option<SpeculativeConfig>,
 }
 
-/// The model as loaded here, before it moves onto the engine thread.
-#[derive(Debug)]
-pub struct Loaded {
-    pub model: Model,
-    pub tokenizer: Tokenizer,
-    pub config: ModelConfig,
-    pub weight_bytes: u64,
-    /// Whether the file is a GGUF (llama.cpp can only load those).
-    pub is_gguf: bool,
+impl EngineSizing {
+    /// These limits on `device` (`draft`: the draft model of the speculative scenario).
+    fn options(&self, device: &Device, draft: Option<&Path>) -> EngineOptions {
+        EngineOptions {
+            kv_size: KvSize::Blocks(self.kv_blocks),
+            prefix_caching: self.prefix_caching,
+            max_num_seqs: Some(self.max_num_seqs),
+            max_num_batched_tokens: Some(self.max_num_batched_tokens),
+            max_waiting: Some(self.max_waiting),
+            speculative: self.speculative,
+            draft_model: draft.map(Path::to_path_buf),
+            ..EngineOptions::new(device.clone())
+        }
+    }
 }
 
-/// Reads `path` (a `.gguf` file or an HF folder) and uploads its weights to `device`.
-pub fn load(path: &Path, device: &Device) -> anyhow::Result<Loaded> {
-    // These errors name the file and carry their cause in their message already.
-    let files =
-        ModelFiles::open(path, LoadOptions::default()).map_err(|e| anyhow::anyhow!("{e}"))?;
-    let (tokenizer, is_gguf) = match files.source() {
-        ModelSource::Gguf(_) => (Tokenizer::from_gguf_file(path), true),
-        ModelSource::Hf { dir, .. } => (Tokenizer::from_hf_dir(dir), false),
-    };
-    let tokenizer = tokenizer.map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
-    let config = files.config().clone();
-    let model = Model::load(device, config.clone(), files.weights())
-        .map_err(|e| anyhow::anyhow!("{}: loading the weights: {e}", path.display()))?;
-    Ok(Loaded {
-        weight_bytes: model.weight_bytes(),
-        model,
-        tokenizer,
-        config,
-        is_gguf,
-    })
+/// Opens `path` (a `.gguf` file or an HF folder): its config and tokenizer, weights not yet
+/// loaded.
+pub fn open(path: &Path) -> anyhow::Result<Checkpoint> {
+    // These errors name the file; `{:#}` prints their causes.
+    Checkpoint::open(path, LoadOptions::default()).map_err(anyhow::Error::new)
 }
 
-/// Starts an engine over `model` sized by `s`, drafting with `draft` if given.
+/// Whether `c` is a GGUF file (llama.cpp can only load those).
+pub fn is_gguf(c: &Checkpoint) -> bool {
+    matches!(c.files().source(), ModelSource::Gguf(_))
+}
+
+/// Uploads `checkpoint` to `device` and starts an engine sized by `s`, drafting with the model
+/// at `draft` if given (built as `kiln serve` builds its engine).
 pub fn start_engine(
-    model: Model,
-    tokenizer: Tokenizer,
+    checkpoint: Checkpoint,
+    device: &Device,
     s: &EngineSizing,
-    draft: Option<DraftModel>,
-) -> anyhow::Result<EngineHandle> {
-    let mut blocks = BlockManagerConfig::new(s.kv_blocks);
-    blocks.enable_prefix_caching = s.prefix_caching;
-    let mut sched = SchedulerConfig::new(blocks);
-    sched.max_num_seqs = s.max_num_seqs;
-    sched.max_num_batched_tokens = s.max_num_batched_tokens;
-    sched.max_waiting = s.max_waiting;
-    let mut cfg = EngineConfig::new(sched);
-    cfg.speculative = s.speculative;
-    Engine::start_with_draft(model, tokenizer, cfg, draft).context("starting the engine")
+    draft: Option<&Path>,
+) -> anyhow::Result<Built> {
+    kiln_engine::build(checkpoint, &s.options(device, draft), &mut |_, _| {})
+        .context("starting the engine")
 }
 
 /// `user` as the one user message of the model's chat template, the assistant's turn opened

@@ -58,9 +58,7 @@ pub(crate) fn render(
                 .ok_or(TemplateError::ElseWithoutIf(n + 1))?;
             top.0 = !top.0;
         } else if t.starts_with("#endif") {
-            stack
-                .pop()
-                .ok_or(TemplateError::EndifWithoutIf(n + 1))?;
+            stack.pop().ok_or(TemplateError::EndifWithoutIf(n + 1))?;
         } else if !parent_off {
             out.push_str(line);
             out.push('\n');
