@@ -103,7 +103,7 @@ impl Graph {
             .collect();
         let mut deps = BTreeMap::new();
         for node in meta["resolve"]["nodes"].as_array().unwrap() {
-            let normal = node["deps"]
+            let normal: Vec<String> = node["deps"]
                 .as_array()
                 .unwrap()
                 .iter()
@@ -116,7 +116,10 @@ impl Graph {
                 })
                 .map(|d| name_of[d["pkg"].as_str().unwrap()].to_owned())
                 .collect();
-            deps.insert(name_of[node["id"].as_str().unwrap()].to_owned(), normal);
+            // Two versions of one crate share a name: their edges merge.
+            deps.entry(name_of[node["id"].as_str().unwrap()].to_owned())
+                .or_insert_with(BTreeSet::new)
+                .extend(normal);
         }
         Self { deps, workspace }
     }

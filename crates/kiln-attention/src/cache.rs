@@ -227,11 +227,10 @@ impl KvCache {
                         KvDtype::F16 => Tensor::zeros(device, DType::U32, &[elems / 2]),
                         KvDtype::Int8 => Tensor::zeros(device, DType::U32, &[elems / 4]),
                     };
-                    t.map_err(|e| {
-                        KvDeviceError::Invalid(format!(
-                            "{what} pool of {} blocks: {e}",
-                            cfg.num_blocks
-                        ))
+                    t.map_err(|source| KvDeviceError::Pool {
+                        what,
+                        blocks: cfg.num_blocks,
+                        source,
                     })
                 };
                 let mut layers = Vec::with_capacity(cfg.layers);

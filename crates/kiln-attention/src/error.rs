@@ -8,6 +8,14 @@ pub enum KvDeviceError {
     /// A launch or an allocation failed on the device.
     #[error(transparent)]
     Tensor(#[from] TensorError),
+    /// The device could not hold a pool (too large for a binding, out of memory).
+    #[error("kv cache: the {what} pool of {blocks} blocks")]
+    Pool {
+        what: &'static str,
+        blocks: usize,
+        #[source]
+        source: TensorError,
+    },
     /// A batch or tensor does not fit the cache's configuration.
     #[error("kv cache: {0}")]
     Invalid(String),

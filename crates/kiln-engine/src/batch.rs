@@ -17,7 +17,6 @@ impl Loop {
     /// Runs the model over `schedule`: the argmax of every logits row, and the rows sampling
     /// needs on the CPU (penalties, logprobs, non-greedy sampling, `min_new_tokens`).
     pub fn forward(&mut self, schedule: &Schedule) -> Result<StepOutput, InternalError> {
-        let lost = |seq| InternalError::LostTokens(seq);
         // A decode that verifies drafts computes its sampled token followed by the drafts.
         let mut with_drafts: Vec<Vec<u32>> = Vec::new();
         for s in schedule.seqs.iter().filter(|s| s.draft > 0) {
@@ -25,7 +24,7 @@ impl Loop {
                 .sched
                 .tokens(s.seq)
                 .and_then(|t| t.get(s.start..s.real_end()))
-                .ok_or(lost(s.seq))?
+                .ok_or(InternalError::LostTokens(s.seq))?
                 .to_vec();
             t.extend_from_slice(self.sched.verifying(s.seq));
             with_drafts.push(t);
@@ -41,7 +40,7 @@ impl Loop {
                     .and_then(|t| t.get(s.start..s.end()))
             }
             .filter(|t| t.len() == s.len)
-            .ok_or(lost(s.seq))?;
+            .ok_or(InternalError::LostTokens(s.seq))?;
             batch.push(StepSeq {
                 tokens,
                 block_table: self
@@ -101,6 +100,10 @@ impl Loop {
             };
             let mut ended = None;
             for i in indices {
+                let Some(seq) = r.outs.get(i).map(|o| o.seq) else {
+                    ended = Some(InternalError::State("output index out of range").into());
+                    break;
+                };
                 let outcome = r.on_row(
                     i,
                     out.logits(row, 0),
@@ -108,7 +111,6 @@ impl Loop {
                     now,
                     &self.metrics,
                 );
-                let seq = r.outs[i].seq;
                 match outcome {
                     Ok(TokenOutcome::Continue(token)) => {
                         if let Err(e) = self.sched.push_token(seq, token) {

@@ -125,12 +125,15 @@ pub struct EngineOptions {
 }
 
 impl EngineOptions {
+    /// The default KV pool: 512 MiB, ~22k tokens of the default model at f16.
+    pub const DEFAULT_KV_BYTES: u64 = 512 << 20;
+
     /// `kiln serve`'s defaults on `device`: 512 MiB of f16 K/V in 16-token blocks, prefix
     /// caching on, no speculation.
     pub fn new(device: Device) -> Self {
         Self {
             device,
-            kv_size: KvSize::Bytes(512 << 20),
+            kv_size: KvSize::Bytes(Self::DEFAULT_KV_BYTES),
             kv_dtype: KvDtype::F16,
             block_size: 16,
             watermark: None,
@@ -296,8 +299,8 @@ pub enum BuildError {
     },
     #[error(transparent)]
     Kv(#[from] KvError),
-    /// The draft model could not be opened or loaded.
-    #[error("draft model {}", path.display())]
+    /// The draft model could not be opened or loaded (its own error names the file).
+    #[error("draft model")]
     Draft {
         path: PathBuf,
         #[source]

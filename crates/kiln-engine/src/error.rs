@@ -115,11 +115,14 @@ impl From<InternalError> for EngineError {
 pub enum InternalError {
     /// Recording, submitting or reading back the forward pass (a kernel, the device, a batch
     /// the model refused).
-    #[error("forward step")]
+    #[error("model step")]
     Forward(#[source] ModelError),
     /// The scheduler's or block manager's bookkeeping refused an update.
     #[error("KV bookkeeping")]
     Scheduler(#[source] SchedulerError),
+    /// Forking a finished prompt into the other outputs of `n > 1` failed.
+    #[error("forking the prompt for n > 1")]
+    Fork(#[source] SchedulerError),
     /// The sequence was dropped by the scheduler: it can never fit the KV pool again.
     #[error("no longer fits the KV pool")]
     NoLongerFits(#[source] SchedulerError),
@@ -148,10 +151,10 @@ pub enum StartError {
     #[error(transparent)]
     Kv(#[from] KvError),
     /// The target model's KV cache could not be allocated.
-    #[error("KV cache")]
+    #[error("allocating the model's KV pool")]
     KvCache(#[source] ModelError),
     /// The draft model's KV cache or pool could not be set up.
-    #[error("draft model")]
+    #[error("setting up speculative decoding")]
     Draft(#[source] crate::speculative::ProposeError),
     #[error("cannot start the engine thread")]
     Thread(#[source] std::io::Error),

@@ -9,7 +9,10 @@
 //! the next step. Metrics come out in the Prometheus text format. Speculative decoding
 //! ([`SpeculativeConfig`]: prompt lookup or a [`DraftModel`] via
 //! [`Engine::start_with_draft`]) drafts tokens that the target verifies in the same forward
-//! pass; it changes no greedy or seeded token.
+//! pass; it changes no greedy or seeded token. From a model path, [`build`] is the one way to
+//! get an engine: [`Checkpoint::open`] reads the config and tokenizer, [`EngineOptions`] says
+//! the device, the KV pool, the limits and the speculation. Errors keep their causes;
+//! [`error_chain`] prints one with all of them.
 //!
 //! ```
 //! use kiln_engine::{Engine, EngineConfig, Request};

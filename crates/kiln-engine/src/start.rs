@@ -190,15 +190,15 @@ fn speculation(
             )),
         };
     };
+    if matches!(sc.method, SpecMethod::Ngram { .. }) && draft.is_some() {
+        return Err(draft_error(
+            "a draft model was given but the speculative method is not `draft`".into(),
+        ));
+    }
     sc.validate()
         .map_err(|(field, reason)| StartError::Config { field, reason })?;
     let proposer: Box<dyn Proposer> = match (sc.method, draft) {
-        (SpecMethod::Ngram { .. }, Some(_)) => {
-            return Err(draft_error(
-                "a draft model was given but the speculative method is not `draft`".into(),
-            ));
-        }
-        (SpecMethod::Ngram { min_n, max_n }, None) => Box::new(NgramProposer { min_n, max_n }),
+        (SpecMethod::Ngram { min_n, max_n }, _) => Box::new(NgramProposer { min_n, max_n }),
         (SpecMethod::Draft, None) => {
             return Err(draft_error(
                 "speculative method `draft` needs a draft model".into(),

@@ -186,7 +186,13 @@ impl Loop {
         };
         self.metrics.finished(label);
         self.metrics.e2e.observe(r.arrived.elapsed().as_secs_f64());
-        tracing::debug!(request = id.0, label, "request ended early");
+        match &why {
+            // What failed inside, with its causes: once per request it ended.
+            Ending::Error(e @ EngineError::Internal(_)) => {
+                tracing::error!(request = id.0, error = %error_chain(e), "request failed");
+            }
+            _ => tracing::debug!(request = id.0, label, "request ended early"),
+        }
         if let Ending::Error(e) = why {
             let _ = r.tx.send(Event::Error(e));
         }
@@ -268,8 +274,8 @@ impl Loop {
 
     /// Every request in a failed batch ends with the same internal error; the loop goes on.
     fn fail_batch(&mut self, schedule: &Schedule, e: InternalError) {
+        // One error shared by every request of the batch; each is logged as it ends.
         let e = EngineError::from(e);
-        tracing::error!(error = %error_chain(&e), "step failed");
         for s in &schedule.seqs {
             if let Some(&(rid, _)) = self.owner.get(&s.seq) {
                 self.end(rid, Ending::Error(e.clone()));
@@ -287,7 +293,7 @@ impl Loop {
             self.next_seq += 1;
             self.sched
                 .fork(parent, child)
-                .map_err(InternalError::Scheduler)?;
+                .map_err(InternalError::Fork)?;
             r.add_output(child, &self.tokenizer);
             self.owner.insert(child, (rid, index));
         }

@@ -227,6 +227,7 @@ impl ModelConfig {
     pub fn from_hf_json(file: &str, text: &str) -> Result<Self> {
         let v: Value = serde_json::from_str(text).map_err(|source| ModelError::Json {
             file: file.into(),
+            what: "not JSON",
             source,
         })?;
         let field = |k: &str| ModelError::Config {

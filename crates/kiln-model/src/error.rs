@@ -34,9 +34,10 @@ pub enum ModelError {
     #[error("{file}: {problem}")]
     Format { file: String, problem: String },
     /// A JSON file (or a safetensors header) is not valid JSON, or could not be written.
-    #[error("{file}: invalid JSON")]
+    #[error("{file}: {what}")]
     Json {
         file: String,
+        what: &'static str,
         #[source]
         source: serde_json::Error,
     },
@@ -48,6 +49,9 @@ pub enum ModelError {
     Kv(#[from] kiln_attention::KvDeviceError),
     #[error("forward: {0}")]
     Batch(String),
+    /// The device returned fewer results than the step computed.
+    #[error("read back {got} argmax ids for {want} logits rows")]
+    Readback { got: usize, want: usize },
 }
 
 pub type Result<T, E = ModelError> = std::result::Result<T, E>;

@@ -1,7 +1,7 @@
 //! The model runner: a [`Model`] and its paged KV cache, running one forward step for a batch
-//! and reading back only what the caller asks for. Every caller that steps a model (the
-//! engine's step loop, a speculative draft model, tests and benches) goes through it, so
-//! batch assembly, the one submit per step and the readback exist once.
+//! and reading back only what the caller asks for. The engine's step loop and its speculative
+//! draft model both step through it (and the golden test does), so batch assembly, the one
+//! submit per step and the readback exist once.
 //!
 //! Block tables come from the caller (`kiln-kv`'s `BlockManager` decides which block holds
 //! what); the runner only stores and reads K/V where they point.
@@ -57,6 +57,12 @@ impl StepOutput {
     /// The argmax of logits row `row` (0-based among its `logits_rows`) of sequence `seq`.
     pub fn argmax(&self, seq: usize, row: usize) -> Option<u32> {
         self.argmax.get(self.first.get(seq)? + row).copied()
+    }
+
+    /// The argmax of every logits row, sequences in order (one per sequence when each asked
+    /// for one row).
+    pub fn into_argmax(self) -> Vec<u32> {
+        self.argmax
     }
 
     /// Logits row `row` of sequence `seq`, if it asked for `read_logits`.
@@ -146,10 +152,10 @@ impl ModelRunner {
         rec.submit()?;
         let argmax = best.to_u32_vec()?;
         if argmax.len() != total {
-            return Err(ModelError::Batch(format!(
-                "read back {} argmax ids for {total} logits rows",
-                argmax.len()
-            )));
+            return Err(ModelError::Readback {
+                got: argmax.len(),
+                want: total,
+            });
         }
         let logits = match picked {
             Some(t) => t.to_f32_vec()?,

@@ -111,8 +111,12 @@ impl SafetensorsFile {
         let data_start = usize::try_from(header_len).ok().and_then(|n| n.checked_add(8)).filter(|&e| e <= bytes.len()).ok_or_else(|| {
             format_err(&name, format!("truncated or corrupt header: it claims {header_len} bytes but the file has {}", bytes.len()))
         })?;
-        let header: Map<String, Value> = serde_json::from_slice(&bytes[8..data_start])
-            .map_err(|e| format_err(&name, format!("header is not a JSON object: {e}")))?;
+        let header: Map<String, Value> =
+            serde_json::from_slice(&bytes[8..data_start]).map_err(|source| ModelError::Json {
+                file: name.clone(),
+                what: "header is not a JSON object",
+                source,
+            })?;
         let data_len = bytes.len() - data_start;
         let mut tensors = HashMap::with_capacity(header.len());
         for (tname, v) in &header {
@@ -240,6 +244,7 @@ pub fn encode_safetensors(
     let mut json =
         serde_json::to_vec(&Value::Object(header)).map_err(|source| ModelError::Json {
             file: "(safetensors writer)".into(),
+            what: "cannot write the header",
             source,
         })?;
     // Data starts 8-byte aligned, as the reference writer does.
@@ -315,8 +320,11 @@ impl HfSource {
                 path: index_path.clone(),
                 source,
             })?;
-            let v: Value = serde_json::from_str(&text)
-                .map_err(|e| format_err(&ip, format!("not JSON: {e}")))?;
+            let v: Value = serde_json::from_str(&text).map_err(|source| ModelError::Json {
+                file: ip.clone(),
+                what: "not JSON",
+                source,
+            })?;
             let map = v
                 .get("weight_map")
                 .and_then(Value::as_object)

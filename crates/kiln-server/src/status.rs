@@ -12,10 +12,8 @@ pub(crate) fn from_engine(e: EngineError) -> Status {
         EngineError::DeadlineExceeded => Status::deadline_exceeded(message),
         EngineError::Cancelled(why) => Status::cancelled(why),
         EngineError::ShuttingDown => Status::unavailable("the server is draining"),
-        EngineError::Internal(_) => {
-            tracing::error!(error = %message, "request failed inside the engine");
-            Status::internal(message)
-        }
+        // The engine logged it, with its chain, when it ended the request.
+        EngineError::Internal(_) => Status::internal(message),
     }
 }
 

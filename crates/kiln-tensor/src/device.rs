@@ -20,11 +20,12 @@ pub enum BackendChoice {
     Cpu,
 }
 
+/// `auto`, `wgpu` (or `gpu`) or `cpu`, any case; empty (as in `KILN_BACKEND=`) is `auto`.
 impl FromStr for BackendChoice {
     type Err = TensorError;
     fn from_str(s: &str) -> Result<Self> {
         match s.trim().to_ascii_lowercase().as_str() {
-            "auto" => Ok(Self::Auto),
+            "auto" | "" => Ok(Self::Auto),
             "wgpu" | "gpu" => Ok(Self::Wgpu),
             "cpu" => Ok(Self::Cpu),
             other => Err(TensorError::UnknownBackend(other.to_string())),
@@ -36,8 +37,8 @@ impl BackendChoice {
     /// The choice named by env `KILN_BACKEND`, or `Auto` when unset.
     pub fn from_env() -> Result<Self> {
         match std::env::var("KILN_BACKEND") {
-            Ok(v) if !v.trim().is_empty() => v.parse(),
-            _ => Ok(Self::Auto),
+            Ok(v) => v.parse(),
+            Err(_) => Ok(Self::Auto),
         }
     }
 }

@@ -9,7 +9,7 @@ pub enum TensorError {
     #[error("no wgpu adapter available: {0}")]
     NoAdapter(String),
     /// The adapter refused to create a device.
-    #[error("wgpu adapter `{adapter}` refused to create a device")]
+    #[error("wgpu adapter `{adapter}` refused to create a device: {source}")]
     DeviceRequest {
         adapter: String,
         #[source]
@@ -60,6 +60,14 @@ pub enum TensorError {
         kernel: String,
         message: String,
         source_text: String,
+    },
+    /// A kernel's template does not render with the defines it was given (a bug in the
+    /// kernel or its launch).
+    #[error("kernel `{kernel}`: template")]
+    Template {
+        kernel: String,
+        #[source]
+        source: crate::gpu::TemplateError,
     },
     /// The device reported an error while mapping, waiting or reading back.
     #[error("wgpu error during {during}")]

@@ -39,7 +39,7 @@ mod tensor;
 pub use device::{BackendChoice, Device, DeviceInfo, DeviceOptions, KernelTime, Profile};
 pub use dtype::{DType, QK};
 pub use error::{Result, TensorError};
-pub use gpu::{Access, GpuContext, KernelDef};
+pub use gpu::{Access, GpuContext, KernelDef, TemplateError};
 pub use ops::{RopeConfig, RopeLayout, RopePositions, RopeScaling, RopeTable};
 pub use quant::{dequantize, quantize};
 pub use recorder::Recorder;

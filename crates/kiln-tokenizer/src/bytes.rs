@@ -9,9 +9,9 @@ use crate::pieces::byte_level_decoding;
 use crate::tokenizer::{SpecialTokens, Tokenizer};
 
 pub(crate) fn byte_level(specials: SpecialTokens) -> Result<Tokenizer> {
-    let build_err = |e: tokenizers::Error| TokenizerError::Build {
+    let build_err = |source: tokenizers::Error| TokenizerError::Build {
         source_name: "byte-level vocabulary".into(),
-        detail: e.to_string(),
+        source,
     };
     let vocab: tokenizers::models::bpe::Vocab = byte_level_decoding()
         .into_iter()

@@ -34,12 +34,13 @@ pub enum TokenizerError {
         detail: String,
     },
     /// The `tokenizers` library rejected a tokenizer definition.
-    #[error("{source_name}: cannot build tokenizer: {detail}")]
+    #[error("{source_name}: cannot build tokenizer: {source}")]
     Build {
         /// The file (or `GGUF metadata`) the definition came from.
         source_name: String,
         /// What `tokenizers` said.
-        detail: String,
+        #[source]
+        source: tokenizers::Error,
     },
     /// The GGUF container could not be read.
     #[error(transparent)]
@@ -76,16 +77,18 @@ pub enum TokenizerError {
         source: Box<TokenizerError>,
     },
     /// Encoding failed inside `tokenizers`.
-    #[error("cannot encode text: {detail}")]
+    #[error("cannot encode text: {source}")]
     Encode {
         /// What `tokenizers` said.
-        detail: String,
+        #[source]
+        source: tokenizers::Error,
     },
     /// Decoding failed inside `tokenizers`.
-    #[error("cannot decode ids: {detail}")]
+    #[error("cannot decode ids: {source}")]
     Decode {
         /// What `tokenizers` said.
-        detail: String,
+        #[source]
+        source: tokenizers::Error,
     },
     /// An id outside the vocabulary was given to decode.
     #[error("token id {id} is not in the vocabulary (size {vocab_size})")]

@@ -36,10 +36,10 @@ fn meta_err(key: &str, detail: impl Into<String>) -> TokenizerError {
     }
 }
 
-fn build_err(detail: impl std::fmt::Display) -> TokenizerError {
+fn build_err(source: impl Into<tokenizers::Error>) -> TokenizerError {
     TokenizerError::Build {
         source_name: SOURCE.to_owned(),
-        detail: detail.to_string(),
+        source: source.into(),
     }
 }
 

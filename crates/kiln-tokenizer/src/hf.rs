@@ -112,10 +112,11 @@ pub(crate) fn from_dir(dir: &Path) -> Result<Tokenizer> {
             path: dir.join("tokenizer.json"),
             source: std::io::Error::new(std::io::ErrorKind::NotFound, "no such file"),
         })?;
-    let mut tok = tokenizers::Tokenizer::from_str(&json).map_err(|e| TokenizerError::Build {
-        source_name: json_path.display().to_string(),
-        detail: e.to_string(),
-    })?;
+    let mut tok =
+        tokenizers::Tokenizer::from_str(&json).map_err(|source| TokenizerError::Build {
+            source_name: json_path.display().to_string(),
+            source,
+        })?;
 
     let config = read_json(dir, "tokenizer_config.json")?;
     let (config_path, config) = match &config {

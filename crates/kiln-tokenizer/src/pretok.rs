@@ -32,9 +32,9 @@ pub(crate) fn for_name(
             SplitDelimiterBehavior::Isolated,
             false,
         )
-        .map_err(|e| TokenizerError::Build {
-            source_name: String::from("GGUF metadata"),
-            detail: format!("pre-tokenizer regex: {e}"),
+        .map_err(|source| TokenizerError::Build {
+            source_name: String::from("GGUF metadata: pre-tokenizer regex"),
+            source,
         })?;
         Ok(Sequence::new(vec![
             split.into(),

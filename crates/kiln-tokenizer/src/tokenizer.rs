@@ -94,9 +94,7 @@ impl Tokenizer {
         let vocab_size = pieces.len();
         let probe = tokenizer
             .encode_fast("", true)
-            .map_err(|e| TokenizerError::Encode {
-                detail: e.to_string(),
-            })?;
+            .map_err(|source| TokenizerError::Encode { source })?;
         let ids = probe.get_ids();
         specials.add_bos = specials.bos.is_some() && ids.first() == specials.bos.as_ref();
         specials.add_eos = specials.eos.is_some() && ids.last() == specials.eos.as_ref();
@@ -168,9 +166,7 @@ impl Tokenizer {
         } else {
             tok.encode_fast(text, options.add_special_tokens)
         }
-        .map_err(|e| TokenizerError::Encode {
-            detail: e.to_string(),
-        })?;
+        .map_err(|source| TokenizerError::Encode { source })?;
         Ok(convert(enc, options.offsets))
     }
 
@@ -183,9 +179,7 @@ impl Tokenizer {
         } else {
             tok.encode_batch_fast(inputs, options.add_special_tokens)
         }
-        .map_err(|e| TokenizerError::Encode {
-            detail: e.to_string(),
-        })?;
+        .map_err(|source| TokenizerError::Encode { source })?;
         Ok(encs
             .into_iter()
             .map(|e| convert(e, options.offsets))
@@ -203,9 +197,7 @@ impl Tokenizer {
         self.inner
             .tokenizer
             .decode(ids, options.skip_special_tokens)
-            .map_err(|e| TokenizerError::Decode {
-                detail: e.to_string(),
-            })
+            .map_err(|source| TokenizerError::Decode { source })
     }
 
     pub(crate) fn check_ids(&self, ids: &[u32]) -> Result<()> {

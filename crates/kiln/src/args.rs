@@ -4,7 +4,9 @@
 use clap::{Args, ValueEnum};
 use kiln_engine::{EngineOptions, KvSize};
 use kiln_kv::KvDtype;
-use kiln_tensor::{BackendChoice, TensorError};
+use std::str::FromStr;
+
+use kiln_tensor::BackendChoice;
 
 /// `--model PATH`: what every command runs on.
 #[derive(Debug, Clone, Args)]
@@ -53,18 +55,9 @@ pub struct DeviceArgs {
         env = "KILN_BACKEND",
         value_name = "auto|wgpu|cpu",
         default_value = "auto",
-        value_parser = backend
+        value_parser = BackendChoice::from_str
     )]
     pub backend: BackendChoice,
-}
-
-/// A `--backend` name; an empty one (as in `KILN_BACKEND=`) is `auto`.
-fn backend(s: &str) -> Result<BackendChoice, TensorError> {
-    if s.trim().is_empty() {
-        Ok(BackendChoice::Auto)
-    } else {
-        s.parse()
-    }
 }
 
 /// The engine's memory and batching limits (`serve`).
@@ -72,7 +65,7 @@ fn backend(s: &str) -> Result<BackendChoice, TensorError> {
 #[command(next_help_heading = "Engine")]
 pub struct EngineArgs {
     /// K/V cache memory in bytes (512 MiB: ~22k tokens of the default model at f16)
-    #[arg(long, value_name = "BYTES", default_value_t = 512 << 20)]
+    #[arg(long, value_name = "BYTES", default_value_t = EngineOptions::DEFAULT_KV_BYTES)]
     pub kv_cache_memory: u64,
     /// K/V cache element type
     #[arg(long, value_name = "f16|f32|int8", default_value = "f16")]

@@ -140,7 +140,7 @@ pub fn run(args: &GenerateArgs) -> Result<(), String> {
     // A pool for this one sequence: prompt plus generated tokens (capped by the context), one
     // sequence a step, long prompts in chunks (bounding activation memory).
     let mut opts = EngineOptions {
-        kv_size: KvSize::Tokens(prompt_ids.len() + max_tokens),
+        kv_size: KvSize::Tokens(prompt_ids.len().saturating_add(max_tokens)),
         watermark: Some(0.0),
         max_num_seqs: Some(1),
         max_num_batched_tokens: Some(PREFILL_CHUNK),

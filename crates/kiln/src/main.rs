@@ -47,8 +47,12 @@ pub(crate) fn open(path: &str, options: LoadOptions) -> Result<Checkpoint, Strin
 /// target model's path. Every cause in the chain is kept.
 pub(crate) fn build_error(e: &BuildError, target: &str, draft: Option<&str>) -> String {
     match (e, draft) {
-        (BuildError::Draft { source, .. }, Some(path)) => {
-            format!("--draft-model {path}: {}", error_chain(source.as_ref()))
+        // The draft's file errors name the file themselves.
+        (BuildError::Draft { source, .. }, Some(_)) => {
+            format!("--draft-model: {}", error_chain(source.as_ref()))
+        }
+        (BuildError::Start(StartError::Draft(cause)), Some(path)) => {
+            format!("--draft-model {path}: {}", error_chain(cause))
         }
         (BuildError::Start(StartError::Config { field, reason }), Some(path))
             if *field == "draft_model" =>

@@ -121,11 +121,8 @@ struct Cli {
     max_batched_tokens: usize,
 }
 
-/// A `--backend` name; an empty one (as in `KILN_BACKEND=`) is `auto`.
+/// A `--backend` name (empty, as in `KILN_BACKEND=`, is `auto`), its error naming both sources.
 fn backend(s: &str) -> Result<BackendChoice, String> {
-    if s.trim().is_empty() {
-        return Ok(BackendChoice::Auto);
-    }
     s.parse()
         .map_err(|e| format!("{e} (from --backend or $KILN_BACKEND)"))
 }

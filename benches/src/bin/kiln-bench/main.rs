@@ -66,7 +66,8 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("kiln-bench: {e:#}");
+            // The whole chain, each cause once.
+            eprintln!("kiln-bench: {}", kiln_engine::error_chain(e.as_ref()));
             ExitCode::FAILURE
         }
     }

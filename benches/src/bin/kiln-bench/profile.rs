@@ -130,7 +130,7 @@ pub async fn run(
                     }
                 }
                 Event::Finished(_) => break,
-                Event::Error(e) => bail!("profiled request: {e}"),
+                Event::Error(e) => return Err(anyhow::Error::new(e).context("profiled request")),
             }
         }
         let (Some(prefill), Some(first), Some(decode)) = (prefill, first, dev.profile()) else {

@@ -8,7 +8,7 @@
 use std::collections::HashMap;
 
 use kiln_kv::{BlockManager, BlockManagerConfig, KvDtype, KvError, KvMetrics, SeqConfig, SeqId};
-use kiln_model::{KvPoolConfig, Model, ModelError, ModelRunner, StepSeq};
+use kiln_model::{KvPoolConfig, Model, ModelRunner, StepSeq};
 use kiln_tokenizer::Tokenizer;
 
 use super::{ProposeError, ProposeInput, Proposer};
@@ -208,11 +208,8 @@ impl DraftProposer {
                 read_logits: false,
             });
         }
-        let out = self.runner.step(&batch, &[])?;
-        (0..feeds.len())
-            .map(|i| out.argmax(i, 0))
-            .collect::<Option<Vec<u32>>>()
-            .ok_or_else(|| ModelError::Batch("a draft step read back too few ids".into()).into())
+        // One logits row per sequence: the argmax of each, in order.
+        Ok(self.runner.step(&batch, &[])?.into_argmax())
     }
 }
 

@@ -3,6 +3,8 @@
 mod pool;
 mod template;
 
+pub use template::TemplateError;
+
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -337,12 +339,10 @@ impl GpuContext {
             return Ok(p.clone());
         }
         let source =
-            template::render(kernel.source, defines, self.info.shader_f16).map_err(|e| {
-                // The report carries the template's own text: a shader error is read whole.
-                TensorError::Shader {
+            template::render(kernel.source, defines, self.info.shader_f16).map_err(|source| {
+                TensorError::Template {
                     kernel: key.clone(),
-                    message: e.to_string(),
-                    source_text: kernel.source.to_string(),
+                    source,
                 }
             })?;
         let layout = self.layout(kernel.bindings);

@@ -19,7 +19,7 @@ pub(crate) fn cache_key(kernel: &str, defines: &[(&str, String)]) -> String {
 
 /// Why a kernel template does not render.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub(crate) enum TemplateError {
+pub enum TemplateError {
     #[error("line {0}: #else without #if")]
     ElseWithoutIf(usize),
     #[error("line {0}: #endif without #if")]
