@@ -308,5 +308,11 @@ pub enum BuildError {
     },
     /// The engine refused the configuration (see [`StartError`]).
     #[error(transparent)]
-    Start(#[from] StartError),
+    Start(Box<StartError>),
+}
+
+impl From<StartError> for BuildError {
+    fn from(e: StartError) -> Self {
+        Self::Start(Box::new(e))
+    }
 }

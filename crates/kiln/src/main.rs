@@ -46,18 +46,21 @@ pub(crate) fn open(path: &str, options: LoadOptions) -> Result<Checkpoint, Strin
 /// `--draft-model`, a pool that cannot exist names `--kv-cache-memory`, anything else the
 /// target model's path. Every cause in the chain is kept.
 pub(crate) fn build_error(e: &BuildError, target: &str, draft: Option<&str>) -> String {
+    if let (BuildError::Start(start), Some(path)) = (e, draft) {
+        match start.as_ref() {
+            StartError::Draft(cause) => {
+                return format!("--draft-model {path}: {}", error_chain(cause));
+            }
+            StartError::Config { field, reason } if *field == "draft_model" => {
+                return format!("--draft-model {path}: {reason}");
+            }
+            _ => {}
+        }
+    }
     match (e, draft) {
         // The draft's file errors name the file themselves.
         (BuildError::Draft { source, .. }, Some(_)) => {
             format!("--draft-model: {}", error_chain(source.as_ref()))
-        }
-        (BuildError::Start(StartError::Draft(cause)), Some(path)) => {
-            format!("--draft-model {path}: {}", error_chain(cause))
-        }
-        (BuildError::Start(StartError::Config { field, reason }), Some(path))
-            if *field == "draft_model" =>
-        {
-            format!("--draft-model {path}: {reason}")
         }
         (
             BuildError::KvPlan {
