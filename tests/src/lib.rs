@@ -2,8 +2,10 @@
 //!
 //! The integration harness: [`TestServer::start`] loads the default model (SmolLM2-135M Q4_1,
 //! fetched by `cargo xtask fetch-model`), starts the real [`kiln_server::Server`] on
-//! `127.0.0.1:0` with a metrics endpoint, and hands out real tonic clients over one channel.
-//! The tests live in `tests/`; the benchmarks reuse the same start-up.
+//! `127.0.0.1:0` with a metrics endpoint and the OpenAI-compatible [`kiln_http::HttpServer`]
+//! beside it on the same engine, and hands out real tonic clients over one channel and a small
+//! real HTTP/1.1 client ([`http`]). The tests live in `tests/`; the benchmarks reuse the same
+//! start-up.
 //!
 //! ```no_run
 //! # async fn demo() {
@@ -20,7 +22,14 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use kiln_engine::{Checkpoint, EngineHandle, EngineOptions, KvSize, SpeculativeConfig};
+pub mod http;
+
+use std::sync::Arc;
+
+use kiln_engine::{
+    Checkpoint, EngineHandle, EngineOptions, KvSize, Serving, ServingConfig, SpeculativeConfig,
+};
+use kiln_http::{HttpConfig, HttpServer};
 use kiln_model::LoadOptions;
 use kiln_server::pb::generation_client::GenerationClient;
 use kiln_server::pb::models_client::ModelsClient;
@@ -45,11 +54,14 @@ pub struct Options {
     /// Speculative decoding (n-gram lookup only: the harness loads one model).
     pub speculative: Option<SpeculativeConfig>,
     pub server: ServerConfig,
+    /// The HTTP front door's settings (model id and API key as the gRPC server's).
+    pub http: HttpConfig,
 }
 
 impl Default for Options {
     fn default() -> Self {
-        let mut server = ServerConfig::new(kiln_testkit::DEFAULT_GGUF.trim_end_matches(".gguf"));
+        let model_id = kiln_testkit::DEFAULT_GGUF.trim_end_matches(".gguf");
+        let mut server = ServerConfig::new(model_id);
         server.architecture = "llama".into();
         Self {
             device: Device::Cpu,
@@ -60,6 +72,7 @@ impl Default for Options {
             max_model_len: Some(2048),
             speculative: None,
             server,
+            http: HttpConfig::new(model_id),
         }
     }
 }
@@ -84,17 +97,18 @@ pub fn start_engine(opts: &Options) -> EngineHandle {
         .engine
 }
 
-/// A real server on loopback, with a channel to it.
+/// A real server on loopback (gRPC and HTTP over one engine), with a channel to it.
 #[derive(Debug)]
 pub struct TestServer {
     pub server: Server,
+    pub http: HttpServer,
     pub channel: Channel,
 }
 
 impl TestServer {
     /// Binds, loads the default model, warms up and serves.
     pub async fn start(opts: Options) -> Self {
-        let t = Self::bind(opts.server.clone()).await;
+        let t = Self::bind_both(opts.server.clone(), opts.http.clone()).await;
         let engine = tokio::task::spawn_blocking(move || start_engine(&opts))
             .await
             .expect("engine start-up task");
@@ -104,16 +118,38 @@ impl TestServer {
 
     /// Binds without a model: health says NOT_SERVING until `server.attach`.
     pub async fn bind(cfg: ServerConfig) -> Self {
+        let http = HttpConfig::new(cfg.model_id.clone());
+        Self::bind_both(cfg, http).await
+    }
+
+    /// Binds both front doors over one `Serving`, without a model.
+    pub async fn bind_both(cfg: ServerConfig, http: HttpConfig) -> Self {
         let localhost: SocketAddr = "127.0.0.1:0".parse().expect("address");
-        let server = Server::bind(localhost, Some(localhost), cfg)
+        let serving = Arc::new(Serving::new(ServingConfig {
+            drain_timeout: cfg.drain_timeout,
+            ..ServingConfig::default()
+        }));
+        let server = Server::bind_with(localhost, Some(localhost), cfg, serving.clone())
             .await
             .expect("bind 127.0.0.1:0");
+        let http = HttpServer::bind(localhost, serving, http)
+            .await
+            .expect("bind HTTP on 127.0.0.1:0");
         let channel = Channel::from_shared(format!("http://{}", server.local_addr()))
             .expect("uri")
             .connect()
             .await
             .expect("connect to the test server");
-        Self { server, channel }
+        Self {
+            server,
+            http,
+            channel,
+        }
+    }
+
+    /// The HTTP front door's address.
+    pub fn http_addr(&self) -> SocketAddr {
+        self.http.local_addr()
     }
 
     pub fn generation(&self) -> GenerationClient<Channel> {
@@ -157,8 +193,9 @@ impl TestServer {
         }
     }
 
+    /// One drain, then both listeners close.
     pub async fn shutdown(&self) {
-        self.server.shutdown().await;
+        tokio::join!(self.server.shutdown(), self.http.shutdown());
     }
 }
 

@@ -224,6 +224,12 @@ impl EngineHandle {
         &self.shared.metrics
     }
 
+    /// How long the step now running has taken so far; `None` between steps. A step that
+    /// never ends (a hung device) shows here while every other call still answers.
+    pub fn step_running_for(&self) -> Option<std::time::Duration> {
+        self.shared.metrics.step_clock.running_for()
+    }
+
     fn send(&self, cmd: Command) -> Result<(), EngineError> {
         let tx = self
             .shared

@@ -48,6 +48,7 @@ mod metrics;
 mod output;
 mod request;
 mod sampling;
+mod serving;
 mod speculative;
 mod start;
 mod step_loop;
@@ -64,6 +65,7 @@ pub use sampling::{
     LogprobRequest, ParamError, SampleError, Sampled, Sampler, SamplingParams, TokenHistory,
     TokenLogprob, raw_logprobs, rejection_sample,
 };
+pub use serving::{AttachError, Health, NotServing, Serving, ServingConfig};
 pub use speculative::{
     DraftModel, DraftProposer, NgramProposer, ProposeError, ProposeInput, Proposer, SpecMethod,
     SpeculativeConfig, TokenizerMismatch, check_same_tokenizer,

@@ -1,7 +1,8 @@
 //! What LLM operators diagnose with: TTFT (prefill), ITL (decode), queue and end-to-end
 //! latency, queue depths, KV usage, prefix-cache hits and token counts, as Prometheus metrics.
 
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -43,6 +44,41 @@ pub struct EngineMetrics {
     pub(crate) spec_steps: Counter,
     pub(crate) spec_acceptance: Gauge<f64, AtomicU64>,
     pub(crate) spec_mean_accepted: Gauge<f64, AtomicU64>,
+    /// When the step now running began (health checks read it to see a stuck step).
+    pub(crate) step_clock: StepClock,
+}
+
+/// When the running step began, as microseconds since the engine started (0: between steps).
+#[derive(Debug)]
+pub(crate) struct StepClock {
+    epoch: Instant,
+    started_us: AtomicU64,
+}
+
+impl StepClock {
+    fn new() -> Self {
+        Self {
+            epoch: Instant::now(),
+            started_us: AtomicU64::new(0),
+        }
+    }
+
+    pub(crate) fn start(&self) {
+        let us = self.epoch.elapsed().as_micros() as u64;
+        self.started_us.store(us.max(1), Ordering::Release);
+    }
+
+    pub(crate) fn stop(&self) {
+        self.started_us.store(0, Ordering::Release);
+    }
+
+    /// How long the running step has taken so far; `None` between steps.
+    pub(crate) fn running_for(&self) -> Option<Duration> {
+        match self.started_us.load(Ordering::Acquire) {
+            0 => None,
+            us => Some(self.epoch.elapsed().saturating_sub(Duration::from_micros(us))),
+        }
+    }
 }
 
 impl EngineMetrics {
@@ -74,6 +110,7 @@ impl EngineMetrics {
             spec_steps: Counter::default(),
             spec_acceptance: Gauge::default(),
             spec_mean_accepted: Gauge::default(),
+            step_clock: StepClock::new(),
             registry: Registry::default(),
         };
         let r = &mut registry;

@@ -86,7 +86,9 @@ impl Loop {
                 self.publish();
                 continue;
             }
+            self.metrics.step_clock.start();
             let ran = self.step();
+            self.metrics.step_clock.stop();
             self.publish();
             if !ran {
                 // Nothing could be scheduled (waiting on memory held by nobody should not

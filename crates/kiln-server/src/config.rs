@@ -2,10 +2,13 @@
 
 use std::time::Duration;
 
+use std::sync::Arc;
+
 use kiln_engine::SamplingParams;
+use kiln_tokenizer::ChatTemplate;
 
 /// Server settings; [`ServerConfig::new`] gives the defaults.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone)]
 pub struct ServerConfig {
     /// The name clients see (`ModelInfo.model_id`; a request naming another model is
     /// NOT_FOUND).
@@ -29,6 +32,8 @@ pub struct ServerConfig {
     pub max_response_bytes: usize,
     /// How long a drain (SIGTERM) lets requests in flight finish before cancelling them.
     pub drain_timeout: Duration,
+    /// Renders `chat` prompts instead of the model's own template (`--chat-template FILE`).
+    pub chat_template: Option<Arc<ChatTemplate>>,
 }
 
 impl ServerConfig {
@@ -43,6 +48,7 @@ impl ServerConfig {
             max_request_bytes: 4 << 20,
             max_response_bytes: 64 << 20,
             drain_timeout: Duration::from_secs(30),
+            chat_template: None,
         }
     }
 }

@@ -32,10 +32,13 @@ pub(crate) fn max_new_tokens_limit(cfg: &ServerConfig, info: &EngineInfo) -> usi
         .min(info.max_model_len)
 }
 
+/// Renders with `--chat-template` when one was given, else the model's own (ChatML when the
+/// model has none).
 pub(crate) fn chat_text(
     tok: &Tokenizer,
     chat: &pb::ChatMessages,
     field: &str,
+    cfg: &ServerConfig,
 ) -> Result<String, Status> {
     if chat.messages.is_empty() {
         return Err(invalid(field, "has no messages"));
@@ -45,12 +48,13 @@ pub(crate) fn chat_text(
         .iter()
         .map(|m| ChatMessage::new(m.role.clone(), m.content.clone()))
         .collect();
-    tok.apply_chat_template(
-        &messages,
-        &ChatOptions {
-            add_generation_prompt: true,
-        },
-    )
+    let options = ChatOptions {
+        add_generation_prompt: true,
+    };
+    match &cfg.chat_template {
+        Some(t) => tok.render_chat(t, &messages, &options),
+        None => tok.apply_chat_template(&messages, &options),
+    }
     .map_err(|e| invalid(field, format!("chat template: {e}")))
 }
 
@@ -74,7 +78,7 @@ pub(crate) fn request(
         Some(pb::generate_request::Prompt::Text(t)) => Prompt::Text(t.clone()),
         Some(pb::generate_request::Prompt::TokenIds(t)) => Prompt::TokenIds(t.ids.clone()),
         Some(pb::generate_request::Prompt::Chat(c)) => {
-            Prompt::Text(chat_text(tok, c, "prompt.chat")?)
+            Prompt::Text(chat_text(tok, c, "prompt.chat", cfg)?)
         }
     };
     let prompt = match r.truncate_prompt_tokens {

@@ -22,6 +22,9 @@ use crate::status::{from_engine, invalid, invalid_timeout};
 /// handler runs; ending the request this much earlier makes the answer DEADLINE_EXCEEDED.
 const DEADLINE_MARGIN: Duration = Duration::from_millis(5);
 
+const GENERATE: &str = "/kiln.v1.Generation/Generate";
+const GENERATE_STREAM: &str = "/kiln.v1.Generation/GenerateStream";
+
 #[derive(Debug)]
 pub(crate) struct GenerationService {
     pub state: Arc<State>,
@@ -89,7 +92,7 @@ impl GenerationService {
                 .unwrap_or(Err(EngineError::DeadlineExceeded)),
         }
         .map_err(from_engine)?;
-        log_done(&call.request_id, "Generate", &out.usage, &out.timing);
+        log_done(&call.request_id, GENERATE, &out.usage, &out.timing);
         Ok(unary_response(call.request_id, &out, call.reply))
     }
 }
@@ -128,7 +131,7 @@ impl pb::generation_server::Generation for GenerationService {
         request: Request<pb::GenerateRequest>,
     ) -> Result<Response<pb::GenerateResponse>, Status> {
         let result = self.unary(request).await;
-        self.state.metrics.record("Generate", result.as_ref().err());
+        self.state.record(GENERATE, result.as_ref().err());
         result.map(Response::new)
     }
 
@@ -142,7 +145,7 @@ impl pb::generation_server::Generation for GenerationService {
         let call = match self.start(&request) {
             Ok(c) => c,
             Err(s) => {
-                self.state.metrics.record("GenerateStream", Some(&s));
+                self.state.record(GENERATE_STREAM, Some(&s));
                 return Err(s);
             }
         };
@@ -224,7 +227,7 @@ impl GenStream {
     fn end(&mut self, err: Option<&Status>) {
         self.events = None;
         self.deadline = None;
-        self.state.metrics.record("GenerateStream", err);
+        self.state.record(GENERATE_STREAM, err);
     }
 }
 
@@ -258,7 +261,7 @@ impl Stream for GenStream {
                     }
                 }
                 Some(Event::Finished(s)) => {
-                    log_done(&this.request_id, "GenerateStream", &s.usage, &s.timing);
+                    log_done(&this.request_id, GENERATE_STREAM, &s.usage, &s.timing);
                     let msg = this.last(&s);
                     this.end(None);
                     return Poll::Ready(Some(Ok(msg)));
@@ -284,8 +287,8 @@ impl Drop for GenStream {
         if self.events.is_some() {
             // The client went away mid-stream; dropping `events` aborts the request.
             tracing::debug!(request_id = %self.request_id, "stream dropped by the client");
-            self.state.metrics.record(
-                "GenerateStream",
+            self.state.record(
+                GENERATE_STREAM,
                 Some(&Status::new(Code::Cancelled, "client left")),
             );
         }

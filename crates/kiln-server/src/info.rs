@@ -23,7 +23,7 @@ impl TokenizationService {
         let text = match &r.input {
             None => return Err(invalid("input", "missing: set text or chat")),
             Some(pb::tokenize_request::Input::Text(t)) => t.clone(),
-            Some(pb::tokenize_request::Input::Chat(c)) => convert::chat_text(tok, c, "chat")?,
+            Some(pb::tokenize_request::Input::Chat(c)) => convert::chat_text(tok, c, "chat", &self.state.cfg)?,
         };
         let token_ids = tok.encode(&text).map_err(|e| invalid("text", e))?;
         let tokens = if r.return_tokens {
@@ -66,7 +66,7 @@ impl pb::tokenization_server::Tokenization for TokenizationService {
         request: Request<pb::TokenizeRequest>,
     ) -> Result<Response<pb::TokenizeResponse>, Status> {
         let result = TokenizationService::tokenize(self, request.get_ref());
-        self.state.metrics.record("Tokenize", result.as_ref().err());
+        self.state.record("/kiln.v1.Tokenization/Tokenize", result.as_ref().err());
         result.map(Response::new)
     }
 
@@ -76,8 +76,7 @@ impl pb::tokenization_server::Tokenization for TokenizationService {
     ) -> Result<Response<pb::DetokenizeResponse>, Status> {
         let result = TokenizationService::detokenize(self, request.get_ref());
         self.state
-            .metrics
-            .record("Detokenize", result.as_ref().err());
+            .record("/kiln.v1.Tokenization/Detokenize", result.as_ref().err());
         result.map(Response::new)
     }
 }
@@ -147,8 +146,7 @@ impl pb::models_server::Models for ModelsService {
     ) -> Result<Response<pb::ModelInfo>, Status> {
         let result = self.info(request.get_ref()).await;
         self.state
-            .metrics
-            .record("GetModelInfo", result.as_ref().err());
+            .record("/kiln.v1.Models/GetModelInfo", result.as_ref().err());
         result.map(Response::new)
     }
 }

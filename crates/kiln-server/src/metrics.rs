@@ -1,5 +1,6 @@
-//! The Prometheus endpoint (`GET /metrics` on its own listener, plain HTTP/1.1) and the
-//! server's own counters, exposed after the engine's histograms and gauges.
+//! The Prometheus endpoint (`GET /metrics` on its own listener, plain HTTP/1.1): the text
+//! [`Serving::metrics_text`](kiln_engine::Serving::metrics_text) renders, the same an HTTP front
+//! door on the same `Serving` serves.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -9,65 +10,10 @@ use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
-use prometheus_client::encoding::EncodeLabelSet;
-use prometheus_client::encoding::text::{encode_eof, encode_registry};
-use prometheus_client::metrics::counter::Counter;
-use prometheus_client::metrics::family::Family;
-use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
-use tonic::Status;
 
 use crate::server::State;
-
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct CallLabels {
-    method: String,
-    code: String,
-}
-
-/// Calls by method and gRPC status code.
-#[derive(Debug)]
-pub(crate) struct ServerMetrics {
-    registry: Registry,
-    calls: Family<CallLabels, Counter>,
-}
-
-impl ServerMetrics {
-    pub fn new() -> Self {
-        let mut registry = Registry::with_prefix("kiln");
-        let calls = Family::<CallLabels, Counter>::default();
-        registry.register(
-            "grpc_requests",
-            "gRPC calls by method and status code",
-            calls.clone(),
-        );
-        Self { registry, calls }
-    }
-
-    /// Counts one call of `method` that ended with `err` (`None`: OK).
-    pub fn record(&self, method: &str, err: Option<&Status>) {
-        let code = err.map_or(tonic::Code::Ok, Status::code);
-        self.calls
-            .get_or_create(&CallLabels {
-                method: method.to_owned(),
-                code: format!("{code:?}"),
-            })
-            .inc();
-    }
-}
-
-/// The whole exposition: the engine's metrics (once a model is attached), then the server's.
-pub(crate) fn render(state: &State) -> String {
-    let mut out = String::new();
-    if let Some(engine) = state.engine.get() {
-        engine.metrics().encode_metrics(&mut out);
-    }
-    // Writing into a String cannot fail.
-    let _ = encode_registry(&mut out, &state.metrics.registry);
-    let _ = encode_eof(&mut out);
-    out
-}
 
 const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
@@ -76,7 +22,7 @@ async fn respond(
     req: http::Request<Incoming>,
 ) -> Result<http::Response<Full<Bytes>>, Infallible> {
     let (status, ctype, body) = match (req.method(), req.uri().path()) {
-        (&http::Method::GET, "/metrics") => (http::StatusCode::OK, CONTENT_TYPE, render(&state)),
+        (&http::Method::GET, "/metrics") => (http::StatusCode::OK, CONTENT_TYPE, state.serving.metrics_text()),
         (_, "/metrics") => (
             http::StatusCode::METHOD_NOT_ALLOWED,
             "text/plain",

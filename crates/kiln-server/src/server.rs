@@ -3,11 +3,10 @@
 //! closed).
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
-use std::time::{Duration, Instant};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
-use kiln_engine::{EngineError, EngineHandle, Request, ShutdownMode};
+use kiln_engine::{AttachError, EngineHandle, NotServing, Serving, ServingConfig};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -20,7 +19,6 @@ use crate::config::ServerConfig;
 use crate::edge::EdgeLayer;
 use crate::generation::GenerationService;
 use crate::info::{ModelsService, TokenizationService};
-use crate::metrics::ServerMetrics;
 use crate::pb;
 
 /// Health is reported for the whole server ("") and for each kiln service.
@@ -39,30 +37,35 @@ const CLOSE_GRACE: Duration = Duration::from_secs(5);
 #[derive(Debug)]
 pub(crate) struct State {
     pub cfg: ServerConfig,
-    /// Set once the model is loaded and warmed up.
-    pub engine: OnceLock<EngineHandle>,
-    pub draining: AtomicBool,
-    pub metrics: ServerMetrics,
+    /// The engine, drain and call counts, shared with any other front door of the process.
+    pub serving: Arc<Serving>,
 }
 
 impl State {
     /// The engine, for new generation work: loaded and not draining.
     pub fn engine(&self) -> Result<&EngineHandle, Status> {
-        if self.draining.load(Ordering::Acquire) {
-            return Err(Status::unavailable(
-                "the server is draining and takes no new requests",
-            ));
-        }
-        self.loaded()
+        self.serving.for_work().map_err(unavailable)
     }
 
     /// The engine, for reads (tokenizer, model info), also while draining.
     pub fn loaded(&self) -> Result<&EngineHandle, Status> {
-        self.engine.get().ok_or_else(|| {
-            Status::unavailable(
-                "the model is still loading (grpc.health.v1.Health says when it serves)",
-            )
-        })
+        self.serving.loaded().map_err(unavailable)
+    }
+
+    /// Counts one call of `path` (`/kiln.v1.Generation/Generate`) that ended with `err`
+    /// (`None`: OK).
+    pub fn record(&self, path: &str, err: Option<&Status>) {
+        let code = err.map_or(tonic::Code::Ok, Status::code);
+        self.serving.record("grpc", path, &format!("{code:?}"));
+    }
+}
+
+fn unavailable(e: NotServing) -> Status {
+    match e {
+        NotServing::Loading => Status::unavailable(
+            "the model is still loading (grpc.health.v1.Health says when it serves)",
+        ),
+        NotServing::Draining => Status::unavailable(e.to_string()),
     }
 }
 
@@ -76,10 +79,8 @@ pub enum ServerError {
     },
     #[error("reflection service")]
     Reflection(#[source] tonic_reflection::server::Error),
-    #[error("warm-up request failed")]
-    Warmup(#[source] EngineError),
-    #[error("a model is already attached to this server")]
-    AlreadyAttached,
+    #[error("cannot attach the model")]
+    Attach(#[source] AttachError),
 }
 
 /// A running gRPC server (and its metrics endpoint); its listeners run on the tokio runtime
@@ -110,6 +111,22 @@ impl Server {
         metrics_listen: Option<SocketAddr>,
         cfg: ServerConfig,
     ) -> Result<Self, ServerError> {
+        let serving = Arc::new(Serving::new(ServingConfig {
+            drain_timeout: cfg.drain_timeout,
+            ..ServingConfig::default()
+        }));
+        Self::bind_with(listen, metrics_listen, cfg, serving).await
+    }
+
+    /// [`bind`](Self::bind) over a [`Serving`] that other front doors (kiln-http) share: one
+    /// engine, one drain, one metrics text. `cfg.drain_timeout` is not used (the `Serving`'s
+    /// own applies).
+    pub async fn bind_with(
+        listen: SocketAddr,
+        metrics_listen: Option<SocketAddr>,
+        cfg: ServerConfig,
+        serving: Arc<Serving>,
+    ) -> Result<Self, ServerError> {
         let (listener, addr) = self::listen(listen).await?;
         let metrics = match metrics_listen {
             Some(a) => Some(self::listen(a).await?),
@@ -134,12 +151,7 @@ impl Server {
 
         let (max_in, max_out) = (cfg.max_request_bytes, cfg.max_response_bytes);
         let api_key = cfg.api_key.as_deref().map(Arc::from);
-        let state = Arc::new(State {
-            cfg,
-            engine: OnceLock::new(),
-            draining: AtomicBool::new(false),
-            metrics: ServerMetrics::new(),
-        });
+        let state = Arc::new(State { cfg, serving });
         let generation = pb::generation_server::GenerationServer::new(GenerationService {
             state: state.clone(),
         })
@@ -206,26 +218,25 @@ impl Server {
 
     /// The attached engine.
     pub fn engine(&self) -> Option<&EngineHandle> {
-        self.state.engine.get()
+        self.state.serving.engine()
+    }
+
+    /// What this server shares with other front doors.
+    pub fn serving(&self) -> &Arc<Serving> {
+        &self.state.serving
     }
 
     /// The Prometheus text `/metrics` serves.
     pub fn metrics_text(&self) -> String {
-        crate::metrics::render(&self.state)
+        self.state.serving.metrics_text()
     }
 
     /// Runs a warm-up request through `engine` (compiling every kernel the first real request
     /// would wait for), then serves with it: health turns SERVING.
     pub async fn attach(&self, engine: EngineHandle) -> Result<(), ServerError> {
-        if self.state.engine.get().is_some() {
-            return Err(ServerError::AlreadyAttached);
-        }
-        warm_up(&engine).await.map_err(ServerError::Warmup)?;
-        self.state
-            .engine
-            .set(engine)
-            .map_err(|_| ServerError::AlreadyAttached)?;
-        if !self.state.draining.load(Ordering::Acquire) {
+        let serving = &self.state.serving;
+        serving.attach(engine).await.map_err(ServerError::Attach)?;
+        if !serving.is_draining() {
             for name in HEALTH_NAMES {
                 self.health
                     .set_service_status(name, ServingStatus::Serving)
@@ -237,30 +248,16 @@ impl Server {
     }
 
     /// Drains: health turns NOT_SERVING, new generation is UNAVAILABLE, requests in flight
-    /// finish (those still running after `drain_timeout` are cancelled), then the listeners
-    /// close. Resolves when all of that is done.
+    /// finish (those still running after the drain timeout are cancelled), then the listeners
+    /// close. Resolves when all of that is done. The drain is shared: every front door on the
+    /// same [`Serving`] refuses new work from its start.
     pub async fn shutdown(&self) {
-        if self.state.draining.swap(true, Ordering::AcqRel) {
-            tracing::debug!("shutdown already begun");
-        }
         for name in HEALTH_NAMES {
             self.health
                 .set_service_status(name, ServingStatus::NotServing)
                 .await;
         }
-        if let Some(engine) = self.state.engine.get() {
-            let start = Instant::now();
-            let timeout = self.state.cfg.drain_timeout;
-            tracing::info!(?timeout, "draining requests in flight");
-            if tokio::time::timeout(timeout, engine.shutdown(ShutdownMode::Drain))
-                .await
-                .is_err()
-            {
-                tracing::warn!(?timeout, "drain timed out; cancelling what is left");
-                engine.shutdown(ShutdownMode::Cancel).await;
-            }
-            tracing::info!(ms = start.elapsed().as_millis() as u64, "engine drained");
-        }
+        self.state.serving.drain().await;
         let _ = self.stop.send(true);
         let tasks: Vec<_> = self
             .tasks
@@ -284,21 +281,4 @@ impl Drop for Server {
     fn drop(&mut self) {
         let _ = self.stop.send(true);
     }
-}
-
-/// One short prompt (a full block, so the batched matmul path runs too) and two generated
-/// tokens.
-async fn warm_up(engine: &EngineHandle) -> Result<(), EngineError> {
-    let info = engine.info();
-    let len = info
-        .block_size
-        .min(info.max_model_len.saturating_sub(2))
-        .max(1);
-    let mut req = Request::tokens(vec![info.bos.unwrap_or(0); len]).max_new_tokens(2);
-    req.label = "warm-up".into();
-    req.stopping.ignore_eos = true;
-    let start = Instant::now();
-    engine.submit(req)?.collect().await?;
-    tracing::info!(ms = start.elapsed().as_millis() as u64, "warm-up step done");
-    Ok(())
 }

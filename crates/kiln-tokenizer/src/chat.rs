@@ -3,6 +3,8 @@
 
 use minijinja::value::{Kwargs, Value, ValueKind};
 use minijinja::{Environment, Error, ErrorKind, context};
+use std::path::Path;
+
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Result, TokenizerError};
@@ -72,6 +74,39 @@ impl ChatTemplate {
         Ok(Self { name, source, env })
     }
 
+    /// Reads a template file as transformers does: a Jinja file (`chat_template.jinja`), or a
+    /// JSON file whose `chat_template` field holds it (`tokenizer_config.json`,
+    /// `chat_template.json`; a list of named templates gives the one named `default`).
+    pub fn from_file(path: impl AsRef<Path>) -> Result<Self> {
+        let path = path.as_ref();
+        let text = std::fs::read_to_string(path).map_err(|source| TokenizerError::Io {
+            path: path.to_owned(),
+            source,
+        })?;
+        let field = |detail: &str| TokenizerError::ConfigField {
+            path: path.to_owned(),
+            field: "chat_template".into(),
+            detail: detail.into(),
+        };
+        let source = match serde_json::from_str::<serde_json::Value>(&text) {
+            Ok(serde_json::Value::Object(map)) => match map.get("chat_template") {
+                Some(serde_json::Value::String(t)) => t.clone(),
+                Some(serde_json::Value::Array(named)) => named
+                    .iter()
+                    .find(|t| t.get("name").and_then(|n| n.as_str()) == Some("default"))
+                    .and_then(|t| t.get("template"))
+                    .and_then(|t| t.as_str())
+                    .ok_or_else(|| field("a list of templates without one named `default`"))?
+                    .to_owned(),
+                Some(_) => return Err(field("expected a string or a list of named templates")),
+                None => return Err(field("missing (a JSON file must hold the template there)")),
+            },
+            // Not a JSON object: the file is the template itself.
+            _ => text,
+        };
+        Self::new(path.display().to_string(), source)
+    }
+
     /// The ChatML template.
     pub fn chatml() -> Result<Self> {
         Self::new("chatml", CHATML_TEMPLATE)
@@ -82,10 +117,13 @@ impl ChatTemplate {
         &self.source
     }
 
-    /// Renders `messages`; `bos_token`/`eos_token` are the strings templates refer to.
-    pub fn render(
+    /// Renders `messages`; `bos_token`/`eos_token` are the strings templates refer to. A
+    /// message is anything that serializes to a map with `role` and `content` ([`ChatMessage`],
+    /// or a JSON object that also carries `name`, `tool_call_id` or `tool_calls` for templates
+    /// that read them).
+    pub fn render<M: Serialize>(
         &self,
-        messages: &[ChatMessage],
+        messages: &[M],
         options: &ChatOptions,
         bos_token: Option<&str>,
         eos_token: Option<&str>,
@@ -208,7 +246,7 @@ fn write_py_json(
 mod tests {
     use super::*;
 
-    fn render(source: &str, messages: &[ChatMessage]) -> Result<String> {
+    fn render<M: Serialize>(source: &str, messages: &[M]) -> Result<String> {
         ChatTemplate::new("test", source)?.render(
             messages,
             &ChatOptions::default(),
@@ -273,7 +311,7 @@ mod tests {
 
     #[test]
     fn raise_exception_and_syntax_errors_are_reported() {
-        let err = render("{{ raise_exception('roles must alternate') }}", &[])
+        let err = render::<ChatMessage>("{{ raise_exception('roles must alternate') }}", &[])
             .err()
             .map(|e| e.to_string());
         assert!(
@@ -290,5 +328,72 @@ mod tests {
                 .is_some_and(|e| e.starts_with("chat template `broken` does not compile")),
             "{err:?}"
         );
+    }
+
+    #[test]
+    fn template_files_as_transformers_reads_them() -> Result<()> {
+        let dir = std::env::temp_dir().join(format!("kiln-chat-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).map_err(|source| TokenizerError::Io {
+            path: dir.clone(),
+            source,
+        })?;
+        let write = |name: &str, text: &str| {
+            let p = dir.join(name);
+            std::fs::write(&p, text).map(|()| p)
+        };
+        let msgs = [ChatMessage::new("user", "hi")];
+        let cases = [
+            ("t.jinja", "{{ messages[0].content }}!"),
+            ("tokenizer_config.json", r#"{"chat_template": "{{ messages[0].content }}!"}"#),
+            (
+                "named.json",
+                r#"{"chat_template": [{"name": "tool_use", "template": "x"}, {"name": "default", "template": "{{ messages[0].content }}!"}]}"#,
+            ),
+        ];
+        for (name, text) in cases {
+            let path = write(name, text).map_err(|source| TokenizerError::Io {
+                path: name.into(),
+                source,
+            })?;
+            let t = ChatTemplate::from_file(&path)?;
+            assert_eq!(t.render(&msgs, &ChatOptions::default(), None, None)?, "hi!");
+        }
+        let bad = write("bad.json", r#"{"eos_token": "</s>"}"#).map_err(|source| {
+            TokenizerError::Io {
+                path: "bad.json".into(),
+                source,
+            }
+        })?;
+        let err = ChatTemplate::from_file(&bad).err().map(|e| e.to_string());
+        assert!(
+            err.as_deref()
+                .is_some_and(|e| e.contains("bad.json") && e.contains("`chat_template`")),
+            "{err:?}"
+        );
+        let err = ChatTemplate::from_file(dir.join("missing.jinja"))
+            .err()
+            .map(|e| e.to_string());
+        assert!(
+            err.as_deref()
+                .is_some_and(|e| e.contains("missing.jinja") && e.contains("cannot read")),
+            "{err:?}"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+        Ok(())
+    }
+
+    #[test]
+    fn messages_may_carry_fields_templates_read() -> Result<()> {
+        let msgs = serde_json::json!([
+            {"role": "user", "content": "weather?"},
+            {"role": "tool", "content": "sunny", "tool_call_id": "call_1"},
+        ]);
+        let msgs = msgs.as_array().cloned().unwrap_or_default();
+        let out = render(
+            "{% for m in messages %}{{ m.role }}:{{ m.content }}{% if m.tool_call_id %}({{ m.tool_call_id }}){% endif %};{% endfor %}",
+            &msgs,
+        );
+        assert_eq!(out?, "user:weather?;tool:sunny(call_1);");
+        Ok(())
     }
 }

@@ -221,13 +221,23 @@ impl Tokenizer {
         messages: &[ChatMessage],
         options: &ChatOptions,
     ) -> Result<String> {
+        match &self.inner.chat_template {
+            Some(template) => self.render_chat(template, messages, options),
+            None => self.render_chat(&ChatTemplate::chatml()?, messages, options),
+        }
+    }
+
+    /// Renders `messages` with `template` (say, one given on the command line), passing this
+    /// tokenizer's BOS and EOS token strings.
+    pub fn render_chat<M: serde::Serialize>(
+        &self,
+        template: &ChatTemplate,
+        messages: &[M],
+        options: &ChatOptions,
+    ) -> Result<String> {
         let bos = self.inner.specials.bos.and_then(|id| self.id_to_token(id));
         let eos = self.inner.specials.eos.and_then(|id| self.id_to_token(id));
-        let render = |t: &ChatTemplate| t.render(messages, options, bos.as_deref(), eos.as_deref());
-        match &self.inner.chat_template {
-            Some(template) => render(template),
-            None => render(&ChatTemplate::chatml()?),
-        }
+        template.render(messages, options, bos.as_deref(), eos.as_deref())
     }
 }
 

@@ -10,7 +10,8 @@ use crate::generate::GenerateArgs;
 use crate::serve::ServeArgs;
 use crate::{InfoArgs, TokenizeArgs};
 
-/// Serve a Llama-family model over gRPC, generate text, tokenize, describe a model.
+/// Serve a Llama-family model over gRPC and OpenAI-compatible HTTP, generate text, tokenize,
+/// describe a model.
 #[derive(Debug, Parser)]
 #[command(
     name = "kiln",
@@ -26,7 +27,8 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Serve a model over gRPC (health NOT_SERVING until it is loaded); SIGTERM or Ctrl-C drains
+    /// Serve a model over gRPC and OpenAI-compatible HTTP (health NOT_SERVING until it is
+    /// loaded); SIGTERM or Ctrl-C drains
     Serve(ServeArgs),
     /// Generate text for one prompt, streamed to stdout (or one JSON object with --json)
     Generate(GenerateArgs),
@@ -228,6 +230,10 @@ mod tests {
         };
         assert_eq!(s.listen.to_string(), "0.0.0.0:1");
         assert!(s.metrics_listen.0.is_none());
+        assert_eq!(
+            s.http_listen.0.map(|a| a.to_string()).as_deref(),
+            Some("127.0.0.1:8000")
+        );
         assert_eq!(s.engine.kv_dtype, kiln_kv::KvDtype::Int8);
         assert_eq!(s.engine.kv_cache_memory, 512 << 20);
     }

@@ -1,18 +1,23 @@
-//! `kiln serve`: bind the gRPC server at once (health NOT_SERVING), load the model and start the
-//! engine, warm up, serve; SIGTERM or Ctrl-C drains and exits 0.
+//! `kiln serve`: bind the gRPC server and the OpenAI-compatible HTTP one at once (health
+//! NOT_SERVING / 503), load the model and start the engine, warm up, serve both from the same
+//! engine; SIGTERM or Ctrl-C drains and exits 0.
 
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
-use kiln_engine::{EngineOptions, error_chain};
+use kiln_engine::{EngineOptions, Serving, ServingConfig, error_chain};
+use kiln_http::{HttpConfig, HttpServer};
 use kiln_server::{Server, ServerConfig};
+use kiln_tokenizer::ChatTemplate;
 use kiln_tensor::Device;
 
 use crate::args::{DeviceArgs, EngineArgs, LoadArgs, ModelArgs, SpeculativeArgs};
 
 const DEFAULT_LISTEN: &str = "127.0.0.1:50051";
 const DEFAULT_METRICS: &str = "127.0.0.1:9464";
+const DEFAULT_HTTP: &str = "127.0.0.1:8000";
 
 /// `kiln serve`.
 #[derive(Debug, Clone, clap::Args)]
@@ -35,7 +40,20 @@ pub struct ServeArgs {
         value_parser = metrics_addr
     )]
     pub metrics_listen: MaybeAddr,
-    /// Every kiln.v1 call must carry `authorization: Bearer KEY` (empty: no key)
+    /// OpenAI-compatible HTTP address (/v1/chat/completions, /v1/completions, /v1/models,
+    /// /health, /version, /metrics), or off
+    #[arg(
+        long,
+        value_name = "HOST:PORT|off",
+        default_value = DEFAULT_HTTP,
+        value_parser = http_addr
+    )]
+    pub http_listen: MaybeAddr,
+    /// Chat template for chat requests, over the model's own: a Jinja file, or a JSON file
+    /// with a `chat_template` field (as transformers reads them)
+    #[arg(long, value_name = "FILE")]
+    pub chat_template: Option<PathBuf>,
+    /// Every kiln.v1 and /v1/ call must carry `authorization: Bearer KEY` (empty: no key)
     #[arg(
         long,
         value_name = "KEY",
@@ -85,6 +103,13 @@ fn metrics_addr(v: &str) -> Result<MaybeAddr, String> {
     addr(v, DEFAULT_METRICS).map(|a| MaybeAddr(Some(a)))
 }
 
+fn http_addr(v: &str) -> Result<MaybeAddr, String> {
+    if v == "off" {
+        return Ok(MaybeAddr(None));
+    }
+    addr(v, DEFAULT_HTTP).map(|a| MaybeAddr(Some(a)))
+}
+
 fn seconds(v: &str) -> Result<Duration, String> {
     let s = v.parse::<f64>().map_err(|e| e.to_string())?;
     Duration::try_from_secs_f64(s).map_err(|e| format!("expected seconds >= 0 ({e})"))
@@ -95,7 +120,9 @@ struct Plan {
     path: String,
     listen: SocketAddr,
     metrics: Option<SocketAddr>,
+    http: Option<SocketAddr>,
     server: ServerConfig,
+    http_cfg: HttpConfig,
     engine: EngineOptions,
 }
 
@@ -108,8 +135,20 @@ fn plan(args: &ServeArgs) -> Result<Plan, String> {
             .map(|s| s.to_string_lossy().into_owned())
             .unwrap_or_else(|| path.clone()),
     };
-    let mut server = ServerConfig::new(model_id);
+    let chat_template = match &args.chat_template {
+        None => None,
+        Some(path) => Some(Arc::new(ChatTemplate::from_file(path).map_err(|e| {
+            format!("--chat-template {}: {}", path.display(), error_chain(&e))
+        })?)),
+    };
+    let mut server = ServerConfig::new(model_id.clone());
     server.api_key = args.api_key.clone().filter(|k| !k.is_empty());
+    server.chat_template = chat_template.clone();
+    let mut http_cfg = HttpConfig::new(model_id);
+    http_cfg.api_key = server.api_key.clone();
+    http_cfg.chat_template = chat_template;
+    http_cfg.max_tokens = args.max_new_tokens;
+    http_cfg.default_max_tokens = args.default_max_new_tokens;
     if let Some(n) = args.max_new_tokens {
         server.max_new_tokens = Some(n);
     }
@@ -126,10 +165,30 @@ fn plan(args: &ServeArgs) -> Result<Plan, String> {
     Ok(Plan {
         listen: args.listen,
         metrics: args.metrics_listen.0,
+        http: args.http_listen.0,
         server,
+        http_cfg,
         engine,
         path,
     })
+}
+
+/// The gRPC server and the HTTP one, over one `Serving`.
+struct FrontDoors {
+    server: Server,
+    http: Option<HttpServer>,
+}
+
+impl FrontDoors {
+    /// One drain (both refuse new work at once), then both listeners close.
+    async fn shutdown(&self) {
+        match &self.http {
+            Some(http) => {
+                tokio::join!(self.server.shutdown(), http.shutdown());
+            }
+            None => self.server.shutdown().await,
+        }
+    }
 }
 
 /// Resolves on SIGTERM or SIGINT (Ctrl-C).
@@ -170,16 +229,34 @@ pub fn run(args: &ServeArgs) -> Result<(), String> {
         .build()
         .map_err(|e| format!("cannot start the async runtime: {e}"))?;
     let result = rt.block_on(async move {
-        let server = Server::bind(p.listen, p.metrics, p.server.clone())
+        let serving = Arc::new(Serving::new(ServingConfig {
+            drain_timeout: p.server.drain_timeout,
+            ..ServingConfig::default()
+        }));
+        let server = Server::bind_with(p.listen, p.metrics, p.server.clone(), serving.clone())
             .await
             .map_err(|e| error_chain(&e))?;
+        let http = match p.http {
+            None => None,
+            Some(addr) => Some(
+                HttpServer::bind(addr, serving, p.http_cfg.clone())
+                    .await
+                    .map_err(|e| error_chain(&e))?,
+            ),
+        };
+        let front = FrontDoors { server, http };
         // One line on stdout that scripts (and tests binding port 0) can read.
         println!(
-            "kiln: listening on {} (metrics: {})",
-            server.local_addr(),
-            server
+            "kiln: listening on {} (metrics: {}, http: {})",
+            front.server.local_addr(),
+            front
+                .server
                 .metrics_addr()
-                .map_or("off".to_owned(), |a| format!("http://{a}/metrics"))
+                .map_or("off".to_owned(), |a| format!("http://{a}/metrics")),
+            front
+                .http
+                .as_ref()
+                .map_or("off".to_owned(), |h| format!("http://{}", h.local_addr()))
         );
         let _ = std::io::Write::flush(&mut std::io::stdout());
         // Uploading the weights blocks: off the async workers.
@@ -192,23 +269,23 @@ pub fn run(args: &ServeArgs) -> Result<(), String> {
         let engine = tokio::select! {
             r = load => r.map_err(|e| format!("model loading stopped: {e}")).and_then(|r| r),
             () = stop_signal() => {
-                server.shutdown().await;
+                front.shutdown().await;
                 return Ok(());
             }
         };
         let engine = match engine {
             Ok(e) => e,
             Err(e) => {
-                server.shutdown().await;
+                front.shutdown().await;
                 return Err(e);
             }
         };
-        if let Err(e) = server.attach(engine).await {
-            server.shutdown().await;
+        if let Err(e) = front.server.attach(engine).await {
+            front.shutdown().await;
             return Err(error_chain(&e));
         }
         stop_signal().await;
-        server.shutdown().await;
+        front.shutdown().await;
         Ok(())
     });
     // A model still loading when a signal came is not waited for.

@@ -362,6 +362,8 @@ fn help_lists_every_flag() {
         "--model-id",
         "--listen",
         "--metrics-listen",
+        "--http-listen",
+        "--chat-template",
         "--backend",
         "KILN_BACKEND",
         "--api-key",

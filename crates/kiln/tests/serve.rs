@@ -23,6 +23,7 @@ async fn sigterm_drains_the_stream_in_flight_and_exits_zero() {
     let mut child = Command::new(env!("CARGO_BIN_EXE_kiln"))
         .args(["serve", "--model", &model(), "--backend", "cpu"])
         .args(["--listen", "127.0.0.1:0", "--metrics-listen", "off"])
+        .args(["--http-listen", "127.0.0.1:0"])
         .args(["--kv-cache-memory", "67108864"])
         // Speculating changes no greedy token: the text checked below is plain decoding's.
         .args(["--speculative", "ngram"])
@@ -30,7 +31,7 @@ async fn sigterm_drains_the_stream_in_flight_and_exits_zero() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    // "kiln: listening on 127.0.0.1:PORT (metrics: off)"
+    // "kiln: listening on 127.0.0.1:PORT (metrics: off, http: http://127.0.0.1:PORT)"
     let mut line = String::new();
     BufReader::new(child.stdout.take().unwrap())
         .read_line(&mut line)
@@ -41,6 +42,13 @@ async fn sigterm_drains_the_stream_in_flight_and_exits_zero() {
         .unwrap_or_else(|| panic!("no address in {line:?}"))
         .to_owned();
     let url = format!("http://{addr}");
+    let http: std::net::SocketAddr = line
+        .trim_end()
+        .trim_end_matches(')')
+        .rsplit("http://")
+        .next()
+        .and_then(|a| a.parse().ok())
+        .unwrap_or_else(|| panic!("no HTTP address in {line:?}"));
 
     let channel = tonic::transport::Channel::from_shared(url)
         .unwrap()
@@ -61,6 +69,10 @@ async fn sigterm_drains_the_stream_in_flight_and_exits_zero() {
         assert!(start.elapsed() < Duration::from_secs(120), "never SERVING");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+
+    // The OpenAI front door serves from the same engine.
+    let (code, body) = kiln_tests::http_get(http, "/health").await;
+    assert_eq!((code, body.as_str()), (200, r#"{"status":"serving"}"#));
 
     let mut g = GenerationClient::new(channel);
     let req = pb::GenerateRequest {
@@ -144,6 +156,14 @@ fn serve_refuses_bad_flags_with_one_line() {
             "/no/such/model.gguf",
         ),
         (vec!["--listen", "127.0.0.1:0"], "missing --model"),
+        (
+            vec!["--model", &m, "--http-listen", "nowhere"],
+            "--http-listen nowhere",
+        ),
+        (
+            vec!["--model", &m, "--chat-template", "/no/such/template.jinja"],
+            "--chat-template /no/such/template.jinja",
+        ),
         (
             vec!["--model", &m, "--speculative", "sometimes"],
             "--speculative sometimes",

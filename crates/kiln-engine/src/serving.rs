@@ -1,0 +1,237 @@
+//! What the front doors of one process (gRPC, HTTP) share: the engine once it is loaded and
+//! warmed up, one drain, one health verdict, and one count of API calls by protocol, endpoint
+//! and status code. Each front door maps [`NotServing`] and [`Health`] to its own statuses.
+
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::encoding::text::{encode_eof, encode_registry};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::registry::Registry;
+use tokio::sync::OnceCell;
+
+use crate::{EngineError, EngineHandle, Request, ShutdownMode};
+
+/// How the front doors drain and when they call the engine stuck.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ServingConfig {
+    /// How long a drain lets requests in flight finish before cancelling them.
+    pub drain_timeout: Duration,
+    /// A step running longer than this makes health report [`Health::Stuck`].
+    pub stuck_after: Duration,
+}
+
+impl Default for ServingConfig {
+    fn default() -> Self {
+        Self {
+            drain_timeout: Duration::from_secs(30),
+            // A long prefill on a slow device takes seconds; a minute means a hung device.
+            stuck_after: Duration::from_secs(60),
+        }
+    }
+}
+
+/// Where the process stands, for health endpoints.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Health {
+    /// No engine attached yet (weights loading, warm-up running).
+    Loading,
+    Serving,
+    /// A drain began: new work is refused.
+    Draining,
+    /// The step loop stopped on its own, or one step has run longer than
+    /// [`ServingConfig::stuck_after`].
+    Stuck,
+}
+
+impl Health {
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Loading => "loading",
+            Self::Serving => "serving",
+            Self::Draining => "draining",
+            Self::Stuck => "stuck",
+        }
+    }
+}
+
+/// Why new work is refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum NotServing {
+    #[error("the model is still loading")]
+    Loading,
+    #[error("the server is draining and takes no new requests")]
+    Draining,
+}
+
+/// Why [`Serving::attach`] failed.
+#[derive(Debug, thiserror::Error)]
+pub enum AttachError {
+    #[error("warm-up request failed")]
+    Warmup(#[source] EngineError),
+    #[error("a model is already attached")]
+    AlreadyAttached,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CallLabels {
+    /// `grpc` or `http`.
+    protocol: &'static str,
+    /// The request path (`/kiln.v1.Generation/Generate`, `/v1/chat/completions`).
+    endpoint: String,
+    /// The protocol's own status (a gRPC code name, an HTTP status number).
+    code: String,
+}
+
+/// The state every front door of one process reads: cheap to share behind an `Arc`.
+#[derive(Debug)]
+pub struct Serving {
+    cfg: ServingConfig,
+    engine: OnceLock<EngineHandle>,
+    draining: AtomicBool,
+    drained: OnceCell<()>,
+    registry: Registry,
+    calls: Family<CallLabels, Counter>,
+}
+
+impl Serving {
+    pub fn new(cfg: ServingConfig) -> Self {
+        let mut registry = Registry::with_prefix("kiln");
+        let calls = Family::<CallLabels, Counter>::default();
+        registry.register(
+            "api_requests",
+            "API calls by protocol (grpc, http), endpoint (the request path) and status code",
+            calls.clone(),
+        );
+        Self {
+            cfg,
+            engine: OnceLock::new(),
+            draining: AtomicBool::new(false),
+            drained: OnceCell::new(),
+            registry,
+            calls,
+        }
+    }
+
+    pub fn config(&self) -> &ServingConfig {
+        &self.cfg
+    }
+
+    /// The engine, for new generation work: loaded and not draining.
+    pub fn for_work(&self) -> Result<&EngineHandle, NotServing> {
+        if self.is_draining() {
+            return Err(NotServing::Draining);
+        }
+        self.loaded()
+    }
+
+    /// The engine, for reads (tokenizer, model info), also while draining.
+    pub fn loaded(&self) -> Result<&EngineHandle, NotServing> {
+        self.engine.get().ok_or(NotServing::Loading)
+    }
+
+    pub fn engine(&self) -> Option<&EngineHandle> {
+        self.engine.get()
+    }
+
+    pub fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::Acquire)
+    }
+
+    /// Runs a warm-up request through `engine` (compiling every kernel the first real request
+    /// would wait for), then serves with it.
+    pub async fn attach(&self, engine: EngineHandle) -> Result<(), AttachError> {
+        if self.engine.get().is_some() {
+            return Err(AttachError::AlreadyAttached);
+        }
+        warm_up(&engine).await.map_err(AttachError::Warmup)?;
+        self.engine
+            .set(engine)
+            .map_err(|_| AttachError::AlreadyAttached)
+    }
+
+    /// Loading, serving, draining or stuck, read now.
+    pub fn health(&self) -> Health {
+        if self.is_draining() {
+            return Health::Draining;
+        }
+        let Some(engine) = self.engine.get() else {
+            return Health::Loading;
+        };
+        let hung = engine
+            .step_running_for()
+            .is_some_and(|t| t > self.cfg.stuck_after);
+        if engine.is_stopped() || hung {
+            Health::Stuck
+        } else {
+            Health::Serving
+        }
+    }
+
+    /// Refuses new work, lets the requests in flight finish (cancelling those still running
+    /// after the drain timeout) and stops the engine. Every caller waits for the same drain.
+    pub async fn drain(&self) {
+        self.draining.store(true, Ordering::Release);
+        self.drained
+            .get_or_init(|| async {
+                let Some(engine) = self.engine.get() else {
+                    return;
+                };
+                let start = Instant::now();
+                let timeout = self.cfg.drain_timeout;
+                tracing::info!(?timeout, "draining requests in flight");
+                if tokio::time::timeout(timeout, engine.shutdown(ShutdownMode::Drain))
+                    .await
+                    .is_err()
+                {
+                    tracing::warn!(?timeout, "drain timed out; cancelling what is left");
+                    engine.shutdown(ShutdownMode::Cancel).await;
+                }
+                tracing::info!(ms = start.elapsed().as_millis() as u64, "engine drained");
+            })
+            .await;
+    }
+
+    /// Counts one API call.
+    pub fn record(&self, protocol: &'static str, endpoint: &str, code: &str) {
+        self.calls
+            .get_or_create(&CallLabels {
+                protocol,
+                endpoint: endpoint.to_owned(),
+                code: code.to_owned(),
+            })
+            .inc();
+    }
+
+    /// The whole Prometheus exposition: the engine's metrics (once attached), then the calls.
+    pub fn metrics_text(&self) -> String {
+        let mut out = String::new();
+        if let Some(engine) = self.engine.get() {
+            engine.metrics().encode_metrics(&mut out);
+        }
+        // Writing into a String cannot fail.
+        let _ = encode_registry(&mut out, &self.registry);
+        let _ = encode_eof(&mut out);
+        out
+    }
+}
+
+/// One short prompt (a full block, so the batched matmul path runs too) and two generated
+/// tokens.
+async fn warm_up(engine: &EngineHandle) -> Result<(), EngineError> {
+    let info = engine.info();
+    let len = info
+        .block_size
+        .min(info.max_model_len.saturating_sub(2))
+        .max(1);
+    let mut req = Request::tokens(vec![info.bos.unwrap_or(0); len]).max_new_tokens(2);
+    req.label = "warm-up".into();
+    req.stopping.ignore_eos = true;
+    let start = Instant::now();
+    engine.submit(req)?.collect().await?;
+    tracing::info!(ms = start.elapsed().as_millis() as u64, "warm-up step done");
+    Ok(())
+}

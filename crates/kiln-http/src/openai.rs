@@ -1,0 +1,232 @@
+//! The OpenAI wire types kiln reads and writes: request bodies of `/v1/chat/completions` and
+//! `/v1/completions` (OpenAI's fields plus the extras vLLM accepts; unknown fields are ignored,
+//! as OpenAI's own server does) and the response objects, field for field.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// Fields both endpoints take.
+#[derive(Debug, Default, Deserialize)]
+pub(crate) struct Common {
+    pub model: Option<String>,
+    pub max_tokens: Option<u32>,
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    pub n: Option<u32>,
+    /// A string or an array of strings; kept raw so a bad shape gets a clear message.
+    pub stop: Option<Value>,
+    pub seed: Option<i64>,
+    pub presence_penalty: Option<f32>,
+    pub frequency_penalty: Option<f32>,
+    /// Token id (as a string key) to a bias in [-100, 100].
+    pub logit_bias: Option<std::collections::BTreeMap<String, f32>>,
+    /// Accepted and logged, as OpenAI does for abuse tracking.
+    pub user: Option<String>,
+    pub stream: Option<bool>,
+    pub stream_options: Option<StreamOptions>,
+    // vLLM's extras.
+    /// -1 or 0: off.
+    pub top_k: Option<i64>,
+    pub min_p: Option<f32>,
+    pub repetition_penalty: Option<f32>,
+    pub ignore_eos: Option<bool>,
+    pub min_tokens: Option<u32>,
+    pub skip_special_tokens: Option<bool>,
+    pub stop_token_ids: Option<Vec<u32>>,
+    pub include_stop_str_in_output: Option<bool>,
+}
+
+#[derive(Debug, Default, Clone, Copy, Deserialize)]
+pub(crate) struct StreamOptions {
+    pub include_usage: Option<bool>,
+}
+
+/// `POST /v1/chat/completions`: these fields and [`Common`]'s, read from the same body (two
+/// passes rather than `#[serde(flatten)]`, which would hide the failing field's name).
+#[derive(Debug, Deserialize)]
+pub(crate) struct ChatRequest {
+    pub messages: Vec<ChatMessageIn>,
+    pub max_completion_tokens: Option<u32>,
+    pub logprobs: Option<bool>,
+    pub top_logprobs: Option<u32>,
+    /// vLLM: end the prompt with the assistant header (default true).
+    pub add_generation_prompt: Option<bool>,
+}
+
+/// One message as sent; `content` is a string, an array of parts, or null (an assistant turn
+/// that only calls tools).
+#[derive(Debug, Deserialize)]
+pub(crate) struct ChatMessageIn {
+    pub role: String,
+    #[serde(default)]
+    pub content: Value,
+    pub name: Option<String>,
+    pub tool_call_id: Option<String>,
+    pub tool_calls: Option<Value>,
+}
+
+/// `POST /v1/completions`: these fields and [`Common`]'s.
+#[derive(Debug, Deserialize)]
+pub(crate) struct CompletionRequest {
+    /// A string, an array of strings, an array of token ids, or an array of those.
+    pub prompt: Value,
+    /// The number of most likely alternatives per token (0: only the sampled token's).
+    pub logprobs: Option<u32>,
+    pub echo: Option<bool>,
+    pub suffix: Option<String>,
+    pub best_of: Option<u32>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct Usage {
+    pub prompt_tokens: usize,
+    pub completion_tokens: usize,
+    pub total_tokens: usize,
+    pub prompt_tokens_details: PromptTokensDetails,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct PromptTokensDetails {
+    pub cached_tokens: usize,
+}
+
+impl From<kiln_engine::Usage> for Usage {
+    fn from(u: kiln_engine::Usage) -> Self {
+        Self {
+            prompt_tokens: u.prompt_tokens,
+            completion_tokens: u.completion_tokens,
+            total_tokens: u.prompt_tokens + u.completion_tokens,
+            prompt_tokens_details: PromptTokensDetails {
+                cached_tokens: u.cached_prompt_tokens,
+            },
+        }
+    }
+}
+
+/// `chat.completion`.
+#[derive(Debug, Serialize)]
+pub(crate) struct ChatCompletion {
+    pub id: String,
+    pub object: &'static str,
+    pub created: u64,
+    pub model: String,
+    pub system_fingerprint: &'static str,
+    pub choices: Vec<ChatChoice>,
+    pub usage: Usage,
+}
+
+#[derive(Debug, Serialize)]
+pub(crate) struct ChatChoice {
+    pub index: usize,
+    pub message: AssistantMessage,
+    pub logprobs: Option<ChatLogprobs>,
+    pub finish_reason: Option<&'static str>,
+    /// vLLM's extra: the stop string or token id that ended the output.
+    pub stop_reason: Option<Value>,
+}
+
+#[derive(Debug, Serialize)]
+pub(crate) struct AssistantMessage {
+    pub role: &'static str,
+    pub content: String,
+}
+
+/// `chat.completion.chunk`.
+#[derive(Debug, Serialize)]
+pub(crate) struct ChatChunk {
+    pub id: String,
+    pub object: &'static str,
+    pub created: u64,
+    pub model: String,
+    pub system_fingerprint: &'static str,
+    pub choices: Vec<ChatChunkChoice>,
+    /// `null` on every chunk but the last when usage was asked for; absent otherwise.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Option<Usage>>,
+}
+
+#[derive(Debug, Serialize)]
+pub(crate) struct ChatChunkChoice {
+    pub index: usize,
+    pub delta: ChatDelta,
+    pub logprobs: Option<ChatLogprobs>,
+    pub finish_reason: Option<&'static str>,
+    pub stop_reason: Option<Value>,
+}
+
+#[derive(Debug, Default, Serialize)]
+pub(crate) struct ChatDelta {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub role: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub content: Option<String>,
+}
+
+/// Chat logprobs: one entry per generated token.
+#[derive(Debug, Serialize)]
+pub(crate) struct ChatLogprobs {
+    pub content: Vec<ChatTokenLogprob>,
+}
+
+#[derive(Debug, Serialize)]
+pub(crate) struct ChatTokenLogprob {
+    pub token: String,
+    pub logprob: f32,
+    pub bytes: Vec<u8>,
+    pub top_logprobs: Vec<ChatTopLogprob>,
+}
+
+#[derive(Debug, Serialize)]
+pub(crate) struct ChatTopLogprob {
+    pub token: String,
+    pub logprob: f32,
+    pub bytes: Vec<u8>,
+}
+
+/// `text_completion` (both whole and streamed: OpenAI uses one object name for both).
+#[derive(Debug, Serialize)]
+pub(crate) struct Completion {
+    pub id: String,
+    pub object: &'static str,
+    pub created: u64,
+    pub model: String,
+    pub system_fingerprint: &'static str,
+    pub choices: Vec<CompletionChoice>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Option<Usage>>,
+}
+
+#[derive(Debug, Serialize)]
+pub(crate) struct CompletionChoice {
+    pub index: usize,
+    pub text: String,
+    pub logprobs: Option<CompletionLogprobs>,
+    pub finish_reason: Option<&'static str>,
+    pub stop_reason: Option<Value>,
+}
+
+/// The legacy completions logprobs layout: parallel arrays.
+#[derive(Debug, Default, Serialize)]
+pub(crate) struct CompletionLogprobs {
+    pub tokens: Vec<String>,
+    pub token_logprobs: Vec<f32>,
+    pub top_logprobs: Vec<serde_json::Map<String, Value>>,
+    pub text_offset: Vec<usize>,
+}
+
+/// `GET /v1/models`.
+#[derive(Debug, Serialize)]
+pub(crate) struct ModelList {
+    pub object: &'static str,
+    pub data: Vec<ModelCard>,
+}
+
+#[derive(Debug, Serialize)]
+pub(crate) struct ModelCard {
+    pub id: String,
+    pub object: &'static str,
+    pub created: u64,
+    pub owned_by: &'static str,
+    /// vLLM's extra: the context length.
+    pub max_model_len: usize,
+}

@@ -1,0 +1,412 @@
+//! Engine output as OpenAI responses: whole (`chat.completion`, `text_completion`) or as a
+//! Server-Sent Events stream of chunks ending with `data: [DONE]`. The stream owns the
+//! engine's request streams, so a client that goes away drops them and the engine aborts its
+//! requests (freeing their KV blocks) within one step.
+
+use std::collections::VecDeque;
+use std::convert::Infallible;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use axum::response::sse;
+use kiln_engine::{Delta, Event, FinishReason, Output, RequestStream, TokenLogprobs, Usage};
+use kiln_tokenizer::{DecodeOptions, Tokenizer};
+use serde::Serialize;
+use serde_json::{Map, Value};
+use tokio_stream::Stream;
+
+use crate::error::{Api, ApiError};
+use crate::openai::{
+    AssistantMessage, ChatChoice, ChatChunk, ChatChunkChoice, ChatCompletion, ChatDelta,
+    ChatLogprobs, ChatTokenLogprob, ChatTopLogprob, Completion, CompletionChoice,
+    CompletionLogprobs,
+};
+
+/// Shown as `system_fingerprint`: which build answered.
+const FINGERPRINT: &str = concat!("kiln-", env!("CARGO_PKG_VERSION"));
+
+/// What every object of one response repeats.
+#[derive(Debug, Clone)]
+pub(crate) struct Ctx {
+    pub id: String,
+    pub created: u64,
+    pub model: String,
+    pub api: Api,
+    /// Outputs per prompt (choice index = prompt index × n + output index).
+    pub n: usize,
+    pub logprobs: bool,
+    pub tokenizer: Tokenizer,
+}
+
+/// OpenAI's `finish_reason` and vLLM's `stop_reason` (the stop string or token id).
+fn finish(f: &FinishReason) -> (&'static str, Option<Value>) {
+    match f {
+        FinishReason::Length | FinishReason::ContextLength => ("length", None),
+        FinishReason::EosToken => ("stop", None),
+        FinishReason::StopSequence(s) => ("stop", Some(Value::String(s.clone()))),
+        FinishReason::StopToken(id) => ("stop", Some(Value::from(*id))),
+    }
+}
+
+/// A token's text as logprobs show it (special tokens kept).
+fn token_text(tok: &Tokenizer, id: u32) -> String {
+    let keep = DecodeOptions {
+        skip_special_tokens: false,
+    };
+    tok.decode_with(&[id], keep).unwrap_or_default()
+}
+
+fn chat_logprobs(tok: &Tokenizer, lps: &[TokenLogprobs]) -> ChatLogprobs {
+    let entry = |id: u32| {
+        let token = token_text(tok, id);
+        let bytes = token.as_bytes().to_vec();
+        (token, bytes)
+    };
+    ChatLogprobs {
+        content: lps
+            .iter()
+            .map(|t| {
+                let (token, bytes) = entry(t.token);
+                ChatTokenLogprob {
+                    token,
+                    logprob: t.logprob,
+                    bytes,
+                    top_logprobs: t
+                        .top
+                        .iter()
+                        .map(|a| {
+                            let (token, bytes) = entry(a.token);
+                            ChatTopLogprob {
+                                token,
+                                logprob: a.logprob,
+                                bytes,
+                            }
+                        })
+                        .collect(),
+                }
+            })
+            .collect(),
+    }
+}
+
+/// The legacy layout; `offset` is where this part's text starts in the whole output.
+fn completion_logprobs(
+    tok: &Tokenizer,
+    lps: &[TokenLogprobs],
+    offset: &mut usize,
+) -> CompletionLogprobs {
+    let mut out = CompletionLogprobs::default();
+    for t in lps {
+        let text = token_text(tok, t.token);
+        out.text_offset.push(*offset);
+        *offset += text.len();
+        out.tokens.push(text);
+        out.token_logprobs.push(t.logprob);
+        let mut top = Map::new();
+        for a in &t.top {
+            top.insert(token_text(tok, a.token), Value::from(a.logprob));
+        }
+        out.top_logprobs.push(top);
+    }
+    out
+}
+
+/// A whole chat completion from each prompt's output (chat has one prompt).
+pub(crate) fn chat_completion(ctx: &Ctx, outs: &[Output]) -> ChatCompletion {
+    let mut choices = Vec::new();
+    let mut usage = Usage::default();
+    for (p, out) in outs.iter().enumerate() {
+        add_usage(&mut usage, &out.usage);
+        for (i, o) in out.outputs.iter().enumerate() {
+            let (reason, stop) = o.finish.as_ref().map(finish).unzip();
+            choices.push(ChatChoice {
+                index: p * ctx.n + i,
+                message: AssistantMessage {
+                    role: "assistant",
+                    content: o.text.clone(),
+                },
+                logprobs: ctx
+                    .logprobs
+                    .then(|| chat_logprobs(&ctx.tokenizer, &o.logprobs)),
+                finish_reason: reason,
+                stop_reason: stop.flatten(),
+            });
+        }
+    }
+    ChatCompletion {
+        id: ctx.id.clone(),
+        object: "chat.completion",
+        created: ctx.created,
+        model: ctx.model.clone(),
+        system_fingerprint: FINGERPRINT,
+        choices,
+        usage: usage.into(),
+    }
+}
+
+/// A whole text completion, choices of every prompt in order.
+pub(crate) fn completion(ctx: &Ctx, outs: &[Output]) -> Completion {
+    let mut choices = Vec::new();
+    let mut usage = Usage::default();
+    for (p, out) in outs.iter().enumerate() {
+        add_usage(&mut usage, &out.usage);
+        for (i, o) in out.outputs.iter().enumerate() {
+            let (reason, stop) = o.finish.as_ref().map(finish).unzip();
+            choices.push(CompletionChoice {
+                index: p * ctx.n + i,
+                text: o.text.clone(),
+                logprobs: ctx
+                    .logprobs
+                    .then(|| completion_logprobs(&ctx.tokenizer, &o.logprobs, &mut 0)),
+                finish_reason: reason,
+                stop_reason: stop.flatten(),
+            });
+        }
+    }
+    Completion {
+        id: ctx.id.clone(),
+        object: "text_completion",
+        created: ctx.created,
+        model: ctx.model.clone(),
+        system_fingerprint: FINGERPRINT,
+        choices,
+        usage: Some(Some(usage.into())),
+    }
+}
+
+fn add_usage(total: &mut Usage, u: &Usage) {
+    total.prompt_tokens += u.prompt_tokens;
+    total.completion_tokens += u.completion_tokens;
+    total.cached_prompt_tokens += u.cached_prompt_tokens;
+}
+
+/// Called once with the summed usage when every request of a stream finished.
+pub(crate) type OnFinish = Box<dyn FnOnce(&Usage) + Send>;
+
+/// The SSE body of a streamed call: chunks as tokens arrive, a usage chunk when asked for,
+/// then `[DONE]`; an engine error after the headers is one `data: {"error": ...}` event, and
+/// the stream ends.
+pub(crate) struct EventStream {
+    ctx: Ctx,
+    /// Per prompt; `None` once that request finished.
+    streams: Vec<Option<RequestStream>>,
+    /// Where the next poll starts, so no prompt's stream starves the others.
+    next: usize,
+    queue: VecDeque<sse::Event>,
+    usage: Usage,
+    include_usage: bool,
+    /// Per choice: whether its first chunk (carrying the role) went out.
+    started: Vec<bool>,
+    /// Per choice: bytes of text sent so far (completions' `text_offset`).
+    offsets: Vec<usize>,
+    done: bool,
+    /// Called once with the summed usage when every request finished.
+    on_finish: Option<OnFinish>,
+}
+
+impl std::fmt::Debug for EventStream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EventStream")
+            .field("id", &self.ctx.id)
+            .field("done", &self.done)
+            .finish_non_exhaustive()
+    }
+}
+
+impl EventStream {
+    pub(crate) fn new(
+        ctx: Ctx,
+        streams: Vec<RequestStream>,
+        include_usage: bool,
+        on_finish: OnFinish,
+    ) -> Self {
+        let choices = streams.len() * ctx.n;
+        Self {
+            ctx,
+            streams: streams.into_iter().map(Some).collect(),
+            next: 0,
+            queue: VecDeque::new(),
+            usage: Usage::default(),
+            include_usage,
+            started: vec![false; choices],
+            offsets: vec![0; choices],
+            done: false,
+            on_finish: Some(on_finish),
+        }
+    }
+
+    fn send(&mut self, body: &impl Serialize) {
+        match serde_json::to_string(body) {
+            Ok(json) => self.queue.push_back(sse::Event::default().data(json)),
+            Err(e) => tracing::error!(error = %e, "cannot encode a chunk"),
+        }
+    }
+
+    /// `null` on every chunk when a usage chunk will follow; absent otherwise.
+    fn usage_slot(&self) -> Option<Option<crate::openai::Usage>> {
+        self.include_usage.then_some(None)
+    }
+
+    fn delta(&mut self, prompt: usize, d: Delta) {
+        let index = prompt * self.ctx.n + d.index;
+        if d.text.is_empty() && d.finish.is_none() && d.logprobs.is_empty() {
+            // Text held back (a possible stop string, half a character): nothing to show yet.
+            return;
+        }
+        let (reason, stop) = d.finish.as_ref().map(finish).unzip();
+        let first = !std::mem::replace(&mut self.started[index], true);
+        let (ctx, usage) = (&self.ctx, self.usage_slot());
+        match ctx.api {
+            Api::Chat => {
+                let chunk = ChatChunk {
+                    id: ctx.id.clone(),
+                    object: "chat.completion.chunk",
+                    created: ctx.created,
+                    model: ctx.model.clone(),
+                    system_fingerprint: FINGERPRINT,
+                    choices: vec![ChatChunkChoice {
+                        index,
+                        delta: ChatDelta {
+                            role: first.then_some("assistant"),
+                            content: (first || !d.text.is_empty()).then(|| d.text.clone()),
+                        },
+                        logprobs: ctx
+                            .logprobs
+                            .then(|| chat_logprobs(&ctx.tokenizer, &d.logprobs)),
+                        finish_reason: reason,
+                        stop_reason: stop.flatten(),
+                    }],
+                    usage,
+                };
+                self.send(&chunk);
+            }
+            Api::Completions => {
+                let logprobs = ctx.logprobs.then(|| {
+                    completion_logprobs(&ctx.tokenizer, &d.logprobs, &mut self.offsets[index])
+                });
+                let chunk = Completion {
+                    id: ctx.id.clone(),
+                    object: "text_completion",
+                    created: ctx.created,
+                    model: ctx.model.clone(),
+                    system_fingerprint: FINGERPRINT,
+                    choices: vec![CompletionChoice {
+                        index,
+                        text: d.text,
+                        logprobs,
+                        finish_reason: reason,
+                        stop_reason: stop.flatten(),
+                    }],
+                    usage,
+                };
+                self.send(&chunk);
+            }
+        }
+    }
+
+    fn finished(&mut self, prompt: usize, usage: &Usage) {
+        self.streams[prompt] = None;
+        add_usage(&mut self.usage, usage);
+        if self.streams.iter().any(Option::is_some) {
+            return;
+        }
+        if self.include_usage {
+            let ctx = &self.ctx;
+            let usage = Some(Some(self.usage.into()));
+            match ctx.api {
+                Api::Chat => {
+                    let chunk = ChatChunk {
+                        id: ctx.id.clone(),
+                        object: "chat.completion.chunk",
+                        created: ctx.created,
+                        model: ctx.model.clone(),
+                        system_fingerprint: FINGERPRINT,
+                        choices: Vec::new(),
+                        usage,
+                    };
+                    self.send(&chunk);
+                }
+                Api::Completions => {
+                    let chunk = Completion {
+                        id: ctx.id.clone(),
+                        object: "text_completion",
+                        created: ctx.created,
+                        model: ctx.model.clone(),
+                        system_fingerprint: FINGERPRINT,
+                        choices: Vec::new(),
+                        usage,
+                    };
+                    self.send(&chunk);
+                }
+            }
+        }
+        self.queue.push_back(sse::Event::default().data("[DONE]"));
+        self.done = true;
+        if let Some(f) = self.on_finish.take() {
+            f(&self.usage);
+        }
+    }
+
+    /// Ends the stream with an error event; the other prompts' requests are aborted.
+    fn fail(&mut self, e: &ApiError) {
+        self.streams.clear();
+        self.queue
+            .push_back(sse::Event::default().data(e.body_json()));
+        self.done = true;
+    }
+
+    fn handle(&mut self, prompt: usize, ev: Option<Event>) {
+        match ev {
+            Some(Event::Delta(d)) => self.delta(prompt, d),
+            Some(Event::Finished(s)) => self.finished(prompt, &s.usage),
+            Some(Event::Error(e)) => self.fail(&ApiError::from_engine(&e, self.ctx.api)),
+            None => self.fail(&ApiError::from_engine(
+                &kiln_engine::EngineError::ShuttingDown,
+                self.ctx.api,
+            )),
+        }
+    }
+}
+
+impl Stream for EventStream {
+    type Item = Result<sse::Event, Infallible>;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = self.get_mut();
+        loop {
+            if let Some(ev) = this.queue.pop_front() {
+                return Poll::Ready(Some(Ok(ev)));
+            }
+            if this.done {
+                return Poll::Ready(None);
+            }
+            let len = this.streams.len();
+            let mut got = None;
+            for k in 0..len {
+                let p = (this.next + k) % len;
+                if let Some(s) = this.streams[p].as_mut()
+                    && let Poll::Ready(ev) = s.poll_recv(cx)
+                {
+                    got = Some((p, ev));
+                    break;
+                }
+            }
+            match got {
+                Some((p, ev)) => {
+                    this.next = (p + 1) % len.max(1);
+                    this.handle(p, ev);
+                }
+                None => return Poll::Pending,
+            }
+        }
+    }
+}
+
+impl Drop for EventStream {
+    fn drop(&mut self) {
+        if !self.done {
+            // The client went away mid-stream; dropping the request streams aborts them.
+            tracing::debug!(id = %self.ctx.id, "stream dropped by the client");
+        }
+    }
+}
