@@ -97,7 +97,17 @@ pub struct SseStream {
 impl SseStream {
     /// `POST path` and wait for the response head.
     pub async fn open(addr: SocketAddr, path: &str, body: &Value) -> Self {
-        let resp = send(addr, "POST", path, body.to_string().into_bytes(), &[]).await;
+        Self::open_with(addr, path, body.to_string().into_bytes(), &[]).await
+    }
+
+    /// [`open`](Self::open) with raw bytes and extra headers.
+    pub async fn open_with(
+        addr: SocketAddr,
+        path: &str,
+        body: Vec<u8>,
+        headers: &[(&str, &str)],
+    ) -> Self {
+        let resp = send(addr, "POST", path, body, headers).await;
         let (parts, body) = resp.into_parts();
         Self {
             status: parts.status.as_u16(),

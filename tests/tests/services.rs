@@ -177,8 +177,8 @@ async fn metrics_endpoint_serves_engine_and_grpc_metrics() {
         "kiln_kv_cache_total_blocks 512",
         // The warm-up's 2 tokens and the request's 3.
         "kiln_generation_tokens_total 5",
-        r#"kiln_grpc_requests_total{method="Generate",code="Ok"} 1"#,
-        r#"kiln_grpc_requests_total{method="Generate",code="InvalidArgument"} 1"#,
+        r#"kiln_api_requests_total{protocol="grpc",endpoint="/kiln.v1.Generation/Generate",code="Ok"} 1"#,
+        r#"kiln_api_requests_total{protocol="grpc",endpoint="/kiln.v1.Generation/Generate",code="InvalidArgument"} 1"#,
     ] {
         assert!(body.contains(want), "{want} missing from\n{body}");
     }

@@ -14,7 +14,8 @@ use prometheus_client::registry::Registry;
 /// The finish label of `kiln_requests_finished_total`.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct FinishLabel {
-    /// A [`FinishReason::name`](crate::FinishReason::name), or `error`, `aborted`, `deadline`.
+    /// A [`FinishReason::name`](crate::FinishReason::name), or `error`, `cancelled`,
+    /// `abandoned` (the caller went away), `deadline`.
     pub reason: String,
 }
 

@@ -1,0 +1,93 @@
+//! `Serving`, what the front doors share: loading, serving, draining and stuck as health says
+//! them, new work refused while loading or draining, one drain for every caller, and the call
+//! counts in the one metrics text.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+#[allow(unused_imports)] // `devices`: the wgpu engine tests use it.
+mod common;
+
+use std::time::Duration;
+
+use common::{config, tiny_engine};
+use kiln_engine::{Health, NotServing, Request, Serving, ServingConfig};
+use kiln_tensor::Device;
+
+fn serving(stuck_after: Duration) -> Serving {
+    Serving::new(ServingConfig {
+        drain_timeout: Duration::from_secs(10),
+        stuck_after,
+    })
+}
+
+#[tokio::test]
+async fn loading_serving_draining() {
+    let s = serving(Duration::from_secs(60));
+    assert_eq!(s.health(), Health::Loading);
+    assert_eq!(s.for_work().err(), Some(NotServing::Loading));
+    s.attach(tiny_engine(&Device::cpu(), 255, config(64, 4, 32, 8)))
+        .await
+        .unwrap();
+    assert_eq!(s.health(), Health::Serving);
+    assert!(
+        s.attach(tiny_engine(&Device::cpu(), 255, config(64, 4, 32, 8)))
+            .await
+            .is_err(),
+        "a second engine"
+    );
+    let engine = s.for_work().unwrap().clone();
+    let running = engine
+        .submit(Request::tokens(vec![1, 2, 3]).max_new_tokens(40))
+        .unwrap();
+
+    // Two front doors drain at once: both wait for the one drain, the request finishes.
+    tokio::join!(s.drain(), s.drain());
+    assert_eq!(s.health(), Health::Draining);
+    assert_eq!(s.for_work().err(), Some(NotServing::Draining));
+    assert!(s.loaded().is_ok(), "reads still work while draining");
+    assert!(engine.is_stopped());
+    let out = running.collect().await.unwrap();
+    assert_eq!(out.outputs[0].token_ids.len(), 40);
+
+    s.record("http", "/v1/completions", "200");
+    s.record("http", "/v1/completions", "200");
+    s.record("grpc", "/kiln.v1.Generation/Generate", "Ok");
+    let text = s.metrics_text();
+    assert!(text.contains(
+        r#"kiln_api_requests_total{protocol="http",endpoint="/v1/completions",code="200"} 2"#
+    ));
+    assert!(text.contains("kiln_generation_tokens_total 42"), "{text}");
+    assert!(text.ends_with("# EOF\n"));
+}
+
+#[tokio::test]
+async fn a_step_running_past_the_limit_is_stuck() {
+    // With no slack at all, any step caught in flight counts as stuck.
+    let s = serving(Duration::ZERO);
+    s.attach(tiny_engine(&Device::cpu(), 255, config(64, 4, 32, 8)))
+        .await
+        .unwrap();
+    let engine = s.engine().unwrap().clone();
+    // The warm-up's last step may still be closing (its events go out before it ends).
+    for _ in 0..1000 {
+        if engine.step_running_for().is_none() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(engine.step_running_for(), None, "idle between requests");
+    assert_eq!(s.health(), Health::Serving);
+    let mut long = Request::tokens(vec![1, 2, 3]).max_new_tokens(200);
+    long.stopping.ignore_eos = true;
+    let stream = engine.submit(long).unwrap();
+    let mut seen = false;
+    for _ in 0..20_000 {
+        if s.health() == Health::Stuck {
+            seen = true;
+            break;
+        }
+        tokio::task::yield_now().await;
+    }
+    assert!(seen, "never caught a step in flight");
+    drop(stream);
+}
