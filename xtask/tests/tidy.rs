@@ -36,6 +36,8 @@ const ALLOWED: &[(&str, &[&str])] = &[
         ],
     ),
     ("kiln-server", &["kiln-engine", "kiln-tokenizer"]),
+    // The other front door: beside kiln-server, never on it (it must not link protobuf).
+    ("kiln-http", &["kiln-engine", "kiln-tokenizer"]),
 ];
 
 /// Crates that are pure CPU logic: nothing they link, however indirectly, is a GPU stack.
