@@ -33,9 +33,7 @@ async fn send(
     body: Vec<u8>,
     headers: &[(&str, &str)],
 ) -> http::Response<Incoming> {
-    let tcp = tokio::net::TcpStream::connect(addr)
-        .await
-        .expect("connect");
+    let tcp = tokio::net::TcpStream::connect(addr).await.expect("connect");
     tcp.set_nodelay(true).expect("nodelay");
     let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
         .await

@@ -59,7 +59,12 @@ async fn greedy_text_over_http_equals_grpc_and_follows_openais_schema() {
     assert!(c["id"].as_str().unwrap().starts_with("cmpl-"));
     assert_eq!(c["model"], MODEL);
     assert!(c["created"].as_u64().unwrap() > 1_700_000_000);
-    assert!(c["system_fingerprint"].as_str().unwrap().starts_with("kiln-"));
+    assert!(
+        c["system_fingerprint"]
+            .as_str()
+            .unwrap()
+            .starts_with("kiln-")
+    );
     assert_eq!(c["choices"][0]["index"], 0);
     assert_eq!(c["choices"][0]["text"], *want);
     assert_eq!(c["choices"][0]["finish_reason"], "length");
@@ -142,7 +147,10 @@ async fn greedy_text_over_http_equals_grpc_and_follows_openais_schema() {
         env!("CARGO_PKG_VERSION")
     );
     let h = get(http, "/health").await;
-    assert_eq!((h.status, h.json()["status"].clone()), (200, json!("serving")));
+    assert_eq!(
+        (h.status, h.json()["status"].clone()),
+        (200, json!("serving"))
+    );
     t.shutdown().await;
 }
 
@@ -174,7 +182,10 @@ async fn streams_end_with_done_and_a_usage_chunk_and_match_whole_answers() {
     for c in &chunks {
         assert_eq!(c["object"], "chat.completion.chunk");
         assert_eq!(c["id"], id);
-        assert!(c.get("usage").is_some(), "usage must be present (null) on every chunk: {c}");
+        assert!(
+            c.get("usage").is_some(),
+            "usage must be present (null) on every chunk: {c}"
+        );
     }
     assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
     let (last, body_chunks) = chunks.split_last().unwrap();
@@ -184,7 +195,10 @@ async fn streams_end_with_done_and_a_usage_chunk_and_match_whole_answers() {
     }
     assert_eq!(text, whole["choices"][0]["message"]["content"]);
     let finish = &body_chunks.last().unwrap()["choices"][0];
-    assert_eq!(finish["finish_reason"], whole["choices"][0]["finish_reason"]);
+    assert_eq!(
+        finish["finish_reason"],
+        whole["choices"][0]["finish_reason"]
+    );
     assert_eq!(last["choices"], json!([]));
     for k in ["prompt_tokens", "completion_tokens", "total_tokens"] {
         assert_eq!(last["usage"][k], whole["usage"][k], "{k}");
@@ -208,7 +222,10 @@ async fn streams_end_with_done_and_a_usage_chunk_and_match_whole_answers() {
         .map(|c| c["choices"][0]["text"].as_str().unwrap())
         .collect();
     assert_eq!(text, ", the city of Nova Haven was a");
-    assert_eq!(chunks.last().unwrap()["choices"][0]["finish_reason"], "length");
+    assert_eq!(
+        chunks.last().unwrap()["choices"][0]["finish_reason"],
+        "length"
+    );
     t.shutdown().await;
 }
 
@@ -455,7 +472,10 @@ async fn bad_requests_get_openai_errors_naming_the_field() {
         if let Some(p) = param.as_str() {
             assert!(msg.contains(p), "{what}: {msg}");
         }
-        assert!(e.get("type").is_some() && e.get("code").is_some(), "{what}: {e}");
+        assert!(
+            e.get("type").is_some() && e.get("code").is_some(),
+            "{what}: {e}"
+        );
     }
     // A method the route does not take.
     assert_eq!(get(http, "/v1/completions").await.status, 405);
@@ -485,7 +505,10 @@ async fn api_key_loading_and_a_full_queue() {
     let t = TestServer::bind_both(opts.server.clone(), opts.http.clone()).await;
     let http = t.http_addr();
     let h = get(http, "/health").await;
-    assert_eq!((h.status, h.json()["status"].clone()), (503, json!("loading")));
+    assert_eq!(
+        (h.status, h.json()["status"].clone()),
+        (503, json!("loading"))
+    );
     let auth = [("authorization", "Bearer s3cret")];
     let hi = json!({"prompt": "Hello", "max_tokens": 2}).to_string();
     let r = post_with(http, "/v1/completions", hi.clone().into_bytes(), &auth).await;
@@ -606,8 +629,18 @@ async fn an_error_after_the_headers_is_an_error_event_and_metrics_are_shared() {
     let http = t.http_addr();
     let mut g = t.generation();
     g.generate(greedy("Hello", 2)).await.unwrap();
-    post(http, "/v1/completions", &json!({"prompt": "Hello", "max_tokens": 2})).await;
-    post(http, "/v1/completions", &json!({"prompt": "Hello", "top_p": 5})).await;
+    post(
+        http,
+        "/v1/completions",
+        &json!({"prompt": "Hello", "max_tokens": 2}),
+    )
+    .await;
+    post(
+        http,
+        "/v1/completions",
+        &json!({"prompt": "Hello", "top_p": 5}),
+    )
+    .await;
 
     // The same exposition on the HTTP port as on the metrics listener, with both protocols.
     let text = get(http, "/metrics").await.body;

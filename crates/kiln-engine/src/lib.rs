@@ -65,7 +65,10 @@ pub use sampling::{
     LogprobRequest, ParamError, SampleError, Sampled, Sampler, SamplingParams, TokenHistory,
     TokenLogprob, raw_logprobs, rejection_sample,
 };
-pub use serving::{AttachError, Health, NotServing, Serving, ServingConfig};
+pub use serving::{
+    AttachError, Health, NotServing, Serving, ServingConfig, bearer_matches, new_request_id,
+    usable_request_id,
+};
 pub use speculative::{
     DraftModel, DraftProposer, NgramProposer, ProposeError, ProposeInput, Proposer, SpecMethod,
     SpeculativeConfig, TokenizerMismatch, check_same_tokenizer,

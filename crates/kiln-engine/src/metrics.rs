@@ -77,7 +77,11 @@ impl StepClock {
     pub(crate) fn running_for(&self) -> Option<Duration> {
         match self.started_us.load(Ordering::Acquire) {
             0 => None,
-            us => Some(self.epoch.elapsed().saturating_sub(Duration::from_micros(us))),
+            us => Some(
+                self.epoch
+                    .elapsed()
+                    .saturating_sub(Duration::from_micros(us)),
+            ),
         }
     }
 }

@@ -219,6 +219,27 @@ impl Serving {
     }
 }
 
+/// Whether an `Authorization` header value is `Bearer <key>`. Compared in constant time, so
+/// the key cannot be guessed byte by byte from response times.
+pub fn bearer_matches(authorization: Option<&[u8]>, key: &str) -> bool {
+    let Some(given) = authorization.and_then(|v| v.strip_prefix(b"Bearer ")) else {
+        return false;
+    };
+    let key = key.as_bytes();
+    given.len() == key.len() && given.iter().zip(key).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// Whether a client's request id may be echoed into logs and headers: 1 to 128 printable
+/// ASCII characters.
+pub fn usable_request_id(id: &[u8]) -> bool {
+    !id.is_empty() && id.len() <= 128 && id.iter().all(|c| c.is_ascii_graphic())
+}
+
+/// A fresh request id (16 hex digits) for a call that brought none.
+pub fn new_request_id() -> String {
+    format!("{:016x}", rand::random::<u64>())
+}
+
 /// One short prompt (a full block, so the batched matmul path runs too) and two generated
 /// tokens.
 async fn warm_up(engine: &EngineHandle) -> Result<(), EngineError> {
@@ -234,4 +255,27 @@ async fn warm_up(engine: &EngineHandle) -> Result<(), EngineError> {
     engine.submit(req)?.collect().await?;
     tracing::info!(ms = start.elapsed().as_millis() as u64, "warm-up step done");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bearer_tokens() {
+        assert!(!bearer_matches(None, "k3y"));
+        assert!(bearer_matches(Some(b"Bearer k3y"), "k3y"));
+        assert!(!bearer_matches(Some(b"Bearer k3z"), "k3y"));
+        assert!(!bearer_matches(Some(b"Bearer k3yy"), "k3y"));
+        assert!(!bearer_matches(Some(b"Basic k3y"), "k3y"));
+    }
+
+    #[test]
+    fn request_ids() {
+        assert!(usable_request_id(b"abc-123"));
+        assert!(!usable_request_id(b""));
+        assert!(!usable_request_id(b"a b"));
+        assert!(!usable_request_id(&[b'a'; 129]));
+        assert!(usable_request_id(new_request_id().as_bytes()));
+    }
 }

@@ -58,7 +58,10 @@ pub(crate) fn chat(
             )
         })?;
     if body.messages.is_empty() {
-        return Err(ApiError::invalid("messages", "must hold at least one message"));
+        return Err(ApiError::invalid(
+            "messages",
+            "must hold at least one message",
+        ));
     }
     let messages = body
         .messages
@@ -99,7 +102,14 @@ pub(crate) fn chat(
 /// One message as the template sees it: `role`, `content` as one string, and the tool fields
 /// templates read.
 fn message(i: usize, m: &ChatMessageIn) -> Result<Value, ApiError> {
-    const ROLES: [&str; 6] = ["system", "developer", "user", "assistant", "tool", "function"];
+    const ROLES: [&str; 6] = [
+        "system",
+        "developer",
+        "user",
+        "assistant",
+        "tool",
+        "function",
+    ];
     if !ROLES.contains(&m.role.as_str()) {
         return Err(ApiError::invalid(
             format!("messages[{i}].role"),
@@ -131,10 +141,7 @@ fn message(i: usize, m: &ChatMessageIn) -> Result<Value, ApiError> {
                         ));
                     }
                     None => {
-                        return Err(ApiError::invalid(
-                            field,
-                            "expected an object with `type`",
-                        ));
+                        return Err(ApiError::invalid(field, "expected an object with `type`"));
                     }
                 }
             }
@@ -393,7 +400,10 @@ mod tests {
         );
         assert_eq!(
             p(serde_json::json!([[1], [2, 3]])).ok(),
-            Some(vec![Prompt::TokenIds(vec![1]), Prompt::TokenIds(vec![2, 3])])
+            Some(vec![
+                Prompt::TokenIds(vec![1]),
+                Prompt::TokenIds(vec![2, 3])
+            ])
         );
         for bad in [
             serde_json::json!([]),

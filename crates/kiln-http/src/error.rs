@@ -110,7 +110,11 @@ impl ApiError {
     pub(crate) fn not_serving(e: NotServing) -> Self {
         Self {
             code: Some("service_unavailable"),
-            ..Self::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", e.to_string())
+            ..Self::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "server_error",
+                e.to_string(),
+            )
         }
     }
 
@@ -217,7 +221,11 @@ mod tests {
             ("stopping.max_new_tokens", "max_tokens", "max_tokens"),
             ("stopping.min_new_tokens", "min_tokens", "min_tokens"),
             ("stopping.stop", "stop", "stop"),
-            ("stopping.stop_token_ids", "stop_token_ids", "stop_token_ids"),
+            (
+                "stopping.stop_token_ids",
+                "stop_token_ids",
+                "stop_token_ids",
+            ),
             ("output.top_logprobs", "top_logprobs", "logprobs"),
         ] {
             assert_eq!(param_name(engine, Api::Chat), chat);

@@ -9,7 +9,9 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use axum::response::sse;
-use kiln_engine::{Delta, Event, FinishReason, Output, RequestStream, TokenLogprobs, Usage};
+use kiln_engine::{
+    Delta, Event, FinishReason, Output, RequestStream, SeqOutput, TokenLogprobs, Usage,
+};
 use kiln_tokenizer::{DecodeOptions, Tokenizer};
 use serde::Serialize;
 use serde_json::{Map, Value};
@@ -111,28 +113,47 @@ fn completion_logprobs(
     out
 }
 
-/// A whole chat completion from each prompt's output (chat has one prompt).
-pub(crate) fn chat_completion(ctx: &Ctx, outs: &[Output]) -> ChatCompletion {
-    let mut choices = Vec::new();
-    let mut usage = Usage::default();
+/// Each prompt's outputs as choices (index = prompt × n + output), and the summed usage.
+fn choices<T>(
+    ctx: &Ctx,
+    outs: &[Output],
+    mut choice: impl FnMut(usize, &SeqOutput, Option<&'static str>, Option<Value>) -> T,
+) -> (Vec<T>, Usage) {
+    let mut all = Vec::new();
     for (p, out) in outs.iter().enumerate() {
-        add_usage(&mut usage, &out.usage);
         for (i, o) in out.outputs.iter().enumerate() {
             let (reason, stop) = o.finish.as_ref().map(finish).unzip();
-            choices.push(ChatChoice {
-                index: p * ctx.n + i,
-                message: AssistantMessage {
-                    role: "assistant",
-                    content: o.text.clone(),
-                },
-                logprobs: ctx
-                    .logprobs
-                    .then(|| chat_logprobs(&ctx.tokenizer, &o.logprobs)),
-                finish_reason: reason,
-                stop_reason: stop.flatten(),
-            });
+            all.push(choice(p * ctx.n + i, o, reason, stop.flatten()));
         }
     }
+    (all, total_usage(outs))
+}
+
+/// The usage of every prompt's request, summed.
+pub(crate) fn total_usage(outs: &[Output]) -> Usage {
+    let mut total = Usage::default();
+    for o in outs {
+        add_usage(&mut total, &o.usage);
+    }
+    total
+}
+
+/// A whole chat completion (chat has one prompt).
+pub(crate) fn chat_completion(ctx: &Ctx, outs: &[Output]) -> ChatCompletion {
+    let (choices, usage) = choices(ctx, outs, |index, o, finish_reason, stop_reason| {
+        ChatChoice {
+            index,
+            message: AssistantMessage {
+                role: "assistant",
+                content: o.text.clone(),
+            },
+            logprobs: ctx
+                .logprobs
+                .then(|| chat_logprobs(&ctx.tokenizer, &o.logprobs)),
+            finish_reason,
+            stop_reason,
+        }
+    });
     ChatCompletion {
         id: ctx.id.clone(),
         object: "chat.completion",
@@ -146,23 +167,17 @@ pub(crate) fn chat_completion(ctx: &Ctx, outs: &[Output]) -> ChatCompletion {
 
 /// A whole text completion, choices of every prompt in order.
 pub(crate) fn completion(ctx: &Ctx, outs: &[Output]) -> Completion {
-    let mut choices = Vec::new();
-    let mut usage = Usage::default();
-    for (p, out) in outs.iter().enumerate() {
-        add_usage(&mut usage, &out.usage);
-        for (i, o) in out.outputs.iter().enumerate() {
-            let (reason, stop) = o.finish.as_ref().map(finish).unzip();
-            choices.push(CompletionChoice {
-                index: p * ctx.n + i,
-                text: o.text.clone(),
-                logprobs: ctx
-                    .logprobs
-                    .then(|| completion_logprobs(&ctx.tokenizer, &o.logprobs, &mut 0)),
-                finish_reason: reason,
-                stop_reason: stop.flatten(),
-            });
+    let (choices, usage) = choices(ctx, outs, |index, o, finish_reason, stop_reason| {
+        CompletionChoice {
+            index,
+            text: o.text.clone(),
+            logprobs: ctx
+                .logprobs
+                .then(|| completion_logprobs(&ctx.tokenizer, &o.logprobs, &mut 0)),
+            finish_reason,
+            stop_reason,
         }
-    }
+    });
     Completion {
         id: ctx.id.clone(),
         object: "text_completion",

@@ -13,7 +13,9 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::serve::ListenerExt;
 use http::{HeaderValue, StatusCode, header};
-use kiln_engine::{EngineHandle, Health, Output, Serving, Usage};
+use kiln_engine::{
+    EngineHandle, Health, Output, Serving, Usage, bearer_matches, new_request_id, usable_request_id,
+};
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 use tokio::net::TcpListener;
@@ -177,10 +179,15 @@ fn router(app: Arc<App>) -> Router {
 
 /// What every call passes through: the request id, auth for `/v1/`, and the call count.
 async fn edge(State(app): State<Arc<App>>, mut req: Request, next: Next) -> Response {
-    let id = match req.headers().get(REQUEST_ID).filter(|v| usable_id(v)) {
+    let id = match req
+        .headers()
+        .get(REQUEST_ID)
+        .filter(|v| usable_request_id(v.as_bytes()))
+    {
         Some(v) => v.clone(),
         None => {
-            let v = HeaderValue::from_str(&format!("{:016x}", rand::random::<u64>()))
+            // Hex digits are always a valid header value.
+            let v = HeaderValue::from_str(&new_request_id())
                 .unwrap_or_else(|_| HeaderValue::from_static("unknown"));
             req.headers_mut().insert(REQUEST_ID, v.clone());
             v
@@ -189,14 +196,21 @@ async fn edge(State(app): State<Arc<App>>, mut req: Request, next: Next) -> Resp
     let path = req.uri().path().to_owned();
     let endpoint = endpoint(&path);
     let mut resp = match &app.cfg.api_key {
-        Some(key) if path.starts_with("/v1/") && !authorized(req.headers(), key) => {
+        Some(key)
+            if path.starts_with("/v1/")
+                && !bearer_matches(
+                    req.headers()
+                        .get(header::AUTHORIZATION)
+                        .map(HeaderValue::as_bytes),
+                    key,
+                ) =>
+        {
             ApiError::unauthorized().into_response()
         }
         _ => next.run(req).await,
     };
     resp.headers_mut().insert(REQUEST_ID, id);
-    app.serving
-        .record("http", endpoint, resp.status().as_str());
+    app.serving.record("http", endpoint, resp.status().as_str());
     resp
 }
 
@@ -208,25 +222,6 @@ fn endpoint(path: &str) -> &'static str {
         return "/v1/models/{id}";
     }
     "other"
-}
-
-/// Ids are echoed into logs and headers: keep them short and printable.
-fn usable_id(v: &HeaderValue) -> bool {
-    let b = v.as_bytes();
-    !b.is_empty() && b.len() <= 128 && b.iter().all(|c| c.is_ascii_graphic())
-}
-
-/// Compares in constant time so the key cannot be guessed byte by byte from response times.
-fn authorized(headers: &http::HeaderMap, key: &str) -> bool {
-    let Some(given) = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-    else {
-        return false;
-    };
-    let (a, b) = (given.as_bytes(), key.as_bytes());
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 /// Reads a JSON object body: 413 over the limit, 400 when it is not JSON or not an object.
@@ -290,7 +285,14 @@ async fn chat(State(app): State<Arc<App>>, req: Request) -> Result<Response, Api
     let (common, chat): (Common, ChatRequest) = (fields(&v)?, fields(&v)?);
     let engine = app.serving.for_work().map_err(ApiError::not_serving)?;
     let id = format!("chatcmpl-{:032x}", rand::random::<u128>());
-    let plan = convert::chat(&chat, &common, &id, engine.tokenizer(), engine.info(), &app.cfg)?;
+    let plan = convert::chat(
+        &chat,
+        &common,
+        &id,
+        engine.tokenizer(),
+        engine.info(),
+        &app.cfg,
+    )?;
     log_start(&id, common.user.as_deref());
     run(&app, engine, plan, id, Api::Chat).await
 }
@@ -344,15 +346,13 @@ async fn run(
     // Dropping this future (the client left) drops the streams: the engine aborts them.
     let mut outs: Vec<Output> = Vec::with_capacity(streams.len());
     for s in streams {
-        outs.push(s.collect().await.map_err(|e| ApiError::from_engine(&e, api))?);
+        outs.push(
+            s.collect()
+                .await
+                .map_err(|e| ApiError::from_engine(&e, api))?,
+        );
     }
-    let usage = outs.iter().fold(Usage::default(), |mut t, o| {
-        t.prompt_tokens += o.usage.prompt_tokens;
-        t.completion_tokens += o.usage.completion_tokens;
-        t.cached_prompt_tokens += o.usage.cached_prompt_tokens;
-        t
-    });
-    log_done(&ctx.id, &usage);
+    log_done(&ctx.id, &respond::total_usage(&outs));
     Ok(match api {
         Api::Chat => axum::Json(respond::chat_completion(&ctx, &outs)).into_response(),
         Api::Completions => axum::Json(respond::completion(&ctx, &outs)).into_response(),
@@ -388,10 +388,7 @@ async fn models(State(app): State<Arc<App>>) -> Result<Response, ApiError> {
     .into_response())
 }
 
-async fn model(
-    State(app): State<Arc<App>>,
-    Path(id): Path<String>,
-) -> Result<Response, ApiError> {
+async fn model(State(app): State<Arc<App>>, Path(id): Path<String>) -> Result<Response, ApiError> {
     let engine = app.serving.loaded().map_err(ApiError::not_serving)?;
     if id != app.cfg.model_id {
         return Err(ApiError::model_not_found(&id, &app.cfg.model_id));
@@ -432,15 +429,5 @@ mod tests {
         assert_eq!(endpoint("/v1/completions"), "/v1/completions");
         assert_eq!(endpoint("/v1/models/abc"), "/v1/models/{id}");
         assert_eq!(endpoint("/etc/passwd"), "other");
-    }
-
-    #[test]
-    fn bearer_tokens() {
-        let mut h = http::HeaderMap::new();
-        assert!(!authorized(&h, "k3y"));
-        h.insert(header::AUTHORIZATION, HeaderValue::from_static("Bearer k3y"));
-        assert!(authorized(&h, "k3y"));
-        assert!(!authorized(&h, "k3z"));
-        assert!(!authorized(&h, "k3yy"));
     }
 }

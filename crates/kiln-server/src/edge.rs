@@ -9,6 +9,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use http::HeaderValue;
+use kiln_engine::{bearer_matches, usable_request_id};
 use tonic::Status;
 use tonic::body::Body;
 use tower::{Layer, Service};
@@ -58,7 +59,11 @@ where
     }
 
     fn call(&mut self, mut req: http::Request<B>) -> Self::Future {
-        let id = match req.headers().get(REQUEST_ID).filter(|v| usable_id(v)) {
+        let id = match req
+            .headers()
+            .get(REQUEST_ID)
+            .filter(|v| usable_request_id(v.as_bytes()))
+        {
             Some(v) => v.clone(),
             None => {
                 let v = new_request_id();
@@ -68,7 +73,12 @@ where
         };
         if let Some(key) = &self.api_key
             && req.uri().path().starts_with(PROTECTED_PREFIX)
-            && !authorized(req.headers(), key)
+            && !bearer_matches(
+                req.headers()
+                    .get(http::header::AUTHORIZATION)
+                    .map(HeaderValue::as_bytes),
+                key,
+            )
         {
             let status = Status::unauthenticated(
                 "this server needs an API key: send metadata `authorization: Bearer <key>`",
@@ -88,29 +98,10 @@ where
     }
 }
 
-/// Ids are echoed into logs and headers: keep them short and printable.
-fn usable_id(v: &HeaderValue) -> bool {
-    let b = v.as_bytes();
-    !b.is_empty() && b.len() <= 128 && b.iter().all(|c| c.is_ascii_graphic())
-}
-
 fn new_request_id() -> HeaderValue {
-    let id = format!("{:016x}", rand::random::<u64>());
     // Hex digits are always a valid header value.
-    HeaderValue::from_str(&id).unwrap_or_else(|_| HeaderValue::from_static("unknown"))
-}
-
-/// Compares in constant time so the key cannot be guessed byte by byte from response times.
-fn authorized(headers: &http::HeaderMap, key: &str) -> bool {
-    let Some(given) = headers
-        .get(http::header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-    else {
-        return false;
-    };
-    let (a, b) = (given.as_bytes(), key.as_bytes());
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+    HeaderValue::from_str(&kiln_engine::new_request_id())
+        .unwrap_or_else(|_| HeaderValue::from_static("unknown"))
 }
 
 /// A malformed `grpc-timeout` header value.
@@ -163,31 +154,5 @@ mod tests {
         for bad in ["", "S", "5", "5s", "123456789S", "-1S", "1.5S"] {
             assert!(parse_grpc_timeout(bad).is_err(), "{bad:?} accepted");
         }
-    }
-
-    #[test]
-    fn bearer_tokens() {
-        let mut h = http::HeaderMap::new();
-        assert!(!authorized(&h, "k3y"));
-        h.insert(
-            http::header::AUTHORIZATION,
-            HeaderValue::from_static("Bearer k3y"),
-        );
-        assert!(authorized(&h, "k3y"));
-        assert!(!authorized(&h, "k3z"));
-        assert!(!authorized(&h, "k3yy"));
-        h.insert(
-            http::header::AUTHORIZATION,
-            HeaderValue::from_static("Basic k3y"),
-        );
-        assert!(!authorized(&h, "k3y"));
-    }
-
-    #[test]
-    fn request_ids() {
-        assert!(usable_id(&HeaderValue::from_static("abc-123")));
-        assert!(!usable_id(&HeaderValue::from_static("")));
-        assert!(!usable_id(&HeaderValue::from_static("a b")));
-        assert!(usable_id(&new_request_id()));
     }
 }

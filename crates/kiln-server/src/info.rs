@@ -23,7 +23,9 @@ impl TokenizationService {
         let text = match &r.input {
             None => return Err(invalid("input", "missing: set text or chat")),
             Some(pb::tokenize_request::Input::Text(t)) => t.clone(),
-            Some(pb::tokenize_request::Input::Chat(c)) => convert::chat_text(tok, c, "chat", &self.state.cfg)?,
+            Some(pb::tokenize_request::Input::Chat(c)) => {
+                convert::chat_text(tok, c, "chat", &self.state.cfg)?
+            }
         };
         let token_ids = tok.encode(&text).map_err(|e| invalid("text", e))?;
         let tokens = if r.return_tokens {
@@ -66,7 +68,8 @@ impl pb::tokenization_server::Tokenization for TokenizationService {
         request: Request<pb::TokenizeRequest>,
     ) -> Result<Response<pb::TokenizeResponse>, Status> {
         let result = TokenizationService::tokenize(self, request.get_ref());
-        self.state.record("/kiln.v1.Tokenization/Tokenize", result.as_ref().err());
+        self.state
+            .record("/kiln.v1.Tokenization/Tokenize", result.as_ref().err());
         result.map(Response::new)
     }
 

@@ -22,7 +22,11 @@ async fn respond(
     req: http::Request<Incoming>,
 ) -> Result<http::Response<Full<Bytes>>, Infallible> {
     let (status, ctype, body) = match (req.method(), req.uri().path()) {
-        (&http::Method::GET, "/metrics") => (http::StatusCode::OK, CONTENT_TYPE, state.serving.metrics_text()),
+        (&http::Method::GET, "/metrics") => (
+            http::StatusCode::OK,
+            CONTENT_TYPE,
+            state.serving.metrics_text(),
+        ),
         (_, "/metrics") => (
             http::StatusCode::METHOD_NOT_ALLOWED,
             "text/plain",

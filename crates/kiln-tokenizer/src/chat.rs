@@ -344,7 +344,10 @@ mod tests {
         let msgs = [ChatMessage::new("user", "hi")];
         let cases = [
             ("t.jinja", "{{ messages[0].content }}!"),
-            ("tokenizer_config.json", r#"{"chat_template": "{{ messages[0].content }}!"}"#),
+            (
+                "tokenizer_config.json",
+                r#"{"chat_template": "{{ messages[0].content }}!"}"#,
+            ),
             (
                 "named.json",
                 r#"{"chat_template": [{"name": "tool_use", "template": "x"}, {"name": "default", "template": "{{ messages[0].content }}!"}]}"#,
@@ -358,12 +361,11 @@ mod tests {
             let t = ChatTemplate::from_file(&path)?;
             assert_eq!(t.render(&msgs, &ChatOptions::default(), None, None)?, "hi!");
         }
-        let bad = write("bad.json", r#"{"eos_token": "</s>"}"#).map_err(|source| {
-            TokenizerError::Io {
+        let bad =
+            write("bad.json", r#"{"eos_token": "</s>"}"#).map_err(|source| TokenizerError::Io {
                 path: "bad.json".into(),
                 source,
-            }
-        })?;
+            })?;
         let err = ChatTemplate::from_file(&bad).err().map(|e| e.to_string());
         assert!(
             err.as_deref()

@@ -29,7 +29,7 @@ pub struct Cli {
 pub enum Command {
     /// Serve a model over gRPC and OpenAI-compatible HTTP (health NOT_SERVING until it is
     /// loaded); SIGTERM or Ctrl-C drains
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Generate text for one prompt, streamed to stdout (or one JSON object with --json)
     Generate(GenerateArgs),
     /// Print the token ids of a text as JSON

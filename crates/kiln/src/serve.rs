@@ -10,8 +10,8 @@ use std::time::Duration;
 use kiln_engine::{EngineOptions, Serving, ServingConfig, error_chain};
 use kiln_http::{HttpConfig, HttpServer};
 use kiln_server::{Server, ServerConfig};
-use kiln_tokenizer::ChatTemplate;
 use kiln_tensor::Device;
+use kiln_tokenizer::ChatTemplate;
 
 use crate::args::{DeviceArgs, EngineArgs, LoadArgs, ModelArgs, SpeculativeArgs};
 
