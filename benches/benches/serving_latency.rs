@@ -8,9 +8,13 @@
 //! The real server (`kiln_tests::TestServer`, default model SmolLM2-135M Q4_1) listens on
 //! loopback with both front doors over one engine. Each level runs `KILN_BENCH_ROUNDS` rounds
 //! (default 1); a round is `level` concurrent gRPC streams, then `level` concurrent HTTP
-//! streams (or the other way round), never both protocols at once. Greedy, EOS ignored, so
-//! every stream yields exactly `KILN_BENCH_TOKENS` tokens (default 16). HTTP requests carry
-//! `max_tokens`, `temperature` 0, `ignore_eos` and `stream_options.include_usage`.
+//! streams (or the other way round), never both protocols at once (but see the paired pass).
+//! Greedy, EOS ignored, so every stream yields exactly `KILN_BENCH_TOKENS` tokens (default
+//! 16). HTTP requests carry `max_tokens`, `temperature` 0, `ignore_eos`, `skip_special_tokens`
+//! false and `stream_options.include_usage`. Special tokens are shown on both sides because
+//! past EOS the model often emits `<|im_end|>` / `<|im_start|>`, which would otherwise decode
+//! to no text: the gRPC message would carry only their ids and the HTTP API would send no
+//! chunk, merging their decode steps into the next text gap.
 //!
 //! Prompts: each stream has its own ~30-token prompt, tokenized through the server's
 //! `Tokenize` call before the round's clock starts and sent as token ids on both sides, so
@@ -27,26 +31,44 @@
 //! block).
 //!
 //! Client side, on both protocols, TTFT runs from sending the request to the first message
-//! (gRPC) or chunk (HTTP) carrying non-empty text, ITL is each gap between such messages, and
-//! TPOT is a stream's first-to-last text message time over its tokens after the first. The
-//! server holds text back only while a UTF-8 character is incomplete (no stop strings here):
-//! then one message carries two tokens and its gap spans two decode steps. gRPC sends such a
-//! step as a message with token ids and no text, the HTTP API sends no chunk; counting text
-//! messages on both sides keeps ITL comparable, and each line prints text messages against
-//! tokens (HTTP's from `usage.completion_tokens`, gRPC's from the token ids). TPOT is not
-//! affected, so its difference is the HTTP layer's per-token cost. Every gRPC stream must end
-//! on LENGTH with `usage.completion_tokens` = the tokens streamed; every HTTP stream must have
-//! `finish_reason` "length", a usage chunk with the expected `completion_tokens`, then
-//! `[DONE]`. The server's own TTFT (`timing.time_to_first_token_ns`, from the request's arrival
-//! at the engine) comes from each gRPC stream's last message; the HTTP API has no such field.
-//! The HTTP client (`kiln_tests::http`) opens a fresh HTTP/1.1 connection per request, so its
-//! TTFT includes a loopback TCP connect; gRPC streams share one HTTP/2 channel.
+//! (gRPC) or chunk (HTTP) carrying non-empty text, and ITL is each gap between such messages.
+//! With special tokens shown, the server holds text back only while a UTF-8 character is
+//! incomplete (no stop strings here): then one message carries two tokens and its gap spans
+//! two decode steps. gRPC sends such a step as a message with token ids and no text, the HTTP
+//! API sends no chunk; counting text messages on both sides keeps ITL comparable, and each
+//! line prints text messages against tokens (HTTP's from `usage.completion_tokens`, gRPC's
+//! from the token ids). Every gRPC stream must end on LENGTH with `usage.completion_tokens`
+//! equal to the tokens streamed; every HTTP stream must have `finish_reason` "length", a usage
+//! chunk with the expected `completion_tokens`, then `[DONE]`. The server's own TTFT
+//! (`timing.time_to_first_token_ns`, from the request's arrival at the engine) comes from each
+//! gRPC stream's last message; the HTTP API has no such field. The HTTP client
+//! (`kiln_tests::http`) opens a fresh HTTP/1.1 connection per request, so its TTFT includes a
+//! loopback TCP connect; gRPC streams share one HTTP/2 channel.
+//!
+//! Decode-only ITL: a burst of `level` requests often reaches the engine across two steps (the
+//! first arrivals start a step before the rest are in), and then the early streams' next gap
+//! holds the others' whole prefill, seconds on a CPU. How a burst splits depends on
+//! sub-millisecond timing, not on the protocol, yet it moves TTFT p99 and ITL p99 by more than
+//! any protocol cost. So each line also gives ITL over the gaps that start once every stream
+//! of the half-round has had its first text (pure decode steps of the whole batch).
+//!
+//! Paired pass: the sequential comparison shares the machine's noise only statistically, and
+//! a step's time on a CPU backend drifts by more than the HTTP layer could cost, so after its
+//! rounds each level runs once with `level` gRPC and `level` HTTP streams together in one
+//! batch (twice the streams, so not part of the level's figures). Every decode step then
+//! hands a token to both sides at the same moment, and the difference between the HTTP and
+//! the gRPC arrival of the same step's text is the HTTP layer's extra latency per token, free
+//! of step-time noise. Steps are told apart by time (decode-only arrivals split where two are
+//! more than half a median step apart or a stream comes again), so on a backend whose steps
+//! are shorter than the spread of one step's arrivals the figure blurs.
 //!
 //! Percentiles are nearest-rank over every sample of the level and protocol; tokens/s is all
 //! output tokens over the summed wall time of that protocol's half-rounds. The comparison line
-//! gives HTTP minus gRPC for TTFT p50, ITL p50 / p99 and mean TPOT, and the ratio of tokens/s.
-//! Client and server share the machine, so on few cores the client's figures include some
-//! scheduling noise (and the HTTP client's JSON parsing competes with the engine for cores).
+//! gives HTTP minus gRPC for TTFT p50, ITL p50 / p99 and decode-only ITL p50 / mean (where an
+//! HTTP layer that takes CPU from the engine would show), and the ratio of tokens/s; the
+//! paired line gives the per-token latency of the HTTP layer against gRPC. Client and server
+//! share the machine, so on few cores the client's figures include some scheduling noise (and
+//! the HTTP client's JSON parsing competes with the engine for cores).
 //!
 //! Env: `KILN_BACKEND` (auto|wgpu|cpu, default auto), `KILN_BENCH_LEVELS` (default `1,16`),
 //! `KILN_BENCH_TOKENS`, `KILN_BENCH_ROUNDS` (an even number balances the order).
@@ -124,11 +146,12 @@ async fn main() -> Result<(), BoxError> {
     let model = defaults.http.model_id.clone();
     let opts = Options {
         device,
-        // Every stream of the largest level runs at once, none waits for memory.
-        max_num_seqs: max_level.max(defaults.max_num_seqs),
+        // Every stream of the paired pass at the largest level (both protocols' streams) runs
+        // at once, none waits for memory.
+        max_num_seqs: (2 * max_level).max(defaults.max_num_seqs),
         kv_blocks: defaults
             .kv_blocks
-            .max((max_level * (PROMPT_TOKENS_MAX + tokens).div_ceil(BLOCK_TOKENS)) as u32),
+            .max((2 * max_level * (PROMPT_TOKENS_MAX + tokens).div_ceil(BLOCK_TOKENS)) as u32),
         // As in the engine_throughput bench, so the two compare.
         max_num_batched_tokens: 512,
         ..defaults
@@ -173,6 +196,7 @@ async fn main() -> Result<(), BoxError> {
     let mut half_rounds = 0usize;
     for &level in &levels {
         let mut acc: [Vec<StreamSample>; 2] = [Vec::new(), Vec::new()];
+        let mut steady: [Vec<Duration>; 2] = [Vec::new(), Vec::new()];
         let mut walls = [Duration::ZERO; 2];
         for _ in 0..rounds {
             let order = if half_rounds.is_multiple_of(2) {
@@ -190,26 +214,21 @@ async fn main() -> Result<(), BoxError> {
                 for id in ids.clone() {
                     prompts.push(prompt_ids(&mut tokenizer, id, proto).await?);
                 }
-                let (samples, wall) = run_round(proto, &target, prompts, tokens).await?;
+                let streams = prompts.into_iter().map(|p| (proto, p)).collect();
+                let (samples, wall) = run_round(&target, streams, tokens).await?;
+                steady[proto.index()].extend(steady_gaps(&samples));
                 acc[proto.index()].extend(samples);
                 walls[proto.index()] += wall;
-                // Every stream ended, so nothing may still run or hold KV blocks.
-                let kv = server.wait_until_idle(Duration::from_secs(5)).await;
-                if kv.used_blocks != 0 || kv.running_requests != 0 || kv.waiting_requests != 0 {
-                    println!(
-                        "WARNING: server not idle after {} streams at concurrency {level}: \
-                         {} blocks used, {} running, {} waiting",
-                        proto.name(),
-                        kv.used_blocks,
-                        kv.running_requests,
-                        kv.waiting_requests
-                    );
-                }
+                expect_idle(&server, proto.name(), level).await;
             }
         }
         let results = [Proto::Grpc, Proto::Http].map(|p| {
             let i = p.index();
-            summarize(std::mem::take(&mut acc[i]), walls[i])
+            summarize(
+                std::mem::take(&mut acc[i]),
+                std::mem::take(&mut steady[i]),
+                walls[i],
+            )
         });
         for proto in [Proto::Grpc, Proto::Http] {
             let r = &results[proto.index()];
@@ -222,7 +241,7 @@ async fn main() -> Result<(), BoxError> {
             println!(
                 "concurrency {level:>3} {} ({} streams, prompts {:.1} tokens avg, {} cached, \
                  {} text messages for {} tokens): TTFT p50 {} p99 {}{server}  \
-                 ITL p50 {} p99 {}  TPOT mean {}  \
+                 ITL p50 {} p99 {} (decode only: p50 {} mean {})  \
                  {:.1} output tok/s ({:.2}x c={base_level})  wall {:.1} s",
                 proto.name(),
                 r.streams,
@@ -234,7 +253,8 @@ async fn main() -> Result<(), BoxError> {
                 fmt_ms(percentile(&r.ttft, 99)),
                 fmt_ms(percentile(&r.itl, 50)),
                 fmt_ms(percentile(&r.itl, 99)),
-                fmt_ms(mean(&r.tpot)),
+                fmt_ms(percentile(&r.steady, 50)),
+                fmt_ms(mean(&r.steady)),
                 r.tokens_per_s,
                 r.tokens_per_s / base_tps,
                 r.wall.as_secs_f64(),
@@ -243,12 +263,37 @@ async fn main() -> Result<(), BoxError> {
         let (g, h) = (&results[0], &results[1]);
         println!(
             "concurrency {level:>3} HTTP - gRPC: TTFT p50 {}  ITL p50 {} p99 {}  \
-             TPOT mean {} (per token)  tok/s HTTP/gRPC {:.3}x",
+             decode-only ITL p50 {} mean {} (per token)  tok/s HTTP/gRPC {:.3}x",
             fmt_diff(percentile(&h.ttft, 50), percentile(&g.ttft, 50)),
             fmt_diff(percentile(&h.itl, 50), percentile(&g.itl, 50)),
             fmt_diff(percentile(&h.itl, 99), percentile(&g.itl, 99)),
-            fmt_diff(mean(&h.tpot), mean(&g.tpot)),
+            fmt_diff(percentile(&h.steady, 50), percentile(&g.steady, 50)),
+            fmt_diff(mean(&h.steady), mean(&g.steady)),
             h.tokens_per_s / g.tokens_per_s,
+        );
+
+        // The paired pass: `level` streams of each protocol in one batch, so every decode
+        // step hands a token to both sides at the same moment.
+        let ids = next_id..next_id + level;
+        next_id += level;
+        let mut streams = Vec::with_capacity(2 * level);
+        for id in ids {
+            for proto in [Proto::Grpc, Proto::Http] {
+                streams.push((proto, prompt_ids(&mut tokenizer, id, proto).await?));
+            }
+        }
+        let (samples, _) = run_round(&target, streams, tokens).await?;
+        expect_idle(&server, "paired", level).await;
+        let p = paired_offsets(&samples);
+        println!(
+            "concurrency {level:>3} paired ({level} gRPC + {level} HTTP streams in one batch): \
+             HTTP minus gRPC arrival of a decode step's text: median {} mean {} \
+             p10 {} p90 {} ({} steps)",
+            fmt_offset(percentile_f(&p, 50)),
+            fmt_offset((!p.is_empty()).then(|| p.iter().sum::<f64>() / p.len() as f64)),
+            fmt_offset(percentile_f(&p, 10)),
+            fmt_offset(percentile_f(&p, 90)),
+            p.len(),
         );
     }
     server.shutdown().await;
@@ -261,7 +306,8 @@ struct LevelResult {
     ttft: Vec<Duration>,
     server_ttft: Vec<Duration>,
     itl: Vec<Duration>,
-    tpot: Vec<Duration>,
+    /// ITL samples of the decode-only phase ([`steady_gaps`]).
+    steady: Vec<Duration>,
     prompt_tokens_avg: f64,
     cached_prompt_tokens: u64,
     tokens: usize,
@@ -271,60 +317,121 @@ struct LevelResult {
     wall: Duration,
 }
 
-fn summarize(samples: Vec<StreamSample>, wall: Duration) -> LevelResult {
+fn summarize(samples: Vec<StreamSample>, steady: Vec<Duration>, wall: Duration) -> LevelResult {
     let tokens: usize = samples.iter().map(|s| s.tokens).sum();
     let mut r = LevelResult {
         streams: samples.len(),
         ttft: samples.iter().map(|s| s.ttft).collect(),
         server_ttft: samples.iter().filter_map(|s| s.server_ttft).collect(),
-        itl: samples.iter().flat_map(|s| s.itl.iter().copied()).collect(),
-        tpot: samples.iter().filter_map(|s| s.tpot).collect(),
+        itl: samples.iter().flat_map(StreamSample::gaps).collect(),
+        steady,
         prompt_tokens_avg: samples.iter().map(|s| s.prompt_tokens as f64).sum::<f64>()
             / samples.len().max(1) as f64,
         cached_prompt_tokens: samples.iter().map(|s| s.cached_prompt_tokens).sum(),
         tokens,
-        chunks: samples.iter().map(|s| s.chunks).sum(),
+        chunks: samples.iter().map(|s| s.times.len()).sum(),
         tokens_per_s: tokens as f64 / wall.as_secs_f64(),
         wall,
     };
     r.ttft.sort_unstable();
     r.server_ttft.sort_unstable();
     r.itl.sort_unstable();
+    r.steady.sort_unstable();
     r
 }
 
 /// `prompts.len()` concurrent streams over `proto`; their samples and the wall time.
+/// Every stream ended, so nothing may still run or hold KV blocks.
+async fn expect_idle(server: &TestServer, what: &str, level: usize) {
+    let kv = server.wait_until_idle(Duration::from_secs(5)).await;
+    if kv.used_blocks != 0 || kv.running_requests != 0 || kv.waiting_requests != 0 {
+        println!(
+            "WARNING: server not idle after {what} streams at concurrency {level}: \
+             {} blocks used, {} running, {} waiting",
+            kv.used_blocks, kv.running_requests, kv.waiting_requests
+        );
+    }
+}
+
+/// The streams, all at once; their samples and the wall time.
 async fn run_round(
-    proto: Proto,
     target: &Target,
-    prompts: Vec<Vec<u32>>,
+    streams: Vec<(Proto, Vec<u32>)>,
     tokens: usize,
 ) -> Result<(Vec<StreamSample>, Duration), BoxError> {
-    let mut samples = Vec::with_capacity(prompts.len());
+    let mut samples = Vec::with_capacity(streams.len());
     let start = Instant::now();
     let mut set = JoinSet::new();
-    for prompt in prompts {
+    for (proto, prompt) in streams {
         set.spawn(one_stream(proto, target.clone(), prompt, tokens));
     }
     while let Some(joined) = set.join_next().await {
-        samples.push(joined.map_err(|e| format!("a {} stream task failed: {e}", proto.name()))??);
+        samples.push(joined.map_err(|e| format!("a stream task failed: {e}"))??);
     }
     Ok((samples, start.elapsed()))
 }
 
+/// Per decode step of a paired pass, in ms: the mean arrival of the HTTP streams' text from
+/// that step minus the gRPC streams'. Steps are told apart by time: arrivals from
+/// [`steady_gaps`]'s decode-only phase, sorted, split wherever two are more than half a
+/// median step apart or a stream would appear twice (a step gives each stream one token, and
+/// the last steps, with fewer streams left, are shorter); steps that reached only one protocol
+/// are left out.
+fn paired_offsets(samples: &[StreamSample]) -> Vec<f64> {
+    let Some(all_started) = all_started(samples) else {
+        return Vec::new();
+    };
+    let mut step = steady_gaps(samples);
+    step.sort_unstable();
+    let Some(half_step) = percentile(&step, 50).map(|d| d / 2) else {
+        return Vec::new();
+    };
+    // (arrival, protocol, stream).
+    let mut arrivals: Vec<(Instant, Proto, usize)> = samples
+        .iter()
+        .enumerate()
+        .flat_map(|(i, s)| s.times.iter().map(move |&t| (t, s.proto, i)))
+        .filter(|&(t, _, _)| t >= all_started)
+        .collect();
+    arrivals.sort_by_key(|&(t, _, _)| t);
+    let mut offsets = Vec::new();
+    let mut cluster: Vec<(Instant, Proto, usize)> = Vec::new();
+    let mut close = |cluster: &mut Vec<(Instant, Proto, usize)>| {
+        let mean_of = |proto: Proto| {
+            let side: Vec<f64> = cluster
+                .iter()
+                .filter(|&&(_, p, _)| p == proto)
+                .map(|&(t, _, _)| ms(t - all_started))
+                .collect();
+            (!side.is_empty()).then(|| side.iter().sum::<f64>() / side.len() as f64)
+        };
+        if let (Some(h), Some(g)) = (mean_of(Proto::Http), mean_of(Proto::Grpc)) {
+            offsets.push(h - g);
+        }
+        cluster.clear();
+    };
+    for a in arrivals {
+        let next_step = cluster.last().is_some_and(|&(t, _, _)| a.0 - t > half_step)
+            || cluster.iter().any(|&(_, _, i)| i == a.2);
+        if next_step {
+            close(&mut cluster);
+        }
+        cluster.push(a);
+    }
+    close(&mut cluster);
+    offsets.sort_by(f64::total_cmp);
+    offsets
+}
+
 /// What one stream measured.
 struct StreamSample {
+    proto: Proto,
     ttft: Duration,
-    /// Gaps between consecutive text-carrying messages.
-    itl: Vec<Duration>,
-    /// First to last text-carrying message over the tokens after the first (`None` for a
-    /// one-token stream).
-    tpot: Option<Duration>,
+    /// When each text-carrying message arrived (the first is TTFT's end).
+    times: Vec<Instant>,
     /// gRPC only: the engine's own TTFT.
     server_ttft: Option<Duration>,
     tokens: usize,
-    /// Messages or chunks that carried text.
-    chunks: usize,
     prompt_tokens: u64,
     cached_prompt_tokens: u64,
 }
@@ -389,7 +496,7 @@ async fn grpc_stream(
         server_ttft: Some(Duration::from_nanos(timing.time_to_first_token_ns)),
         prompt_tokens: u64::from(usage.prompt_tokens),
         cached_prompt_tokens: u64::from(usage.cached_prompt_tokens),
-        ..clock.sample(id, tokens)?
+        ..clock.sample(Proto::Grpc, id, tokens)?
     })
 }
 
@@ -408,6 +515,7 @@ async fn http_stream(
         "max_tokens": expect,
         "temperature": 0,
         "ignore_eos": true,
+        "skip_special_tokens": false,
         "stream": true,
         "stream_options": {"include_usage": true},
     });
@@ -469,56 +577,80 @@ async fn http_stream(
         cached_prompt_tokens: usage["prompt_tokens_details"]["cached_tokens"]
             .as_u64()
             .unwrap_or(0),
-        ..clock.sample(&id, completion)?
+        ..clock.sample(Proto::Http, &id, completion)?
     })
 }
 
-/// When a stream's text-carrying messages arrived: TTFT, the gaps between them, TPOT.
+impl StreamSample {
+    /// Gaps between consecutive text-carrying messages.
+    fn gaps(&self) -> impl Iterator<Item = Duration> + '_ {
+        self.times.windows(2).map(|w| w[1] - w[0])
+    }
+}
+
+/// The ITL samples of one half-round's decode-only phase: gaps that start once every stream
+/// has had its first text, so no prefill shares their steps. A burst of requests can reach the
+/// engine across more than one step (the first arrivals start before the rest are in), and
+/// then the early streams' next gap holds the others' whole prefill; how a burst splits
+/// depends on sub-millisecond timing, not on the protocol, so these samples leave it out.
+fn steady_gaps(samples: &[StreamSample]) -> Vec<Duration> {
+    let Some(all_started) = all_started(samples) else {
+        return Vec::new();
+    };
+    samples
+        .iter()
+        .flat_map(|s| s.times.windows(2))
+        .filter(|w| w[0] >= all_started)
+        .map(|w| w[1] - w[0])
+        .collect()
+}
+
+/// When the last of `samples` to start had its first text.
+fn all_started(samples: &[StreamSample]) -> Option<Instant> {
+    samples
+        .iter()
+        .filter_map(|s| s.times.first())
+        .max()
+        .copied()
+}
+
+/// When a stream's text-carrying messages arrived.
 struct TextClock {
     sent: Instant,
-    first: Option<Instant>,
-    prev: Option<Instant>,
-    itl: Vec<Duration>,
-    chunks: usize,
+    times: Vec<Instant>,
 }
 
 impl TextClock {
     fn new(sent: Instant, expect: usize) -> Self {
         Self {
             sent,
-            first: None,
-            prev: None,
-            itl: Vec::with_capacity(expect),
-            chunks: 0,
+            times: Vec::with_capacity(expect),
         }
     }
 
     fn text_at(&mut self, now: Instant) {
-        self.chunks += 1;
-        match self.prev {
-            None => self.first = Some(now),
-            Some(p) => self.itl.push(now - p),
-        }
-        self.prev = Some(now);
+        self.times.push(now);
     }
 
     /// The sample of a stream that carried `tokens` tokens (an error when more messages than
     /// tokens carried text); server TTFT and prompt counts left unset.
-    fn sample(self, id: &str, tokens: usize) -> Result<StreamSample, BoxError> {
-        let (Some(first), Some(last)) = (self.first, self.prev) else {
+    fn sample(self, proto: Proto, id: &str, tokens: usize) -> Result<StreamSample, BoxError> {
+        let Some(&first) = self.times.first() else {
             return Err(format!("{id}: no message carried text").into());
         };
-        if self.chunks > tokens {
-            return Err(format!("{id}: {} text messages for {tokens} tokens", self.chunks).into());
+        if self.times.len() > tokens {
+            return Err(format!(
+                "{id}: {} text messages for {tokens} tokens",
+                self.times.len()
+            )
+            .into());
         }
-        let after_first = u32::try_from(tokens.saturating_sub(1)).unwrap_or(u32::MAX);
         Ok(StreamSample {
+            proto,
             ttft: first - self.sent,
-            itl: self.itl,
-            tpot: (after_first > 0).then(|| (last - first) / after_first),
+            times: self.times,
             server_ttft: None,
             tokens,
-            chunks: self.chunks,
             prompt_tokens: 0,
             cached_prompt_tokens: 0,
         })
@@ -558,7 +690,8 @@ async fn prompt_ids(
     ];
     // The ticket leads, so prompts differ within their first KV block and the prefix cache
     // never shortens a prefill.
-    let ticket = 100_000 + 2 * id + proto.index();
+    // 10 + 2 id is even, the next odd: never on either side of a power of ten.
+    let ticket = 10 + 2 * id + proto.index();
     let text = format!(
         "Ticket {ticket}: write a short, friendly note about {} for a reader in {}, and mention \
          the colour {} twice before you finish.",
@@ -577,8 +710,8 @@ async fn prompt_ids(
     Ok(ids)
 }
 
-/// A token-id prompt, greedy, EOS ignored, token ids returned (a text delta may be empty while
-/// a multi-byte character is incomplete, so count ids, not text).
+/// A token-id prompt, greedy, EOS ignored, special tokens shown, token ids returned (a text
+/// delta may be empty while a multi-byte character is incomplete, so count ids, not text).
 fn request(prompt: Vec<u32>, max_new_tokens: usize) -> pb::GenerateRequest {
     let mut r = kiln_tests::greedy("", u32::try_from(max_new_tokens).unwrap_or(u32::MAX));
     r.prompt = Some(pb::generate_request::Prompt::TokenIds(pb::TokenIds {
@@ -589,6 +722,7 @@ fn request(prompt: Vec<u32>, max_new_tokens: usize) -> pb::GenerateRequest {
     }
     r.output = Some(pb::OutputOptions {
         return_token_ids: true,
+        skip_special_tokens: Some(false),
         ..Default::default()
     });
     r
@@ -599,6 +733,17 @@ fn request(prompt: Vec<u32>, max_new_tokens: usize) -> pb::GenerateRequest {
 fn percentile(sorted: &[Duration], p: usize) -> Option<Duration> {
     let rank = (p * sorted.len()).div_ceil(100).max(1);
     sorted.get(rank - 1).copied()
+}
+
+/// [`percentile`] of sorted plain numbers.
+fn percentile_f(sorted: &[f64], p: usize) -> Option<f64> {
+    let rank = (p * sorted.len()).div_ceil(100).max(1);
+    sorted.get(rank - 1).copied()
+}
+
+/// A signed offset in ms, to the hundredth.
+fn fmt_offset(ms: Option<f64>) -> String {
+    ms.map_or_else(|| "-".into(), |ms| format!("{ms:+.2} ms"))
 }
 
 fn mean(samples: &[Duration]) -> Option<Duration> {
