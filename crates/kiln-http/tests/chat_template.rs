@@ -86,8 +86,10 @@ async fn without_a_template_chat_is_refused_and_completions_work() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_given_template_renders_the_chat_prompt() {
     // Byte-level tokens: the prompt's token count is the rendered text's length in bytes.
-    let (http, _serving) =
-        server(Some("{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}>")).await;
+    let (http, _serving) = server(Some(
+        "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}>",
+    ))
+    .await;
     let addr = http.local_addr();
     let chat = json!({"messages": [{"role": "system", "content": "be brief"},
                                    {"role": "user", "content": [{"type": "text", "text": "hi"},
