@@ -105,7 +105,8 @@ async fn greedy_text_over_http_equals_grpc_and_follows_openais_schema() {
         http,
         "/v1/chat/completions",
         &json!({"model": MODEL, "messages": [{"role": "user", "content": msgs[0].1}],
-                "max_tokens": 16, "temperature": 0, "user": "tests", "some_future_field": {"x": 1}}),
+                "max_tokens": 16, "temperature": 0, "user": "tests", "some_future_field": {"x": 1},
+                "response_format": {"type": "text"}, "tool_choice": "auto"}),
     )
     .await;
     assert_eq!(r.status, 200, "{}", r.body);
@@ -445,6 +446,20 @@ async fn bad_requests_get_openai_errors_naming_the_field() {
             json!({"prompt": "x", "stream_options": {"include_usage": true}}).to_string().into_bytes(),
             400,
             json!("stream_options"),
+        ),
+        (
+            "structured output",
+            "/v1/chat/completions",
+            chat(json!({"response_format": {"type": "json_object"}})).to_string().into_bytes(),
+            400,
+            json!("response_format"),
+        ),
+        (
+            "a forced tool call",
+            "/v1/chat/completions",
+            chat(json!({"tool_choice": "required"})).to_string().into_bytes(),
+            400,
+            json!("tool_choice"),
         ),
         (
             "unknown model",

@@ -46,6 +46,16 @@ pub(crate) fn chat(
     cfg: &HttpConfig,
 ) -> Result<Plan, ApiError> {
     check_model(common, cfg)?;
+    match &body.tool_choice {
+        None | Some(Value::Null) => {}
+        Some(Value::String(s)) if s == "none" || s == "auto" => {}
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "tool_choice",
+                "forcing a tool call is not supported yet (`none` and `auto` are)",
+            ));
+        }
+    }
     let template = cfg
         .chat_template
         .as_deref()
@@ -221,6 +231,16 @@ pub(crate) fn completion(
 }
 
 fn plan(c: &Common, requests: Vec<Request>, logprobs: Option<usize>) -> Result<Plan, ApiError> {
+    match &c.response_format {
+        None | Some(Value::Null) => {}
+        Some(f) if f.get("type").and_then(Value::as_str) == Some("text") => {}
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "response_format",
+                "structured output is not supported yet (only {\"type\": \"text\"})",
+            ));
+        }
+    }
     let stream = c.stream.unwrap_or(false);
     let include_usage = c
         .stream_options

@@ -34,6 +34,9 @@ pub(crate) struct Common {
     pub skip_special_tokens: Option<bool>,
     pub stop_token_ids: Option<Vec<u32>>,
     pub include_stop_str_in_output: Option<bool>,
+    /// Structured output; only `{"type": "text"}` is served so far (refused otherwise, never
+    /// silently ignored).
+    pub response_format: Option<Value>,
 }
 
 #[derive(Debug, Default, Clone, Copy, Deserialize)]
@@ -51,6 +54,8 @@ pub(crate) struct ChatRequest {
     pub top_logprobs: Option<u32>,
     /// vLLM: end the prompt with the assistant header (default true).
     pub add_generation_prompt: Option<bool>,
+    /// `none` and `auto` are served (the model may answer in text); a forced call is refused.
+    pub tool_choice: Option<Value>,
 }
 
 /// One message as sent; `content` is a string, an array of parts, or null (an assistant turn
