@@ -21,6 +21,7 @@ use serde_json::Value;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
+use tokio_stream::StreamExt;
 
 use crate::config::HttpConfig;
 use crate::convert::{self, Plan};
@@ -232,6 +233,9 @@ async fn body(req: Request, limit: usize) -> Result<Value, ApiError> {
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
     if declared.is_some_and(|n| n > limit as u64) {
+        // Read the body away first (up to a cap), so a client still writing it reads the 413
+        // instead of a broken pipe.
+        discard(req.into_body()).await;
         return Err(ApiError::too_large(limit));
     }
     let bytes = axum::body::to_bytes(req.into_body(), limit)
@@ -253,6 +257,25 @@ async fn body(req: Request, limit: usize) -> Result<Value, ApiError> {
             "the body is not valid JSON: {e}"
         ))),
     }
+}
+
+/// Most of an oversized body read (and dropped) before answering 413; past it, or after
+/// `DISCARD_TIME`, the connection closes under the client.
+const DISCARD_BYTES: usize = 64 << 20;
+const DISCARD_TIME: Duration = Duration::from_secs(10);
+
+async fn discard(body: axum::body::Body) {
+    let mut stream = body.into_data_stream();
+    let drain = async {
+        let mut seen = 0usize;
+        while let Some(Ok(chunk)) = stream.next().await {
+            seen += chunk.len();
+            if seen > DISCARD_BYTES {
+                break;
+            }
+        }
+    };
+    let _ = tokio::time::timeout(DISCARD_TIME, drain).await;
 }
 
 /// Reads one view of the body, naming the field that has the wrong type.
