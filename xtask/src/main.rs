@@ -28,7 +28,7 @@ const COMMANDS: &[Command] = &[
     },
     Command {
         name: "fetch-model",
-        summary: "download the default model (SmolLM2-135M-Instruct Q4_1 GGUF) into models/; --hf also writes an HF folder from it",
+        summary: "[NAME...|--all]: download known models into models/, size and SHA-256 checked: smollm2-135m (the default), gemma-3-270m; --hf also writes SmolLM2 as an HF folder; --help lists them",
         run: fetch_model::run,
     },
 ];
