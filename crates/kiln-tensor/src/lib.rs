@@ -40,7 +40,7 @@ pub use device::{BackendChoice, Device, DeviceInfo, DeviceOptions, KernelTime, P
 pub use dtype::{DType, QK};
 pub use error::{Result, TensorError};
 pub use gpu::{Access, GpuContext, KernelDef, TemplateError};
-pub use ops::{RopeConfig, RopeLayout, RopePositions, RopeScaling, RopeTable};
+pub use ops::{Activation, RopeConfig, RopeLayout, RopePositions, RopeScaling, RopeTable};
 pub use quant::{dequantize, quantize};
 pub use recorder::Recorder;
 pub use tensor::Tensor;

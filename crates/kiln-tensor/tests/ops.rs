@@ -101,14 +101,25 @@ fn matmul_matches_cpu_for_every_weight_dtype() {
     }
 }
 
-/// `matmul_add` and `matmul_swiglu` (fused on CPU-type adapters, composed elsewhere) against
-/// the CPU reference's matmul, add and silu_mul, for every weight dtype and for batches that
-/// span several launches of the fused kernel.
+/// GELU-tanh as `gelu_pytorch_tanh` computes it, in f64.
+fn gelu_tanh64(g: f32) -> f32 {
+    let g = f64::from(g);
+    (0.5 * g * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (g + 0.044715 * g * g * g)).tanh()))
+        as f32
+}
+
+/// `matmul_add`, `matmul_swiglu` and `matmul_geglu` (fused on CPU-type adapters, composed
+/// elsewhere) against the CPU reference's matmul, add and activations, for every weight dtype
+/// and for batches that span several launches of the fused kernel.
 #[test]
 fn fused_matmul_epilogues_match_cpu() {
     let mut r = rng(7);
     for dtype in WEIGHT_DTYPES {
-        let k = if dtype.is_quantized() { 96 } else { 40 };
+        let k = if dtype.is_quantized() {
+            dtype.block_elems().max(96)
+        } else {
+            40
+        };
         for &m in &[1usize, 3, 16, 37] {
             let n = r.random_range(1..70);
             let x = randn(&mut r, m * k, 1.0);
@@ -123,12 +134,18 @@ fn fused_matmul_epilogues_match_cpu() {
                 let mut rec = Recorder::new(dev);
                 let a = rec.matmul_add(&xt, &wt, &rt).unwrap();
                 let s = rec.matmul_swiglu(&xt, &wt, &w2t).unwrap();
+                let ge = rec.matmul_geglu(&xt, &wt, &w2t).unwrap();
                 rec.submit().unwrap();
                 assert_eq!(a.shape(), &[m, n]);
                 assert_eq!(s.shape(), &[m, n]);
-                (a.to_f32_vec().unwrap(), s.to_f32_vec().unwrap())
+                assert_eq!(ge.shape(), &[m, n]);
+                (
+                    a.to_f32_vec().unwrap(),
+                    s.to_f32_vec().unwrap(),
+                    ge.to_f32_vec().unwrap(),
+                )
             };
-            let (want_a, want_s) = run(&Device::cpu());
+            let (want_a, want_s, want_g) = run(&Device::cpu());
             // The CPU reference of the fused ops is the composition of the plain ones.
             let plain = run_matmul(&Device::cpu(), dtype, &x, m, k, &w, n, None);
             let up = run_matmul(&Device::cpu(), dtype, &x, m, k, &w2, n, None);
@@ -136,9 +153,15 @@ fn fused_matmul_epilogues_match_cpu() {
                 assert!((want_a[i] - (plain[i] + res[i])).abs() <= 1e-5 * want_a[i].abs().max(1.0));
                 let silu = plain[i] / (1.0 + (-plain[i]).exp()) * up[i];
                 assert!((want_s[i] - silu).abs() <= 1e-5 * silu.abs().max(1.0));
+                let gelu = gelu_tanh64(plain[i]) * up[i];
+                assert!(
+                    (want_g[i] - gelu).abs() <= 1e-5 * gelu.abs().max(1.0),
+                    "cpu geglu {i}: {} vs {gelu}",
+                    want_g[i]
+                );
             }
             for (name, dev) in gpus() {
-                let (a, s) = run(&dev);
+                let (a, s, ge) = run(&dev);
                 let what = format!("{name} {dtype:?} m={m} k={k} n={n}");
                 assert_close(
                     &format!("{what} matmul_add"),
@@ -147,15 +170,22 @@ fn fused_matmul_epilogues_match_cpu() {
                     matmul_tol(k),
                     0.0,
                 );
-                // An error e in g and in u moves silu(g)·u by at most e·(1.1·|u| + |g|) + e².
+                // An error e in g and in u moves silu(g)·u (and gelu_tanh(g)·u: its slope is
+                // at most 1.13) by at most e·(1.13·|u| + |g|) + e².
                 for i in 0..m * n {
                     let e = matmul_tol(k);
-                    let bound = e * (1.1 * up[i].abs() + plain[i].abs() + 1.0);
+                    let bound = e * (1.13 * up[i].abs() + plain[i].abs() + 1.0);
                     assert!(
                         (s[i] - want_s[i]).abs() <= bound,
                         "{what} matmul_swiglu element {i}: got {}, want {} (bound {bound})",
                         s[i],
                         want_s[i]
+                    );
+                    assert!(
+                        (ge[i] - want_g[i]).abs() <= bound,
+                        "{what} matmul_geglu element {i}: got {}, want {} (bound {bound})",
+                        ge[i],
+                        want_g[i]
                     );
                 }
             }
@@ -361,24 +391,110 @@ fn argmax_takes_the_first_of_equal_maxima() {
 fn elementwise_ops_match_cpu() {
     let mut r = rng(5);
     for n in [1usize, 63, 64, 65, 1000, 70_001] {
-        let a = randn(&mut r, n, 6.0);
+        let mut a = randn(&mut r, n, 6.0);
+        // Arguments whose tanh or exp overflows a naive formula.
+        for (i, v) in [200.0f32, -200.0, 1e4, -1e4, 30.0, -30.0]
+            .iter()
+            .enumerate()
+        {
+            if i < n {
+                a[i] = *v;
+            }
+        }
         let b = randn(&mut r, n, 2.0);
         let run = |dev: &Device| {
             let at = Tensor::from_f32(dev, &[n], &a).unwrap();
             let bt = Tensor::from_f32(dev, &[n], &b).unwrap();
             let mut rec = Recorder::new(dev);
-            let s = rec.add(&at, &bt).unwrap();
-            let m = rec.silu_mul(&at, &bt).unwrap();
+            let outs = [
+                rec.add(&at, &bt).unwrap(),
+                rec.silu_mul(&at, &bt).unwrap(),
+                rec.gelu_tanh_mul(&at, &bt).unwrap(),
+                rec.scale(&at, 25.298_221).unwrap(),
+                rec.softcap(&at, 30.0).unwrap(),
+                rec.softcap(&at, 0.5).unwrap(),
+            ];
             rec.submit().unwrap();
-            (s.to_f32_vec().unwrap(), m.to_f32_vec().unwrap())
+            outs.map(|t| t.to_f32_vec().unwrap())
         };
-        let (ws, wm) = run(&Device::cpu());
+        let want = run(&Device::cpu());
+        // The CPU reference against f64 formulas.
+        for i in 0..n {
+            let g = gelu_tanh64(a[i]) * b[i];
+            assert!(
+                (want[2][i] - g).abs() <= 1e-6 + 1e-5 * g.abs(),
+                "gelu {}",
+                a[i]
+            );
+            assert_eq!(want[3][i], a[i] * 25.298_221);
+            for (j, cap) in [(4, 30.0f64), (5, 0.5)] {
+                let c = (cap * (f64::from(a[i]) / cap).tanh()) as f32;
+                assert!(
+                    (want[j][i] - c).abs() <= 1e-6 + 1e-6 * c.abs(),
+                    "softcap {}",
+                    a[i]
+                );
+            }
+        }
         for (name, dev) in gpus() {
-            let (gs, gm) = run(&dev);
-            assert_close(&format!("{name} add n={n}"), &gs, &ws, 0.0, 0.0);
-            assert_close(&format!("{name} silu_mul n={n}"), &gm, &wm, 1e-6, 1e-5);
+            let got = run(&dev);
+            assert_close(&format!("{name} add n={n}"), &got[0], &want[0], 0.0, 0.0);
+            assert_close(
+                &format!("{name} silu_mul n={n}"),
+                &got[1],
+                &want[1],
+                1e-6,
+                1e-5,
+            );
+            assert_close(
+                &format!("{name} gelu_tanh_mul n={n}"),
+                &got[2],
+                &want[2],
+                1e-6,
+                1e-5,
+            );
+            assert_close(&format!("{name} scale n={n}"), &got[3], &want[3], 0.0, 0.0);
+            assert_close(
+                &format!("{name} softcap 30 n={n}"),
+                &got[4],
+                &want[4],
+                1e-5,
+                1e-5,
+            );
+            assert_close(
+                &format!("{name} softcap 0.5 n={n}"),
+                &got[5],
+                &want[5],
+                1e-6,
+                1e-5,
+            );
         }
     }
+}
+
+#[test]
+fn gelu_and_softcap_hold_known_values_and_reject_bad_caps() {
+    let dev = Device::cpu();
+    let x = Tensor::from_f32(&dev, &[4], &[1.0, -3.0, 0.0, 2.0]).unwrap();
+    let one = Tensor::from_f32(&dev, &[4], &[1.0; 4]).unwrap();
+    let mut rec = Recorder::new(&dev);
+    let g = rec.gelu_tanh_mul(&x, &one).unwrap().to_f32_vec().unwrap();
+    // gelu_pytorch_tanh(1) = 0.8411920, (-3) = -0.0036373, (2) = 1.9545977.
+    assert_close(
+        "gelu_tanh",
+        &g,
+        &[0.841_192, -0.003_637_3, 0.0, 1.954_597_7],
+        1e-6,
+        0.0,
+    );
+    let c = rec.softcap(&x, 2.0).unwrap().to_f32_vec().unwrap();
+    // 2·tanh(0.5) = 0.9242343.
+    assert_close("softcap", &c[..1], &[0.924_234_3], 1e-6, 0.0);
+    for bad in [0.0, -1.0, f32::NAN, f32::INFINITY] {
+        let e = rec.softcap(&x, bad).unwrap_err();
+        assert!(e.to_string().contains("softcap"), "{e}");
+    }
+    assert_eq!(rec.pending_dispatches(), 0);
 }
 
 #[test]

@@ -1,18 +1,38 @@
-// Elementwise binary ops over n f32 values:
-// ADD:      out = a + b
-// SILU_MUL: out = silu(a) * b = a / (1 + exp(-a)) * b   (SwiGLU with a = gate, b = up)
+// Elementwise ops over n f32 values.
+// Binary (a, b):
+// ADD:           out = a + b
+// SILU_MUL:      out = silu(a) * b = a / (1 + exp(-a)) * b   (SwiGLU with a = gate, b = up)
+// GELU_TANH_MUL: out = gelu_tanh(a) * b                      (GeGLU with a = gate, b = up)
+// Unary (UNARY, a only; `s` is the op's scalar):
+// SCALE:         out = a * s
+// SOFTCAP:       out = s * tanh(a / s)
 
 struct Params {
     n: u32,
+    s: f32,
     _pad0: u32,
     _pad1: u32,
-    _pad2: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> a: array<f32>;
+#if UNARY
+@group(0) @binding(2) var<storage, read_write> out: array<f32>;
+#else
 @group(0) @binding(2) var<storage, read> b: array<f32>;
 @group(0) @binding(3) var<storage, read_write> out: array<f32>;
+#endif
+
+// tanh of an argument clamped to ±15, where f32 tanh is already ±1: some drivers compute tanh
+// through exp and return NaN for large arguments.
+fn tanh_safe(t: f32) -> f32 {
+    return tanh(clamp(t, -15.0, 15.0));
+}
+
+// GELU, tanh approximation (`gelu_pytorch_tanh`).
+fn gelu_tanh(g: f32) -> f32 {
+    return 0.5 * g * (1.0 + tanh_safe(0.7978845608028654 * (g + 0.044715 * g * g * g)));
+}
 
 @compute @workgroup_size(64)
 fn main(
@@ -30,5 +50,14 @@ fn main(
 #if SILU_MUL
     let g = a[i];
     out[i] = g / (1.0 + exp(-g)) * b[i];
+#endif
+#if GELU_TANH_MUL
+    out[i] = gelu_tanh(a[i]) * b[i];
+#endif
+#if SCALE
+    out[i] = a[i] * p.s;
+#endif
+#if SOFTCAP
+    out[i] = p.s * tanh_safe(a[i] / p.s);
 #endif
 }

@@ -7,10 +7,10 @@
 // device layout of quant.rs, its quants 16-byte aligned.
 //
 // Epilogues that save a launch each: RES adds a residual of Y's shape (Y = RES + X·Wᵀ);
-// SWIGLU takes a second weight W2 of W's shape and dtype and writes
-// silu(X·Wᵀ) * (X·W2ᵀ) (the gate and up projections of a SwiGLU MLP); QKV computes the Q, K
-// and V projections (weights W, W2, W3 of n1, n2 and n2 rows, one dtype) into Y, Y2 and Y3,
-// its rows numbered through all three.
+// GATED takes a second weight W2 of W's shape and dtype and writes act(X·Wᵀ) * (X·W2ᵀ)
+// (the gate and up projections of a gated MLP; act is silu, or GELU-tanh under GELU); QKV
+// computes the Q, K and V projections (weights W, W2, W3 of n1, n2 and n2 rows, one dtype)
+// into Y, Y2 and Y3, its rows numbered through all three.
 
 struct Params {
     m: u32,
@@ -42,7 +42,7 @@ const WG: u32 = {{WG}}u;
 #if RES
 @group(0) @binding(4) var<storage, read> res: array<f32>;
 #endif
-#if SWIGLU
+#if GATED
 @group(0) @binding(4) var<storage, read> wq2: array<vec4<u32>>;
 #endif
 #if QKV
@@ -213,7 +213,14 @@ fn main(
     {{ACC_STORE}}
 }
 
-// Write the result for X row i, W row r (`u` is the up projection's under SWIGLU).
+// GELU with the tanh approximation; the tanh argument is clamped to ±15 (where f32 tanh is
+// already ±1) because some drivers compute tanh through exp and return NaN beyond.
+fn gelu_tanh(g: f32) -> f32 {
+    let t = clamp(0.7978845608028654 * (g + 0.044715 * g * g * g), -15.0, 15.0);
+    return 0.5 * g * (1.0 + tanh(t));
+}
+
+// Write the result for X row i, W row r (`u` is the up projection's under GATED).
 fn store(i: u32, r: u32, v: f32, u: f32) {
     if (r < p.rows) {
         let col = p.n_offset + r;
@@ -225,8 +232,12 @@ fn store(i: u32, r: u32, v: f32, u: f32) {
 #if RES
         s += res[at];
 #endif
-#if SWIGLU
+#if GATED
+#if GELU
+        s = gelu_tanh(s) * u;
+#else
         s = s / (1.0 + exp(-s)) * u;
+#endif
 #endif
 #if QKV
         let row = p.x_row0 + i;

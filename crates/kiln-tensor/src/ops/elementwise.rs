@@ -1,8 +1,9 @@
-//! Elementwise ops: `add` (residuals) and `silu_mul` (SwiGLU).
+//! Elementwise ops: `add` (residuals), the gated activations `silu_mul` (SwiGLU) and
+//! `gelu_tanh_mul` (GeGLU), and the scalar ops `scale` and `softcap`.
 
 use bytemuck::{Pod, Zeroable};
 
-use super::{R2W, host_f32, require_dtype, require_same_shape};
+use super::{R1W, R2W, host_f32, require_dtype, require_same_shape};
 use crate::gpu::KernelDef;
 use crate::{DType, Recorder, Result, Tensor, TensorError};
 
@@ -17,12 +18,29 @@ static SILU_MUL: KernelDef = KernelDef {
     source: SRC,
     bindings: R2W,
 };
+static GELU_TANH_MUL: KernelDef = KernelDef {
+    name: "gelu_tanh_mul",
+    source: SRC,
+    bindings: R2W,
+};
+static SCALE: KernelDef = KernelDef {
+    name: "scale",
+    source: SRC,
+    bindings: R1W,
+};
+static SOFTCAP: KernelDef = KernelDef {
+    name: "softcap",
+    source: SRC,
+    bindings: R1W,
+};
 
 #[repr(C)]
 #[derive(Clone, Copy, Pod, Zeroable)]
 struct Params {
     n: u32,
-    _pad: [u32; 3],
+    /// The scalar of `scale` and `softcap`.
+    s: f32,
+    _pad: [u32; 2],
 }
 
 impl Recorder {
@@ -57,13 +75,53 @@ impl Recorder {
         let n = a.elem_count();
         let params = Params {
             n: n as u32,
-            _pad: [0; 3],
+            s: 0.0,
+            _pad: [0; 2],
         };
         self.dispatch(
             kernel,
             &[(switch, "1".into())],
             &params,
             vec![(a.clone(), 0), (b.clone(), 0), (out.clone(), 0)],
+            n.div_ceil(64) as u32,
+        )?;
+        Ok(out)
+    }
+
+    /// A unary op with scalar `s`; `f` is its CPU reference.
+    fn unary(
+        &mut self,
+        op: &'static str,
+        kernel: &KernelDef,
+        switch: &'static str,
+        a: &Tensor,
+        s: f32,
+        f: fn(f32, f32) -> f32,
+    ) -> Result<Tensor> {
+        require_dtype(op, "the input", a, &[DType::F32])?;
+        self.check_device(op, &[a])?;
+        if a.elem_count() == 0 {
+            return Err(TensorError::Invalid {
+                op,
+                detail: "empty input".into(),
+            });
+        }
+        let Some(ctx) = self.gpu().cloned() else {
+            let v = host_f32(a)?.iter().map(|&x| f(x, s)).collect();
+            return Ok(Tensor::cpu_f32(a.shape().to_vec(), v));
+        };
+        let out = Tensor::gpu_output(&ctx, DType::F32, a.shape().to_vec(), op)?;
+        let n = a.elem_count();
+        let params = Params {
+            n: n as u32,
+            s,
+            _pad: [0; 2],
+        };
+        self.dispatch(
+            kernel,
+            &[(switch, "1".into()), ("UNARY", "1".into())],
+            &params,
+            vec![(a.clone(), 0), (out.clone(), 0)],
             n.div_ceil(64) as u32,
         )?;
         Ok(out)
@@ -78,9 +136,52 @@ impl Recorder {
     pub fn silu_mul(&mut self, gate: &Tensor, up: &Tensor) -> Result<Tensor> {
         self.binary("silu_mul", &SILU_MUL, "SILU_MUL", gate, up, silu_mul_ref)
     }
+
+    /// gelu_tanh(gate) · up, same shapes (GeGLU with the tanh approximation of GELU, as
+    /// Gemma's `gelu_pytorch_tanh`).
+    pub fn gelu_tanh_mul(&mut self, gate: &Tensor, up: &Tensor) -> Result<Tensor> {
+        self.binary(
+            "gelu_tanh_mul",
+            &GELU_TANH_MUL,
+            "GELU_TANH_MUL",
+            gate,
+            up,
+            gelu_tanh_mul_ref,
+        )
+    }
+
+    /// x · s elementwise.
+    pub fn scale(&mut self, x: &Tensor, s: f32) -> Result<Tensor> {
+        self.unary("scale", &SCALE, "SCALE", x, s, |v, s| v * s)
+    }
+
+    /// cap · tanh(x / cap) elementwise (logit soft-capping); `cap` must be positive and
+    /// finite.
+    pub fn softcap(&mut self, x: &Tensor, cap: f32) -> Result<Tensor> {
+        if !(cap.is_finite() && cap > 0.0) {
+            return Err(TensorError::Invalid {
+                op: "softcap",
+                detail: format!("the cap must be positive and finite, got {cap}"),
+            });
+        }
+        self.unary("softcap", &SOFTCAP, "SOFTCAP", x, cap, |v, c| {
+            c * (v / c).tanh()
+        })
+    }
 }
 
 /// CPU reference of one element of `silu_mul`.
 pub(crate) fn silu_mul_ref(g: f32, u: f32) -> f32 {
     g / (1.0 + (-g).exp()) * u
+}
+
+/// CPU reference of GELU with the tanh approximation.
+pub(crate) fn gelu_tanh_ref(g: f32) -> f32 {
+    const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+    0.5 * g * (1.0 + (SQRT_2_OVER_PI * (g + 0.044715 * g * g * g)).tanh())
+}
+
+/// CPU reference of one element of `gelu_tanh_mul`.
+pub(crate) fn gelu_tanh_mul_ref(g: f32, u: f32) -> f32 {
+    gelu_tanh_ref(g) * u
 }

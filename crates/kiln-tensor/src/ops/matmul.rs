@@ -27,7 +27,7 @@ const TILED_SRC: &str = concat!(
 );
 const ROWS_SRC: &str = include_str!("../../wgsl/matmul_rows.wgsl");
 const ROWS: &[Access] = &[Access::Uniform, Access::Read, Access::ReadWrite];
-/// Bindings with one epilogue operand (bias, residual or the SwiGLU up weight).
+/// Bindings with one epilogue operand (bias, residual or the gated MLP's up weight).
 const ROWS_EPI: &[Access] = &[
     Access::Uniform,
     Access::Read,
@@ -49,8 +49,8 @@ static MATMUL_ROWS_RES: KernelDef = KernelDef {
     source: ROWS_SRC,
     bindings: ROWS_EPI,
 };
-static MATMUL_ROWS_SWIGLU: KernelDef = KernelDef {
-    name: "matmul_rows_swiglu",
+static MATMUL_ROWS_GATED: KernelDef = KernelDef {
+    name: "matmul_rows_gated",
     source: ROWS_SRC,
     bindings: ROWS_EPI,
 };
@@ -75,10 +75,19 @@ enum Epilogue<'a> {
     Bias(&'a Tensor),
     /// Y = residual + X·Wᵀ.
     Residual(&'a Tensor),
-    /// Y = silu(X·Wᵀ) · (X·W2ᵀ), the tensor being W2.
-    SwiGlu(&'a Tensor),
+    /// Y = act(X·Wᵀ) · (X·W2ᵀ), the tensor being W2.
+    Gated(&'a Tensor, Activation),
     /// Rows of [W; W2; W3] into Y, Y2, Y3: (W2, W3, Y2, Y3).
     Qkv([&'a Tensor; 4]),
+}
+
+/// The activation of a gated MLP: `act(X·Gᵀ) · (X·Uᵀ)`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Activation {
+    /// silu(g) = g·sigmoid(g): SwiGLU (Llama, Mistral, Qwen2).
+    Silu,
+    /// GELU with the tanh approximation (`gelu_pytorch_tanh`): GeGLU (Gemma).
+    GeluTanh,
 }
 
 /// Parameters of `matmul_rows.wgsl`.
@@ -288,27 +297,49 @@ impl Recorder {
         self.add(residual, &p)
     }
 
-    /// silu(X · Gᵀ) · (X · Uᵀ), the gate and up projections of a SwiGLU MLP, in one launch
-    /// where the device's kernel can (CPU-type adapters), else two matmuls and a `silu_mul`.
-    /// G and U have the same shape and dtype.
+    /// silu(X · Gᵀ) · (X · Uᵀ), the gate and up projections of a SwiGLU MLP: see
+    /// [`Recorder::matmul_gated`].
     pub fn matmul_swiglu(&mut self, x: &Tensor, gate: &Tensor, up: &Tensor) -> Result<Tensor> {
+        self.matmul_gated(x, gate, up, Activation::Silu)
+    }
+
+    /// gelu_tanh(X · Gᵀ) · (X · Uᵀ), the gate and up projections of a GeGLU MLP (Gemma): see
+    /// [`Recorder::matmul_gated`].
+    pub fn matmul_geglu(&mut self, x: &Tensor, gate: &Tensor, up: &Tensor) -> Result<Tensor> {
+        self.matmul_gated(x, gate, up, Activation::GeluTanh)
+    }
+
+    /// act(X · Gᵀ) · (X · Uᵀ), the gate and up projections of a gated MLP, in one launch
+    /// where the device's kernel can (CPU-type adapters), else two matmuls and a `silu_mul`
+    /// or `gelu_tanh_mul`. G and U have the same shape and dtype.
+    pub fn matmul_gated(
+        &mut self,
+        x: &Tensor,
+        gate: &Tensor,
+        up: &Tensor,
+        act: Activation,
+    ) -> Result<Tensor> {
+        const OP: &str = "matmul_gated";
         if gate.shape() == up.shape()
             && gate.dtype() == up.dtype()
             && gate.chunk_count() == up.chunk_count()
             && let Some((ctx, group)) = self.rows_fusable(x, gate)
         {
-            self.check_device("matmul_swiglu", &[up])?;
+            self.check_device(OP, &[up])?;
             let mut shape = x.shape().to_vec();
             if let Some(last) = shape.last_mut() {
                 *last = gate.rows();
             }
-            let y = Tensor::gpu_output(&ctx, DType::F32, shape, "matmul_swiglu")?;
-            self.matmul_rows(x, gate, &y, Epilogue::SwiGlu(up), group)?;
+            let y = Tensor::gpu_output(&ctx, DType::F32, shape, OP)?;
+            self.matmul_rows(x, gate, &y, Epilogue::Gated(up, act), group)?;
             return Ok(y);
         }
         let g = self.matmul(x, gate, None)?;
         let u = self.matmul(x, up, None)?;
-        self.silu_mul(&g, &u)
+        match act {
+            Activation::Silu => self.silu_mul(&g, &u),
+            Activation::GeluTanh => self.gelu_tanh_mul(&g, &u),
+        }
     }
 
     /// The Q, K and V projections of X (weights `[nq, k]`, `[nkv, k]`, `[nkv, k]`, optional
@@ -385,7 +416,7 @@ impl Recorder {
             Epilogue::None => (&MATMUL_ROWS, None),
             Epilogue::Bias(_) => (&MATMUL_ROWS_BIAS, Some("BIAS")),
             Epilogue::Residual(_) => (&MATMUL_ROWS_RES, Some("RES")),
-            Epilogue::SwiGlu(_) => (&MATMUL_ROWS_SWIGLU, Some("SWIGLU")),
+            Epilogue::Gated(..) => (&MATMUL_ROWS_GATED, Some("GATED")),
             Epilogue::Qkv(_) => (&MATMUL_ROWS_QKV, Some("QKV")),
         };
         // Row split and quants offsets of the stacked QKV weights (single chunks each).
@@ -397,7 +428,8 @@ impl Recorder {
             ),
             _ => (None, 0, 0),
         };
-        let swiglu = matches!(epi, Epilogue::SwiGlu(_));
+        let gated = matches!(epi, Epilogue::Gated(..));
+        let gelu = matches!(epi, Epilogue::Gated(_, Activation::GeluTanh));
         let sg_x = rows_x_broadcast(self.gpu().map(|c| c.info()));
         for (ci, c) in chunks.iter().enumerate() {
             let mut i0 = 0;
@@ -405,15 +437,16 @@ impl Recorder {
                 let mg = group.min(m - i0);
                 let r = ROWS_R;
                 let mut defines = weight_defines(w.dtype(), 2);
-                for f in ["BIAS", "RES", "SWIGLU", "QKV"] {
+                for f in ["BIAS", "RES", "GATED", "QKV"] {
                     defines.push((f, u32::from(flag == Some(f)).to_string()));
                 }
-                defines.push(("W2", u32::from(swiglu || qkv_rows.is_some()).to_string()));
+                defines.push(("GELU", u32::from(gelu).to_string()));
+                defines.push(("W2", u32::from(gated || qkv_rows.is_some()).to_string()));
                 defines.push(("MV_M", mg.to_string()));
                 defines.push(("R", r.to_string()));
                 defines.push(("WG", ROWS_WG.to_string()));
                 defines.push(("XV", (mg * k / 4).to_string()));
-                defines.extend(rows_accumulators(mg, r, swiglu));
+                defines.extend(rows_accumulators(mg, r, gated));
                 defines.extend(sg_x.iter().cloned());
                 let (n1, n2) = qkv_rows.unwrap_or((0, 0));
                 let params = RowsParams {
@@ -424,7 +457,7 @@ impl Recorder {
                     n_offset: c.row0 as u32,
                     qs: c.qs_offset,
                     x_row0: i0 as u32,
-                    qs2: if swiglu { c.qs_offset } else { qs2 },
+                    qs2: if gated { c.qs_offset } else { qs2 },
                     qs3,
                     n1: n1 as u32,
                     n2: n2 as u32,
@@ -442,7 +475,7 @@ impl Recorder {
                 match epi {
                     Epilogue::None => {}
                     Epilogue::Bias(t) | Epilogue::Residual(t) => bind.push((t.clone(), 0).into()),
-                    Epilogue::SwiGlu(t) => bind.push((t.clone(), ci).into()),
+                    Epilogue::Gated(t, _) => bind.push((t.clone(), ci).into()),
                     Epilogue::Qkv(ts) => bind.extend(ts.iter().map(|t| ((*t).clone(), 0).into())),
                 }
                 let groups = (c.rows + 2 * n2).div_ceil(ROWS_WG * r) as u32;
@@ -488,10 +521,10 @@ fn first_chunk_qs(w: &Tensor) -> Result<u32> {
 }
 
 /// The accumulator code of `matmul_rows.wgsl` for `m` rows of X and `r` rows of W an
-/// invocation (and as many for W2 under SwiGLU), written out statement by statement: the
+/// invocation (and as many for W2 when gated), written out statement by statement: the
 /// R weight blocks are decoded once and each X block is read once per block and used for
 /// all of them.
-fn rows_accumulators(m: usize, r: usize, swiglu: bool) -> [(&'static str, String); 3] {
+fn rows_accumulators(m: usize, r: usize, gated: bool) -> [(&'static str, String); 3] {
     let mut decl = String::new();
     let mut body = String::new();
     let mut store = String::new();
@@ -499,7 +532,7 @@ fn rows_accumulators(m: usize, r: usize, swiglu: bool) -> [(&'static str, String
         body.push_str(&format!(
             "let w{rr} = load_row(min(r0 + {rr}u, last), blk, nb);\n"
         ));
-        if swiglu {
+        if gated {
             body.push_str(&format!(
                 "let g{rr} = load_blk2(min(r0 + {rr}u, last) * nb + blk);\n"
             ));
@@ -510,7 +543,7 @@ fn rows_accumulators(m: usize, r: usize, swiglu: bool) -> [(&'static str, String
         for rr in 0..r {
             decl.push_str(&format!("var a{i}_{rr} = 0.0;\n"));
             body.push_str(&format!("a{i}_{rr} += bdot(w{rr}, x);\n"));
-            if swiglu {
+            if gated {
                 decl.push_str(&format!("var u{i}_{rr} = 0.0;\n"));
                 body.push_str(&format!("u{i}_{rr} += bdot(g{rr}, x);\n"));
                 store.push_str(&format!("store({i}u, r0 + {rr}u, a{i}_{rr}, u{i}_{rr});\n"));

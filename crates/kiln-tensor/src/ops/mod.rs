@@ -8,6 +8,7 @@ mod matmul;
 mod rope;
 mod rows;
 
+pub use matmul::Activation;
 pub use rope::{RopeConfig, RopeLayout, RopePositions, RopeScaling, RopeTable};
 
 use crate::gpu::Access;
