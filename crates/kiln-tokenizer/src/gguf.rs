@@ -2,8 +2,10 @@
 //!
 //! The result is a real `tokenizers::Tokenizer` shaped like the one Hugging Face builds for the
 //! same vocabulary: byte-level BPE from tokens + merges for `gpt2`, SentencePiece-style BPE with
-//! merges recovered from the scores for `llama`.
+//! merges recovered from the vocabulary for `llama` (Llama's shape, or Gemma's for the `gemma*`
+//! architectures, as transformers picks them).
 
+use std::borrow::Cow;
 use std::collections::HashSet;
 
 use kiln_gguf::Metadata;
@@ -15,8 +17,9 @@ use tokenizers::models::bpe::{BPE, Vocab};
 use tokenizers::normalizers::replace::Replace;
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 use tokenizers::pre_tokenizers::metaspace::{Metaspace, PrependScheme};
+use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
 use tokenizers::processors::template::TemplateProcessing;
-use tokenizers::{AddedToken, DecoderWrapper};
+use tokenizers::{AddedToken, DecoderWrapper, SplitDelimiterBehavior};
 
 use crate::error::{Result, TokenizerError};
 use crate::pieces::byte_level_decoding;
@@ -28,6 +31,11 @@ const SOURCE: &str = "GGUF metadata";
 /// llama.cpp's token types.
 const TYPE_CONTROL: i64 = 3;
 const TYPE_USER_DEFINED: i64 = 4;
+
+/// Control tokens that end a turn in well-known chat formats. llama.cpp stops on these too when
+/// the file names no `eot_token_id` (Gemma's files don't; its `generation_config.json` lists
+/// `<end_of_turn>` beside `<eos>`).
+const END_OF_TURN: [&str; 3] = ["<end_of_turn>", "<|im_end|>", "<|eot_id|>"];
 
 fn meta_err(key: &str, detail: impl Into<String>) -> TokenizerError {
     TokenizerError::GgufMetadata {
@@ -45,7 +53,7 @@ fn build_err(source: impl Into<tokenizers::Error>) -> TokenizerError {
 
 /// What both tokenizer kinds read.
 struct Common<'a> {
-    tokens: &'a [String],
+    tokens: Cow<'a, [String]>,
     types: Vec<i64>,
     specials: SpecialTokens,
     add_bos: bool,
@@ -85,8 +93,18 @@ fn read_common(md: &Metadata, default_add_bos: bool) -> Result<Common<'_>> {
             stop_ids.push(extra);
         }
     }
+    if md.get_u32("tokenizer.ggml.eot_token_id")?.is_none() {
+        for (id, (token, &ty)) in (0u32..).zip(tokens.iter().zip(&types)) {
+            if ty == TYPE_CONTROL
+                && END_OF_TURN.contains(&token.as_str())
+                && !stop_ids.contains(&id)
+            {
+                stop_ids.push(id);
+            }
+        }
+    }
     Ok(Common {
-        tokens,
+        tokens: Cow::Borrowed(tokens),
         types,
         specials: SpecialTokens {
             bos: id("tokenizer.ggml.bos_token_id")?,
@@ -170,19 +188,51 @@ fn byte_level_bpe(md: &Metadata) -> Result<Tokenizer> {
     finish(tok, c, |t| in_alphabet(t), |t| vocab.contains_key(t))
 }
 
+/// Which Hugging Face class a SentencePiece vocabulary becomes; transformers picks it by
+/// `general.architecture`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum SpmShape {
+    /// `LlamaTokenizer`: `Metaspace` (a `▁` prefix unless `add_space_prefix` is false), merges
+    /// ranked by the file's scores.
+    Llama,
+    /// `GemmaTokenizer`: a normalizer turns spaces into `▁`, no prefix. Gemma files store tokens
+    /// of several spaces as real spaces (respelled as `▁`s here), and their scores do not follow
+    /// the merge order: the order of the tokens in the file does.
+    Gemma,
+}
+
 fn sentencepiece_bpe(md: &Metadata) -> Result<Tokenizer> {
-    let c = read_common(md, true)?;
-    let scores = md
+    let mut c = read_common(md, true)?;
+    let shape = match md.get_str("general.architecture")? {
+        Some("gemma" | "gemma2" | "gemma3") => SpmShape::Gemma,
+        _ => SpmShape::Llama,
+    };
+    let file_scores = md
         .get_f32s("tokenizer.ggml.scores")?
         .ok_or_else(|| meta_err("tokenizer.ggml.scores", "missing (needed for `llama`)"))?;
-    if scores.len() != c.tokens.len() {
+    if file_scores.len() != c.tokens.len() {
         return Err(meta_err(
             "tokenizer.ggml.scores",
-            format!("{} scores for {} tokens", scores.len(), c.tokens.len()),
+            format!("{} scores for {} tokens", file_scores.len(), c.tokens.len()),
         ));
     }
+    let scores: Cow<'_, [f32]> = match shape {
+        SpmShape::Llama => Cow::Borrowed(file_scores),
+        SpmShape::Gemma => {
+            if c.tokens.iter().any(|t| spaces_as_metaspace(t).is_some()) {
+                let respelled = c
+                    .tokens
+                    .iter()
+                    .map(|t| spaces_as_metaspace(t).unwrap_or_else(|| t.clone()))
+                    .collect();
+                c.tokens = Cow::Owned(respelled);
+            }
+            // Exact in f32: vocabularies stay far below 2^24 tokens.
+            Cow::Owned((0..c.tokens.len()).map(|i| -(i as f32)).collect())
+        }
+    };
     let vocab: Vocab = c.tokens.iter().cloned().zip(0u32..).collect();
-    let merges = merges_from_scores(c.tokens, scores, &vocab);
+    let merges = merges_from_scores(&c.tokens, &scores, &vocab);
     let mut builder = BPE::builder()
         .vocab_and_merges(vocab.clone(), merges)
         .fuse_unk(true)
@@ -191,35 +241,69 @@ fn sentencepiece_bpe(md: &Metadata) -> Result<Tokenizer> {
         builder = builder.unk_token(unk.clone());
     }
     let bpe = builder.build().map_err(build_err)?;
-    let add_space_prefix = md
-        .get_bool("tokenizer.ggml.add_space_prefix")?
-        .unwrap_or(true);
-    let scheme = if add_space_prefix {
-        PrependScheme::First
-    } else {
-        PrependScheme::Never
-    };
     let mut decoders: Vec<DecoderWrapper> = vec![
         Replace::new("\u{2581}", " ").map_err(build_err)?.into(),
         ByteFallback::new().into(),
         Fuse::new().into(),
     ];
-    if add_space_prefix {
-        decoders.push(Strip::new(' ', 1, 0).into());
-    }
     let mut tok = tokenizers::Tokenizer::new(bpe);
-    tok.with_pre_tokenizer(Some(Metaspace::new('\u{2581}', scheme, false)))
-        .with_decoder(Some(DecoderSequence::new(decoders)));
+    match shape {
+        SpmShape::Llama => {
+            let add_space_prefix = md
+                .get_bool("tokenizer.ggml.add_space_prefix")?
+                .unwrap_or(true);
+            let scheme = if add_space_prefix {
+                PrependScheme::First
+            } else {
+                PrependScheme::Never
+            };
+            if add_space_prefix {
+                decoders.push(Strip::new(' ', 1, 0).into());
+            }
+            tok.with_pre_tokenizer(Some(Metaspace::new('\u{2581}', scheme, false)));
+        }
+        SpmShape::Gemma => {
+            // After the normalizer there is no space left to split on; the split is kept so
+            // the pipeline is the one Hugging Face serializes for Gemma.
+            let split = Split::new(
+                SplitPattern::String(" ".into()),
+                SplitDelimiterBehavior::MergedWithPrevious,
+                false,
+            )
+            .map_err(build_err)?;
+            tok.with_normalizer(Some(Replace::new(" ", "\u{2581}").map_err(build_err)?))
+                .map_err(build_err)?
+                .with_pre_tokenizer(Some(split));
+        }
+    }
+    tok.with_decoder(Some(DecoderSequence::new(decoders)));
     finish(tok, c, |_| true, |t| vocab.contains_key(t))
+}
+
+/// A Gemma token made only of whitespace, at least one of it a space, spelled with one `▁` per
+/// character, as transformers respells it; `None` for any other token.
+fn spaces_as_metaspace(token: &str) -> Option<String> {
+    // Python's `str.isspace`, which also counts the separators U+001C..U+001F.
+    let py_space = |c: char| c.is_whitespace() || ('\u{1c}'..='\u{1f}').contains(&c);
+    (token.contains(' ') && token.chars().all(py_space))
+        .then(|| "\u{2581}".repeat(token.chars().count()))
 }
 
 /// SentencePiece BPE merges: every split of a token into two tokens, best merged score first
 /// (ties: longer left piece, then longer right piece, then file order), as Hugging Face
-/// recovers them.
+/// recovers them. A token listed twice counts once, at its first place with its last id's
+/// score (a Python dict's order and value).
 fn merges_from_scores(tokens: &[String], scores: &[f32], vocab: &Vocab) -> Vec<(String, String)> {
     let mut merges: Vec<(&str, &str, f32)> = Vec::new();
     let mut local = Vec::new();
-    for (token, &score) in tokens.iter().zip(scores) {
+    let mut seen: HashSet<&str> = HashSet::with_capacity(tokens.len());
+    for token in tokens {
+        if !seen.insert(token.as_str()) {
+            continue;
+        }
+        let Some(score) = vocab.get(token).and_then(|&id| scores.get(id as usize)) else {
+            continue;
+        };
         local.clear();
         for (i, _) in token.char_indices().skip(1) {
             let (l, r) = token.split_at(i);
@@ -228,7 +312,7 @@ fn merges_from_scores(tokens: &[String], scores: &[f32], vocab: &Vocab) -> Vec<(
             }
         }
         local.sort_by_key(|&(li, ri, _, _)| (li, ri));
-        merges.extend(local.iter().map(|&(_, _, l, r)| (l, r, score)));
+        merges.extend(local.iter().map(|&(_, _, l, r)| (l, r, *score)));
     }
     let chars = |s: &str| s.chars().count();
     merges.sort_by(|a, b| {
