@@ -128,6 +128,21 @@ impl ChatTemplate {
         bos_token: Option<&str>,
         eos_token: Option<&str>,
     ) -> Result<String> {
+        self.render_with(messages, options, &NoExtra {}, bos_token, eos_token)
+    }
+
+    /// [`render`](Self::render) with more variables for the template, as the keyword arguments
+    /// of transformers' `apply_chat_template`: `extra` serializes to a map, such as
+    /// `{"tools": [...], "enable_thinking": false}`. Its keys may not replace `messages`,
+    /// `add_generation_prompt`, `bos_token` or `eos_token`.
+    pub fn render_with<M: Serialize, E: Serialize>(
+        &self,
+        messages: &[M],
+        options: &ChatOptions,
+        extra: &E,
+        bos_token: Option<&str>,
+        eos_token: Option<&str>,
+    ) -> Result<String> {
         let fail = |e: Error| TokenizerError::TemplateRender {
             name: self.name.clone(),
             detail: describe(&e),
@@ -139,10 +154,15 @@ impl ChatTemplate {
                 add_generation_prompt => options.add_generation_prompt,
                 bos_token => bos_token.unwrap_or_default(),
                 eos_token => eos_token.unwrap_or_default(),
+                ..Value::from_serialize(extra)
             })
             .map_err(fail)
     }
 }
+
+/// No extra template variables.
+#[derive(Serialize)]
+struct NoExtra {}
 
 fn describe(e: &Error) -> String {
     let mut s = e.to_string();
