@@ -4,107 +4,18 @@
 
 mod common;
 
+use common::cases::check_cases;
 use common::{TestResult, gguf_tokenizer, golden, hf_tokenizer};
-use kiln_tokenizer::{ChatMessage, ChatOptions, DecodeOptions, EncodeOptions, Tokenizer};
-use serde_json::Value;
-
-fn ids(v: &Value) -> Vec<u32> {
-    v.as_array()
-        .map(|a| {
-            a.iter()
-                .filter_map(Value::as_u64)
-                .map(|n| n as u32)
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
-/// Byte offsets to char offsets, as Python reports them.
-fn char_offsets(text: &str, offsets: &[(usize, usize)]) -> Vec<Vec<u64>> {
-    let to_char = |b: usize| text.get(..b).map_or(u64::MAX, |s| s.chars().count() as u64);
-    offsets
-        .iter()
-        .map(|&(s, e)| vec![to_char(s), to_char(e)])
-        .collect()
-}
-
-fn check_cases(name: &str, tok: &Tokenizer) -> TestResult {
-    let golden = golden()?;
-    let cases = golden["cases"].as_array().ok_or("no cases")?;
-    assert!(cases.len() >= 40, "corpus has only {} texts", cases.len());
-    let mut failures = Vec::new();
-    for case in cases {
-        let text = case["text"].as_str().ok_or("case without text")?;
-        let with = tok.encode_with(
-            text,
-            EncodeOptions {
-                add_special_tokens: true,
-                offsets: true,
-            },
-        )?;
-        let without = tok.encode_with(
-            text,
-            EncodeOptions {
-                add_special_tokens: false,
-                offsets: false,
-            },
-        )?;
-        let mut check = |what: &str, ok: bool| {
-            if !ok {
-                failures.push(format!("{name}: {what} differs for {text:?}"));
-            }
-        };
-        check("ids", with.ids == ids(&case["ids"]));
-        check(
-            "ids without special tokens",
-            without.ids == ids(&case["ids_no_special"]),
-        );
-        check("default encode", tok.encode(text)? == with.ids);
-        let want_offsets: Vec<Vec<u64>> = serde_json::from_value(case["offsets"].clone())?;
-        check("offsets", char_offsets(text, &with.offsets) == want_offsets);
-        check(
-            "decode",
-            tok.decode(&with.ids)? == case["decode"].as_str().unwrap_or_default(),
-        );
-        let skip = tok.decode_with(
-            &with.ids,
-            DecodeOptions {
-                skip_special_tokens: true,
-            },
-        )?;
-        check(
-            "decode skipping special tokens",
-            skip == case["decode_skip_special"].as_str().unwrap_or_default(),
-        );
-    }
-    assert!(
-        failures.is_empty(),
-        "{} mismatches:\n{}",
-        failures.len(),
-        failures.join("\n")
-    );
-
-    let texts: Vec<&str> = cases.iter().filter_map(|c| c["text"].as_str()).collect();
-    let batch = tok.encode_batch(&texts, EncodeOptions::default())?;
-    for (enc, case) in batch.iter().zip(cases) {
-        assert_eq!(
-            enc.ids,
-            ids(&case["ids"]),
-            "{name}: batch encode of {:?}",
-            case["text"]
-        );
-    }
-    Ok(())
-}
+use kiln_tokenizer::{ChatMessage, ChatOptions};
 
 #[test]
 fn hf_tokenizer_json_matches_reference_ids() -> TestResult {
-    check_cases("tokenizer.json", &hf_tokenizer()?)
+    check_cases("tokenizer.json", &hf_tokenizer()?, &golden()?)
 }
 
 #[test]
 fn gguf_metadata_matches_reference_ids() -> TestResult {
-    check_cases("GGUF", &gguf_tokenizer()?)
+    check_cases("GGUF", &gguf_tokenizer()?, &golden()?)
 }
 
 #[test]

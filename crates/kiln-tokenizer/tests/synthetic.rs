@@ -4,10 +4,10 @@
 mod common;
 
 use common::TestResult;
+use common::pretok::{gpt2_metadata, splits};
 use common::spm::spm_metadata;
 use kiln_gguf::{GgufWriter, Metadata};
 use kiln_tokenizer::{DecodeOptions, EncodeOptions, Tokenizer, TokenizerError};
-use tokenizers::{OffsetReferential, OffsetType, PreTokenizedString, PreTokenizer};
 
 fn id(tok: &Tokenizer, t: &str) -> Result<u32, String> {
     tok.token_to_id(t).ok_or_else(|| format!("no token {t:?}"))
@@ -111,33 +111,6 @@ fn sentencepiece_detokenizer_handles_leading_space_and_byte_runs() -> TestResult
     assert_eq!(deltas, ["", "hello", "", "", "", "€ w"]);
     assert_eq!(d.finish()?, "");
     Ok(())
-}
-
-fn gpt2_metadata(pre: &str) -> Metadata {
-    let mut md = Metadata::new();
-    md.insert("tokenizer.ggml.model", "gpt2");
-    md.insert("tokenizer.ggml.pre", pre);
-    md.insert("tokenizer.ggml.tokens", vec!["a", "b"]);
-    md.insert("tokenizer.ggml.merges", Vec::<String>::new());
-    md
-}
-
-fn splits(tok: &Tokenizer, text: &str) -> Result<Vec<String>, Box<dyn std::error::Error>> {
-    let mut s = PreTokenizedString::from(text);
-    if let Some(n) = tok.inner().get_normalizer() {
-        s = PreTokenizedString::from(tokenizers::NormalizedString::from(text));
-        s.normalize(|n2| tokenizers::Normalizer::normalize(n, n2))
-            .map_err(|e| e.to_string())?;
-    }
-    tok.inner()
-        .get_pre_tokenizer()
-        .ok_or("no pre-tokenizer")?
-        .pre_tokenize(&mut s)
-        .map_err(|e| e.to_string())?;
-    Ok(s.get_splits(OffsetReferential::Original, OffsetType::Byte)
-        .into_iter()
-        .map(|(t, _, _)| t.to_owned())
-        .collect())
 }
 
 #[test]
