@@ -97,7 +97,7 @@ impl Engine {
             });
         }
         let mut scfg = cfg.scheduler.clone();
-        scfg.sliding_window = mcfg.sliding_window;
+        scfg.sliding_window = mcfg.kv_window();
         let sched = Scheduler::new(scfg.clone())?;
         let blocks = &scfg.blocks;
         let pool = KvPoolConfig {

@@ -1,9 +1,11 @@
-//! `ModelConfig`: the normalised description the forward pass uses, read from GGUF metadata or
-//! an HF `config.json` (the file formats stay in this module).
+//! `ModelConfig`: the normalised description the forward pass uses, read from GGUF metadata
+//! (`config/gguf.rs`) or an HF `config.json` (`config/hf.rs`); the file formats stay there.
+//! Every count and size is checked against [`limits`] before anything is sized by it.
 
-use kiln_gguf::GgufFile;
+mod gguf;
+mod hf;
+
 use kiln_tensor::{RopeConfig, RopeLayout, RopeScaling};
-use serde_json::Value;
 
 use crate::{ModelError, Result};
 
@@ -13,15 +15,23 @@ pub enum Arch {
     Llama,
     Mistral,
     Qwen2,
+    Qwen3,
+    /// Gemma 3's text model.
+    Gemma3,
 }
 
+/// The architectures kiln runs, as configs name them (for error messages).
+pub const SUPPORTED_ARCHITECTURES: &str = "llama, mistral, qwen2, qwen3, gemma3";
+
 impl Arch {
-    /// The name configs use (`llama`, `mistral`, `qwen2`).
+    /// The name configs use (`llama`, `mistral`, `qwen2`, `qwen3`, `gemma3`).
     pub fn name(self) -> &'static str {
         match self {
             Arch::Llama => "llama",
             Arch::Mistral => "mistral",
             Arch::Qwen2 => "qwen2",
+            Arch::Qwen3 => "qwen3",
+            Arch::Gemma3 => "gemma3",
         }
     }
 
@@ -30,12 +40,40 @@ impl Arch {
             "llama" => Ok(Arch::Llama),
             "mistral" => Ok(Arch::Mistral),
             "qwen2" => Ok(Arch::Qwen2),
+            "qwen3" => Ok(Arch::Qwen3),
+            // transformers names the text-only config `gemma3_text`.
+            "gemma3" | "gemma3_text" => Ok(Arch::Gemma3),
             other => Err(ModelError::Architecture {
                 file: file.into(),
                 arch: other.into(),
             }),
         }
     }
+}
+
+/// The gated MLP's activation: `down(act(gate(x)) · up(x))`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Activation {
+    /// SwiGLU (Llama, Mistral, Qwen).
+    Silu,
+    /// GELU with the tanh approximation (Gemma's `gelu_pytorch_tanh`).
+    GeluTanh,
+}
+
+/// Rotary embedding parameters of one kind of layer.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RopeParams {
+    pub theta: f32,
+    pub scaling: RopeScaling,
+}
+
+/// How one layer attends.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LayerAttention {
+    /// Sliding window: a query at position `p` sees `p - W + 1 ..= p`; `None` is full
+    /// attention.
+    pub window: Option<usize>,
+    pub rope: RopeParams,
 }
 
 /// Everything the forward pass needs to know about a model.
@@ -50,20 +88,50 @@ pub struct ModelConfig {
     pub ffn: usize,
     pub vocab: usize,
     pub rms_eps: f32,
-    pub rope_theta: f32,
-    pub rope_scaling: RopeScaling,
     /// Rotary layout of the Q/K weights as stored: llama GGUF files permute Q/K rows for
     /// interleaved pairs; HF checkpoints use the half-split layout.
     pub rope_layout: RopeLayout,
     pub max_position: usize,
     pub tie_embeddings: bool,
-    pub sliding_window: Option<usize>,
+    /// Each layer's attention: its window and its RoPE (Gemma 3 mixes sliding-window layers
+    /// with RoPE base 10,000 and full-attention layers with their own base and scaling).
+    pub attention: Vec<LayerAttention>,
     /// Q/K/V projections carry biases (qwen2).
     pub qkv_bias: bool,
+    /// Q and K are RMS-normalised per head before RoPE (qwen3, gemma3).
+    pub qk_norm: bool,
+    /// Norms after attention and after the MLP too (gemma3): the pre-MLP norm is then a
+    /// weight of its own (`pre_feedforward_layernorm`).
+    pub sandwich_norms: bool,
+    /// Added to every RMSNorm weight at load: Gemma scales by `1 + w` and HF checkpoints hold
+    /// `w`, while llama.cpp's GGUF already holds `1 + w` (0 there and for other families).
+    pub norm_offset: f32,
+    pub activation: Activation,
+    /// Embeddings are multiplied by this (gemma3: `sqrt(hidden)`).
+    pub embed_scale: Option<f32>,
+    /// Softmax scale of attention scores (`1/sqrt(head_dim)`, or gemma's
+    /// `query_pre_attn_scalar^-0.5`).
+    pub attn_scale: f32,
+    /// Final logits become `cap · tanh(logits / cap)`.
+    pub final_logit_softcap: Option<f32>,
+}
+
+/// Upper bounds on what a config may ask for. Larger values are corrupt files, not models:
+/// they are refused before anything (a RoPE table, a layer list) is sized by them.
+pub mod limits {
+    pub const LAYERS: usize = 1024;
+    pub const HIDDEN: usize = 1 << 16;
+    pub const HEADS: usize = 1024;
+    pub const FFN: usize = 1 << 20;
+    pub const VOCAB: usize = 1 << 22;
+    /// Context length: the RoPE tables hold `positions × head_dim` floats each.
+    pub const POSITIONS: usize = 1 << 20;
+    pub const WINDOW: usize = POSITIONS;
 }
 
 impl ModelConfig {
     /// The K/V shape of this model's cache, stored as `dtype` (for planning and sizing).
+    /// Every layer keeps every token's K/V: block tables are shared by all layers.
     pub fn kv_shape(&self, dtype: kiln_kv::KvDtype) -> kiln_kv::KvShape {
         kiln_kv::KvShape {
             num_layers: self.layers as u32,
@@ -85,16 +153,41 @@ impl ModelConfig {
         }
     }
 
-    pub fn rope(&self) -> RopeConfig {
+    /// The window the KV manager may free blocks behind: only when every layer has one (the
+    /// widest), since one block table serves all layers and a full-attention layer still
+    /// reads every token.
+    pub fn kv_window(&self) -> Option<usize> {
+        self.attention
+            .iter()
+            .map(|a| a.window)
+            .try_fold(0, |w, a| a.map(|a| w.max(a)))
+            .filter(|&w| w > 0)
+    }
+
+    /// The sliding window, when the layers that have one share it (`None` for full attention
+    /// everywhere).
+    pub fn sliding_window(&self) -> Option<usize> {
+        self.attention.iter().filter_map(|a| a.window).max()
+    }
+
+    /// Layers with a sliding window, and layers with full attention.
+    pub fn attention_mix(&self) -> (usize, usize) {
+        let windowed = self.attention.iter().filter(|a| a.window.is_some()).count();
+        (windowed, self.attention.len() - windowed)
+    }
+
+    /// The rotary embedding of layers with these parameters.
+    pub fn rope(&self, params: RopeParams) -> RopeConfig {
         RopeConfig {
             head_dim: self.head_dim,
             rotary_dim: self.head_dim,
-            theta: self.rope_theta,
-            scaling: self.rope_scaling,
+            theta: params.theta,
+            scaling: params.scaling,
             layout: self.rope_layout,
         }
     }
 
+    /// Checks every size against [`limits`] and the fields against each other.
     fn validate(self, file: &str) -> Result<Self> {
         let bad = |field: &str, problem: String| {
             Err(ModelError::Config {
@@ -103,17 +196,22 @@ impl ModelConfig {
                 problem,
             })
         };
-        for (f, v) in [
-            ("hidden_size", self.hidden),
-            ("num_hidden_layers", self.layers),
-            ("num_attention_heads", self.heads),
-            ("num_key_value_heads", self.kv_heads),
-            ("head_dim", self.head_dim),
-            ("intermediate_size", self.ffn),
-            ("vocab_size", self.vocab),
+        for (f, v, max) in [
+            ("hidden_size", self.hidden, limits::HIDDEN),
+            ("num_hidden_layers", self.layers, limits::LAYERS),
+            ("num_attention_heads", self.heads, limits::HEADS),
+            ("num_key_value_heads", self.kv_heads, limits::HEADS),
+            ("head_dim", self.head_dim, kiln_attention::MAX_HEAD_DIM),
+            ("intermediate_size", self.ffn, limits::FFN),
+            ("vocab_size", self.vocab, limits::VOCAB),
+            (
+                "max_position_embeddings",
+                self.max_position,
+                limits::POSITIONS,
+            ),
         ] {
-            if v == 0 {
-                return bad(f, "must be positive".into());
+            if v == 0 || v > max {
+                return bad(f, format!("{v} is outside 1..={max}"));
             }
         }
         if !self.heads.is_multiple_of(self.kv_heads) {
@@ -125,7 +223,7 @@ impl ModelConfig {
                 ),
             );
         }
-        if !self.head_dim.is_multiple_of(4) || self.head_dim > kiln_attention::MAX_HEAD_DIM {
+        if !self.head_dim.is_multiple_of(4) {
             return bad(
                 "head_dim",
                 format!(
@@ -138,214 +236,87 @@ impl ModelConfig {
         if !(self.rms_eps.is_finite() && self.rms_eps > 0.0) {
             return bad("rms_norm_eps", format!("{} must be positive", self.rms_eps));
         }
-        if !(self.rope_theta.is_finite() && self.rope_theta > 0.0) {
+        if self.attention.len() != self.layers {
             return bad(
-                "rope_theta",
-                format!("{} must be positive", self.rope_theta),
+                "layer_types",
+                format!(
+                    "{} entries for {} layers",
+                    self.attention.len(),
+                    self.layers
+                ),
             );
+        }
+        for a in &self.attention {
+            if !(a.rope.theta.is_finite() && a.rope.theta > 0.0) {
+                return bad("rope_theta", format!("{} must be positive", a.rope.theta));
+            }
+            let factor_ok = match a.rope.scaling {
+                RopeScaling::None => true,
+                RopeScaling::Linear { factor } => factor.is_finite() && factor > 0.0,
+                RopeScaling::Llama3 {
+                    factor,
+                    low_freq_factor,
+                    high_freq_factor,
+                    ..
+                } => [factor, low_freq_factor, high_freq_factor]
+                    .iter()
+                    .all(|f| f.is_finite() && *f > 0.0),
+            };
+            if !factor_ok {
+                return bad("rope_scaling", "factors must be positive".into());
+            }
+            if let Some(w) = a.window
+                && (w == 0 || w > limits::WINDOW)
+            {
+                return bad(
+                    "sliding_window",
+                    format!("{w} is outside 1..={}", limits::WINDOW),
+                );
+            }
+        }
+        for (f, v) in [
+            ("attn_scale", Some(self.attn_scale)),
+            ("embed_scale", self.embed_scale),
+            ("final_logit_softcapping", self.final_logit_softcap),
+        ] {
+            if let Some(v) = v
+                && !(v.is_finite() && v > 0.0)
+            {
+                return bad(f, format!("{v} must be positive"));
+            }
         }
         Ok(self)
     }
+}
 
-    /// From a GGUF file's `general.architecture` and `<arch>.*` metadata.
-    pub fn from_gguf(file: &GgufFile) -> Result<Self> {
-        let src = file.source().to_string();
-        let md = file.metadata();
-        let arch_name = md
-            .get_str("general.architecture")?
-            .ok_or_else(|| ModelError::Config {
-                file: src.clone(),
-                field: "general.architecture".into(),
-                problem: "missing".into(),
-            })?;
-        let arch = Arch::parse(&src, arch_name)?;
-        let key = |k: &str| format!("{arch_name}.{k}");
-        let need = |k: &str| -> Result<u64> {
-            md.get_u64(&key(k))?.ok_or_else(|| ModelError::Config {
-                file: src.clone(),
-                field: key(k),
-                problem: "missing".into(),
-            })
-        };
-        let hidden = need("embedding_length")? as usize;
-        let heads = need("attention.head_count")? as usize;
-        let kv_heads = md
-            .get_u64(&key("attention.head_count_kv"))?
-            .map_or(heads, |v| v as usize);
-        let head_dim = match md.get_u64(&key("attention.key_length"))? {
-            Some(v) => v as usize,
-            None if heads > 0 => hidden / heads,
-            None => 0,
-        };
-        let vocab = match md.get_u64(&key("vocab_size"))? {
-            Some(v) => v as usize,
-            None => md
-                .get_strings("tokenizer.ggml.tokens")?
-                .map_or(0, <[String]>::len),
-        };
-        let rope_scaling = match md.get_str(&key("rope.scaling.type"))? {
-            Some("linear") => RopeScaling::Linear {
-                factor: md.get_f32(&key("rope.scaling.factor"))?.unwrap_or(1.0),
-            },
-            _ => RopeScaling::None,
-        };
-        let tie_embeddings = file.tensor("output.weight").is_none();
-        let cfg = ModelConfig {
-            arch,
-            hidden,
-            layers: need("block_count")? as usize,
-            heads,
-            kv_heads,
-            head_dim,
-            ffn: need("feed_forward_length")? as usize,
-            vocab,
-            rms_eps: md
-                .get_f32(&key("attention.layer_norm_rms_epsilon"))?
-                .unwrap_or(1e-5),
-            rope_theta: md.get_f32(&key("rope.freq_base"))?.unwrap_or(10000.0),
-            rope_scaling,
-            // llama.cpp permutes llama Q/K for interleaved RoPE; qwen2 keeps the HF layout.
-            rope_layout: if arch == Arch::Qwen2 {
-                RopeLayout::HalfSplit
+/// The per-family parts of a config that neither format spells out the same way.
+struct FamilyDefaults {
+    qk_norm: bool,
+    sandwich_norms: bool,
+    activation: Activation,
+    embed_scale: Option<f32>,
+}
+
+impl FamilyDefaults {
+    fn of(arch: Arch, hidden: usize) -> Self {
+        let gemma = arch == Arch::Gemma3;
+        Self {
+            qk_norm: matches!(arch, Arch::Qwen3 | Arch::Gemma3),
+            sandwich_norms: gemma,
+            activation: if gemma {
+                Activation::GeluTanh
             } else {
-                RopeLayout::Interleaved
+                Activation::Silu
             },
-            max_position: md
-                .get_u64(&key("context_length"))?
-                .map_or(2048, |v| v as usize),
-            tie_embeddings,
-            sliding_window: md
-                .get_u64(&key("attention.sliding_window"))?
-                .map(|v| v as usize)
-                .filter(|&w| w > 0),
-            qkv_bias: file.tensor("blk.0.attn_q.bias").is_some(),
-        };
-        cfg.validate(&src)
+            // transformers builds the scale as `hidden ** 0.5` in the weights' dtype (f32).
+            embed_scale: gemma.then(|| (hidden as f32).sqrt()),
+        }
     }
+}
 
-    /// From an HF `config.json`'s text; `file` names it in errors.
-    pub fn from_hf_json(file: &str, text: &str) -> Result<Self> {
-        let v: Value = serde_json::from_str(text).map_err(|source| ModelError::Json {
-            file: file.into(),
-            what: "not JSON",
-            source,
-        })?;
-        let field = |k: &str| ModelError::Config {
-            file: file.into(),
-            field: k.into(),
-            problem: "missing or not a number".into(),
-        };
-        let uint = |k: &str| {
-            v.get(k)
-                .and_then(Value::as_u64)
-                .map(|x| x as usize)
-                .ok_or_else(|| field(k))
-        };
-        let float = |k: &str| v.get(k).and_then(Value::as_f64).map(|x| x as f32);
-        let arch_name = v
-            .get("model_type")
-            .and_then(Value::as_str)
-            .ok_or_else(|| field("model_type"))?;
-        let arch = Arch::parse(file, arch_name)?;
-        let hidden = uint("hidden_size")?;
-        let heads = uint("num_attention_heads")?;
-        let head_dim = match v.get("head_dim").and_then(Value::as_u64) {
-            Some(h) => h as usize,
-            None => hidden.checked_div(heads).unwrap_or(0),
-        };
-        // transformers 5 writes `rope_parameters` (with `rope_theta` inside); 4.x wrote
-        // `rope_scaling` and a top-level `rope_theta`.
-        let rope_params = v
-            .get("rope_parameters")
-            .filter(|s| !s.is_null())
-            .or_else(|| v.get("rope_scaling").filter(|s| !s.is_null()));
-        let rope_theta = float("rope_theta").or_else(|| {
-            rope_params
-                .and_then(|r| r.get("rope_theta"))
-                .and_then(Value::as_f64)
-                .map(|x| x as f32)
-        });
-        let rope_scaling = match rope_params {
-            None => RopeScaling::None,
-            Some(s) => {
-                let ty = s
-                    .get("rope_type")
-                    .or_else(|| s.get("type"))
-                    .and_then(Value::as_str)
-                    .unwrap_or("");
-                let f = |k: &str| {
-                    s.get(k)
-                        .and_then(Value::as_f64)
-                        .map(|x| x as f32)
-                        .ok_or_else(|| field(&format!("rope_scaling.{k}")))
-                };
-                match ty {
-                    "linear" => RopeScaling::Linear {
-                        factor: f("factor")?,
-                    },
-                    "llama3" => RopeScaling::Llama3 {
-                        factor: f("factor")?,
-                        low_freq_factor: f("low_freq_factor")?,
-                        high_freq_factor: f("high_freq_factor")?,
-                        original_max_position: f("original_max_position_embeddings")? as u32,
-                    },
-                    "default" | "" => RopeScaling::None,
-                    other => {
-                        return Err(ModelError::Config {
-                            file: file.into(),
-                            field: "rope_scaling.rope_type".into(),
-                            problem: format!("unsupported `{other}` (linear, llama3)"),
-                        });
-                    }
-                }
-            }
-        };
-        let sliding_window = match arch {
-            Arch::Qwen2
-                if !v
-                    .get("use_sliding_window")
-                    .and_then(Value::as_bool)
-                    .unwrap_or(false) =>
-            {
-                None
-            }
-            Arch::Llama => None,
-            _ => v
-                .get("sliding_window")
-                .and_then(Value::as_u64)
-                .map(|w| w as usize)
-                .filter(|&w| w > 0),
-        };
-        let cfg = ModelConfig {
-            arch,
-            hidden,
-            layers: uint("num_hidden_layers")?,
-            heads,
-            kv_heads: v
-                .get("num_key_value_heads")
-                .and_then(Value::as_u64)
-                .map_or(heads, |x| x as usize),
-            head_dim,
-            ffn: uint("intermediate_size")?,
-            vocab: uint("vocab_size")?,
-            rms_eps: float("rms_norm_eps").unwrap_or(1e-6),
-            rope_theta: rope_theta.unwrap_or(10000.0),
-            rope_scaling,
-            rope_layout: RopeLayout::HalfSplit,
-            max_position: v
-                .get("max_position_embeddings")
-                .and_then(Value::as_u64)
-                .map_or(2048, |x| x as usize),
-            tie_embeddings: v
-                .get("tie_word_embeddings")
-                .and_then(Value::as_bool)
-                .unwrap_or(false),
-            sliding_window,
-            qkv_bias: arch == Arch::Qwen2
-                || v.get("attention_bias")
-                    .and_then(Value::as_bool)
-                    .unwrap_or(false),
-        };
-        cfg.validate(file)
-    }
+/// Gemma 3's layer pattern when a file gives only its period: every `period`-th layer
+/// (1-based) has full attention, the others the sliding window.
+/// `period` is at least 1; the iterator yields `true` for sliding-window layers.
+fn gemma_pattern(layers: usize, period: usize) -> impl Iterator<Item = bool> {
+    (0..layers).map(move |l| !(l + 1).is_multiple_of(period.max(1)))
 }

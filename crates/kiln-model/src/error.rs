@@ -33,6 +33,18 @@ pub enum ModelError {
     },
     #[error("{file}: {problem}")]
     Format { file: String, problem: String },
+    /// Bytes the file's head promised could not be read: the file shrank since it was opened,
+    /// the read failed, or there is no memory for the buffer.
+    #[error("{file}: {what}: cannot read bytes {start}..{end}")]
+    Read {
+        file: String,
+        /// What the bytes are: "tensor `blk.0.attn_q.weight`", "the header".
+        what: String,
+        start: u64,
+        end: u64,
+        #[source]
+        source: std::io::Error,
+    },
     /// A JSON file (or a safetensors header) is not valid JSON, or could not be written.
     #[error("{file}: {what}")]
     Json {
@@ -41,7 +53,7 @@ pub enum ModelError {
         #[source]
         source: serde_json::Error,
     },
-    #[error("{file}: unsupported architecture `{arch}` (supported: llama, mistral, qwen2)")]
+    #[error("{file}: unsupported architecture `{arch}` (supported: {supported})", supported = crate::config::SUPPORTED_ARCHITECTURES)]
     Architecture { file: String, arch: String },
     #[error(transparent)]
     Device(#[from] kiln_tensor::TensorError),

@@ -13,7 +13,7 @@ use serde_json::{Map, Value, json};
 
 use crate::safetensors::{StDtype, encode_safetensors};
 use crate::weights::{GgufSource, Weight, WeightSource};
-use crate::{Arch, ModelConfig, ModelError, Result};
+use crate::{Activation, Arch, ModelConfig, ModelError, Result};
 
 /// What [`write_hf_folder`] writes.
 #[derive(Debug, Clone)]
@@ -53,8 +53,18 @@ pub fn weight_shapes(cfg: &ModelConfig, has_lm_head: bool) -> Vec<(Weight, Vec<u
                 (Weight::VBias(l), vec![kvd]),
             ]);
         }
+        if cfg.qk_norm {
+            v.push((Weight::QNorm(l), vec![cfg.head_dim]));
+            v.push((Weight::KNorm(l), vec![cfg.head_dim]));
+        }
         v.push((Weight::O(l), vec![h, qd]));
-        v.push((Weight::FfnNorm(l), vec![h]));
+        if cfg.sandwich_norms {
+            v.push((Weight::PostAttnNorm(l), vec![h]));
+            v.push((Weight::PreFfnNorm(l), vec![h]));
+            v.push((Weight::PostFfnNorm(l), vec![h]));
+        } else {
+            v.push((Weight::FfnNorm(l), vec![h]));
+        }
         v.push((Weight::Gate(l), vec![cfg.ffn, h]));
         v.push((Weight::Up(l), vec![cfg.ffn, h]));
         v.push((Weight::Down(l), vec![h, cfg.ffn]));
@@ -85,6 +95,20 @@ pub fn unpermute_rows(x: &[f32], head_dim: usize, cols: usize) -> Vec<f32> {
     out
 }
 
+fn is_norm(w: Weight) -> bool {
+    matches!(
+        w,
+        Weight::FinalNorm
+            | Weight::AttnNorm(_)
+            | Weight::FfnNorm(_)
+            | Weight::QNorm(_)
+            | Weight::KNorm(_)
+            | Weight::PostAttnNorm(_)
+            | Weight::PreFfnNorm(_)
+            | Weight::PostFfnNorm(_)
+    )
+}
+
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> ModelError + '_ {
     move |source| ModelError::Io {
         path: path.to_path_buf(),
@@ -106,7 +130,22 @@ fn config_json(cfg: &ModelConfig, bos: Option<u64>, eos: Option<u64>, dtype: StD
         Arch::Llama => ("llama", "LlamaForCausalLM"),
         Arch::Mistral => ("mistral", "MistralForCausalLM"),
         Arch::Qwen2 => ("qwen2", "Qwen2ForCausalLM"),
+        Arch::Qwen3 => ("qwen3", "Qwen3ForCausalLM"),
+        Arch::Gemma3 => ("gemma3_text", "Gemma3ForCausalLM"),
     };
+    // The full-attention layers' RoPE is the model's `rope_theta`/`rope_scaling`; Gemma's
+    // sliding layers have their own base.
+    let global = cfg
+        .attention
+        .iter()
+        .find(|a| a.window.is_none())
+        .or(cfg.attention.first())
+        .map(|a| a.rope);
+    let local = cfg
+        .attention
+        .iter()
+        .find(|a| a.window.is_some())
+        .map(|a| a.rope);
     let mut v = json!({
         "architectures": [arch],
         "model_type": model_type,
@@ -117,9 +156,12 @@ fn config_json(cfg: &ModelConfig, bos: Option<u64>, eos: Option<u64>, dtype: StD
         "num_key_value_heads": cfg.kv_heads,
         "head_dim": cfg.head_dim,
         "vocab_size": cfg.vocab,
-        "hidden_act": "silu",
+        "hidden_act": match cfg.activation {
+            Activation::Silu => "silu",
+            Activation::GeluTanh => "gelu_pytorch_tanh",
+        },
         "rms_norm_eps": num(cfg.rms_eps),
-        "rope_theta": num(cfg.rope_theta),
+        "rope_theta": num(global.map_or(10000.0, |r| r.theta)),
         "max_position_embeddings": cfg.max_position,
         "tie_word_embeddings": cfg.tie_embeddings,
         "attention_bias": cfg.qkv_bias,
@@ -132,15 +174,41 @@ fn config_json(cfg: &ModelConfig, bos: Option<u64>, eos: Option<u64>, dtype: StD
         if let Some(e) = eos {
             m.insert("eos_token_id".into(), e.into());
         }
-        if let RopeScaling::Linear { factor } = cfg.rope_scaling {
+        if let Some(RopeScaling::Linear { factor }) = global.map(|r| r.scaling) {
             m.insert(
                 "rope_scaling".into(),
                 json!({"rope_type": "linear", "factor": num(factor)}),
             );
         }
-        if let Some(w) = cfg.sliding_window {
+        if let Some(w) = cfg.sliding_window() {
             m.insert("sliding_window".into(), w.into());
             m.insert("use_sliding_window".into(), true.into());
+        }
+        if cfg.arch == Arch::Gemma3 {
+            m.insert("hidden_activation".into(), "gelu_pytorch_tanh".into());
+            let types: Vec<Value> = cfg
+                .attention
+                .iter()
+                .map(|a| {
+                    if a.window.is_some() {
+                        "sliding_attention"
+                    } else {
+                        "full_attention"
+                    }
+                    .into()
+                })
+                .collect();
+            m.insert("layer_types".into(), types.into());
+            if let Some(l) = local {
+                m.insert("rope_local_base_freq".into(), num(l.theta));
+            }
+            m.insert(
+                "query_pre_attn_scalar".into(),
+                num((1.0 / (cfg.attn_scale * cfg.attn_scale)).round()),
+            );
+            if let Some(c) = cfg.final_logit_softcap {
+                m.insert("final_logit_softcapping".into(), num(c));
+            }
         }
     }
     v
@@ -195,6 +263,10 @@ pub fn write_hf_folder(gguf_path: &Path, out_dir: &Path, options: &HfExport) -> 
     let mut tensors = Vec::new();
     for (w, shape) in weight_shapes(&cfg, src.has(Weight::LmHead)) {
         let mut v = src.load(&Device::Cpu, w, &shape)?.to_f32_vec()?;
+        // llama.cpp stores Gemma's norm weights as `1 + w`; HF checkpoints hold `w`.
+        if cfg.arch == Arch::Gemma3 && is_norm(w) {
+            v.iter_mut().for_each(|x| *x -= 1.0);
+        }
         if permuted
             && matches!(
                 w,

@@ -1,6 +1,6 @@
 //! # kiln-model
 //!
-//! Llama-family language models (`llama`, `mistral`, `qwen2`) on a `kiln-tensor` device: the
+//! Decoder language models (`llama`, `mistral`, `qwen2`, `qwen3`, `gemma3`) on a `kiln-tensor` device: the
 //! normalised [`ModelConfig`] read from GGUF metadata or an HF `config.json`, weights from GGUF
 //! files kept in their stored (possibly quantized) dtype or from HF safetensors folders
 //! ([`ModelFiles`] opens either; [`export::write_hf_folder`] turns a GGUF file into a folder), and the forward pass over a batch
@@ -28,7 +28,9 @@ mod runner;
 mod safetensors;
 mod weights;
 
-pub use config::{Arch, ModelConfig};
+pub use config::{
+    Activation, Arch, LayerAttention, ModelConfig, RopeParams, SUPPORTED_ARCHITECTURES, limits,
+};
 pub use error::{ModelError, Result};
 pub use files::{ModelFiles, ModelSource};
 pub use model::{LogitsAt, Model, SeqInput};

@@ -1,9 +1,11 @@
-//! The Llama-family forward pass over a batch that mixes prefill chunks and decode tokens.
+//! The decoder forward pass (Llama, Mistral, Qwen2/3, Gemma 3) over a batch that mixes
+//! prefill chunks and decode tokens.
 
 use kiln_attention::{AttnConfig, KvCache, SeqBatch};
 use kiln_kv::BlockId;
-use kiln_tensor::{Device, Recorder, RopeTable, Tensor};
+use kiln_tensor::{Device, Recorder, RopePositions, RopeTable, Tensor};
 
+use crate::config::{Activation, RopeParams};
 use crate::weights::{Weight, WeightSource};
 use crate::{ModelConfig, ModelError, Result};
 
@@ -13,11 +15,20 @@ struct Layer {
     k: Tensor,
     v: Tensor,
     bias: Option<[Tensor; 3]>,
+    /// Per-head RMSNorm of Q and K before RoPE (qwen3, gemma3).
+    qk_norm: Option<[Tensor; 2]>,
     o: Tensor,
+    /// Norm of the attention output before the residual add (gemma3).
+    post_attn_norm: Option<Tensor>,
     ffn_norm: Tensor,
     gate: Tensor,
     up: Tensor,
     down: Tensor,
+    /// Norm of the MLP output before the residual add (gemma3).
+    post_ffn_norm: Option<Tensor>,
+    /// Index of this layer's RoPE table in `Model::ropes`.
+    rope: usize,
+    attn: AttnConfig,
 }
 
 /// A loaded model on a device.
@@ -28,7 +39,8 @@ pub struct Model {
     lm_head: Option<Tensor>,
     norm: Tensor,
     layers: Vec<Layer>,
-    rope: RopeTable,
+    /// One table per distinct RoPE of the layers (Gemma 3: local and global).
+    ropes: Vec<RopeTable>,
     weight_bytes: u64,
 }
 
@@ -66,6 +78,24 @@ pub enum LogitsAt<'a> {
     Tail(&'a [usize]),
 }
 
+/// An RMSNorm weight as F32, with the config's `norm_offset` added (Gemma's `1 + w`).
+fn load_norm(
+    device: &Device,
+    src: &dyn WeightSource,
+    cfg: &ModelConfig,
+    w: Weight,
+    n: usize,
+) -> Result<Tensor> {
+    if cfg.norm_offset == 0.0 {
+        return src.load_f32(device, w, &[n]);
+    }
+    let mut v = src.load(&Device::Cpu, w, &[n])?.to_f32_vec()?;
+    for x in &mut v {
+        *x += cfg.norm_offset;
+    }
+    Ok(Tensor::from_f32(device, &[n], &v)?)
+}
+
 fn bytes_of(t: &Tensor) -> u64 {
     t.dtype().stored().bytes_for(t.elem_count()).unwrap_or(0) as u64
 }
@@ -93,7 +123,9 @@ impl Model {
         } else {
             Some(src.load(device, Weight::LmHead, &[cfg.vocab, h])?)
         };
-        let norm = src.load_f32(device, Weight::FinalNorm, &[h])?;
+        let norm_of = |w: Weight, n: usize| load_norm(device, src, &cfg, w, n);
+        let norm = norm_of(Weight::FinalNorm, h)?;
+        let mut rope_params: Vec<RopeParams> = Vec::new();
         let mut layers = Vec::with_capacity(cfg.layers);
         for l in 0..cfg.layers {
             let bias = if cfg.qkv_bias {
@@ -105,21 +137,57 @@ impl Model {
             } else {
                 None
             };
+            let qk_norm = if cfg.qk_norm {
+                Some([norm_of(Weight::QNorm(l), d)?, norm_of(Weight::KNorm(l), d)?])
+            } else {
+                None
+            };
+            let (post_attn_norm, ffn_norm, post_ffn_norm) = if cfg.sandwich_norms {
+                (
+                    Some(norm_of(Weight::PostAttnNorm(l), h)?),
+                    norm_of(Weight::PreFfnNorm(l), h)?,
+                    Some(norm_of(Weight::PostFfnNorm(l), h)?),
+                )
+            } else {
+                (None, norm_of(Weight::FfnNorm(l), h)?, None)
+            };
+            let la = cfg.attention.get(l).copied().ok_or_else(|| {
+                ModelError::Batch(format!("layer {l} has no attention description"))
+            })?;
+            let rope = match rope_params.iter().position(|p| *p == la.rope) {
+                Some(i) => i,
+                None => {
+                    rope_params.push(la.rope);
+                    rope_params.len() - 1
+                }
+            };
             layers.push(Layer {
-                attn_norm: src.load_f32(device, Weight::AttnNorm(l), &[h])?,
+                attn_norm: norm_of(Weight::AttnNorm(l), h)?,
                 q: src.load(device, Weight::Q(l), &[qd, h])?,
                 k: src.load(device, Weight::K(l), &[kvd, h])?,
                 v: src.load(device, Weight::V(l), &[kvd, h])?,
                 bias,
+                qk_norm,
                 o: src.load(device, Weight::O(l), &[h, qd])?,
-                ffn_norm: src.load_f32(device, Weight::FfnNorm(l), &[h])?,
+                post_attn_norm,
+                ffn_norm,
                 gate: src.load(device, Weight::Gate(l), &[cfg.ffn, h])?,
                 up: src.load(device, Weight::Up(l), &[cfg.ffn, h])?,
                 down: src.load(device, Weight::Down(l), &[h, cfg.ffn])?,
+                post_ffn_norm,
+                rope,
+                attn: AttnConfig {
+                    heads: cfg.heads,
+                    scale: cfg.attn_scale,
+                    window: la.window,
+                },
             });
             progress(l + 1, cfg.layers);
         }
-        let rope = RopeTable::new(device, cfg.rope(), cfg.max_position)?;
+        let ropes = rope_params
+            .iter()
+            .map(|&p| RopeTable::new(device, cfg.rope(p), cfg.max_position))
+            .collect::<std::result::Result<Vec<_>, _>>()?;
         let mut weight_bytes =
             bytes_of(&embed) + bytes_of(&norm) + lm_head.as_ref().map_or(0, bytes_of);
         for l in &layers {
@@ -137,6 +205,12 @@ impl Model {
                 weight_bytes += bytes_of(t);
             }
             weight_bytes += l.bias.iter().flatten().map(bytes_of).sum::<u64>();
+            weight_bytes += l.qk_norm.iter().flatten().map(bytes_of).sum::<u64>();
+            weight_bytes += [&l.post_attn_norm, &l.post_ffn_norm]
+                .into_iter()
+                .flatten()
+                .map(bytes_of)
+                .sum::<u64>();
         }
         tracing::info!(
             "loaded {} bytes of weights from {} in {:?}",
@@ -151,7 +225,7 @@ impl Model {
             lm_head,
             norm,
             layers,
-            rope,
+            ropes,
             weight_bytes,
         })
     }
@@ -235,33 +309,59 @@ impl Model {
             })
             .collect();
         let batch = cache.batch(&sb)?;
-        // Uploaded once, used by Q and K of every layer.
-        let positions = self.rope.positions(&positions)?;
+        // Uploaded once per table, used by Q and K of every layer that rotates with it.
+        let positions: Vec<RopePositions> = self
+            .ropes
+            .iter()
+            .map(|r| r.positions(&positions))
+            .collect::<std::result::Result<_, _>>()?;
         let t = ids.len();
         let (d, heads, kvh) = (cfg.head_dim, cfg.heads, cfg.kv_heads);
-        let attn = AttnConfig {
-            heads,
-            scale: 1.0 / (d as f32).sqrt(),
-            window: cfg.sliding_window,
-        };
         let mut x = rec.embedding(&self.embed, &ids)?;
+        if let Some(s) = cfg.embed_scale {
+            x = rec.scale(&x, s)?;
+        }
         for (li, l) in self.layers.iter().enumerate() {
             let h = rec.rms_norm(&x, &l.attn_norm, cfg.rms_eps)?;
             let bias = l.bias.as_ref().map(|[q, k, v]| [q, k, v]);
-            let [q, k, v] = rec.matmul_qkv(&h, [&l.q, &l.k, &l.v], bias)?;
+            let [mut q, mut k, v] = rec.matmul_qkv(&h, [&l.q, &l.k, &l.v], bias)?;
+            if let Some([qn, kn]) = &l.qk_norm {
+                q = rec.rms_norm(&q.reshape(&[t * heads, d])?, qn, cfg.rms_eps)?;
+                k = rec.rms_norm(&k.reshape(&[t * kvh, d])?, kn, cfg.rms_eps)?;
+            }
             let q = q.reshape(&[t, heads, d])?;
             let k = k.reshape(&[t, kvh, d])?;
             let v = v.reshape(&[t, kvh, d])?;
-            let q = rec.rope(&q, &positions)?;
-            let k = rec.rope(&k, &positions)?;
+            let pos = positions.get(l.rope).ok_or_else(|| {
+                ModelError::Batch(format!("layer {li}: no RoPE table {}", l.rope))
+            })?;
+            let q = rec.rope(&q, pos)?;
+            let k = rec.rope(&k, pos)?;
             cache.write(rec, li, &k, &v, &batch)?;
             let a = cache
-                .attention(rec, li, &q, &batch, &attn)?
+                .attention(rec, li, &q, &batch, &l.attn)?
                 .reshape(&[t, heads * d])?;
-            x = rec.matmul_add(&a, &l.o, &x)?;
+            x = match &l.post_attn_norm {
+                None => rec.matmul_add(&a, &l.o, &x)?,
+                Some(n) => {
+                    let o = rec.matmul(&a, &l.o, None)?;
+                    let o = rec.rms_norm(&o, n, cfg.rms_eps)?;
+                    rec.add(&x, &o)?
+                }
+            };
             let h = rec.rms_norm(&x, &l.ffn_norm, cfg.rms_eps)?;
-            let m = rec.matmul_swiglu(&h, &l.gate, &l.up)?;
-            x = rec.matmul_add(&m, &l.down, &x)?;
+            let m = match cfg.activation {
+                Activation::Silu => rec.matmul_swiglu(&h, &l.gate, &l.up)?,
+                Activation::GeluTanh => rec.matmul_geglu(&h, &l.gate, &l.up)?,
+            };
+            x = match &l.post_ffn_norm {
+                None => rec.matmul_add(&m, &l.down, &x)?,
+                Some(n) => {
+                    let m = rec.matmul(&m, &l.down, None)?;
+                    let m = rec.rms_norm(&m, n, cfg.rms_eps)?;
+                    rec.add(&x, &m)?
+                }
+            };
         }
         let x = rec.rms_norm(&x, &self.norm, cfg.rms_eps)?;
         // The LM head only for the rows that need logits.
@@ -269,6 +369,10 @@ impl Model {
             LogitsAt::All => x,
             LogitsAt::Last | LogitsAt::Tail(_) => rec.embedding(&x, &last)?,
         };
-        Ok(rec.matmul(&x, self.lm_head.as_ref().unwrap_or(&self.embed), None)?)
+        let logits = rec.matmul(&x, self.lm_head.as_ref().unwrap_or(&self.embed), None)?;
+        match cfg.final_logit_softcap {
+            Some(cap) => Ok(rec.softcap(&logits, cap)?),
+            None => Ok(logits),
+        }
     }
 }

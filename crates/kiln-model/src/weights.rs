@@ -26,6 +26,14 @@ pub enum Weight {
     Gate(usize),
     Up(usize),
     Down(usize),
+    /// Per-head RMSNorm of Q and K (qwen3, gemma3).
+    QNorm(usize),
+    KNorm(usize),
+    /// Gemma 3's norms: after attention, before the MLP (its `ffn_norm` in GGUF), after the
+    /// MLP.
+    PostAttnNorm(usize),
+    PreFfnNorm(usize),
+    PostFfnNorm(usize),
 }
 
 impl Weight {
@@ -48,6 +56,11 @@ impl Weight {
             Gate(l) => format!("blk.{l}.ffn_gate.weight"),
             Up(l) => format!("blk.{l}.ffn_up.weight"),
             Down(l) => format!("blk.{l}.ffn_down.weight"),
+            QNorm(l) => format!("blk.{l}.attn_q_norm.weight"),
+            KNorm(l) => format!("blk.{l}.attn_k_norm.weight"),
+            PostAttnNorm(l) => format!("blk.{l}.post_attention_norm.weight"),
+            PreFfnNorm(l) => format!("blk.{l}.ffn_norm.weight"),
+            PostFfnNorm(l) => format!("blk.{l}.post_ffw_norm.weight"),
         }
     }
 
@@ -70,6 +83,11 @@ impl Weight {
             Gate(l) => format!("model.layers.{l}.mlp.gate_proj.weight"),
             Up(l) => format!("model.layers.{l}.mlp.up_proj.weight"),
             Down(l) => format!("model.layers.{l}.mlp.down_proj.weight"),
+            QNorm(l) => format!("model.layers.{l}.self_attn.q_norm.weight"),
+            KNorm(l) => format!("model.layers.{l}.self_attn.k_norm.weight"),
+            PostAttnNorm(l) => format!("model.layers.{l}.post_attention_layernorm.weight"),
+            PreFfnNorm(l) => format!("model.layers.{l}.pre_feedforward_layernorm.weight"),
+            PostFfnNorm(l) => format!("model.layers.{l}.post_feedforward_layernorm.weight"),
         }
     }
 }

@@ -81,7 +81,7 @@ fn hf_folder_from_gguf_matches_golden_on_every_backend_and_quantizes() {
             cfg.rope_layout,
             cfg.tie_embeddings,
             cfg.rms_eps,
-            cfg.rope_theta
+            cfg.attention[0].rope.theta
         ),
         (RopeLayout::HalfSplit, true, 1e-5, 100000.0)
     );

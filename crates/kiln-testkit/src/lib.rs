@@ -25,6 +25,10 @@ use kiln_tensor::{BackendChoice, Device, DeviceOptions};
 /// The default model's file name (DESIGN.md §4).
 pub const DEFAULT_GGUF: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
 
+/// The second model's file name: Gemma 3 270M, Q4_K_M (`cargo xtask fetch-model
+/// gemma-3-270m`; DESIGN.md §4).
+pub const GEMMA3_GGUF: &str = "gemma-3-270m-q4_k_m.gguf";
+
 /// Where `cargo xtask fetch-model` puts models: `$KILN_MODEL_DIR` or `<workspace>/models`.
 pub fn model_dir() -> PathBuf {
     std::env::var_os("KILN_MODEL_DIR")
@@ -42,7 +46,7 @@ impl std::fmt::Display for MissingModel {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "{} is missing: run `cargo xtask fetch-model` (or set KILN_MODEL_DIR)",
+            "{} is missing: run `cargo xtask fetch-model --all` (or set KILN_MODEL_DIR)",
             self.path.display()
         )
     }
@@ -52,12 +56,22 @@ impl std::error::Error for MissingModel {}
 
 /// The default model's GGUF, or an error saying how to fetch it.
 pub fn default_model_path() -> Result<PathBuf, MissingModel> {
-    let path = model_dir().join(DEFAULT_GGUF);
+    model_path(DEFAULT_GGUF)
+}
+
+/// `file` in [`model_dir`], or an error saying how to fetch it.
+pub fn model_path(file: &str) -> Result<PathBuf, MissingModel> {
+    let path = model_dir().join(file);
     if path.is_file() {
         Ok(path)
     } else {
         Err(MissingModel { path })
     }
+}
+
+/// The Gemma 3 model for tests: fails the test when it is missing (never a skip).
+pub fn gemma3_model() -> PathBuf {
+    model_path(GEMMA3_GGUF).unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// [`default_model_path`] for tests: fails the test when the model is missing. Panicking is

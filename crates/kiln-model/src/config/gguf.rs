@@ -1,0 +1,163 @@
+//! [`ModelConfig`] from a GGUF file's `general.architecture` and `<arch>.*` metadata, with
+//! llama.cpp's conventions (its converters' defaults and weight layouts).
+
+use kiln_gguf::GgufFile;
+use kiln_tensor::{RopeLayout, RopeScaling};
+
+use super::{Arch, FamilyDefaults, LayerAttention, ModelConfig, RopeParams, gemma_pattern, limits};
+use crate::{ModelError, Result};
+
+/// Gemma 3's defaults that llama.cpp's converter does not write: its local (sliding) layers
+/// use RoPE base 10,000 and every sixth layer attends fully.
+const GEMMA3_LOCAL_ROPE_BASE: f32 = 10_000.0;
+const GEMMA3_PATTERN: usize = 6;
+
+impl ModelConfig {
+    /// From a GGUF file's `general.architecture` and `<arch>.*` metadata.
+    pub fn from_gguf(file: &GgufFile) -> Result<Self> {
+        let src = file.source().to_string();
+        let md = file.metadata();
+        let missing = |field: String| ModelError::Config {
+            file: src.clone(),
+            field,
+            problem: "missing".into(),
+        };
+        let arch_name = md
+            .get_str("general.architecture")?
+            .ok_or_else(|| missing("general.architecture".into()))?;
+        let arch = Arch::parse(&src, arch_name)?;
+        let key = |k: &str| format!("{arch_name}.{k}");
+        // Counts are bounded here, before any arithmetic or allocation uses them; `validate`
+        // gives the precise limits afterwards.
+        let size = |k: &str, v: u64| -> Result<usize> {
+            usize::try_from(v)
+                .ok()
+                .filter(|&v| v <= 1 << 40)
+                .ok_or_else(|| ModelError::Config {
+                    file: src.clone(),
+                    field: key(k),
+                    problem: format!("{v} is not a plausible size"),
+                })
+        };
+        let need = |k: &str| -> Result<usize> {
+            let v = md.get_u64(&key(k))?.ok_or_else(|| missing(key(k)))?;
+            size(k, v)
+        };
+        let opt = |k: &str| -> Result<Option<usize>> {
+            md.get_u64(&key(k))?.map(|v| size(k, v)).transpose()
+        };
+        let hidden = need("embedding_length")?;
+        let heads = need("attention.head_count")?;
+        let layers = need("block_count")?;
+        let kv_heads = opt("attention.head_count_kv")?.unwrap_or(heads);
+        let head_dim = match opt("attention.key_length")? {
+            Some(v) => v,
+            None => hidden.checked_div(heads).unwrap_or(0),
+        };
+        let vocab = match opt("vocab_size")? {
+            Some(v) => v,
+            None => md
+                .get_strings("tokenizer.ggml.tokens")?
+                .map_or(0, <[String]>::len),
+        };
+        let rope_scaling = match md.get_str(&key("rope.scaling.type"))? {
+            Some("linear") => RopeScaling::Linear {
+                factor: md.get_f32(&key("rope.scaling.factor"))?.unwrap_or(1.0),
+            },
+            Some("none") | None => RopeScaling::None,
+            Some(other) => {
+                return Err(ModelError::Config {
+                    file: src,
+                    field: key("rope.scaling.type"),
+                    problem: format!("unsupported `{other}` (linear)"),
+                });
+            }
+        };
+        let global = RopeParams {
+            theta: md.get_f32(&key("rope.freq_base"))?.unwrap_or(10000.0),
+            scaling: rope_scaling,
+        };
+        let window = opt("attention.sliding_window")?.filter(|&w| w > 0);
+        let attention: Vec<LayerAttention> = if arch == Arch::Gemma3 {
+            let local = RopeParams {
+                theta: md
+                    .get_f32(&key("rope.freq_base_swa"))?
+                    .unwrap_or(GEMMA3_LOCAL_ROPE_BASE),
+                scaling: RopeScaling::None,
+            };
+            let period = opt("attention.sliding_window_pattern")?.unwrap_or(GEMMA3_PATTERN);
+            if layers > limits::LAYERS {
+                Vec::new() // `validate` names the layer count
+            } else {
+                gemma_pattern(layers, period)
+                    .map(|sliding| match (sliding, window) {
+                        (true, Some(w)) => LayerAttention {
+                            window: Some(w),
+                            rope: local,
+                        },
+                        _ => LayerAttention {
+                            window: None,
+                            rope: global,
+                        },
+                    })
+                    .collect()
+            }
+        } else {
+            let layer = LayerAttention {
+                window,
+                rope: global,
+            };
+            vec![layer; layers.min(limits::LAYERS)]
+        };
+        let attn_softcap = md.get_f32(&key("attn_logit_softcapping"))?;
+        if attn_softcap.is_some_and(|c| c > 0.0) {
+            return Err(ModelError::Config {
+                file: src,
+                field: key("attn_logit_softcapping"),
+                problem: "attention logit soft-capping is not supported".into(),
+            });
+        }
+        let family = FamilyDefaults::of(arch, hidden);
+        // llama.cpp scales Gemma 3 scores by 1/sqrt(head_dim) (its `query_pre_attn_scalar`),
+        // except for the 27B model (62 layers), where transformers' config has hidden/heads.
+        let scalar = if arch == Arch::Gemma3 && layers == 62 {
+            hidden.checked_div(heads).unwrap_or(0)
+        } else {
+            head_dim
+        };
+        let cfg = ModelConfig {
+            arch,
+            hidden,
+            layers,
+            heads,
+            kv_heads,
+            head_dim,
+            ffn: need("feed_forward_length")?,
+            vocab,
+            rms_eps: md
+                .get_f32(&key("attention.layer_norm_rms_epsilon"))?
+                .unwrap_or(1e-5),
+            // llama.cpp permutes llama (and mistral) Q/K rows for interleaved RoPE; the other
+            // families keep the HF layout and run the half-split ("neox") rotation.
+            rope_layout: match arch {
+                Arch::Llama | Arch::Mistral => RopeLayout::Interleaved,
+                Arch::Qwen2 | Arch::Qwen3 | Arch::Gemma3 => RopeLayout::HalfSplit,
+            },
+            max_position: opt("context_length")?.unwrap_or(2048),
+            tie_embeddings: file.tensor("output.weight").is_none(),
+            attention,
+            qkv_bias: file.tensor("blk.0.attn_q.bias").is_some(),
+            qk_norm: family.qk_norm,
+            sandwich_norms: family.sandwich_norms,
+            // llama.cpp's converter stores Gemma's norm weights as `1 + w` already.
+            norm_offset: 0.0,
+            activation: family.activation,
+            embed_scale: family.embed_scale,
+            attn_scale: 1.0 / (scalar as f32).sqrt(),
+            final_logit_softcap: md
+                .get_f32(&key("final_logit_softcapping"))?
+                .filter(|&c| c > 0.0),
+        };
+        cfg.validate(&src)
+    }
+}
