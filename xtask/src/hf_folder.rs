@@ -1,4 +1,4 @@
-//! `cargo xtask fetch-model --hf`: an HF model folder built from the default GGUF with kiln's
+//! `cargo xtask fetch-model --hf`: an HF model folder built from a GGUF with kiln's
 //! own code (`kiln_model::export::write_hf_folder`), so HF loading is tested offline without a
 //! second download.
 
@@ -28,7 +28,7 @@ pub(crate) fn parse_dtype(s: &str) -> anyhow::Result<StDtype> {
     })
 }
 
-/// Writes `<models>/SmolLM2-135M-Instruct-hf/` from `gguf` unless it is complete already.
+/// Writes the HF folder `out` from `gguf` unless it is complete already.
 pub(crate) fn write(gguf: &Path, out: &Path, dtype: StDtype, force: bool) -> anyhow::Result<()> {
     if !force && FILES.iter().all(|f| out.join(f).is_file()) {
         println!("{} is present (use --force to rebuild it)", out.display());
