@@ -2,6 +2,7 @@
 //! header mapping tensor names to dtype, shape and byte range, then the raw data), single-file
 //! or sharded through `model.safetensors.index.json`, and [`HfSource`] serving them by role.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
 use std::ops::Range;
 use std::path::Path;
@@ -9,6 +10,7 @@ use std::path::Path;
 use kiln_tensor::{DType, Device, QK, Tensor};
 use serde_json::{Map, Value};
 
+use crate::files::DataFile;
 use crate::weights::{Weight, WeightSource};
 use crate::{ModelError, Result};
 
@@ -69,13 +71,26 @@ struct Entry {
     range: Range<usize>,
 }
 
-/// One `.safetensors` file read into memory.
+/// One `.safetensors` file: its header parsed, its tensors read when loaded.
 #[derive(Debug)]
 pub struct SafetensorsFile {
     name: String,
-    bytes: Vec<u8>,
+    data: Data,
     tensors: HashMap<String, Entry>,
 }
+
+/// Where a file's tensor bytes are.
+#[derive(Debug)]
+enum Data {
+    /// Opened from disk: each tensor is read when it is loaded.
+    File(DataFile),
+    /// Handed over whole ([`SafetensorsFile::from_bytes`]).
+    Memory(Vec<u8>),
+}
+
+/// Largest JSON header accepted; the reference implementation refuses larger ones too, and a
+/// corrupt length must not become a huge allocation.
+const MAX_HEADER_BYTES: u64 = 100_000_000;
 
 fn format_err(file: &str, problem: impl Into<String>) -> ModelError {
     ModelError::Format {
@@ -85,103 +100,57 @@ fn format_err(file: &str, problem: impl Into<String>) -> ModelError {
 }
 
 impl SafetensorsFile {
+    /// Reads the header of the file at `path`; tensor data stays in the file until loaded.
     pub fn open(path: &Path) -> Result<Self> {
-        let bytes = std::fs::read(path).map_err(|source| ModelError::Io {
-            path: path.to_path_buf(),
-            source,
-        })?;
-        Self::from_bytes(path.display().to_string(), bytes)
-    }
-
-    /// Parses and checks the header; `name` is used in errors.
-    pub fn from_bytes(name: String, bytes: Vec<u8>) -> Result<Self> {
-        let len8: [u8; 8] = bytes
-            .get(..8)
-            .and_then(|b| b.try_into().ok())
-            .ok_or_else(|| {
-                format_err(
-                    &name,
-                    format!(
-                        "truncated: {} bytes, too short for the 8-byte header length",
-                        bytes.len()
-                    ),
-                )
-            })?;
-        let header_len = u64::from_le_bytes(len8);
-        let data_start = usize::try_from(header_len).ok().and_then(|n| n.checked_add(8)).filter(|&e| e <= bytes.len()).ok_or_else(|| {
-            format_err(&name, format!("truncated or corrupt header: it claims {header_len} bytes but the file has {}", bytes.len()))
-        })?;
-        let header: Map<String, Value> =
-            serde_json::from_slice(&bytes[8..data_start]).map_err(|source| ModelError::Json {
-                file: name.clone(),
-                what: "header is not a JSON object",
-                source,
-            })?;
-        let data_len = bytes.len() - data_start;
-        let mut tensors = HashMap::with_capacity(header.len());
-        for (tname, v) in &header {
-            if tname == "__metadata__" {
-                continue;
-            }
-            let bad = |problem: String| ModelError::Tensor {
-                file: name.clone(),
-                tensor: tname.clone(),
-                problem,
-            };
-            let dtype_name = v
-                .get("dtype")
-                .and_then(Value::as_str)
-                .ok_or_else(|| bad("header entry has no `dtype` string".into()))?;
-            let shape = v
-                .get("shape")
-                .and_then(Value::as_array)
-                .and_then(|a| {
-                    a.iter()
-                        .map(|d| d.as_u64().and_then(|d| usize::try_from(d).ok()))
-                        .collect::<Option<Vec<usize>>>()
-                })
-                .ok_or_else(|| bad("header entry has no `shape` list of sizes".into()))?;
-            let offs = v
-                .get("data_offsets")
-                .and_then(Value::as_array)
-                .and_then(|a| {
-                    a.iter()
-                        .map(|d| d.as_u64().and_then(|d| usize::try_from(d).ok()))
-                        .collect::<Option<Vec<usize>>>()
-                })
-                .filter(|o| o.len() == 2 && o[0] <= o[1])
-                .ok_or_else(|| bad("header entry has no `data_offsets` [begin, end]".into()))?;
-            if offs[1] > data_len {
-                return Err(bad(format!(
-                    "data_offsets {offs:?} run past the end of the data ({data_len} bytes): file truncated?"
-                )));
-            }
-            let dtype = StDtype::parse(dtype_name);
-            if let Some(size) = dtype.size() {
-                let want = shape.iter().try_fold(size, |a, &d| a.checked_mul(d));
-                if want != Some(offs[1] - offs[0]) {
-                    return Err(bad(format!(
-                        "{} bytes for {dtype_name} {shape:?}",
-                        offs[1] - offs[0]
-                    )));
-                }
-            }
-            let range = data_start + offs[0]..data_start + offs[1];
-            tensors.insert(
-                tname.clone(),
-                Entry {
-                    dtype,
-                    dtype_name: dtype_name.to_string(),
-                    shape,
-                    range,
-                },
-            );
+        let data = DataFile::open(path)?;
+        let name = data.name().to_string();
+        let file_len = data.len();
+        if file_len < 8 {
+            return Err(too_short(&name, file_len));
         }
+        let len8 = data.read(0..8, "the header length")?;
+        let data_start = header_end(&name, le_u64(&len8), file_len)?;
+        let header = data.read(8..data_start, "the header")?;
+        let tensors = parse_header(&name, &header, data_start, file_len)?;
         Ok(Self {
             name,
-            bytes,
+            data: Data::File(data),
             tensors,
         })
+    }
+
+    /// Parses and checks the header of a whole file held in memory; `name` is used in errors.
+    pub fn from_bytes(name: String, bytes: Vec<u8>) -> Result<Self> {
+        let file_len = bytes.len() as u64;
+        let len8 = bytes.get(..8).ok_or_else(|| too_short(&name, file_len))?;
+        let data_start = header_end(&name, le_u64(len8), file_len)?;
+        // `header_end` checked the range against the length.
+        let header = bytes.get(8..data_start as usize).unwrap_or_default();
+        let tensors = parse_header(&name, header, data_start, file_len)?;
+        Ok(Self {
+            name,
+            data: Data::Memory(bytes),
+            tensors,
+        })
+    }
+
+    /// The stored bytes of `tensor` (entry `e`): read from the file, or borrowed from memory.
+    fn bytes(&self, tensor: &str, e: &Entry) -> Result<Cow<'_, [u8]>> {
+        match &self.data {
+            Data::File(f) => Ok(Cow::Owned(f.read(
+                e.range.start as u64..e.range.end as u64,
+                &format!("tensor `{tensor}`"),
+            )?)),
+            Data::Memory(b) => {
+                b.get(e.range.clone())
+                    .map(Cow::Borrowed)
+                    .ok_or_else(|| ModelError::Tensor {
+                        file: self.name.clone(),
+                        tensor: tensor.into(),
+                        problem: format!("bytes {:?} lie outside the data", e.range),
+                    })
+            }
+        }
     }
 
     pub fn name(&self) -> &str {
@@ -203,6 +172,121 @@ impl SafetensorsFile {
             .get(tensor)
             .map(|e| (e.dtype, e.shape.as_slice()))
     }
+}
+
+fn too_short(file: &str, len: u64) -> ModelError {
+    format_err(
+        file,
+        format!("truncated: {len} bytes, too short for the 8-byte header length"),
+    )
+}
+
+/// The little-endian u64 its first 8 bytes spell (callers checked there are 8).
+fn le_u64(b: &[u8]) -> u64 {
+    b.get(..8)
+        .and_then(|b| b.try_into().ok())
+        .map_or(0, u64::from_le_bytes)
+}
+
+/// Where the data starts (after the 8-byte length and the header), checked against the file's
+/// length and [`MAX_HEADER_BYTES`] before the header is read.
+fn header_end(file: &str, header_len: u64, file_len: u64) -> Result<u64> {
+    if header_len > MAX_HEADER_BYTES {
+        return Err(format_err(
+            file,
+            format!(
+                "truncated or corrupt header: it claims {header_len} bytes, more than a header may have ({MAX_HEADER_BYTES})"
+            ),
+        ));
+    }
+    let end = header_len + 8;
+    if end > file_len {
+        return Err(format_err(
+            file,
+            format!(
+                "truncated or corrupt header: it claims {header_len} bytes but the file has {file_len}"
+            ),
+        ));
+    }
+    Ok(end)
+}
+
+/// The tensor entries of a JSON header, their byte ranges checked against the data section
+/// (`data_start..file_len`).
+fn parse_header(
+    name: &str,
+    header: &[u8],
+    data_start: u64,
+    file_len: u64,
+) -> Result<HashMap<String, Entry>> {
+    let header: Map<String, Value> =
+        serde_json::from_slice(header).map_err(|source| ModelError::Json {
+            file: name.into(),
+            what: "header is not a JSON object",
+            source,
+        })?;
+    let too_big = || {
+        format_err(
+            name,
+            format!("{file_len} bytes: too large for this machine"),
+        )
+    };
+    let data_start = usize::try_from(data_start).map_err(|_| too_big())?;
+    let data_len = usize::try_from(file_len)
+        .map_err(|_| too_big())?
+        .saturating_sub(data_start);
+    let mut tensors = HashMap::with_capacity(header.len());
+    for (tname, v) in &header {
+        if tname == "__metadata__" {
+            continue;
+        }
+        let bad = |problem: String| ModelError::Tensor {
+            file: name.into(),
+            tensor: tname.clone(),
+            problem,
+        };
+        let dtype_name = v
+            .get("dtype")
+            .and_then(Value::as_str)
+            .ok_or_else(|| bad("header entry has no `dtype` string".into()))?;
+        let sizes = |key: &str| {
+            v.get(key).and_then(Value::as_array).and_then(|a| {
+                a.iter()
+                    .map(|d| d.as_u64().and_then(|d| usize::try_from(d).ok()))
+                    .collect::<Option<Vec<usize>>>()
+            })
+        };
+        let shape = sizes("shape")
+            .ok_or_else(|| bad("header entry has no `shape` list of sizes".into()))?;
+        let offs = sizes("data_offsets")
+            .filter(|o| o.len() == 2 && o[0] <= o[1])
+            .ok_or_else(|| bad("header entry has no `data_offsets` [begin, end]".into()))?;
+        if offs[1] > data_len {
+            return Err(bad(format!(
+                "data_offsets {offs:?} run past the end of the data ({data_len} bytes): file truncated?"
+            )));
+        }
+        let dtype = StDtype::parse(dtype_name);
+        if let Some(size) = dtype.size() {
+            let want = shape.iter().try_fold(size, |a, &d| a.checked_mul(d));
+            if want != Some(offs[1] - offs[0]) {
+                return Err(bad(format!(
+                    "{} bytes for {dtype_name} {shape:?}",
+                    offs[1] - offs[0]
+                )));
+            }
+        }
+        tensors.insert(
+            tname.clone(),
+            Entry {
+                dtype,
+                dtype_name: dtype_name.to_string(),
+                shape,
+                range: data_start + offs[0]..data_start + offs[1],
+            },
+        );
+    }
+    Ok(tensors)
 }
 
 /// Serializes tensors (name, dtype, shape, little-endian bytes) as one safetensors file body.
@@ -291,7 +375,8 @@ impl LoadOptions {
     }
 }
 
-/// The weights of a Hugging Face model folder, read into memory.
+/// The weights of a Hugging Face model folder: shard headers parsed at open, each tensor read
+/// from its shard when loaded.
 #[derive(Debug)]
 pub struct HfSource {
     describe: String,
@@ -420,7 +505,8 @@ impl HfSource {
     }
 
     fn f32_values(&self, file: &SafetensorsFile, e: &Entry, name: &str) -> Result<Vec<f32>> {
-        let bytes = &file.bytes[e.range.clone()];
+        let bytes = file.bytes(name, e)?;
+        let bytes = bytes.as_ref();
         let v = match e.dtype {
             StDtype::F32 => bytes
                 .chunks_exact(4)
@@ -477,13 +563,13 @@ impl WeightSource for HfSource {
                 device,
                 stored,
                 shape,
-                &file.bytes[e.range.clone()],
+                &file.bytes(&name, e)?,
             )),
             Some(DType::F16) if stored == DType::F16 => wrap(Tensor::from_bytes(
                 device,
                 DType::F16,
                 shape,
-                &file.bytes[e.range.clone()],
+                &file.bytes(&name, e)?,
             )),
             Some(DType::F16) => {
                 let bytes: Vec<u8> = self

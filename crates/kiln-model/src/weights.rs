@@ -6,6 +6,7 @@ use std::path::Path;
 use kiln_gguf::{GgmlType, GgufFile};
 use kiln_tensor::{DType, Device, Tensor};
 
+use crate::files::DataFile;
 use crate::{ModelError, Result};
 
 /// A weight's role in the model.
@@ -109,11 +110,12 @@ pub trait WeightSource {
     }
 }
 
-/// A GGUF file read into memory.
+/// A GGUF file: its head (metadata, tensor infos) parsed at open, each tensor read from the
+/// file when it is loaded, so the file's bytes are never held whole.
 #[derive(Debug)]
 pub struct GgufSource {
     file: GgufFile,
-    bytes: Vec<u8>,
+    data: DataFile,
 }
 
 fn dtype_of(t: GgmlType) -> Option<DType> {
@@ -129,22 +131,48 @@ fn dtype_of(t: GgmlType) -> Option<DType> {
 }
 
 impl GgufSource {
+    /// Opens `path` and parses its head; tensor data stays in the file until loaded.
     pub fn open(path: &Path) -> Result<Self> {
-        let bytes = std::fs::read(path).map_err(|source| ModelError::Io {
-            path: path.to_path_buf(),
-            source,
-        })?;
+        let data = DataFile::open(path)?;
         let file = GgufFile::from_reader(
-            bytes.as_slice(),
-            bytes.len() as u64,
-            path.display().to_string(),
+            std::io::BufReader::new(data.handle()),
+            data.len(),
+            data.name(),
         )?;
-        Ok(Self { file, bytes })
+        Ok(Self { file, data })
     }
 
     pub fn file(&self) -> &GgufFile {
         &self.file
     }
+
+    /// Checks that every tensor in the file has a type kiln loads, so such a file is refused
+    /// when opened (`kiln info` included), not halfway through uploading its weights.
+    pub fn check_types(&self) -> Result<()> {
+        match self
+            .file
+            .tensors()
+            .iter()
+            .find(|t| dtype_of(t.ggml_type).is_none())
+        {
+            Some(t) => Err(ModelError::Tensor {
+                file: self.describe().into(),
+                tensor: t.name.clone(),
+                problem: unsupported(t.ggml_type),
+            }),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Why a tensor of type `t` cannot load, listing the types [`dtype_of`] accepts.
+fn unsupported(t: GgmlType) -> String {
+    let loadable: Vec<&str> = (0..64)
+        .map(GgmlType)
+        .filter(|&t| dtype_of(t).is_some())
+        .filter_map(GgmlType::name)
+        .collect();
+    format!("type {t} is not supported ({})", loadable.join(", "))
 }
 
 impl WeightSource for GgufSource {
@@ -174,14 +202,13 @@ impl WeightSource for GgufSource {
                 "shape {got:?} disagrees with the config's {shape:?}"
             )));
         }
-        let dtype = dtype_of(info.ggml_type).ok_or_else(|| {
-            err(format!(
-                "type {} is not supported (F32, F16, BF16, Q8_0, Q4_0, Q4_1)",
-                info.ggml_type.name().unwrap_or("unknown")
-            ))
-        })?;
-        let data = self.file.tensor_data(&self.bytes, info)?;
-        Tensor::from_bytes(device, dtype, shape, data).map_err(|source| ModelError::Upload {
+        let dtype = dtype_of(info.ggml_type).ok_or_else(|| err(unsupported(info.ggml_type)))?;
+        let range = info
+            .data_range()
+            .ok_or_else(|| err("its data size is not known".into()))?;
+        // One tensor's bytes, dropped once uploaded.
+        let data = self.data.read(range, &format!("tensor `{name}`"))?;
+        Tensor::from_bytes(device, dtype, shape, &data).map_err(|source| ModelError::Upload {
             file: self.describe().into(),
             tensor: name.clone(),
             source: Box::new(source),

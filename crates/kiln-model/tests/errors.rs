@@ -138,3 +138,31 @@ fn gguf_tensor_errors_name_the_file_and_tensor() {
     let e = load(b"GGUF\x03\x00\x00\x00", "short.gguf").unwrap_err();
     assert!(e.to_string().contains("short.gguf"), "{e}");
 }
+
+/// Tensors are read from the file when loaded, not at open: a file cut short after it was
+/// opened fails that read with an error naming the file and the tensor, not a panic.
+#[test]
+fn a_file_cut_short_after_opening_names_the_tensor() {
+    let bytes = tiny_gguf(|_, d, t| Some((d, t)));
+    let dir = std::env::temp_dir().join(format!("kiln-model-cut-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("cut.gguf");
+    std::fs::write(&path, &bytes).unwrap();
+    let src = GgufSource::open(&path).unwrap();
+    let cfg = ModelConfig::from_gguf(src.file()).unwrap();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .unwrap()
+        .set_len(bytes.len() as u64 - 100)
+        .unwrap();
+    let e = Model::load(&Device::cpu(), cfg, &src).unwrap_err();
+    std::fs::remove_dir_all(&dir).unwrap();
+    // The last tensor in the file is the one cut.
+    assert!(matches!(e, ModelError::Read { .. }), "{e:?}");
+    let text = e.to_string();
+    assert!(
+        text.contains("cut.gguf") && text.contains("tensor `blk.0.ffn_down.weight`"),
+        "{text}"
+    );
+}
