@@ -1,46 +1,62 @@
-//! GGUF block formats on the CPU: quantize, dequantize, and the device layout.
+//! GGUF block formats on the CPU: dequantize (the reference of the kernels), quantize (the
+//! 32-element formats, for load-time `--quantize`), and the device layout (`layout`).
 //!
-//! Host (GGUF) layout, 32 elements a block:
+//! Host (GGUF) layouts, as ggml defines them:
 //! - `Q8_0`: f16 `d`, 32 × i8 `q`; value = q·d (34 bytes);
 //! - `Q4_0`: f16 `d`, 16 bytes; low nibbles are elements 0–15, high nibbles 16–31;
 //!   value = (q − 8)·d (18 bytes);
-//! - `Q4_1`: f16 `d`, f16 `m`, 16 bytes of nibbles as in `Q4_0`; value = q·d + m (20 bytes).
+//! - `Q4_1`: f16 `d`, f16 `m`, 16 bytes of nibbles as in `Q4_0`; value = q·d + m (20 bytes);
+//! - `Q5_0`: f16 `d`, u32 `qh` (bit j is bit 4 of element j), nibbles as in `Q4_0`;
+//!   value = (q − 16)·d (22 bytes); `Q5_1`: f16 `d`, f16 `m`, `qh`, nibbles; q·d + m (24);
+//! - `Q2_K` (84 bytes a 256-element super-block): 16 bytes of (scale, min) nibbles for each
+//!   16 elements, 64 bytes of 2-bit quants, f16 `d`, `dmin`; value = d·sc·q − dmin·m;
+//! - `Q3_K` (110): 32 bytes of high bits, 64 of 2-bit quants, 12 bytes of 16 packed 6-bit
+//!   scales, f16 `d`; value = d·(sc − 32)·(q − 4·!high);
+//! - `Q4_K` (144): f16 `d`, `dmin`, 12 bytes of 8 packed 6-bit (scale, min), 128 bytes of
+//!   nibbles; value = d·sc·q − dmin·m per 32 elements; `Q5_K` (176) adds 32 bytes of high
+//!   bits before the nibbles;
+//! - `Q6_K` (210): 128 bytes of low nibbles, 64 of 2-bit highs, 16 × i8 scales, f16 `d`;
+//!   value = d·sc·(q − 32) per 16 elements.
 //!
-//! On the device the blocks are split into structure-of-arrays form so that every read is an
-//! aligned `u32`: first the scales (two f16 per word for `Q8_0`/`Q4_0`, one `d|m` pair per word
-//! for `Q4_1`), then the quants (8 words a block for `Q8_0`, 4 for the 4-bit formats). The
-//! values are the same bits; nothing is requantized.
+//! Element order within a K-quant super-block is ggml's (see `kquant.rs` for the indices).
+
+mod kquant;
+mod layout;
 
 use half::f16;
 
+pub(crate) use layout::{device_block_bytes, device_layout, from_device, to_device};
+
 use crate::{DType, QK, Result, TensorError};
 
-fn f16_at(b: &[u8], at: usize) -> f32 {
+pub(crate) fn f16_at(b: &[u8], at: usize) -> f32 {
     f16::from_le_bytes([b[at], b[at + 1]]).to_f32()
 }
 
-/// Dequantize `blocks` (host layout) of `dtype` into `out` (32 values a block).
+/// Dequantize `blocks` (host layout) of `dtype` into `out` (`dtype.block_elems()` values a
+/// block).
 ///
-/// `out.len()` must be 32 × the number of blocks in `blocks`.
+/// `out.len()` must be the block size × the number of blocks in `blocks`.
 pub fn dequantize(dtype: DType, blocks: &[u8], out: &mut [f32]) -> Result<()> {
-    let bb = dtype.block_bytes();
+    let (bb, be) = (dtype.block_bytes(), dtype.block_elems());
     if !dtype.is_quantized()
         || !blocks.len().is_multiple_of(bb)
-        || out.len() != blocks.len() / bb * QK
+        || out.len() != blocks.len() / bb * be
     {
         return Err(TensorError::DataLength {
             what: format!("dequantize {dtype:?}"),
-            expected: out.len() / QK * bb,
+            expected: out.len() / be * bb,
             got: blocks.len(),
         });
     }
-    for (blk, o) in blocks.chunks_exact(bb).zip(out.chunks_exact_mut(QK)) {
+    for (blk, o) in blocks.chunks_exact(bb).zip(out.chunks_exact_mut(be)) {
         dequantize_block(dtype, blk, o);
     }
     Ok(())
 }
 
-/// Dequantize one block; `blk` has exactly `dtype.block_bytes()` bytes, `out` 32 slots.
+/// Dequantize one block; `blk` has exactly `dtype.block_bytes()` bytes, `out` one slot an
+/// element.
 pub(crate) fn dequantize_block(dtype: DType, blk: &[u8], out: &mut [f32]) {
     match dtype {
         DType::Q8_0 => {
@@ -64,15 +80,15 @@ pub(crate) fn dequantize_block(dtype: DType, blk: &[u8], out: &mut [f32]) {
                 out[i + 16] = f32::from(q >> 4) * d + m;
             }
         }
-        // Callers only pass quantized dtypes (checked in `dequantize`).
-        _ => {}
+        _ => kquant::dequantize_block(dtype, blk, out),
     }
 }
 
 /// Quantize `x` (length a multiple of 32) to `dtype`'s host layout, as ggml's reference
 /// quantizers do (round-to-nearest; `Q4_0` scales by the signed absolute maximum / −8).
+/// Supports `Q8_0`, `Q4_0` and `Q4_1`; the other formats are only read.
 pub fn quantize(dtype: DType, x: &[f32]) -> Result<Vec<u8>> {
-    if !dtype.is_quantized() {
+    if !matches!(dtype, DType::Q8_0 | DType::Q4_0 | DType::Q4_1) {
         return Err(TensorError::DType {
             op: "quantize",
             what: "the target format",
@@ -125,82 +141,6 @@ pub fn quantize(dtype: DType, x: &[f32]) -> Result<Vec<u8>> {
         }
     }
     Ok(out)
-}
-
-/// Word layout of `n_blocks` quantized blocks on the device.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct DeviceQuantLayout {
-    /// Word offset where the quants start (the scales occupy `[0, qs_offset)`).
-    pub qs_offset: usize,
-    /// Total words.
-    pub words: usize,
-}
-
-pub(crate) fn device_layout(dtype: DType, n_blocks: usize) -> DeviceQuantLayout {
-    let (scale_words, qs_words) = match dtype {
-        DType::Q8_0 => (n_blocks.div_ceil(2), 8),
-        DType::Q4_0 => (n_blocks.div_ceil(2), 4),
-        _ => (n_blocks, 4), // Q4_1: d and m share a word
-    };
-    // The quants start 16-byte aligned, so that kernels read a block's quants as vec4<u32>.
-    let qs_offset = scale_words.next_multiple_of(4);
-    DeviceQuantLayout {
-        qs_offset,
-        words: qs_offset + n_blocks * qs_words,
-    }
-}
-
-fn word(b: &[u8]) -> u32 {
-    u32::from_le_bytes([b[0], b[1], b[2], b[3]])
-}
-
-/// Host (GGUF) blocks → device words. `raw.len()` is a whole number of blocks.
-pub(crate) fn to_device(dtype: DType, raw: &[u8]) -> Vec<u32> {
-    let bb = dtype.block_bytes();
-    let nb = raw.len() / bb;
-    let layout = device_layout(dtype, nb);
-    let mut w = vec![0u32; layout.words];
-    let qs_per = (layout.words - layout.qs_offset) / nb.max(1);
-    for (i, blk) in raw.chunks_exact(bb).enumerate() {
-        let qs_base = layout.qs_offset + i * qs_per;
-        match dtype {
-            DType::Q8_0 | DType::Q4_0 => {
-                let d = u32::from(u16::from_le_bytes([blk[0], blk[1]]));
-                w[i / 2] |= d << (16 * (i % 2));
-                for j in 0..qs_per {
-                    w[qs_base + j] = word(&blk[2 + 4 * j..]);
-                }
-            }
-            _ => {
-                w[i] = word(blk);
-                for j in 0..4 {
-                    w[qs_base + j] = word(&blk[4 + 4 * j..]);
-                }
-            }
-        }
-    }
-    w
-}
-
-/// Device words → host (GGUF) blocks; inverse of [`to_device`].
-pub(crate) fn from_device(dtype: DType, words: &[u32], n_blocks: usize) -> Vec<u8> {
-    let layout = device_layout(dtype, n_blocks);
-    let qs_per = (layout.words - layout.qs_offset) / n_blocks.max(1);
-    let mut out = Vec::with_capacity(n_blocks * dtype.block_bytes());
-    for i in 0..n_blocks {
-        let qs = &words[layout.qs_offset + i * qs_per..layout.qs_offset + (i + 1) * qs_per];
-        match dtype {
-            DType::Q8_0 | DType::Q4_0 => {
-                let d = (words[i / 2] >> (16 * (i % 2))) as u16;
-                out.extend_from_slice(&d.to_le_bytes());
-            }
-            _ => out.extend_from_slice(&words[i].to_le_bytes()),
-        }
-        for q in qs {
-            out.extend_from_slice(&q.to_le_bytes());
-        }
-    }
-    out
 }
 
 #[cfg(test)]
@@ -285,7 +225,7 @@ mod tests {
             let q = quantize(dt, &x).unwrap();
             let w = to_device(dt, &q);
             assert_eq!(w.len(), device_layout(dt, 3).words);
-            assert_eq!(from_device(dt, &w, 3), q);
+            assert_eq!(from_device(dt, bytemuck::cast_slice(&w), 3), q);
         }
     }
 

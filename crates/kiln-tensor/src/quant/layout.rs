@@ -1,0 +1,325 @@
+//! The device layout of the block formats: every kernel read is an aligned `u32` (or a 16-byte
+//! `vec4<u32>`), so blocks whose GGUF size is not a multiple of 16 are split at upload into a
+//! head region (scales) and a quants region starting at a 16-byte boundary.
+//!
+//! Head words are counted per pair of blocks, so that two f16 scales share a word:
+//!
+//! | dtype | head words per 2 blocks | quant words per block |
+//! |-------|-------------------------|-----------------------|
+//! | Q8_0, Q4_0 | `d0|d1` | i8 × 32 (8) / nibbles (4) |
+//! | Q4_1 | `d|m` each | nibbles (4) |
+//! | Q5_0 | `d0|d1, qh0, qh1` | nibbles (4) |
+//! | Q5_1 | `d|m, qh` each | nibbles (4) |
+//! | Q2_K | `d|dmin` each | GGUF scales (4), 2-bit × 8 sub-blocks (16) |
+//! | Q3_K | GGUF scales (3), `d` each | high bits × 8 (8), 2-bit × 8 (16) |
+//! | Q4_K | `d|dmin`, GGUF scales (3) each | nibbles × 8 (32) |
+//! | Q5_K | `d|dmin`, GGUF scales (3) each | high bits × 8 (8), nibbles × 8 (32) |
+//! | Q6_K | `d0|d1` | GGUF i8 scales (4), nibbles × 8 (32), 2-bit highs × 8 (16) |
+//!
+//! The K-quants' bits are regrouped by 32-element sub-block so that a kernel decodes one
+//! sub-block from whole words, in one arrangement for every format: "nibbles" are 16 bytes
+//! whose byte j holds elements j (low nibble) and j + 16 (high nibble), as in `Q4_0`;
+//! "2-bit" is two words, the first for elements 0–15, the second for 16–31, element
+//! 4c + t of each half at bits 8t + 2c; "high bits" is one word, bit e for element e. Same
+//! bits, regrouped: `from_device` restores the GGUF bytes exactly. Q3_K alone pads (2 bytes a
+//! super-block).
+
+use crate::DType;
+
+/// Word layout of `n_blocks` quantized blocks on the device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct DeviceQuantLayout {
+    /// Word offset where the quants start (the heads occupy `[0, qs_offset)`).
+    pub qs_offset: usize,
+    /// Total words.
+    pub words: usize,
+}
+
+/// (head words per pair of blocks, quant words per block).
+fn geometry(dtype: DType) -> (usize, usize) {
+    match dtype {
+        DType::Q8_0 => (1, 8),
+        DType::Q4_0 => (1, 4),
+        DType::Q4_1 => (2, 4),
+        DType::Q5_0 => (3, 4),
+        DType::Q5_1 => (4, 4),
+        DType::Q2_K => (2, 20),
+        DType::Q3_K => (8, 24),
+        DType::Q4_K => (8, 32),
+        DType::Q5_K => (8, 40),
+        DType::Q6_K => (1, 52),
+        _ => (0, 0),
+    }
+}
+
+pub(crate) fn device_layout(dtype: DType, n_blocks: usize) -> DeviceQuantLayout {
+    let (h2, q) = geometry(dtype);
+    // The quants start 16-byte aligned, so that kernels read them as vec4<u32>.
+    let qs_offset = (n_blocks.div_ceil(2) * h2).next_multiple_of(4);
+    DeviceQuantLayout {
+        qs_offset,
+        words: qs_offset + n_blocks * q,
+    }
+}
+
+/// An upper bound of the device bytes of one block (for splitting tensors into bindings).
+pub(crate) fn device_block_bytes(dtype: DType) -> usize {
+    let (h2, q) = geometry(dtype);
+    (h2.div_ceil(2) + q) * 4
+}
+
+/// Byte offset of block `i`'s head (of its pair's, for the formats whose heads pair up).
+fn head_at(dtype: DType, i: usize) -> usize {
+    let (h2, _) = geometry(dtype);
+    if h2 % 2 == 1 {
+        (i / 2) * h2 * 4
+    } else {
+        i * (h2 / 2) * 4
+    }
+}
+
+/// Elements j and j + 16 of 32 values per byte (the device's nibble arrangement).
+fn put_nibbles(v: &[u8; 32], out: &mut [u8]) {
+    for j in 0..16 {
+        out[j] = (v[j] & 0x0f) | (v[j + 16] << 4);
+    }
+}
+fn get_nibbles(b: &[u8], v: &mut [u8; 32]) {
+    for j in 0..16 {
+        v[j] = b[j] & 0x0f;
+        v[j + 16] = b[j] >> 4;
+    }
+}
+/// Byte and bit of element e (0..32) in the device's 2-bit arrangement (8 bytes).
+fn two_bit_at(e: usize) -> (usize, usize) {
+    let (half, e) = (e / 16, e % 16);
+    (half * 4 + e % 4, 2 * (e / 4))
+}
+fn put_two_bits(v: &[u8; 32], out: &mut [u8]) {
+    out[..8].fill(0);
+    for (e, &x) in v.iter().enumerate() {
+        let (byte, bit) = two_bit_at(e);
+        out[byte] |= (x & 3) << bit;
+    }
+}
+fn get_two_bits(b: &[u8], v: &mut [u8; 32]) {
+    for (e, x) in v.iter_mut().enumerate() {
+        let (byte, bit) = two_bit_at(e);
+        *x = (b[byte] >> bit) & 3;
+    }
+}
+fn put_bits(v: &[u8; 32], out: &mut [u8]) {
+    let w = v
+        .iter()
+        .enumerate()
+        .fold(0u32, |w, (e, &x)| w | (u32::from(x & 1) << e));
+    out[..4].copy_from_slice(&w.to_le_bytes());
+}
+fn get_bits(b: &[u8], v: &mut [u8; 32]) {
+    let w = u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+    for (e, x) in v.iter_mut().enumerate() {
+        *x = ((w >> e) & 1) as u8;
+    }
+}
+
+/// Where element (sub-block s, index l) of a GGUF K-quant field is: (byte, shift).
+type FieldAt = fn(usize, usize) -> (usize, u32);
+
+/// Gather one field of sub-block `s` from GGUF bytes `src`.
+fn gather(src: &[u8], s: usize, at: FieldAt, mask: u8) -> [u8; 32] {
+    let mut v = [0u8; 32];
+    for (l, x) in v.iter_mut().enumerate() {
+        let (byte, shift) = at(s, l);
+        *x = (src[byte] >> shift) & mask;
+    }
+    v
+}
+/// Scatter one field of sub-block `s` into GGUF bytes `dst` (which start zeroed).
+fn scatter(dst: &mut [u8], s: usize, at: FieldAt, v: &[u8; 32]) {
+    for (l, &x) in v.iter().enumerate() {
+        let (byte, shift) = at(s, l);
+        dst[byte] |= x << shift;
+    }
+}
+
+// Where the GGUF formats keep each field (offsets within the field's own array).
+fn k4_nibble(s: usize, l: usize) -> (usize, u32) {
+    (32 * (s / 2) + l, 4 * (s % 2) as u32)
+}
+fn k_bit(s: usize, l: usize) -> (usize, u32) {
+    (l, s as u32)
+}
+fn k_two_bit(s: usize, l: usize) -> (usize, u32) {
+    (32 * (s / 4) + l, 2 * (s % 4) as u32)
+}
+fn q6_low(s: usize, l: usize) -> (usize, u32) {
+    (64 * (s / 4) + 32 * (s % 2) + l, 4 * ((s % 4) / 2) as u32)
+}
+
+/// How the device arranges one field of a 32-element sub-block.
+#[derive(Clone, Copy)]
+enum Arr {
+    Nibbles,
+    TwoBits,
+    Bits,
+}
+/// A K-quant field: (its GGUF byte range, where an element's bits are in it, their mask, the
+/// device arrangement, the device byte offset of sub-block 0 within the block's quants).
+type Field = (std::ops::Range<usize>, FieldAt, u8, Arr, usize);
+
+fn k_fields(dtype: DType) -> Vec<Field> {
+    match dtype {
+        DType::Q2_K => vec![(16..80, k_two_bit, 3, Arr::TwoBits, 16)],
+        DType::Q3_K => vec![
+            (0..32, k_bit, 1, Arr::Bits, 0),
+            (32..96, k_two_bit, 3, Arr::TwoBits, 32),
+        ],
+        DType::Q4_K => vec![(16..144, k4_nibble, 15, Arr::Nibbles, 0)],
+        DType::Q5_K => vec![
+            (16..48, k_bit, 1, Arr::Bits, 0),
+            (48..176, k4_nibble, 15, Arr::Nibbles, 32),
+        ],
+        DType::Q6_K => vec![
+            (0..128, q6_low, 15, Arr::Nibbles, 16),
+            (128..192, k_two_bit, 3, Arr::TwoBits, 144),
+        ],
+        _ => Vec::new(),
+    }
+}
+
+impl Arr {
+    fn bytes(self) -> usize {
+        match self {
+            Arr::Nibbles => 16,
+            Arr::TwoBits => 8,
+            Arr::Bits => 4,
+        }
+    }
+}
+
+/// Bytes copied verbatim: (GGUF range, head byte offset or quants byte offset, in head?).
+fn k_verbatim(dtype: DType) -> Vec<(std::ops::Range<usize>, usize, bool)> {
+    match dtype {
+        DType::Q2_K => vec![(80..84, 0, true), (0..16, 0, false)],
+        DType::Q3_K => vec![(96..110, 0, true)],
+        DType::Q4_K => vec![(0..16, 0, true)],
+        DType::Q5_K => vec![(0..16, 0, true)],
+        DType::Q6_K => vec![(192..208, 0, false)],
+        _ => Vec::new(),
+    }
+}
+
+/// Host (GGUF) blocks → device words. `raw.len()` is a whole number of blocks.
+pub(crate) fn to_device(dtype: DType, raw: &[u8]) -> Vec<u32> {
+    let bb = dtype.block_bytes();
+    let nb = raw.len() / bb;
+    let layout = device_layout(dtype, nb);
+    let (_, qw) = geometry(dtype);
+    let mut words = vec![0u32; layout.words];
+    let w: &mut [u8] = bytemuck::cast_slice_mut(&mut words);
+    let qs0 = layout.qs_offset * 4;
+    for (i, blk) in raw.chunks_exact(bb).enumerate() {
+        let h = head_at(dtype, i);
+        let q = qs0 + i * qw * 4;
+        let half = 2 * (i % 2);
+        match dtype {
+            DType::Q8_0 | DType::Q4_0 | DType::Q6_K => {
+                let d = if dtype == DType::Q6_K { 208 } else { 0 };
+                w[h + half..h + half + 2].copy_from_slice(&blk[d..d + 2]);
+                if dtype != DType::Q6_K {
+                    w[q..q + bb - 2].copy_from_slice(&blk[2..]);
+                }
+            }
+            DType::Q4_1 | DType::Q5_1 => {
+                let hb = bb - 16;
+                w[h..h + hb].copy_from_slice(&blk[..hb]);
+                w[q..q + 16].copy_from_slice(&blk[hb..]);
+            }
+            DType::Q5_0 => {
+                w[h + half..h + half + 2].copy_from_slice(&blk[0..2]);
+                let qh = h + 4 + 2 * half;
+                w[qh..qh + 4].copy_from_slice(&blk[2..6]);
+                w[q..q + 16].copy_from_slice(&blk[6..22]);
+            }
+            _ => {}
+        }
+        if dtype.is_k_quant() {
+            for (range, at_dev, in_head) in k_verbatim(dtype) {
+                let base = if in_head { h } else { q };
+                let n = range.len();
+                w[base + at_dev..base + at_dev + n].copy_from_slice(&blk[range]);
+            }
+            for (range, at, mask, arr, dev0) in k_fields(dtype) {
+                let src = &blk[range];
+                for s in 0..8 {
+                    let v = gather(src, s, at, mask);
+                    let o = q + dev0 + s * arr.bytes();
+                    let out = &mut w[o..o + arr.bytes()];
+                    match arr {
+                        Arr::Nibbles => put_nibbles(&v, out),
+                        Arr::TwoBits => put_two_bits(&v, out),
+                        Arr::Bits => put_bits(&v, out),
+                    }
+                }
+            }
+        }
+    }
+    words
+}
+
+/// Device bytes → host (GGUF) blocks; inverse of [`to_device`].
+pub(crate) fn from_device(dtype: DType, dev: &[u8], n_blocks: usize) -> Vec<u8> {
+    let bb = dtype.block_bytes();
+    let layout = device_layout(dtype, n_blocks);
+    let (_, qw) = geometry(dtype);
+    let qs0 = layout.qs_offset * 4;
+    let mut out = vec![0u8; n_blocks * bb];
+    for (i, blk) in out.chunks_exact_mut(bb).enumerate() {
+        let h = head_at(dtype, i);
+        let q = qs0 + i * qw * 4;
+        let half = 2 * (i % 2);
+        match dtype {
+            DType::Q8_0 | DType::Q4_0 | DType::Q6_K => {
+                let d = if dtype == DType::Q6_K { 208 } else { 0 };
+                blk[d..d + 2].copy_from_slice(&dev[h + half..h + half + 2]);
+                if dtype != DType::Q6_K {
+                    blk[2..].copy_from_slice(&dev[q..q + bb - 2]);
+                }
+            }
+            DType::Q4_1 | DType::Q5_1 => {
+                let hb = bb - 16;
+                blk[..hb].copy_from_slice(&dev[h..h + hb]);
+                blk[hb..].copy_from_slice(&dev[q..q + 16]);
+            }
+            DType::Q5_0 => {
+                blk[0..2].copy_from_slice(&dev[h + half..h + half + 2]);
+                let qh = h + 4 + 2 * half;
+                blk[2..6].copy_from_slice(&dev[qh..qh + 4]);
+                blk[6..22].copy_from_slice(&dev[q..q + 16]);
+            }
+            _ => {}
+        }
+        if dtype.is_k_quant() {
+            for (range, at_dev, in_head) in k_verbatim(dtype) {
+                let base = if in_head { h } else { q };
+                let n = range.len();
+                blk[range].copy_from_slice(&dev[base + at_dev..base + at_dev + n]);
+            }
+            for (range, at, _, arr, dev0) in k_fields(dtype) {
+                let dst = &mut blk[range];
+                for s in 0..8 {
+                    let o = q + dev0 + s * arr.bytes();
+                    let src = &dev[o..o + arr.bytes()];
+                    let mut v = [0u8; 32];
+                    match arr {
+                        Arr::Nibbles => get_nibbles(src, &mut v),
+                        Arr::TwoBits => get_two_bits(src, &mut v),
+                        Arr::Bits => get_bits(src, &mut v),
+                    }
+                    scatter(dst, s, at, &v);
+                }
+            }
+        }
+    }
+    out
+}
