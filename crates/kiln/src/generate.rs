@@ -225,6 +225,8 @@ pub fn run(args: &GenerateArgs) -> Result<(), String> {
             "spec_accepted_tokens": t.speculative.accepted_tokens,
             "spec_acceptance_rate": t.speculative.acceptance_rate(),
             "spec_mean_accepted_length": t.speculative.mean_accepted_length(),
+            // Loading and generating: null where the system does not say.
+            "peak_rss_bytes": crate::memory::peak_rss_bytes(),
         });
         println!("{v}");
     } else {

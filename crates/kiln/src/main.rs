@@ -4,6 +4,7 @@
 mod args;
 mod cli;
 mod generate;
+mod memory;
 mod serve;
 mod speculative;
 
@@ -137,6 +138,14 @@ fn info(args: &InfoArgs) -> CmdResult {
     };
     let plan = opts.kv_plan(cfg).map_err(|e| build_error(&e, path, None))?;
     println!("kv cache: {}", plan.explain());
+    // What opening the model cost this process (its head and tokenizer, not the weights).
+    match memory::peak_rss_bytes() {
+        Some(b) => println!(
+            "peak rss: {b} bytes ({:.1} MiB)",
+            b as f64 / f64::from(1 << 20)
+        ),
+        None => println!("peak rss: not measured on this system"),
+    }
     Ok(())
 }
 
