@@ -649,6 +649,26 @@ fn absurd_gguf_config_values_are_one_clear_line() {
     }
 }
 
+/// A size key holding the wrong type (a float where a count belongs) names the file too:
+/// found by the `gguf_config` fuzz target.
+#[test]
+fn a_gguf_size_of_the_wrong_type_names_the_file() {
+    let c = Corrupter::new("wrong-type");
+    let file = kiln_gguf::GgufFile::from_bytes(&c.model).unwrap();
+    let mut w = kiln_gguf::GgufWriter::new();
+    for (k, v) in file.metadata().iter() {
+        w.metadata(k, v.clone());
+    }
+    w.metadata("llama.attention.head_count", 9.0f64);
+    for t in file.tensors() {
+        let data = file.tensor_data(&c.model, t).unwrap().to_vec();
+        w.tensor(&t.name, &t.dims, t.ggml_type, data);
+    }
+    let path = c.dir.join("float-heads.gguf");
+    std::fs::write(&path, w.to_bytes().unwrap()).unwrap();
+    both_fail_in_one_line(&path, &["llama.attention.head_count"]);
+}
+
 /// Tensor problems name the file and the tensor: data cut short (refused when the head is
 /// read), and a ggml type kiln does not load (IQ2_XXS, id 16).
 #[test]
