@@ -176,6 +176,38 @@ impl ModelConfig {
         (windowed, self.attention.len() - windowed)
     }
 
+    /// One line on how the layers attend and what that means for the KV cache, for `kiln
+    /// info`: a mixed model keeps every token of every layer, since one block table serves
+    /// all layers and its full-attention layers read the whole context.
+    pub fn attention_summary(&self) -> String {
+        let (windowed, full) = self.attention_mix();
+        let rope = |a: &LayerAttention| match a.rope.scaling {
+            RopeScaling::None => format!("RoPE base {}", a.rope.theta),
+            s => format!("RoPE base {} scaled {s:?}", a.rope.theta),
+        };
+        let first_windowed = self.attention.iter().find(|a| a.window.is_some());
+        let first_full = self.attention.iter().find(|a| a.window.is_none());
+        match (first_windowed, first_full) {
+            (Some(w), None) => format!(
+                "{windowed} layers with a {}-token sliding window ({}); KV blocks behind the \
+                 window are freed",
+                w.window.unwrap_or(0),
+                rope(w)
+            ),
+            (Some(w), Some(f)) => format!(
+                "{windowed} layers with a {}-token sliding window ({}), {full} with full \
+                 attention ({}); every layer keeps every token's K/V (the full layers need \
+                 them), so the KV cost per token counts all {} layers",
+                w.window.unwrap_or(0),
+                rope(w),
+                rope(f),
+                self.layers
+            ),
+            (None, Some(f)) => format!("{full} layers with full attention ({})", rope(f)),
+            (None, None) => "no layers".into(),
+        }
+    }
+
     /// The rotary embedding of layers with these parameters.
     pub fn rope(&self, params: RopeParams) -> RopeConfig {
         RopeConfig {

@@ -126,6 +126,7 @@ fn info(args: &InfoArgs) -> CmdResult {
     println!("model: {path}");
     println!("device: {}", dev.info());
     println!("config: {cfg:#?}");
+    println!("attention: {}", cfg.attention_summary());
     let weights = c.files().stored_bytes();
     println!(
         "weights: {weights} bytes ({:.1} MiB) as stored",

@@ -1,7 +1,7 @@
 //! [`ModelConfig`] from a GGUF file's `general.architecture` and `<arch>.*` metadata, with
 //! llama.cpp's conventions (its converters' defaults and weight layouts).
 
-use kiln_gguf::GgufFile;
+use kiln_gguf::{GgufError, GgufFile};
 use kiln_tensor::{RopeLayout, RopeScaling};
 
 use super::{Arch, FamilyDefaults, LayerAttention, ModelConfig, RopeParams, gemma_pattern, limits};
@@ -12,9 +12,60 @@ use crate::{ModelError, Result};
 const GEMMA3_LOCAL_ROPE_BASE: f32 = 10_000.0;
 const GEMMA3_PATTERN: usize = 6;
 
+/// The GGUF key (after `<arch>.`) behind a field `validate` names in HF terms.
+fn gguf_key(field: &str) -> Option<&'static str> {
+    Some(match field {
+        "hidden_size" => "embedding_length",
+        "num_hidden_layers" => "block_count",
+        "num_attention_heads" => "attention.head_count",
+        "num_key_value_heads" => "attention.head_count_kv",
+        "head_dim" => "attention.key_length",
+        "intermediate_size" => "feed_forward_length",
+        "max_position_embeddings" => "context_length",
+        "rms_norm_eps" => "attention.layer_norm_rms_epsilon",
+        "rope_theta" => "rope.freq_base",
+        "sliding_window" => "attention.sliding_window",
+        "rope_scaling" => "rope.scaling.factor",
+        _ => return None,
+    })
+}
+
 impl ModelConfig {
-    /// From a GGUF file's `general.architecture` and `<arch>.*` metadata.
+    /// From a GGUF file's `general.architecture` and `<arch>.*` metadata. Errors name the
+    /// file and the metadata key.
     pub fn from_gguf(file: &GgufFile) -> Result<Self> {
+        let src = file.source();
+        let arch = file.architecture().unwrap_or("general");
+        Self::read_gguf(file).map_err(|e| match e {
+            // A key of the wrong type: name the file too.
+            ModelError::Gguf(GgufError::WrongType {
+                key,
+                expected,
+                found,
+            }) => ModelError::Config {
+                file: src.into(),
+                field: key,
+                problem: format!("holds {found}, expected {expected}"),
+            },
+            ModelError::Gguf(g) => ModelError::Format {
+                file: src.into(),
+                problem: g.to_string(),
+            },
+            // `validate` speaks config.json's names; say which GGUF key it was.
+            ModelError::Config {
+                file,
+                field,
+                problem,
+            } => ModelError::Config {
+                file,
+                field: gguf_key(&field).map_or(field, |k| format!("{arch}.{k}")),
+                problem,
+            },
+            other => other,
+        })
+    }
+
+    fn read_gguf(file: &GgufFile) -> Result<Self> {
         let src = file.source().to_string();
         let md = file.metadata();
         let missing = |field: String| ModelError::Config {

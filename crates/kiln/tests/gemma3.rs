@@ -1,0 +1,133 @@
+//! The `kiln` binary on the second model, Gemma 3 270M (Q4_K_M GGUF), as a user runs it:
+//! tokenize, greedy generation on both backends against `transformers`' greedy text (the
+//! golden fixture's `story` case), `info`'s attention and memory lines, and a missing Gemma
+//! tensor as one clear error line.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::process::{Command, Output};
+
+fn model() -> String {
+    kiln_testkit::gemma3_model().display().to_string()
+}
+
+fn kiln(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_kiln"))
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+fn stdout(o: &Output) -> String {
+    assert!(
+        o.status.success(),
+        "kiln failed: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    String::from_utf8(o.stdout.clone()).unwrap()
+}
+
+#[test]
+fn tokenize_adds_bos_as_gemmas_tokenizer_does() {
+    let o = kiln(&[
+        "tokenize",
+        "--model",
+        &model(),
+        "--text",
+        "The capital of France is",
+    ]);
+    assert_eq!(stdout(&o).trim(), r#"{"ids":[2,818,5279,529,7001,563]}"#);
+}
+
+#[test]
+fn generate_greedy_matches_transformers_on_both_backends() {
+    let m = model();
+    for backend in ["cpu", "wgpu"] {
+        let o = kiln(&[
+            "generate",
+            "--model",
+            &m,
+            "--prompt",
+            "Once upon a time",
+            "--max-tokens",
+            "10",
+            "--temperature",
+            "0",
+            "--backend",
+            backend,
+            "--json",
+        ]);
+        let v: serde_json::Value = serde_json::from_str(stdout(&o).trim()).unwrap();
+        // transformers (float32, the GGUF dequantized by itself): the golden `story` case.
+        assert_eq!(
+            v["prompt_token_ids"],
+            serde_json::json!([2, 14946, 3324, 496, 990]),
+            "{backend}"
+        );
+        assert!(
+            v["text"]
+                .as_str()
+                .unwrap()
+                .starts_with(", there was a little girl named Lily."),
+            "{backend}: {v}"
+        );
+        assert!(v["peak_rss_bytes"].as_u64().unwrap() > 0, "{backend}: {v}");
+    }
+}
+
+#[test]
+fn info_explains_the_mixed_attention_kv_cost() {
+    let out = stdout(&kiln(&["info", "--model", &model(), "--backend", "cpu"]));
+    assert!(
+        out.contains(
+            "attention: 15 layers with a 512-token sliding window (RoPE base 10000), 3 with \
+             full attention (RoPE base 1000000); every layer keeps every token's K/V"
+        ),
+        "{out}"
+    );
+    // 18 layers × 1 KV head × 256 dims × 2 (K and V) × 2 bytes (f16).
+    assert!(out.contains("18432 bytes per token"), "{out}");
+}
+
+/// A Gemma file without one of its norms: one error line naming the file and tensor, exit 1.
+#[test]
+fn a_missing_gemma_tensor_is_one_clear_error() {
+    let src = kiln_gguf::GgufFile::open(model()).unwrap();
+    let bytes = std::fs::read(model()).unwrap();
+    let mut w = kiln_gguf::GgufWriter::new();
+    for (k, v) in src.metadata().iter() {
+        w.metadata(k, v.clone());
+    }
+    for t in src.tensors() {
+        if t.name == "blk.3.post_ffw_norm.weight" {
+            continue;
+        }
+        let data = src.tensor_data(&bytes, t).unwrap();
+        w.tensor(&t.name, &t.dims, t.ggml_type, data.to_vec());
+    }
+    let dir = std::env::temp_dir().join(format!("kiln-gemma3-missing-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("missing-norm.gguf");
+    std::fs::write(&path, w.to_bytes().unwrap()).unwrap();
+    let p = path.to_str().unwrap();
+    let o = kiln(&[
+        "generate",
+        "--model",
+        p,
+        "--prompt",
+        "hi",
+        "--max-tokens",
+        "1",
+        "--backend",
+        "cpu",
+    ]);
+    let _ = std::fs::remove_dir_all(&dir);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("missing-norm.gguf") && err.contains("blk.3.post_ffw_norm.weight"),
+        "{err}"
+    );
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+}
