@@ -36,6 +36,16 @@ impl GgmlType {
     pub const Q8_0: Self = Self(8);
     /// 8-bit blocks of 32 with an f16 scale and sum.
     pub const Q8_1: Self = Self(9);
+    /// 2-bit super-blocks of 256 with 4-bit scales and mins.
+    pub const Q2_K: Self = Self(10);
+    /// 3-bit super-blocks of 256 with 6-bit scales.
+    pub const Q3_K: Self = Self(11);
+    /// 4-bit super-blocks of 256 with 6-bit scales and mins.
+    pub const Q4_K: Self = Self(12);
+    /// 5-bit super-blocks of 256 with 6-bit scales and mins.
+    pub const Q5_K: Self = Self(13);
+    /// 6-bit super-blocks of 256 with 8-bit scales.
+    pub const Q6_K: Self = Self(14);
     /// 16-bit brain float.
     pub const BF16: Self = Self(30);
 

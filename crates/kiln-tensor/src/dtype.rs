@@ -2,13 +2,16 @@
 
 /// Element type of a tensor.
 ///
-/// `Q8_0`, `Q4_0` and `Q4_1` are GGUF block formats of 32 elements; their tensors stay
-/// quantized on the device and are dequantized inside kernels.
+/// The `Q*` variants are GGUF block formats (layouts in `quant`): blocks of 32 elements for
+/// `Q8_0`, `Q4_0`, `Q4_1`, `Q5_0` and `Q5_1`, super-blocks of 256 for the K-quants `Q2_K` …
+/// `Q6_K`. Their tensors stay quantized on the device and are dequantized inside kernels.
+// The K-quants keep ggml's names (`Q4_K`), which users look up in GGUF tooling.
+#[allow(non_camel_case_types)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum DType {
     F32,
     F16,
-    /// Accepted at upload and converted to F32 (bf16 has f32's range, which f16 lacks).
+    /// Kept as bf16 on the device (2 bytes an element) and widened inside the kernels.
     BF16,
     U32,
     I32,
@@ -18,20 +21,45 @@ pub enum DType {
     Q4_0,
     /// f16 scale `d`, f16 min `m` + 16 bytes of nibbles; value = q·d + m.
     Q4_1,
+    /// f16 `d`, 32 high bits, 16 bytes of nibbles; value = (q − 16)·d, q 5-bit.
+    Q5_0,
+    /// f16 `d`, f16 `m`, 32 high bits, 16 bytes of nibbles; value = q·d + m, q 5-bit.
+    Q5_1,
+    /// 16 × (4-bit scale, 4-bit min), 2-bit quants, f16 `d`, `dmin`.
+    Q2_K,
+    /// High-bit mask, 2-bit quants, 16 packed 6-bit scales, f16 `d`.
+    Q3_K,
+    /// f16 `d`, `dmin`, 8 packed 6-bit (scale, min) pairs, 4-bit quants.
+    Q4_K,
+    /// As `Q4_K` plus one high bit an element.
+    Q5_K,
+    /// 4-bit low and 2-bit high quants, 16 × i8 scales, f16 `d`.
+    Q6_K,
 }
 
-/// Elements per quantization block of the GGUF formats kiln supports.
+/// Elements per block of the 32-element GGUF formats (`Q8_0` … `Q5_1`).
 pub const QK: usize = 32;
+/// Elements per super-block of the K-quants.
+pub const QK_K: usize = 256;
 
 impl DType {
     /// True for the block-quantized formats.
     pub fn is_quantized(self) -> bool {
-        matches!(self, DType::Q8_0 | DType::Q4_0 | DType::Q4_1)
+        self.block_elems() > 1
     }
 
-    /// Elements per storage block (1 for plain types, 32 for quantized).
+    /// True for the K-quants (256-element super-blocks).
+    pub fn is_k_quant(self) -> bool {
+        self.block_elems() == QK_K
+    }
+
+    /// Elements per storage block: 1 for plain types, 32 or 256 for quantized ones.
     pub fn block_elems(self) -> usize {
-        if self.is_quantized() { QK } else { 1 }
+        match self {
+            DType::F32 | DType::F16 | DType::BF16 | DType::U32 | DType::I32 => 1,
+            DType::Q8_0 | DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 => QK,
+            DType::Q2_K | DType::Q3_K | DType::Q4_K | DType::Q5_K | DType::Q6_K => QK_K,
+        }
     }
 
     /// Bytes per storage block in the GGUF (host) layout.
@@ -42,6 +70,13 @@ impl DType {
             DType::Q8_0 => 34,
             DType::Q4_0 => 18,
             DType::Q4_1 => 20,
+            DType::Q5_0 => 22,
+            DType::Q5_1 => 24,
+            DType::Q2_K => 84,
+            DType::Q3_K => 110,
+            DType::Q4_K => 144,
+            DType::Q5_K => 176,
+            DType::Q6_K => 210,
         }
     }
 
@@ -55,12 +90,9 @@ impl DType {
         (n / be).checked_mul(self.block_bytes())
     }
 
-    /// The dtype a tensor has once uploaded (BF16 becomes F32).
+    /// The dtype a tensor has once uploaded: every dtype is stored as itself (BF16 too, since
+    /// the kernels widen it).
     pub fn stored(self) -> DType {
-        if self == DType::BF16 {
-            DType::F32
-        } else {
-            self
-        }
+        self
     }
 }

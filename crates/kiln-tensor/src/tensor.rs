@@ -91,7 +91,8 @@ fn check_shape(shape: &[usize], dtype: DType, what: &str) -> Result<usize> {
         return Err(TensorError::Shape {
             op: "tensor",
             detail: format!(
-                "{what}: last dimension {cols} of a {dtype:?} tensor must be a multiple of 32"
+                "{what}: last dimension {cols} of a {dtype:?} tensor must be a multiple of {}",
+                dtype.block_elems()
             ),
         });
     }
@@ -108,7 +109,6 @@ impl Tensor {
     }
 
     /// Upload host-layout bytes (`GGUF` blocks for quantized dtypes, little-endian otherwise).
-    /// BF16 is converted to F32.
     pub fn from_bytes(
         device: &Device,
         dtype: DType,
@@ -123,13 +123,6 @@ impl Tensor {
                 expected,
                 got: bytes.len(),
             });
-        }
-        if dtype == DType::BF16 {
-            let v: Vec<f32> = bytes
-                .chunks_exact(2)
-                .map(|b| bf16::from_le_bytes([b[0], b[1]]).to_f32())
-                .collect();
-            return Self::from_f32(device, shape, &v);
         }
         match device {
             Device::Cpu => Ok(Self::wrap(
@@ -154,15 +147,20 @@ impl Tensor {
             .checked_div(cols)
             .unwrap_or(0);
         let row_bytes = dtype.bytes_for(cols).unwrap_or(0);
-        // Device bytes per row: quantized rows are slightly larger in SoA form only by padding
-        // and alignment of the scale words, so budget the host size plus one word a row and 16 bytes.
-        let rows_per_chunk = if row_bytes == 0 {
-            rows.max(1)
+        // Device bytes a row: the host size for plain dtypes; for block formats at most
+        // `device_block_bytes` a block, plus up to 16 bytes of padding a chunk before the
+        // quants.
+        let dev_row_bytes = if dtype.is_quantized() {
+            cols / dtype.block_elems() * quant::device_block_bytes(dtype)
         } else {
-            ((ctx.max_binding() as usize).saturating_sub(16) / (row_bytes + 4)).max(1)
+            row_bytes
         };
-        let total_bytes = bytes.len() as u64;
-        let single = total_bytes + 16 <= ctx.max_binding();
+        let rows_per_chunk = (ctx.max_binding() as usize)
+            .saturating_sub(16)
+            .checked_div(dev_row_bytes)
+            .unwrap_or(rows)
+            .max(1);
+        let single = (rows * dev_row_bytes + 16) as u64 <= ctx.max_binding();
         let mut chunks = Vec::new();
         let mut row0 = 0;
         loop {
@@ -234,8 +232,8 @@ impl Tensor {
         Self::from_bytes(device, DType::I32, shape, bytemuck::cast_slice(data))
     }
 
-    /// Quantize `data` on the CPU to `dtype` (Q8_0/Q4_0/Q4_1) and upload it (load-time
-    /// `--quantize`).
+    /// Quantize `data` on the CPU to `dtype` (Q8_0/Q4_0/Q4_1; the other block formats are
+    /// only read) and upload it (load-time `--quantize`).
     pub fn quantize_f32(
         device: &Device,
         dtype: DType,
@@ -360,13 +358,9 @@ impl Tensor {
                 let mut out = Vec::new();
                 let mut at = 0usize;
                 for c in chunks {
-                    let nb = c.rows * self.cols() / crate::QK;
+                    let nb = c.rows * self.cols() / self.dtype().block_elems();
                     let n = c.buf.bytes as usize;
-                    let words: Vec<u32> = raw[at..at + n]
-                        .chunks_exact(4)
-                        .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-                        .collect();
-                    out.extend(quant::from_device(self.dtype(), &words, nb));
+                    out.extend(quant::from_device(self.dtype(), &raw[at..at + n], nb));
                     at += n;
                 }
                 Ok(out)
@@ -385,6 +379,10 @@ impl Tensor {
             DType::F16 => Ok(b
                 .chunks_exact(2)
                 .map(|c| f16::from_le_bytes([c[0], c[1]]).to_f32())
+                .collect()),
+            DType::BF16 => Ok(b
+                .chunks_exact(2)
+                .map(|c| bf16::from_le_bytes([c[0], c[1]]).to_f32())
                 .collect()),
             d if d.is_quantized() => {
                 let mut out = vec![0f32; self.elem_count()];

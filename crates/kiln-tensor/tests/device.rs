@@ -10,7 +10,10 @@
 
 mod common;
 
-use common::{assert_close, fresh_gpu, gpu, gpu_plain, gpu_profiled, gpu_split, gpus, randn, rng};
+use common::{
+    assert_close, fresh_gpu, gpu, gpu_plain, gpu_profiled, gpu_split, gpus, randn, random_blocks,
+    rng,
+};
 use kiln_tensor::{DType, Device, Recorder, Tensor, TensorError};
 
 #[test]
@@ -34,6 +37,10 @@ fn reports_the_adapter_and_its_features() {
     assert_eq!(Device::cpu().info().backend, "cpu");
 }
 
+fn bytemuck_bytes(v: &[half::bf16]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
 #[test]
 fn upload_download_roundtrips_every_dtype() {
     let mut r = rng(10);
@@ -49,7 +56,12 @@ fn upload_download_roundtrips_every_dtype() {
         assert_eq!(t.to_f32_vec().unwrap(), back, "{name} f16");
         let b: Vec<half::bf16> = v.iter().map(|&x| half::bf16::from_f32(x)).collect();
         let t = Tensor::from_bf16(&dev, &[3, 64], &b).unwrap();
-        assert_eq!(t.dtype(), DType::F32, "bf16 is widened at upload");
+        assert_eq!(t.dtype(), DType::BF16, "bf16 stays bf16 on the device");
+        assert_eq!(
+            t.to_bytes().unwrap(),
+            bytemuck_bytes(&b),
+            "{name} bf16 keeps its bytes"
+        );
         assert_eq!(
             t.to_f32_vec().unwrap(),
             b.iter().map(|x| x.to_f32()).collect::<Vec<_>>(),
@@ -58,6 +70,26 @@ fn upload_download_roundtrips_every_dtype() {
         for q in [DType::Q8_0, DType::Q4_0, DType::Q4_1] {
             let raw = kiln_tensor::quantize(q, &v).unwrap();
             let t = Tensor::from_bytes(&dev, q, &[3, 64], &raw).unwrap();
+            assert_eq!(
+                t.to_bytes().unwrap(),
+                raw,
+                "{name} {q:?} keeps its GGUF bytes"
+            );
+        }
+        // Odd block counts (the formats whose heads pair up) and every bit pattern.
+        for q in [
+            DType::Q5_0,
+            DType::Q5_1,
+            DType::Q2_K,
+            DType::Q3_K,
+            DType::Q4_K,
+            DType::Q5_K,
+            DType::Q6_K,
+        ] {
+            let rows = 3;
+            let cols = 3 * q.block_elems();
+            let raw = random_blocks(&mut r, q, rows * 3);
+            let t = Tensor::from_bytes(&dev, q, &[rows, cols], &raw).unwrap();
             assert_eq!(
                 t.to_bytes().unwrap(),
                 raw,
@@ -155,20 +187,36 @@ fn device_dequantization_matches_hand_worked_blocks() {
 fn split_bindings_give_the_same_results() {
     let Some(split) = gpu_split() else { return };
     let mut r = rng(11);
-    // 300 rows of 256 Q8_0 / Q4_1 or 40 f32: 82 KB, 48 KB, 48 KB: several 16 KiB chunks each.
+    // 300 rows of 256 Q8_0 / Q4_1 / … or 40 f32: 82 KB, 48 KB, 48 KB, …: several 16 KiB
+    // chunks each.
     for (dtype, n, k) in [
         (DType::Q8_0, 300usize, 256usize),
         (DType::F32, 300, 40),
+        (DType::BF16, 300, 80),
         (DType::Q4_1, 300, 256),
+        (DType::Q5_0, 300, 256),
+        (DType::Q4_K, 300, 256),
+        (DType::Q6_K, 300, 256),
+        (DType::Q3_K, 300, 256),
+        (DType::Q5_K, 300, 256),
+        (DType::Q2_K, 400, 256),
+        (DType::Q5_1, 300, 256),
     ] {
         let w = randn(&mut r, n * k, 1.0);
+        let raw = match dtype {
+            DType::F32 | DType::Q8_0 | DType::Q4_1 => Vec::new(),
+            q => random_blocks(&mut r, q, n * k / q.block_elems()),
+        };
         let ids = [0u32, n as u32 - 1, 77, 3];
         for m in [1usize, 9] {
             let x = randn(&mut r, m * k, 1.0);
             let run = |dev: &Device| {
                 let wt = match dtype {
                     DType::F32 => Tensor::from_f32(dev, &[n, k], &w).unwrap(),
-                    q => Tensor::quantize_f32(dev, q, &[n, k], &w).unwrap(),
+                    DType::Q8_0 | DType::Q4_1 => {
+                        Tensor::quantize_f32(dev, dtype, &[n, k], &w).unwrap()
+                    }
+                    q => Tensor::from_bytes(dev, q, &[n, k], &raw).unwrap(),
                 };
                 let xt = Tensor::from_f32(dev, &[m, k], &x).unwrap();
                 let mut rec = Recorder::new(dev);

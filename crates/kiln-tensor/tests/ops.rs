@@ -11,21 +11,31 @@
 
 mod common;
 
-use common::{assert_close, gpus, randn, rng};
+use common::{assert_close, gpus, randn, random_blocks, rng};
 use kiln_tensor::{
     DType, Device, Recorder, RopeConfig, RopeLayout, RopeScaling, RopeTable, Tensor,
 };
 use rand::Rng;
 
-const WEIGHT_DTYPES: [DType; 5] = [
+const WEIGHT_DTYPES: [DType; 13] = [
     DType::F32,
     DType::F16,
+    DType::BF16,
     DType::Q8_0,
     DType::Q4_0,
     DType::Q4_1,
+    DType::Q5_0,
+    DType::Q5_1,
+    DType::Q2_K,
+    DType::Q3_K,
+    DType::Q4_K,
+    DType::Q5_K,
+    DType::Q6_K,
 ];
 
-/// A weight of `dtype` built the same way on both devices from the same f32 values.
+/// A weight of `dtype` built the same way on both devices from the same f32 values: converted
+/// or quantized where kiln can, else random blocks seeded from the values (the formats kiln
+/// only reads).
 fn weight(dev: &Device, dtype: DType, n: usize, k: usize, v: &[f32]) -> Tensor {
     match dtype {
         DType::F32 => Tensor::from_f32(dev, &[n, k], v).unwrap(),
@@ -33,7 +43,18 @@ fn weight(dev: &Device, dtype: DType, n: usize, k: usize, v: &[f32]) -> Tensor {
             let h: Vec<half::f16> = v.iter().map(|&x| half::f16::from_f32(x)).collect();
             Tensor::from_f16(dev, &[n, k], &h).unwrap()
         }
-        q => Tensor::quantize_f32(dev, q, &[n, k], v).unwrap(),
+        DType::BF16 => {
+            let h: Vec<half::bf16> = v.iter().map(|&x| half::bf16::from_f32(x)).collect();
+            Tensor::from_bf16(dev, &[n, k], &h).unwrap()
+        }
+        DType::Q8_0 | DType::Q4_0 | DType::Q4_1 => {
+            Tensor::quantize_f32(dev, dtype, &[n, k], v).unwrap()
+        }
+        q => {
+            let seed = u64::from(v[0].to_bits()) ^ (v.len() as u64) << 32;
+            let raw = random_blocks(&mut rng(seed), q, n * k / q.block_elems());
+            Tensor::from_bytes(dev, q, &[n, k], &raw).unwrap()
+        }
     }
 }
 
@@ -67,7 +88,9 @@ fn matmul_tol(k: usize) -> f32 {
 fn matmul_matches_cpu_for_every_weight_dtype() {
     let mut r = rng(1);
     for dtype in WEIGHT_DTYPES {
-        let ks: &[usize] = if dtype.is_quantized() {
+        let ks: &[usize] = if dtype.is_k_quant() {
+            &[256, 768]
+        } else if dtype.is_quantized() {
             &[32, 96, 576]
         } else {
             &[1, 7, 33, 100]
@@ -199,7 +222,11 @@ fn fused_matmul_epilogues_match_cpu() {
 fn fused_qkv_matches_three_matmuls() {
     let mut r = rng(8);
     for dtype in WEIGHT_DTYPES {
-        let k = if dtype.is_quantized() { 64 } else { 24 };
+        let k = if dtype.is_quantized() {
+            dtype.block_elems().max(64)
+        } else {
+            24
+        };
         for &(m, nq, nkv) in &[(1usize, 40usize, 12usize), (3, 24, 8), (19, 9, 5)] {
             let x = randn(&mut r, m * k, 1.0);
             let ws: Vec<Vec<f32>> = [nq, nkv, nkv]
@@ -276,6 +303,36 @@ fn matmul_on_smollm_shapes() {
     }
 }
 
+/// The projections of Gemma 3 270M with the formats its Q4_K_M file gives them: Q/K/V and
+/// gate/up Q5_0 over hidden 640, attention output and down Q4_K/Q6_K over 1024 and 2048.
+#[test]
+fn matmul_on_gemma_shapes() {
+    let mut r = rng(9);
+    for (dtype, n, k) in [
+        (DType::Q5_0, 2048usize, 640usize),
+        (DType::Q5_0, 256, 640),
+        (DType::Q4_K, 640, 1024),
+        (DType::Q4_K, 640, 2048),
+        (DType::Q6_K, 640, 2048),
+    ] {
+        let w = randn(&mut r, n * k, 1.0);
+        for m in [1usize, 9] {
+            let x = randn(&mut r, m * k, 1.0);
+            let want = run_matmul(&Device::cpu(), dtype, &x, m, k, &w, n, None);
+            for (name, dev) in gpus() {
+                let got = run_matmul(&dev, dtype, &x, m, k, &w, n, None);
+                assert_close(
+                    &format!("{name} {dtype:?} {m}x{k} · {n}x{k}"),
+                    &got,
+                    &want,
+                    matmul_tol(k),
+                    0.0,
+                );
+            }
+        }
+    }
+}
+
 fn run_embedding(
     dev: &Device,
     dtype: DType,
@@ -296,7 +353,11 @@ fn run_embedding(
 fn embedding_matches_cpu_for_every_table_dtype() {
     let mut r = rng(3);
     for dtype in WEIGHT_DTYPES {
-        let k = if dtype.is_quantized() { 64 } else { 37 };
+        let k = if dtype.is_quantized() {
+            dtype.block_elems().max(64)
+        } else {
+            37
+        };
         let rows = 101;
         let v = randn(&mut r, rows * k, 2.0);
         let mut ids: Vec<u32> = (0..13).map(|_| r.random_range(0..rows as u32)).collect();

@@ -3,8 +3,9 @@
 // storage read into a per-lane loop, so this kernel gives each invocation R whole rows of W
 // (one 16-byte read per block of quants) and reads X from a uniform binding at
 // workgroup-uniform offsets, which becomes one broadcast load. MV_M rows of X a launch; the
-// caller binds the rows this launch covers. W is a block format (Q8_0, Q4_0, Q4_1) in the
-// device layout of quant.rs, its quants 16-byte aligned.
+// caller binds the rows this launch covers. W is a block format (any of DType's Q*) in the
+// device layout of quant/layout.rs, its quants 16-byte aligned; K-quants are read one
+// 32-element sub-block at a time.
 //
 // Epilogues that save a launch each: RES adds a residual of Y's shape (Y = RES + X·Wᵀ);
 // GATED takes a second weight W2 of W's shape and dtype and writes act(X·Wᵀ) * (X·W2ᵀ)
@@ -73,81 +74,259 @@ fn i8x4(x: u32) -> vec4<f32> {
     return vec4<f32>(bitcast<vec4<i32>>(vec4<u32>(x << 24u, x << 16u, x << 8u, x)) >> vec4<u32>(24u));
 }
 
-#if W_Q8_0
-const QV: u32 = 2u;
-#else
-const QV: u32 = 1u;
-#endif
+fn two4(x: u32) -> vec4<f32> {
+    return vec4<f32>(bitcast<vec4<i32>>(vec4<u32>(x, x >> 8u, x >> 16u, x >> 24u) & vec4<u32>(3u)));
+}
 
-// Block b from its scale word and its quants (v1 is used by Q8_0 only).
-fn decode(b: u32, sw: u32, v0: vec4<u32>, v1: vec4<u32>) -> Blk {
-#if W_Q4_1
-    let dm = unpack2x16float(sw);
-    let d = dm.x;
-    let m = dm.y;
+fn bit4(x: u32) -> vec4<f32> {
+    return vec4<f32>(bitcast<vec4<i32>>(vec4<u32>(x, x >> 1u, x >> 2u, x >> 3u) & vec4<u32>(1u)));
+}
+
+// 32 values from nibble words v (elements j and j + 16 in byte j), as q·d + m.
+fn nib_blk(v: vec4<u32>, d: f32, m: f32) -> Blk {
+    let hi = v >> vec4<u32>(4u);
+    return Blk(nib4(v.x) * d + m, nib4(v.y) * d + m, nib4(v.z) * d + m, nib4(v.w) * d + m,
+        nib4(hi.x) * d + m, nib4(hi.y) * d + m, nib4(hi.z) * d + m, nib4(hi.w) * d + m);
+}
+
+// The 32 high bits h as 16·bit, in Blk order.
+fn hbits(h: u32) -> Blk {
+    return Blk(bit4(h) * 16.0, bit4(h >> 4u) * 16.0, bit4(h >> 8u) * 16.0, bit4(h >> 12u) * 16.0,
+        bit4(h >> 16u) * 16.0, bit4(h >> 20u) * 16.0, bit4(h >> 24u) * 16.0, bit4(h >> 28u) * 16.0);
+}
+
+// 5-bit quants (nibbles v plus high bits h) as q·d + m.
+fn q5_blk(v: vec4<u32>, h: u32, d: f32, m: f32) -> Blk {
+    let hi = v >> vec4<u32>(4u);
+    return Blk((nib4(v.x) + bit4(h) * 16.0) * d + m, (nib4(v.y) + bit4(h >> 4u) * 16.0) * d + m,
+        (nib4(v.z) + bit4(h >> 8u) * 16.0) * d + m, (nib4(v.w) + bit4(h >> 12u) * 16.0) * d + m,
+        (nib4(hi.x) + bit4(h >> 16u) * 16.0) * d + m, (nib4(hi.y) + bit4(h >> 20u) * 16.0) * d + m,
+        (nib4(hi.z) + bit4(h >> 24u) * 16.0) * d + m, (nib4(hi.w) + bit4(h >> 28u) * 16.0) * d + m);
+}
+
+// 2-bit quants (words lo for elements 0-15, hi for 16-31) as q·d + m, with d0/m0 for the first
+// 16 elements and d1/m1 for the rest.
+fn two_blk(lo: u32, hi: u32, d0: f32, m0: f32, d1: f32, m1: f32) -> Blk {
+    return Blk(two4(lo) * d0 + m0, two4(lo >> 2u) * d0 + m0, two4(lo >> 4u) * d0 + m0,
+        two4(lo >> 6u) * d0 + m0, two4(hi) * d1 + m1, two4(hi >> 2u) * d1 + m1,
+        two4(hi >> 4u) * d1 + m1, two4(hi >> 6u) * d1 + m1);
+}
+
+// Byte j (0..16) of the four words v.
+fn byte4(v: vec4<u32>, j: u32) -> u32 {
+    return (v[j / 4u] >> (8u * (j % 4u))) & 0xffu;
+}
+
+// The vec4 indices a block reads (RD of them: 2, 3 or 4) for the chunk whose quants start at
+// word qs, and the block from those reads. b numbers 32-element (sub-)blocks; the K-quants'
+// super-block is b / 8, its sub-block b % 8. Layouts: quant/layout.rs.
+#if W_Q8_0
+fn blk_idx(b: u32, qs: u32) -> vec4<u32> {
+    let q = (qs >> 2u) + 2u * b;
+    return vec4<u32>(b >> 3u, q, q + 1u, 0u);
+}
+fn decode(b: u32, v0: vec4<u32>, v1: vec4<u32>, v2: vec4<u32>, v3: vec4<u32>) -> Blk {
+    let d = unpack2x16float(v0[(b >> 1u) & 3u])[b & 1u];
+    return Blk(i8x4(v1.x) * d, i8x4(v1.y) * d, i8x4(v1.z) * d, i8x4(v1.w) * d,
+        i8x4(v2.x) * d, i8x4(v2.y) * d, i8x4(v2.z) * d, i8x4(v2.w) * d);
+}
 #endif
 #if W_Q4_0
-    let d = unpack2x16float(sw)[b & 1u];
-    let m = -8.0 * d;
-#endif
-#if W_Q8_0
-    let d = unpack2x16float(sw)[b & 1u];
-    return Blk(i8x4(v0.x) * d, i8x4(v0.y) * d, i8x4(v0.z) * d, i8x4(v0.w) * d,
-        i8x4(v1.x) * d, i8x4(v1.y) * d, i8x4(v1.z) * d, i8x4(v1.w) * d);
-#else
-    let hi = v0 >> vec4<u32>(4u);
-    return Blk(nib4(v0.x) * d + m, nib4(v0.y) * d + m, nib4(v0.z) * d + m, nib4(v0.w) * d + m,
-        nib4(hi.x) * d + m, nib4(hi.y) * d + m, nib4(hi.z) * d + m, nib4(hi.w) * d + m);
-#endif
+fn blk_idx(b: u32, qs: u32) -> vec4<u32> {
+    return vec4<u32>(b >> 3u, (qs >> 2u) + b, 0u, 0u);
 }
-
-// Word index of block b's scale word (the scales are the leading words of the buffer; Q4_1
-// has one d|m word a block, the others one f16 a block).
-fn scale_index(b: u32) -> u32 {
+fn decode(b: u32, v0: vec4<u32>, v1: vec4<u32>, v2: vec4<u32>, v3: vec4<u32>) -> Blk {
+    let d = unpack2x16float(v0[(b >> 1u) & 3u])[b & 1u];
+    return nib_blk(v1, d, -8.0 * d);
+}
+#endif
 #if W_Q4_1
-    return b;
-#else
-    return b >> 1u;
-#endif
+fn blk_idx(b: u32, qs: u32) -> vec4<u32> {
+    return vec4<u32>(b >> 2u, (qs >> 2u) + b, 0u, 0u);
 }
-
-fn load_blk(b: u32) -> Blk {
-    let si = scale_index(b);
-    let qi = (p.qs >> 2u) + b * QV;
-    let v0 = wq[qi];
-#if W_Q8_0
-    let v1 = wq[qi + 1u];
-#else
-    let v1 = v0;
+fn decode(b: u32, v0: vec4<u32>, v1: vec4<u32>, v2: vec4<u32>, v3: vec4<u32>) -> Blk {
+    let dm = unpack2x16float(v0[b & 3u]);
+    return nib_blk(v1, dm.x, dm.y);
+}
 #endif
-    return decode(b, wq[si >> 2u][si & 3u], v0, v1);
+#if W_Q5_0
+// Heads: [d0|d1, qh0, qh1] a pair of blocks.
+fn blk_idx(b: u32, qs: u32) -> vec4<u32> {
+    let h = 3u * (b >> 1u);
+    return vec4<u32>(h >> 2u, (qs >> 2u) + b, (h + 1u + (b & 1u)) >> 2u, 0u);
+}
+fn decode(b: u32, v0: vec4<u32>, v1: vec4<u32>, v2: vec4<u32>, v3: vec4<u32>) -> Blk {
+    let h = 3u * (b >> 1u);
+    let d = unpack2x16float(v0[h & 3u])[b & 1u];
+    return q5_blk(v1, v2[(h + 1u + (b & 1u)) & 3u], d, -16.0 * d);
+}
+#endif
+#if W_Q5_1
+fn blk_idx(b: u32, qs: u32) -> vec4<u32> {
+    return vec4<u32>(b >> 1u, (qs >> 2u) + b, 0u, 0u);
+}
+fn decode(b: u32, v0: vec4<u32>, v1: vec4<u32>, v2: vec4<u32>, v3: vec4<u32>) -> Blk {
+    let o = 2u * (b & 1u);
+    let dm = unpack2x16float(v0[o]);
+    return q5_blk(v1, v0[o + 1u], dm.x, dm.y);
+}
+#endif
+#if W_Q2_K
+fn blk_idx(b: u32, qs: u32) -> vec4<u32> {
+    let sb = b >> 3u;
+    let base = (qs >> 2u) + 5u * sb;
+    return vec4<u32>(sb >> 2u, base, base + 1u + ((b & 7u) >> 1u), 0u);
+}
+fn decode(b: u32, v0: vec4<u32>, v1: vec4<u32>, v2: vec4<u32>, v3: vec4<u32>) -> Blk {
+    let s = b & 7u;
+    let dm = unpack2x16float(v0[(b >> 3u) & 3u]);
+    let sc0 = byte4(v1, 2u * s);
+    let sc1 = byte4(v1, 2u * s + 1u);
+    let o = 2u * (s & 1u);
+    return two_blk(v2[o], v2[o + 1u], dm.x * f32(sc0 & 0xfu), -dm.y * f32(sc0 >> 4u),
+        dm.x * f32(sc1 & 0xfu), -dm.y * f32(sc1 >> 4u));
+}
+#endif
+#if W_Q3_K
+fn blk_idx(b: u32, qs: u32) -> vec4<u32> {
+    let sb = b >> 3u;
+    let s = b & 7u;
+    let base = (qs >> 2u) + 6u * sb;
+    return vec4<u32>(sb, base + (s >> 2u), base + 2u + (s >> 1u), 0u);
+}
+fn scale3(h: vec4<u32>, i: u32) -> f32 {
+    let low = (byte4(h, i % 8u) >> (4u * (i / 8u))) & 0xfu;
+    let high = (byte4(h, 8u + i % 4u) >> (2u * (i / 4u))) & 3u;
+    return f32(i32(low | (high << 4u)) - 32);
+}
+fn decode(b: u32, v0: vec4<u32>, v1: vec4<u32>, v2: vec4<u32>, v3: vec4<u32>) -> Blk {
+    let s = b & 7u;
+    let d = unpack2x16float(v0.w).x;
+    let d0 = d * scale3(v0, 2u * s);
+    let d1 = d * scale3(v0, 2u * s + 1u);
+    let o = 2u * (s & 1u);
+    // q = low − 4 + 4·high: the 2-bit part with offset −4 plus hbits/4.
+    let lo = two_blk(v2[o], v2[o + 1u], d0, -4.0 * d0, d1, -4.0 * d1);
+    let h = hbits(v1[s & 3u]);
+    let e0 = 0.25 * d0;
+    let e1 = 0.25 * d1;
+    return Blk(lo.q0 + h.q0 * e0, lo.q1 + h.q1 * e0, lo.q2 + h.q2 * e0, lo.q3 + h.q3 * e0,
+        lo.q4 + h.q4 * e1, lo.q5 + h.q5 * e1, lo.q6 + h.q6 * e1, lo.q7 + h.q7 * e1);
+}
+#endif
+#if W_Q45_K
+fn scale_min(h: vec4<u32>, j: u32) -> vec2<f32> {
+    // The 12 scale bytes follow the d|dmin word: byte j of them is byte j + 4 of h.
+    if (j < 4u) {
+        return vec2<f32>(f32(byte4(h, j + 4u) & 63u), f32(byte4(h, j + 8u) & 63u));
+    }
+    let sc = (byte4(h, j + 8u) & 0xfu) | ((byte4(h, j) >> 6u) << 4u);
+    let m = (byte4(h, j + 8u) >> 4u) | ((byte4(h, j + 4u) >> 6u) << 4u);
+    return vec2<f32>(f32(sc), f32(m));
+}
+#endif
+#if W_Q4_K
+fn blk_idx(b: u32, qs: u32) -> vec4<u32> {
+    return vec4<u32>(b >> 3u, (qs >> 2u) + b, 0u, 0u);
+}
+fn decode(b: u32, v0: vec4<u32>, v1: vec4<u32>, v2: vec4<u32>, v3: vec4<u32>) -> Blk {
+    let dm = unpack2x16float(v0.x);
+    let scm = scale_min(v0, b & 7u);
+    return nib_blk(v1, dm.x * scm.x, -dm.y * scm.y);
+}
+#endif
+#if W_Q5_K
+fn blk_idx(b: u32, qs: u32) -> vec4<u32> {
+    let sb = b >> 3u;
+    let s = b & 7u;
+    let base = (qs >> 2u) + 10u * sb;
+    return vec4<u32>(sb, base + 2u + s, base + (s >> 2u), 0u);
+}
+fn decode(b: u32, v0: vec4<u32>, v1: vec4<u32>, v2: vec4<u32>, v3: vec4<u32>) -> Blk {
+    let dm = unpack2x16float(v0.x);
+    let scm = scale_min(v0, b & 7u);
+    return q5_blk(v1, v2[b & 3u], dm.x * scm.x, -dm.y * scm.y);
+}
+#endif
+#if W_Q6_K
+fn blk_idx(b: u32, qs: u32) -> vec4<u32> {
+    let sb = b >> 3u;
+    let s = b & 7u;
+    let base = (qs >> 2u) + 13u * sb;
+    return vec4<u32>(sb >> 3u, base, base + 1u + s, base + 9u + (s >> 1u));
+}
+fn decode(b: u32, v0: vec4<u32>, v1: vec4<u32>, v2: vec4<u32>, v3: vec4<u32>) -> Blk {
+    let sb = b >> 3u;
+    let s = b & 7u;
+    let d = unpack2x16float(v0[(sb >> 1u) & 3u])[sb & 1u];
+    let i = 2u * s;
+    let sw = v1[i / 4u];
+    let sh = 8u * (i % 4u);
+    let d0 = d * f32(bitcast<i32>(sw << (24u - sh)) >> 24u);
+    let d1 = d * f32(bitcast<i32>(sw << (16u - sh)) >> 24u);
+    // q = low nibble + 16·(2-bit high) − 32.
+    let o = 2u * (s & 1u);
+    let hi = two_blk(v3[o], v3[o + 1u], 16.0 * d0, -32.0 * d0, 16.0 * d1, -32.0 * d1);
+    let l = v2 >> vec4<u32>(4u);
+    return Blk(nib4(v2.x) * d0 + hi.q0, nib4(v2.y) * d0 + hi.q1, nib4(v2.z) * d0 + hi.q2,
+        nib4(v2.w) * d0 + hi.q3, nib4(l.x) * d1 + hi.q4, nib4(l.y) * d1 + hi.q5,
+        nib4(l.z) * d1 + hi.q6, nib4(l.w) * d1 + hi.q7);
+}
+#endif
+
+// Block b of the weight bound as `wq` (quants at word p.qs); likewise W2 and W3.
+fn load_blk(b: u32) -> Blk {
+    let i = blk_idx(b, p.qs);
+    let v0 = wq[i.x];
+    let v1 = wq[i.y];
+#if RD3
+    let v2 = wq[i.z];
+#else
+    let v2 = v1;
+#endif
+#if RD4
+    let v3 = wq[i.w];
+#else
+    let v3 = v1;
+#endif
+    return decode(b, v0, v1, v2, v3);
 }
 
 #if W2
 fn load_blk2(b: u32) -> Blk {
-    let si = scale_index(b);
-    let qi = (p.qs2 >> 2u) + b * QV;
-    let v0 = wq2[qi];
-#if W_Q8_0
-    let v1 = wq2[qi + 1u];
+    let i = blk_idx(b, p.qs2);
+    let v0 = wq2[i.x];
+    let v1 = wq2[i.y];
+#if RD3
+    let v2 = wq2[i.z];
 #else
-    let v1 = v0;
+    let v2 = v1;
 #endif
-    return decode(b, wq2[si >> 2u][si & 3u], v0, v1);
+#if RD4
+    let v3 = wq2[i.w];
+#else
+    let v3 = v1;
+#endif
+    return decode(b, v0, v1, v2, v3);
 }
 #endif
 
 #if QKV
 fn load_blk3(b: u32) -> Blk {
-    let si = scale_index(b);
-    let qi = (p.qs3 >> 2u) + b * QV;
-    let v0 = wq3[qi];
-#if W_Q8_0
-    let v1 = wq3[qi + 1u];
+    let i = blk_idx(b, p.qs3);
+    let v0 = wq3[i.x];
+    let v1 = wq3[i.y];
+#if RD3
+    let v2 = wq3[i.z];
 #else
-    let v1 = v0;
+    let v2 = v1;
 #endif
-    return decode(b, wq3[si >> 2u][si & 3u], v0, v1);
+#if RD4
+    let v3 = wq3[i.w];
+#else
+    let v3 = v1;
+#endif
+    return decode(b, v0, v1, v2, v3);
 }
 
 // Block `blk` of row r of the stacked [W; W2; W3].

@@ -1,6 +1,6 @@
 // Weight loaders shared by matmul and embedding. A weight chunk is [rows, k] in one of the
 // dtypes below; `qs` is the word offset of the quants for the block formats (their scales come
-// first, see quant.rs). The including kernel sets W_BINDING and one of the W_* switches.
+// first, see quant/layout.rs). The including kernel sets W_BINDING and one of the W_* switches.
 
 struct W8 {
     a: vec4<f32>,
@@ -114,5 +114,132 @@ fn w_unit8(row: u32, u: u32, k: u32, qs: u32) -> W8 {
     let sh = (p / 2u) * 4u;
     let dm = unpack2x16float(w[b]);
     return W8(nib4(w[base] >> sh) * dm.x + dm.y, nib4(w[base + 1u] >> sh) * dm.x + dm.y);
+}
+#endif
+
+#if W_BF16
+@group(0) @binding({{W_BINDING}}) var<storage, read> w: array<u32>;
+// bf16 is the top half of an f32.
+fn w_at(row: u32, col: u32, k: u32, qs: u32) -> f32 {
+    let i = row * k + col;
+    return bitcast<f32>(((w[i >> 1u] >> (16u * (i & 1u))) & 0xffffu) << 16u);
+}
+#endif
+
+#if W_SUB
+// The 5-bit formats and the K-quants, decoded four elements at a time from the regrouped
+// device layout of quant/layout.rs. `b` numbers 32-element sub-blocks through the chunk
+// (super-block b / 8, sub-block b % 8 of it for the K-quants), `c` (0..8) picks elements
+// 4c..4c+3 of the sub-block: nibble word c % 4 (high nibbles for c >= 4), 2-bit word
+// c / 4 at bit 2 (c % 4), high bits 4c..4c+3.
+fn two4(x: u32) -> vec4<f32> {
+    return vec4<f32>(vec4<u32>(x, x >> 8u, x >> 16u, x >> 24u) & vec4<u32>(3u));
+}
+fn bit4(x: u32) -> vec4<f32> {
+    return vec4<f32>(vec4<u32>(x, x >> 1u, x >> 2u, x >> 3u) & vec4<u32>(1u));
+}
+// Byte j of the words from `at` on.
+fn byte_at(at: u32, j: u32) -> u32 {
+    return (w[at + j / 4u] >> (8u * (j % 4u))) & 0xffu;
+}
+
+fn w_at(row: u32, col: u32, k: u32, qs: u32) -> f32 {
+    let i = col % 32u;
+    return q4v(row * (k / 32u) + col / 32u, i / 4u, qs)[i % 4u];
+}
+fn w_unit8(row: u32, u: u32, k: u32, qs: u32) -> W8 {
+    let b = row * (k / 32u) + u / 4u;
+    let c = (u % 4u) * 2u;
+    return W8(q4v(b, c, qs), q4v(b, c + 1u, qs));
+}
+#endif
+
+#if W_Q5_0
+fn q4v(b: u32, c: u32, qs: u32) -> vec4<f32> {
+    let h = 3u * (b >> 1u);
+    let d = unpack2x16float(w[h])[b & 1u];
+    let q = nib4(w[qs + b * 4u + c % 4u] >> (4u * (c / 4u))) + 16.0 * bit4(w[h + 1u + (b & 1u)] >> (4u * c));
+    return d * (q - 16.0);
+}
+#endif
+
+#if W_Q5_1
+fn q4v(b: u32, c: u32, qs: u32) -> vec4<f32> {
+    let dm = unpack2x16float(w[2u * b]);
+    let q = nib4(w[qs + b * 4u + c % 4u] >> (4u * (c / 4u))) + 16.0 * bit4(w[2u * b + 1u] >> (4u * c));
+    return dm.x * q + dm.y;
+}
+#endif
+
+#if W_Q2_K
+fn q4v(b: u32, c: u32, qs: u32) -> vec4<f32> {
+    let sb = b / 8u;
+    let s = b % 8u;
+    let dm = unpack2x16float(w[sb]);
+    let base = qs + sb * 20u;
+    let sc = byte_at(base, 2u * s + c / 4u);
+    let dl = dm.x * f32(sc & 0xfu);
+    let ml = dm.y * f32(sc >> 4u);
+    return dl * two4(w[base + 4u + 2u * s + c / 4u] >> (2u * (c % 4u))) - ml;
+}
+#endif
+
+#if W_Q3_K
+fn q4v(b: u32, c: u32, qs: u32) -> vec4<f32> {
+    let sb = b / 8u;
+    let s = b % 8u;
+    let h = 4u * sb;
+    let d = unpack2x16float(w[h + 3u]).x;
+    let i = 2u * s + c / 4u;
+    let low = (byte_at(h, i % 8u) >> (4u * (i / 8u))) & 0xfu;
+    let high = (byte_at(h, 8u + i % 4u) >> (2u * (i / 4u))) & 3u;
+    let dl = d * f32(i32(low | (high << 4u)) - 32);
+    let base = qs + sb * 24u;
+    let lo = two4(w[base + 8u + 2u * s + c / 4u] >> (2u * (c % 4u)));
+    // A clear high bit subtracts 4.
+    let hi = bit4(w[base + s] >> (4u * c));
+    return dl * (lo - 4.0 * (1.0 - hi));
+}
+#endif
+
+#if W_Q45_K
+// Scale and min j (0..8) of the 12 packed bytes at word `at`.
+fn scale_min(at: u32, j: u32) -> vec2<f32> {
+    if (j < 4u) {
+        return vec2<f32>(f32(byte_at(at, j) & 63u), f32(byte_at(at, j + 4u) & 63u));
+    }
+    let sc = (byte_at(at, j + 4u) & 0xfu) | ((byte_at(at, j - 4u) >> 6u) << 4u);
+    let m = (byte_at(at, j + 4u) >> 4u) | ((byte_at(at, j) >> 6u) << 4u);
+    return vec2<f32>(f32(sc), f32(m));
+}
+fn q4v(b: u32, c: u32, qs: u32) -> vec4<f32> {
+    let sb = b / 8u;
+    let s = b % 8u;
+    let dm = unpack2x16float(w[4u * sb]);
+    let scm = scale_min(4u * sb + 1u, s);
+    let d1 = dm.x * scm.x;
+    let m1 = dm.y * scm.y;
+#if W_Q5_K
+    let base = qs + sb * 40u;
+    let q = nib4(w[base + 8u + 4u * s + c % 4u] >> (4u * (c / 4u))) + 16.0 * bit4(w[base + s] >> (4u * c));
+#else
+    let q = nib4(w[qs + sb * 32u + 4u * s + c % 4u] >> (4u * (c / 4u)));
+#endif
+    return d1 * q - m1;
+}
+#endif
+
+#if W_Q6_K
+fn q4v(b: u32, c: u32, qs: u32) -> vec4<f32> {
+    let sb = b / 8u;
+    let s = b % 8u;
+    let d = unpack2x16float(w[sb >> 1u])[sb & 1u];
+    let base = qs + sb * 52u;
+    let i = 2u * s + c / 4u;
+    let sc = bitcast<i32>(w[base + i / 4u] << (24u - 8u * (i % 4u))) >> 24u;
+    let dl = d * f32(sc);
+    let lo = nib4(w[base + 4u + 4u * s + c % 4u] >> (4u * (c / 4u)));
+    let hi = two4(w[base + 36u + 2u * s + c / 4u] >> (2u * (c % 4u)));
+    return dl * (lo + 16.0 * hi - 32.0);
 }
 #endif

@@ -1,8 +1,8 @@
-//! `embedding`: gather rows of an F32/F16/Q8_0/Q4_0/Q4_1 table by token id.
+//! `embedding`: gather rows of a table of any float or GGUF block dtype by token id.
 
 use bytemuck::{Pod, Zeroable};
 
-use super::{R2W, host_row, require_dtype, weight_defines};
+use super::{R2W, WEIGHT_DTYPES, host_row, require_dtype, weight_defines};
 use crate::gpu::KernelDef;
 use crate::tensor::Storage;
 use crate::{DType, Recorder, Result, Tensor, TensorError};
@@ -35,18 +35,7 @@ impl Recorder {
     /// table's row count.
     pub fn embedding(&mut self, table: &Tensor, ids: &[u32]) -> Result<Tensor> {
         const OP: &str = "embedding";
-        require_dtype(
-            OP,
-            "the table",
-            table,
-            &[
-                DType::F32,
-                DType::F16,
-                DType::Q8_0,
-                DType::Q4_0,
-                DType::Q4_1,
-            ],
-        )?;
+        require_dtype(OP, "the table", table, WEIGHT_DTYPES)?;
         self.check_device(OP, &[table])?;
         if table.shape().len() != 2 {
             return Err(TensorError::Shape {

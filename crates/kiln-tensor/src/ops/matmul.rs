@@ -1,4 +1,5 @@
-//! `matmul`: Y[m, n] = X[m, k] · W[n, k]ᵀ (+ bias), W in F32/F16/Q8_0/Q4_0/Q4_1.
+//! `matmul`: Y[m, n] = X[m, k] · W[n, k]ᵀ (+ bias), W in any float or GGUF block dtype
+//! (`WEIGHT_DTYPES`).
 //!
 //! Up to [`MATVEC_MAX_M`] rows of X take the matrix-vector kernel (decode: every weight read
 //! once, eight threads a row); more take the 32×32 tiled kernel (prefill). A weight split into
@@ -8,7 +9,7 @@ use std::sync::Arc;
 
 use bytemuck::{Pod, Zeroable};
 
-use super::{R2W, dot, host_f32, host_row, require_dtype, weight_defines};
+use super::{R2W, WEIGHT_DTYPES, dot, host_f32, host_row, require_dtype, weight_defines};
 use crate::gpu::{Access, GpuContext, KernelDef};
 use crate::recorder::Bind;
 use crate::tensor::Storage;
@@ -146,14 +147,6 @@ struct Params {
     qs: u32,
     _pad: [u32; 2],
 }
-
-const WEIGHT_DTYPES: &[DType] = &[
-    DType::F32,
-    DType::F16,
-    DType::Q8_0,
-    DType::Q4_0,
-    DType::Q4_1,
-];
 
 impl Recorder {
     /// Y = X · Wᵀ (+ bias). X is F32 `[.., k]`, W is `[n, k]`, bias F32 `[n]`; Y is

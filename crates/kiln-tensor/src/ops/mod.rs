@@ -40,21 +40,60 @@ pub(crate) fn subgroup_defines(subgroups: bool) -> Vec<(&'static str, String)> {
     }
 }
 
-/// `(define, value)` switches selecting a weight dtype in `weights.wgsl`.
+/// The dtypes matmul weights and embedding tables may have.
+pub(crate) const WEIGHT_DTYPES: &[DType] = &[
+    DType::F32,
+    DType::F16,
+    DType::BF16,
+    DType::Q8_0,
+    DType::Q4_0,
+    DType::Q4_1,
+    DType::Q5_0,
+    DType::Q5_1,
+    DType::Q2_K,
+    DType::Q3_K,
+    DType::Q4_K,
+    DType::Q5_K,
+    DType::Q6_K,
+];
+
+/// `(define, value)` switches selecting a weight dtype in `weights.wgsl` and
+/// `matmul_rows.wgsl`: the dtype's own switch, the family switches (`W_FLOAT`, `W_QUANT`,
+/// `W_SUB` for the formats decoded four elements at a time, `W_Q45_K`), and `RD3`/`RD4`, how
+/// many 16-byte reads `matmul_rows.wgsl` makes a block.
 pub(crate) fn weight_defines(dtype: DType, binding: u32) -> Vec<(&'static str, String)> {
-    let name = match dtype {
-        DType::F32 => "W_F32",
-        DType::F16 => "W_F16",
-        DType::Q8_0 => "W_Q8_0",
-        DType::Q4_0 => "W_Q4_0",
-        _ => "W_Q4_1",
+    let (name, reads) = match dtype {
+        DType::F32 => ("W_F32", 0),
+        DType::F16 => ("W_F16", 0),
+        DType::BF16 => ("W_BF16", 0),
+        DType::Q8_0 => ("W_Q8_0", 3),
+        DType::Q4_0 => ("W_Q4_0", 2),
+        DType::Q4_1 => ("W_Q4_1", 2),
+        DType::Q5_0 => ("W_Q5_0", 3),
+        DType::Q5_1 => ("W_Q5_1", 2),
+        DType::Q2_K => ("W_Q2_K", 3),
+        DType::Q3_K => ("W_Q3_K", 3),
+        DType::Q4_K => ("W_Q4_K", 2),
+        DType::Q5_K => ("W_Q5_K", 3),
+        DType::Q6_K => ("W_Q6_K", 4),
+        // Rejected by the ops' dtype checks before any launch.
+        DType::U32 | DType::I32 => ("W_F32", 0),
     };
     let mut d = vec![(name, "1".to_string()), ("W_BINDING", binding.to_string())];
-    d.push(if dtype.is_quantized() {
-        ("W_QUANT", "1".into())
+    if dtype.is_quantized() {
+        d.push(("W_QUANT", "1".into()));
     } else {
-        ("W_FLOAT", "1".into())
-    });
+        d.push(("W_FLOAT", "1".into()));
+    }
+    let sub = !matches!(dtype, DType::Q8_0 | DType::Q4_0 | DType::Q4_1);
+    if dtype.is_quantized() && sub {
+        d.push(("W_SUB", "1".into()));
+    }
+    if matches!(dtype, DType::Q4_K | DType::Q5_K) {
+        d.push(("W_Q45_K", "1".into()));
+    }
+    d.push(("RD3", u32::from(reads >= 3).to_string()));
+    d.push(("RD4", u32::from(reads >= 4).to_string()));
     d
 }
 
@@ -111,6 +150,12 @@ pub(crate) fn host_row(w: &Tensor, row: usize, out: &mut [f32]) -> Result<()> {
             let b = &h.bytes()[row * k * 2..(row + 1) * k * 2];
             for (o, c) in out.iter_mut().zip(b.chunks_exact(2)) {
                 *o = half::f16::from_le_bytes([c[0], c[1]]).to_f32();
+            }
+        }
+        DType::BF16 => {
+            let b = &h.bytes()[row * k * 2..(row + 1) * k * 2];
+            for (o, c) in out.iter_mut().zip(b.chunks_exact(2)) {
+                *o = half::bf16::from_le_bytes([c[0], c[1]]).to_f32();
             }
         }
         d if d.is_quantized() => {

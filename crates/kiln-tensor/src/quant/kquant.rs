@@ -34,7 +34,8 @@ pub(crate) fn dequantize_block(dtype: DType, blk: &[u8], out: &mut [f32]) {
             } else {
                 (0.0, 2)
             };
-            let qh = u32::from_le_bytes([blk[qh_at], blk[qh_at + 1], blk[qh_at + 2], blk[qh_at + 3]]);
+            let qh =
+                u32::from_le_bytes([blk[qh_at], blk[qh_at + 1], blk[qh_at + 2], blk[qh_at + 3]]);
             let qs = &blk[qh_at + 4..qh_at + 20];
             for j in 0..16 {
                 let lo = u32::from(qs[j] & 0x0f) | (((qh >> j) & 1) << 4);

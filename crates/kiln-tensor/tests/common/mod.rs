@@ -5,7 +5,7 @@
 
 use std::sync::OnceLock;
 
-use kiln_tensor::{BackendChoice, Device, DeviceOptions};
+use kiln_tensor::{BackendChoice, DType, Device, DeviceOptions};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -119,4 +119,38 @@ pub fn assert_close(what: &str, got: &[f32], want: &[f32], atol: f32, rtol: f32)
             worst = (i, err);
         }
     }
+}
+
+/// `n_blocks` blocks of the GGUF format `dtype` made of random bytes, with random finite f16
+/// scales small enough that every value lies within about ±1 (BF16: random values in ±1).
+/// Covers every quant bit pattern, which a quantizer's output would not.
+pub fn random_blocks(r: &mut StdRng, dtype: DType, n_blocks: usize) -> Vec<u8> {
+    if dtype == DType::BF16 {
+        return (0..n_blocks)
+            .flat_map(|_| half::bf16::from_f32(r.random_range(-1.0f32..1.0)).to_le_bytes())
+            .collect();
+    }
+    // (byte offset, bound) of each f16 field: bound·(largest quant·scale product) ≈ 1.
+    let fields: &[(usize, f32)] = match dtype {
+        DType::Q8_0 | DType::Q4_0 => &[(0, 1.0 / 128.0)],
+        DType::Q4_1 => &[(0, 1.0 / 30.0), (2, 0.5)],
+        DType::Q5_0 => &[(0, 1.0 / 16.0)],
+        DType::Q5_1 => &[(0, 1.0 / 62.0), (2, 0.5)],
+        DType::Q2_K => &[(80, 1.0 / 45.0), (82, 1.0 / 30.0)],
+        DType::Q3_K => &[(108, 1.0 / 128.0)],
+        DType::Q4_K => &[(0, 1.0 / 945.0), (2, 1.0 / 126.0)],
+        DType::Q5_K => &[(0, 1.0 / 1953.0), (2, 1.0 / 126.0)],
+        DType::Q6_K => &[(208, 1.0 / 4096.0)],
+        d => panic!("{d:?} is not a block format"),
+    };
+    let bb = dtype.block_bytes();
+    let mut out = vec![0u8; n_blocks * bb];
+    r.fill(&mut out[..]);
+    for blk in out.chunks_exact_mut(bb) {
+        for &(at, bound) in fields {
+            let v = half::f16::from_f32(r.random_range(-1.0f32..1.0) * bound);
+            blk[at..at + 2].copy_from_slice(&v.to_le_bytes());
+        }
+    }
+    out
 }
