@@ -5,8 +5,14 @@
 //! - `dispatch/*`: the cost of one kernel launch (100 tiny launches in one submit) and of one
 //!   submit-and-wait round trip.
 //!
-//! Shapes: SmolLM2-135M's projections (576×1536, 1536×576), its LM head (49152×576), and a 7B
-//! MLP projection (11008×4096). Every iteration waits for the queue before the clock stops.
+//! Shapes: SmolLM2-135M's projections (576×1536, 1536×576), its LM head (49152×576), Gemma 3
+//! 270M's down projection (640×2048), and a 7B MLP projection (11008×4096); a format runs on
+//! the shapes whose rows are whole blocks of it (K-quants: multiples of 256). Every iteration
+//! waits for the queue before the clock stops.
+//!
+//! Weights: F32/F16/BF16 and Q8_0/Q4_0/Q4_1 from the same values; the formats kiln only reads
+//! (Q5_0, Q5_1, K-quants) from random blocks with small finite scales (speed does not depend
+//! on the values).
 //!
 //! Run: `cargo bench -p kiln-benches --bench kernels` (filter with e.g. `-- matvec/Q4_1`).
 
@@ -28,19 +34,52 @@ fn device() -> Device {
     }
 }
 
-const SHAPES: [(&str, usize, usize); 4] = [
+const SHAPES: [(&str, usize, usize); 5] = [
     ("smollm_up_576x1536", 1536, 576),
     ("smollm_down_1536x576", 576, 1536),
     ("smollm_lm_head_49152x576", 49152, 576),
+    ("gemma_down_2048x640", 640, 2048),
     ("7b_mlp_4096x11008", 11008, 4096),
 ];
-const DTYPES: [DType; 5] = [
+const DTYPES: [DType; 13] = [
     DType::F32,
     DType::F16,
+    DType::BF16,
     DType::Q8_0,
     DType::Q4_0,
     DType::Q4_1,
+    DType::Q5_0,
+    DType::Q5_1,
+    DType::Q2_K,
+    DType::Q3_K,
+    DType::Q4_K,
+    DType::Q5_K,
+    DType::Q6_K,
 ];
+
+/// `n_blocks` GGUF blocks of `dtype` from a fixed hash, with every f16 scale field set to a
+/// small finite value.
+fn blocks(dtype: DType, n_blocks: usize) -> Vec<u8> {
+    let bb = dtype.block_bytes();
+    let scales: &[usize] = match dtype {
+        DType::Q5_0 => &[0],
+        DType::Q5_1 | DType::Q4_K | DType::Q5_K => &[0, 2],
+        DType::Q2_K => &[80, 82],
+        DType::Q3_K => &[108],
+        DType::Q6_K => &[208],
+        _ => &[],
+    };
+    let small = half::f16::from_f32(1e-3).to_le_bytes();
+    let mut out: Vec<u8> = (0..n_blocks * bb)
+        .map(|i| (i.wrapping_mul(2654435761) >> 13) as u8)
+        .collect();
+    for blk in out.chunks_exact_mut(bb) {
+        for &at in scales {
+            blk[at..at + 2].copy_from_slice(&small);
+        }
+    }
+    out
+}
 
 fn weight(dev: &Device, dtype: DType, n: usize, k: usize) -> Tensor {
     let v: Vec<f32> = (0..n * k)
@@ -55,7 +94,15 @@ fn weight(dev: &Device, dtype: DType, n: usize, k: usize) -> Tensor {
                 .map(|&x| half::f16::from_f32(x))
                 .collect::<Vec<_>>(),
         ),
-        q => Tensor::quantize_f32(dev, q, &[n, k], &v),
+        DType::BF16 => Tensor::from_bf16(
+            dev,
+            &[n, k],
+            &v.iter()
+                .map(|&x| half::bf16::from_f32(x))
+                .collect::<Vec<_>>(),
+        ),
+        DType::Q8_0 | DType::Q4_0 | DType::Q4_1 => Tensor::quantize_f32(dev, dtype, &[n, k], &v),
+        q => Tensor::from_bytes(dev, q, &[n, k], &blocks(q, n * k / q.block_elems())),
     };
     t.unwrap_or_else(|e| {
         eprintln!("kernels bench: upload failed: {e}");
@@ -90,6 +137,9 @@ fn bench_matmul(c: &mut Criterion, name: &str, m: usize) {
         let x = Tensor::from_f32(&dev, &[m, k], &vec![0.01; m * k])
             .unwrap_or_else(|e| panic_free_exit(&e));
         for dtype in DTYPES {
+            if !k.is_multiple_of(dtype.block_elems()) {
+                continue;
+            }
             // The 7B projection in f32 is 180 MB: it exercises split bindings on lavapipe.
             let w = weight(&dev, dtype, n, k);
             g.throughput(if m == 1 {
