@@ -150,15 +150,13 @@ fn decode(b: u32, v0: vec4<u32>, v1: vec4<u32>, v2: vec4<u32>, v3: vec4<u32>) ->
 }
 #endif
 #if W_Q5_0
-// Heads: [d0|d1, qh0, qh1] a pair of blocks.
 fn blk_idx(b: u32, qs: u32) -> vec4<u32> {
-    let h = 3u * (b >> 1u);
-    return vec4<u32>(h >> 2u, (qs >> 2u) + b, (h + 1u + (b & 1u)) >> 2u, 0u);
+    return vec4<u32>(b >> 1u, (qs >> 2u) + b, 0u, 0u);
 }
 fn decode(b: u32, v0: vec4<u32>, v1: vec4<u32>, v2: vec4<u32>, v3: vec4<u32>) -> Blk {
-    let h = 3u * (b >> 1u);
-    let d = unpack2x16float(v0[h & 3u])[b & 1u];
-    return q5_blk(v1, v2[(h + 1u + (b & 1u)) & 3u], d, -16.0 * d);
+    let o = 2u * (b & 1u);
+    let d = unpack2x16float(v0[o]).x;
+    return q5_blk(v1, v0[o + 1u], d, -16.0 * d);
 }
 #endif
 #if W_Q5_1

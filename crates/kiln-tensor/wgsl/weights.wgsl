@@ -156,9 +156,8 @@ fn w_unit8(row: u32, u: u32, k: u32, qs: u32) -> W8 {
 
 #if W_Q5_0
 fn q4v(b: u32, c: u32, qs: u32) -> vec4<f32> {
-    let h = 3u * (b >> 1u);
-    let d = unpack2x16float(w[h])[b & 1u];
-    let q = nib4(w[qs + b * 4u + c % 4u] >> (4u * (c / 4u))) + 16.0 * bit4(w[h + 1u + (b & 1u)] >> (4u * c));
+    let d = unpack2x16float(w[2u * b]).x;
+    let q = nib4(w[qs + b * 4u + c % 4u] >> (4u * (c / 4u))) + 16.0 * bit4(w[2u * b + 1u] >> (4u * c));
     return d * (q - 16.0);
 }
 #endif

@@ -69,7 +69,7 @@ pub(crate) fn weight_defines(dtype: DType, binding: u32) -> Vec<(&'static str, S
         DType::Q8_0 => ("W_Q8_0", 3),
         DType::Q4_0 => ("W_Q4_0", 2),
         DType::Q4_1 => ("W_Q4_1", 2),
-        DType::Q5_0 => ("W_Q5_0", 3),
+        DType::Q5_0 => ("W_Q5_0", 2),
         DType::Q5_1 => ("W_Q5_1", 2),
         DType::Q2_K => ("W_Q2_K", 3),
         DType::Q3_K => ("W_Q3_K", 3),
