@@ -156,6 +156,9 @@ static ATTN_ROWS_I8: KernelDef = KernelDef {
 /// Largest head_dim the attention kernel handles (its query row lives in workgroup memory).
 pub const MAX_HEAD_DIM: usize = 256;
 
+/// The largest head the one-invocation-per-head kernel of CPU-type adapters takes.
+const ROWS_MAX_HEAD_DIM: usize = 128;
+
 #[repr(C)]
 #[derive(Clone, Copy, Pod, Zeroable)]
 struct WriteParams {
@@ -529,13 +532,17 @@ impl KvCache {
                     _pad: 0,
                 };
                 // CPU-type adapters take the one-invocation-per-head kernel, whose 16-byte
-                // reads need the head size to be a whole number of them.
+                // reads need the head size to be a whole number of them. Up to head_dim 128:
+                // at 256 (Gemma 3) lavapipe computed wrong outputs for queries that read 499
+                // or more keys (exact below that, and at 128 up to 1,008 keys; cause not found,
+                // `long_windowed_prefill_matches_reference` pins it), so those heads take the
+                // workgroup kernel, which is exact there.
                 let per_read = match self.cfg.dtype {
                     KvDtype::F32 => 4,
                     KvDtype::F16 => 8,
                     KvDtype::Int8 => 16,
                 };
-                if self.cpu_adapter && hd.is_multiple_of(per_read) && hd <= 256 {
+                if self.cpu_adapter && hd.is_multiple_of(per_read) && hd <= ROWS_MAX_HEAD_DIM {
                     let work = batch.tokens * attn.heads;
                     let groups = work.div_ceil(8) as u32;
                     let defines = [dtype_define(self.cfg.dtype), ("HEAD_DIM", hd.to_string())];

@@ -271,6 +271,54 @@ fn paged_attention_matches_contiguous_reference() {
     }
 }
 
+/// Gemma 3's shape: head_dim 256, one KV head for four query heads, an 850-token prompt in one
+/// chunk beside a decode, with and without a 512-token window (longer than a 64-key tile and
+/// than the window, so keys are skipped at both ends).
+#[test]
+fn long_windowed_prefill_matches_reference() {
+    let mut r = StdRng::seed_from_u64(11);
+    let (kv_heads, heads, head_dim) = (1, 4, 256);
+    for window in [None, Some(512), Some(40)] {
+        let mut free: Vec<BlockId> = (0..BLOCKS as u32).map(BlockId).collect();
+        free.shuffle(&mut r);
+        let mut seqs = Vec::new();
+        for (context, query) in [(850, 850), (150, 1)] {
+            let table: Vec<BlockId> = free.drain(..usize::div_ceil(context, BS)).collect();
+            seqs.push(Seq {
+                table,
+                context,
+                query,
+                k: randv(&mut r, context * kv_heads * head_dim),
+                v: randv(&mut r, context * kv_heads * head_dim),
+                q: randv(&mut r, query * heads * head_dim),
+            });
+        }
+        let c = Case {
+            kv_heads,
+            heads,
+            head_dim,
+            window,
+            seqs,
+        };
+        let exact = reference(&c, false);
+        assert_close(
+            &format!("cpu f32 window={window:?}"),
+            &run(&Device::cpu(), &c, KvDtype::F32),
+            &exact,
+            2e-5,
+        );
+        for g in &gpus() {
+            let what = format!("window={window:?} cpu-shaped={}", g.cpu_shaped_kernels());
+            assert_close(
+                &format!("wgpu f32 {what}"),
+                &run(g, &c, KvDtype::F32),
+                &exact,
+                2e-5,
+            );
+        }
+    }
+}
+
 #[test]
 fn bad_batches_are_errors() {
     let dev = gpu().unwrap_or(Device::cpu());
