@@ -156,8 +156,31 @@ static ATTN_ROWS_I8: KernelDef = KernelDef {
 /// Largest head_dim the attention kernel handles (its query row lives in workgroup memory).
 pub const MAX_HEAD_DIM: usize = 256;
 
-/// The largest head the one-invocation-per-head kernel of CPU-type adapters takes.
-const ROWS_MAX_HEAD_DIM: usize = 128;
+/// The most keys one query may read in the one-invocation-per-head kernel of CPU-type
+/// adapters: llvmpipe ends a loop nest after 65,535 iterations (the key loop, with the per-key
+/// work unrolled), silently, so a longer context takes the workgroup kernel.
+const ROWS_MAX_KEYS: usize = 65_000;
+
+/// The rows kernel's per-key work, unrolled over the head (`K_DOT`: the score `s` of K row
+/// `row` against `qv`; `V_ACC`: `acc` rescaled by `alpha` plus `pj` × V row `row`), for
+/// `per_read` elements per 16-byte read.
+fn rows_unrolled(head_dim: usize, per_read: usize) -> [(&'static str, String); 2] {
+    const PARTS: [&str; 4] = ["a", "b", "c", "d"];
+    let vec4s = per_read / 4;
+    let (mut k, mut v) = (String::new(), String::new());
+    for c in 0..head_dim / per_read {
+        k += &format!("        {{\n            let k = k_part(row, {c}u);\n");
+        v += &format!("        {{\n            let v = v_part(row, {c}u);\n");
+        for (j, part) in PARTS.iter().enumerate().take(vec4s) {
+            let i = c * vec4s + j;
+            k += &format!("            s += dot(qv[{i}], k.{part});\n");
+            v += &format!("            acc[{i}] = acc[{i}] * alpha + pj * v.{part};\n");
+        }
+        k += "        }\n";
+        v += "        }\n";
+    }
+    [("K_DOT", k), ("V_ACC", v)]
+}
 
 #[repr(C)]
 #[derive(Clone, Copy, Pod, Zeroable)]
@@ -532,20 +555,32 @@ impl KvCache {
                     _pad: 0,
                 };
                 // CPU-type adapters take the one-invocation-per-head kernel, whose 16-byte
-                // reads need the head size to be a whole number of them. Up to head_dim 128:
-                // at 256 (Gemma 3) lavapipe computed wrong outputs for queries that read 499
-                // or more keys (exact below that, and at 128 up to 1,008 keys; cause not found,
-                // `long_windowed_prefill_matches_reference` pins it), so those heads take the
-                // workgroup kernel, which is exact there.
+                // reads need the head size to be a whole number of them, while no query
+                // reads more keys than its one loop may run (`ROWS_MAX_KEYS`).
                 let per_read = match self.cfg.dtype {
                     KvDtype::F32 => 4,
                     KvDtype::F16 => 8,
                     KvDtype::Int8 => 16,
                 };
-                if self.cpu_adapter && hd.is_multiple_of(per_read) && hd <= ROWS_MAX_HEAD_DIM {
+                let longest = batch
+                    .info
+                    .iter()
+                    .skip(1)
+                    .step_by(2)
+                    .map(|&pos| pos as usize + 1)
+                    .max()
+                    .unwrap_or(0)
+                    .min(attn.window.unwrap_or(usize::MAX));
+                if self.cpu_adapter && hd.is_multiple_of(per_read) && longest <= ROWS_MAX_KEYS {
                     let work = batch.tokens * attn.heads;
                     let groups = work.div_ceil(8) as u32;
-                    let defines = [dtype_define(self.cfg.dtype), ("HEAD_DIM", hd.to_string())];
+                    let [k_dot, v_acc] = rows_unrolled(hd, per_read);
+                    let defines = [
+                        dtype_define(self.cfg.dtype),
+                        ("HEAD_DIM", hd.to_string()),
+                        k_dot,
+                        v_acc,
+                    ];
                     match &l.scales {
                         Some([ks, vs]) => rec.launch(
                             &ATTN_ROWS_I8,

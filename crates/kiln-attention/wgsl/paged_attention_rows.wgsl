@@ -3,6 +3,7 @@
 // online softmax, holding Q and the output row in registers. Compilers there run
 // invocations as SIMD lanes and turn each storage read into a per-lane loop, so K and V rows
 // are read 16 bytes at a time and there are no workgroup barriers or shared-memory tiles.
+// A query reads at most 65,535 keys here (the launcher checks; llvmpipe's loop cap).
 
 struct Params {
     tokens: u32,
@@ -122,35 +123,15 @@ fn main(
         let slot = tables[table + j / p.block_size] * p.block_size + j % p.block_size;
         let row = slot * p.kv_heads + kvh;
         var s = 0.0;
-        for (var c = 0u; c < NL; c++) {
-            let k = k_part(row, c);
-            let i = c * VPL;
-            s += dot(qv[i], k.a);
-            if (VPL > 1u) {
-                s += dot(qv[i + 1u], k.b);
-            }
-            if (VPL > 2u) {
-                s += dot(qv[i + 2u], k.c) + dot(qv[i + 3u], k.d);
-            }
-        }
-        // exp(-inf) = 0 rescales nothing on the first key.
+        // K·Q and the V update are unrolled by the launcher (`K_DOT`, `V_ACC`): llvmpipe
+        // caps the iterations of one outermost loop nest at 65,535, so per-dimension loops
+        // inside this one would cut a query's keys short (at head_dim 256, after 499 keys).
+{{K_DOT}}        // exp(-inf) = 0 rescales nothing on the first key.
         let m_new = max(m, s);
         let alpha = exp(m - m_new);
         let pj = exp(s - m_new);
         l = l * alpha + pj;
-        for (var c = 0u; c < NL; c++) {
-            let v = v_part(row, c);
-            let i = c * VPL;
-            acc[i] = acc[i] * alpha + pj * v.a;
-            if (VPL > 1u) {
-                acc[i + 1u] = acc[i + 1u] * alpha + pj * v.b;
-            }
-            if (VPL > 2u) {
-                acc[i + 2u] = acc[i + 2u] * alpha + pj * v.c;
-                acc[i + 3u] = acc[i + 3u] * alpha + pj * v.d;
-            }
-        }
-        m = m_new;
+{{V_ACC}}        m = m_new;
     }
     let inv = 1.0 / l;
     for (var c = 0u; c < D4; c++) {
