@@ -99,6 +99,11 @@ pub enum TokenizerError {
         vocab_size: u32,
     },
     /// A chat template does not compile.
+    /// The model has no chat template and its vocabulary has no ChatML tokens to fall back on.
+    #[error(
+        "the model has no chat template (and no ChatML tokens to fall back on): pass one with --chat-template"
+    )]
+    NoChatTemplate,
     #[error("chat template `{name}` does not compile: {detail}")]
     TemplateSyntax {
         /// Where the template came from.

@@ -215,7 +215,9 @@ impl Tokenizer {
         IncrementalDetokenizer::new(self.clone(), options)
     }
 
-    /// Renders `messages` with the model's chat template, or ChatML when it has none.
+    /// Renders `messages` with the model's chat template; a model without one gets ChatML
+    /// only when its vocabulary has ChatML's `<|im_start|>`/`<|im_end|>` tokens (a model
+    /// trained on other markup, Gemma's GGUF say, would get a prompt it never saw).
     pub fn apply_chat_template(
         &self,
         messages: &[ChatMessage],
@@ -223,7 +225,12 @@ impl Tokenizer {
     ) -> Result<String> {
         match &self.inner.chat_template {
             Some(template) => self.render_chat(template, messages, options),
-            None => self.render_chat(&ChatTemplate::chatml()?, messages, options),
+            None if self.token_to_id("<|im_start|>").is_some()
+                && self.token_to_id("<|im_end|>").is_some() =>
+            {
+                self.render_chat(&ChatTemplate::chatml()?, messages, options)
+            }
+            None => Err(TokenizerError::NoChatTemplate),
         }
     }
 

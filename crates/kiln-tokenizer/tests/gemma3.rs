@@ -45,6 +45,13 @@ fn facts_about_gemma3() -> TestResult {
         .collect();
     let want: Vec<u64> = serde_json::from_value(golden["special_added_ids"].clone())?;
     assert_eq!(special, want);
+    // The GGUF has no chat template and Gemma has no ChatML tokens: chatting without
+    // `--chat-template` is an error, not a ChatML prompt the model never saw.
+    assert!(tok.chat_template().is_none());
+    let e = tok
+        .apply_chat_template(&[ChatMessage::new("user", "hi")], &ChatOptions::default())
+        .unwrap_err();
+    assert!(e.to_string().contains("--chat-template"), "{e}");
     // From the model card's example, with the BOS the model expects.
     assert_eq!(
         tok.encode("The capital of Japan is")?,
