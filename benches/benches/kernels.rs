@@ -41,21 +41,7 @@ const SHAPES: [(&str, usize, usize); 5] = [
     ("gemma_down_2048x640", 640, 2048),
     ("7b_mlp_4096x11008", 11008, 4096),
 ];
-const DTYPES: [DType; 13] = [
-    DType::F32,
-    DType::F16,
-    DType::BF16,
-    DType::Q8_0,
-    DType::Q4_0,
-    DType::Q4_1,
-    DType::Q5_0,
-    DType::Q5_1,
-    DType::Q2_K,
-    DType::Q3_K,
-    DType::Q4_K,
-    DType::Q5_K,
-    DType::Q6_K,
-];
+const DTYPES: &[DType] = DType::WEIGHTS;
 
 /// `n_blocks` GGUF blocks of `dtype` from a fixed hash, with every f16 scale field set to a
 /// small finite value.
@@ -136,7 +122,7 @@ fn bench_matmul(c: &mut Criterion, name: &str, m: usize) {
     for (shape, n, k) in SHAPES {
         let x = Tensor::from_f32(&dev, &[m, k], &vec![0.01; m * k])
             .unwrap_or_else(|e| panic_free_exit(&e));
-        for dtype in DTYPES {
+        for &dtype in DTYPES {
             if !k.is_multiple_of(dtype.block_elems()) {
                 continue;
             }

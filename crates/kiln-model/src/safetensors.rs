@@ -347,7 +347,7 @@ pub fn encode_safetensors(
 /// How an HF checkpoint's float weights are turned into device tensors.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct LoadOptions {
-    /// Cast float weights to F16 or F32 (`None`: as stored; BF16 becomes F32).
+    /// Cast float weights to F16 or F32 (`None`: as stored, BF16 included: the kernels read BF16).
     pub dtype: Option<DType>,
     /// Quantize 2-D projection and embedding weights whose rows are a multiple of 32 to
     /// Q8_0/Q4_0/Q4_1 at load (norms and biases stay F32).

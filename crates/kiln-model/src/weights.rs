@@ -100,7 +100,7 @@ pub trait WeightSource {
     /// Whether the weight is present.
     fn has(&self, w: Weight) -> bool;
     /// The weight as a device tensor of shape `shape` in its stored dtype (quantized weights
-    /// stay quantized; BF16 becomes F32).
+    /// stay quantized; BF16 stays BF16).
     fn load(&self, device: &Device, w: Weight, shape: &[usize]) -> Result<Tensor>;
     /// The weight as an F32 device tensor (norms and biases).
     fn load_f32(&self, device: &Device, w: Weight, shape: &[usize]) -> Result<Tensor> {

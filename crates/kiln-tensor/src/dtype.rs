@@ -43,6 +43,23 @@ pub const QK: usize = 32;
 pub const QK_K: usize = 256;
 
 impl DType {
+    /// Every dtype matmul weights and embedding tables may have (all kernel families).
+    pub const WEIGHTS: &'static [DType] = &[
+        DType::F32,
+        DType::F16,
+        DType::BF16,
+        DType::Q8_0,
+        DType::Q4_0,
+        DType::Q4_1,
+        DType::Q5_0,
+        DType::Q5_1,
+        DType::Q2_K,
+        DType::Q3_K,
+        DType::Q4_K,
+        DType::Q5_K,
+        DType::Q6_K,
+    ];
+
     /// True for the block-quantized formats.
     pub fn is_quantized(self) -> bool {
         self.block_elems() > 1

@@ -124,6 +124,7 @@ impl Tensor {
                 got: bytes.len(),
             });
         }
+        crate::quant::check_blocks(dtype, bytes)?;
         match device {
             Device::Cpu => Ok(Self::wrap(
                 shape.to_vec(),

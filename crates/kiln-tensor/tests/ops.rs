@@ -17,21 +17,7 @@ use kiln_tensor::{
 };
 use rand::Rng;
 
-const WEIGHT_DTYPES: [DType; 13] = [
-    DType::F32,
-    DType::F16,
-    DType::BF16,
-    DType::Q8_0,
-    DType::Q4_0,
-    DType::Q4_1,
-    DType::Q5_0,
-    DType::Q5_1,
-    DType::Q2_K,
-    DType::Q3_K,
-    DType::Q4_K,
-    DType::Q5_K,
-    DType::Q6_K,
-];
+const WEIGHT_DTYPES: &[DType] = DType::WEIGHTS;
 
 /// A weight of `dtype` built the same way on both devices from the same f32 values: converted
 /// or quantized where kiln can, else random blocks seeded from the values (the formats kiln
@@ -87,7 +73,7 @@ fn matmul_tol(k: usize) -> f32 {
 #[test]
 fn matmul_matches_cpu_for_every_weight_dtype() {
     let mut r = rng(1);
-    for dtype in WEIGHT_DTYPES {
+    for &dtype in WEIGHT_DTYPES {
         let ks: &[usize] = if dtype.is_k_quant() {
             &[256, 768]
         } else if dtype.is_quantized() {
@@ -137,7 +123,7 @@ fn gelu_tanh64(g: f32) -> f32 {
 #[test]
 fn fused_matmul_epilogues_match_cpu() {
     let mut r = rng(7);
-    for dtype in WEIGHT_DTYPES {
+    for &dtype in WEIGHT_DTYPES {
         let k = if dtype.is_quantized() {
             dtype.block_elems().max(96)
         } else {
@@ -221,7 +207,7 @@ fn fused_matmul_epilogues_match_cpu() {
 #[test]
 fn fused_qkv_matches_three_matmuls() {
     let mut r = rng(8);
-    for dtype in WEIGHT_DTYPES {
+    for &dtype in WEIGHT_DTYPES {
         let k = if dtype.is_quantized() {
             dtype.block_elems().max(64)
         } else {
@@ -352,7 +338,7 @@ fn run_embedding(
 #[test]
 fn embedding_matches_cpu_for_every_table_dtype() {
     let mut r = rng(3);
-    for dtype in WEIGHT_DTYPES {
+    for &dtype in WEIGHT_DTYPES {
         let k = if dtype.is_quantized() {
             dtype.block_elems().max(64)
         } else {

@@ -89,9 +89,10 @@ fn info_explains_the_mixed_attention_kv_cost() {
     assert!(out.contains("18432 bytes per token"), "{out}");
 }
 
-/// A Gemma file without one of its norms: one error line naming the file and tensor, exit 1.
-#[test]
-fn a_missing_gemma_tensor_is_one_clear_error() {
+/// The Gemma file rewritten by `edit` (which may drop a tensor, returning false, or change
+/// its bytes) as `name`, run with `kiln generate`; returns its stderr after checking the
+/// failure is one line naming the file, exit 1, never a panic.
+fn generate_fails_on_edited_copy(name: &str, edit: impl Fn(&str, &mut Vec<u8>) -> bool) -> String {
     let src = kiln_gguf::GgufFile::open(model()).unwrap();
     let bytes = std::fs::read(model()).unwrap();
     let mut w = kiln_gguf::GgufWriter::new();
@@ -99,15 +100,14 @@ fn a_missing_gemma_tensor_is_one_clear_error() {
         w.metadata(k, v.clone());
     }
     for t in src.tensors() {
-        if t.name == "blk.3.post_ffw_norm.weight" {
-            continue;
+        let mut data = src.tensor_data(&bytes, t).unwrap().to_vec();
+        if edit(&t.name, &mut data) {
+            w.tensor(&t.name, &t.dims, t.ggml_type, data);
         }
-        let data = src.tensor_data(&bytes, t).unwrap();
-        w.tensor(&t.name, &t.dims, t.ggml_type, data.to_vec());
     }
-    let dir = std::env::temp_dir().join(format!("kiln-gemma3-missing-{}", std::process::id()));
+    let dir = std::env::temp_dir().join(format!("kiln-gemma3-{name}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("missing-norm.gguf");
+    let path = dir.join(name);
     std::fs::write(&path, w.to_bytes().unwrap()).unwrap();
     let p = path.to_str().unwrap();
     let o = kiln(&[
@@ -122,12 +122,34 @@ fn a_missing_gemma_tensor_is_one_clear_error() {
         "cpu",
     ]);
     let _ = std::fs::remove_dir_all(&dir);
-    let err = String::from_utf8_lossy(&o.stderr);
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
     assert_eq!(o.status.code(), Some(1), "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(!err.contains("panicked") && err.contains(name), "{err}");
+    err
+}
+
+/// A Gemma file without one of its norms: one error line naming the file and tensor, exit 1.
+#[test]
+fn a_missing_gemma_tensor_is_one_clear_error() {
+    let err = generate_fails_on_edited_copy("missing-norm.gguf", |name, _| {
+        name != "blk.3.post_ffw_norm.weight"
+    });
+    assert!(err.contains("blk.3.post_ffw_norm.weight"), "{err}");
+}
+
+/// A K-quant block whose scale is NaN (Q6_K's `d`: the last two bytes of a 210-byte block).
+#[test]
+fn a_corrupted_k_quant_block_is_one_clear_error() {
+    let err = generate_fails_on_edited_copy("nan-scale.gguf", |name, data| {
+        if name == "blk.1.ffn_down.weight" {
+            data[3 * 210 + 208..3 * 210 + 210].copy_from_slice(&0x7e00u16.to_le_bytes());
+        }
+        true
+    });
     assert!(
-        err.contains("missing-norm.gguf") && err.contains("blk.3.post_ffw_norm.weight"),
+        err.contains("blk.1.ffn_down.weight")
+            && err.contains("Q6_K block 3 has a non-finite scale"),
         "{err}"
     );
-    assert_eq!(err.trim().lines().count(), 1, "{err}");
-    assert!(!err.contains("panicked"), "{err}");
 }

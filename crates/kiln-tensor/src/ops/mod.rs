@@ -41,21 +41,7 @@ pub(crate) fn subgroup_defines(subgroups: bool) -> Vec<(&'static str, String)> {
 }
 
 /// The dtypes matmul weights and embedding tables may have.
-pub(crate) const WEIGHT_DTYPES: &[DType] = &[
-    DType::F32,
-    DType::F16,
-    DType::BF16,
-    DType::Q8_0,
-    DType::Q4_0,
-    DType::Q4_1,
-    DType::Q5_0,
-    DType::Q5_1,
-    DType::Q2_K,
-    DType::Q3_K,
-    DType::Q4_K,
-    DType::Q5_K,
-    DType::Q6_K,
-];
+pub(crate) const WEIGHT_DTYPES: &[DType] = DType::WEIGHTS;
 
 /// `(define, value)` switches selecting a weight dtype in `weights.wgsl` and
 /// `matmul_rows.wgsl`: the dtype's own switch, the family switches (`W_FLOAT`, `W_QUANT`,

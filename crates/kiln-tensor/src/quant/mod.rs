@@ -33,6 +33,43 @@ pub(crate) fn f16_at(b: &[u8], at: usize) -> f32 {
     f16::from_le_bytes([b[at], b[at + 1]]).to_f32()
 }
 
+/// Byte offsets of the f16 scale fields (`d`, and `dmin`/`m` where the format has them) in one
+/// host-layout block of `dtype`; empty for unquantized dtypes.
+fn scale_offsets(dtype: DType) -> &'static [usize] {
+    match dtype {
+        DType::Q8_0 | DType::Q4_0 | DType::Q5_0 => &[0],
+        DType::Q4_1 | DType::Q5_1 | DType::Q4_K | DType::Q5_K => &[0, 2],
+        DType::Q2_K => &[80, 82],
+        DType::Q3_K => &[108],
+        DType::Q6_K => &[208],
+        DType::F32 | DType::F16 | DType::BF16 | DType::U32 | DType::I32 => &[],
+    }
+}
+
+/// Checks that every block of `blocks` (host layout, whole blocks) has finite f16 scales: a
+/// NaN or infinite scale is a corrupted file, and would poison every logit it touches.
+pub(crate) fn check_blocks(dtype: DType, blocks: &[u8]) -> Result<()> {
+    let offsets = scale_offsets(dtype);
+    if offsets.is_empty() {
+        return Ok(());
+    }
+    for (i, blk) in blocks.chunks_exact(dtype.block_bytes()).enumerate() {
+        for &at in offsets {
+            let v = f16_at(blk, at);
+            if !v.is_finite() {
+                return Err(TensorError::Invalid {
+                    op: "upload",
+                    detail: format!(
+                        "{dtype:?} block {i} has a non-finite scale ({v} at byte {at} of the \
+                         block): the tensor data is corrupted"
+                    ),
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Dequantize `blocks` (host layout) of `dtype` into `out` (`dtype.block_elems()` values a
 /// block).
 ///
@@ -145,7 +182,23 @@ pub fn quantize(dtype: DType, x: &[f32]) -> Result<Vec<u8>> {
 
 #[cfg(test)]
 mod tests {
+
     use super::*;
+
+    #[test]
+    fn blocks_with_a_non_finite_scale_are_refused() {
+        for (dtype, at) in [(DType::Q4_K, 2), (DType::Q6_K, 208), (DType::Q3_K, 108)] {
+            let mut blocks = vec![0u8; 3 * dtype.block_bytes()];
+            assert!(check_blocks(dtype, &blocks).is_ok());
+            // Block 2's scale becomes +inf (f16 0x7c00), then NaN (0x7e00).
+            for bits in [0x7c00u16, 0x7e00] {
+                let b = 2 * dtype.block_bytes() + at;
+                blocks[b..b + 2].copy_from_slice(&bits.to_le_bytes());
+                let e = check_blocks(dtype, &blocks).unwrap_err().to_string();
+                assert!(e.contains("block 2 has a non-finite scale"), "{e}");
+            }
+        }
+    }
 
     /// Values worked out by hand from raw block bytes.
     #[test]
