@@ -117,17 +117,17 @@ fn gguf_tensor_errors_name_the_file_and_tensor() {
     let e = load(
         &tiny_gguf(|n, d, t| {
             Some(if n == "blk.0.attn_q.weight" {
-                (d, GgmlType(6))
+                (d, GgmlType(16))
             } else {
                 (d, t)
             })
         }),
-        "q5.gguf",
+        "iq2.gguf",
     )
     .unwrap_err();
     assert!(
         e.to_string().contains("blk.0.attn_q.weight")
-            && e.to_string().contains("Q5_0")
+            && e.to_string().contains("IQ2_XXS")
             && e.to_string().contains("not supported"),
         "{e}"
     );
