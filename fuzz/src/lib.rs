@@ -18,6 +18,8 @@ pub fn check_config(cfg: &ModelConfig) {
         assert!(v > 0, "{field} is 0 in {cfg:?}");
     }
     assert_eq!(cfg.heads % cfg.kv_heads, 0, "{cfg:?}");
+    // A panic is how a fuzz target reports a finding: sizes a config accepted must not
+    // overflow what loading computes from them.
     let product = |xs: &[usize]| {
         xs.iter()
             .try_fold(1u64, |a, &x| a.checked_mul(x as u64))

@@ -69,7 +69,8 @@ pub fn model_path(file: &str) -> Result<PathBuf, MissingModel> {
     }
 }
 
-/// The Gemma 3 model for tests: fails the test when it is missing (never a skip).
+/// The Gemma 3 model for tests: fails the test when it is missing (never a skip). Panicking
+/// is the point, as in [`default_model`]: this crate is only a dev-dependency.
 pub fn gemma3_model() -> PathBuf {
     model_path(GEMMA3_GGUF).unwrap_or_else(|e| panic!("{e}"))
 }

@@ -2,26 +2,14 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod common;
+
 use std::process::{Command, Output};
+
+use common::{kiln, stdout};
 
 fn model() -> String {
     kiln_testkit::default_model().display().to_string()
-}
-
-fn kiln(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_kiln"))
-        .args(args)
-        .output()
-        .unwrap()
-}
-
-fn stdout(o: &Output) -> String {
-    assert!(
-        o.status.success(),
-        "kiln failed: {}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-    String::from_utf8(o.stdout.clone()).unwrap()
 }
 
 /// Errors are one line on stderr and a non-zero exit, never a panic.

@@ -5,26 +5,12 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::process::{Command, Output};
+mod common;
+
+use common::{kiln, stdout};
 
 fn model() -> String {
     kiln_testkit::gemma3_model().display().to_string()
-}
-
-fn kiln(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_kiln"))
-        .args(args)
-        .output()
-        .unwrap()
-}
-
-fn stdout(o: &Output) -> String {
-    assert!(
-        o.status.success(),
-        "kiln failed: {}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-    String::from_utf8(o.stdout.clone()).unwrap()
 }
 
 #[test]
