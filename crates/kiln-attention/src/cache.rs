@@ -1,14 +1,15 @@
 //! The per-layer K/V pools and the launches over them: write, copy, attention.
 //!
 //! Each layer has a K pool and a V pool shaped `[blocks, block_size, kv_heads, head_dim]` in
-//! F16 (default), F32 or INT8 with one f32 scale per (slot, kv head). A step first writes the
+//! F16 (default), F32, INT8 with one f32 scale per (slot, kv head), or INT4 (eight to a word)
+//! with one f16 scale and one f16 zero point per (slot, kv head), packed in one word. A step first writes the
 //! new tokens' K/V rows into their slots ([`KvCache::write`]), then runs paged attention for
 //! every query token of the batch in one launch ([`KvCache::attention`]); both read the same
 //! [`AttnBatch`] (block tables, positions, slot mapping), uploaded once per step and shared by
 //! all layers.
 //!
 //! On the CPU backend the pools are host `f32` vectors holding exactly the values the device
-//! format would hold (rounded to f16, or quantized to INT8 and back), so both backends compute
+//! format would hold (rounded to f16, or quantized to INT8 or INT4 and back), so both backends compute
 //! the same attention.
 
 use bytemuck::{Pod, Zeroable};
@@ -121,7 +122,8 @@ static KV_WRITE: KernelDef = KernelDef {
     source: WRITE_SRC,
     bindings: &[R, R, R, W, W],
 };
-static KV_WRITE_I8: KernelDef = KernelDef {
+/// The quantized formats' write: also the per-(slot, head) scales (INT8) or scale|zero (INT4).
+static KV_WRITE_SCALED: KernelDef = KernelDef {
     name: "kv_write",
     source: WRITE_SRC,
     bindings: &[R, R, R, W, W, W, W],
@@ -136,7 +138,7 @@ static ATTN: KernelDef = KernelDef {
     source: ATTN_SRC,
     bindings: &[R, R, R, W, R, R],
 };
-static ATTN_I8: KernelDef = KernelDef {
+static ATTN_SCALED: KernelDef = KernelDef {
     name: "paged_attention",
     source: ATTN_SRC,
     bindings: &[R, R, R, W, R, R, R, R],
@@ -147,7 +149,7 @@ static ATTN_ROWS: KernelDef = KernelDef {
     source: ATTN_ROWS_SRC,
     bindings: &[R, R, R, W, R, R],
 };
-static ATTN_ROWS_I8: KernelDef = KernelDef {
+static ATTN_ROWS_SCALED: KernelDef = KernelDef {
     name: "paged_attention_rows",
     source: ATTN_ROWS_SRC,
     bindings: &[R, R, R, W, R, R, R, R],
@@ -163,9 +165,9 @@ const ROWS_MAX_KEYS: usize = 65_000;
 
 /// The rows kernel's per-key work, unrolled over the head (`K_DOT`: the score `s` of K row
 /// `row` against `qv`; `V_ACC`: `acc` rescaled by `alpha` plus `pj` × V row `row`), for
-/// `per_read` elements per 16-byte read.
+/// `per_read` elements per 16-byte read (at most 32: INT4's eight vec4s).
 fn rows_unrolled(head_dim: usize, per_read: usize) -> [(&'static str, String); 2] {
-    const PARTS: [&str; 4] = ["a", "b", "c", "d"];
+    const PARTS: [&str; 8] = ["a", "b", "c", "d", "e", "f", "g", "h"];
     let vec4s = per_read / 4;
     let (mut k, mut v) = (String::new(), String::new());
     for c in 0..head_dim / per_read {
@@ -217,6 +219,7 @@ fn dtype_define(d: KvDtype) -> (&'static str, String) {
         KvDtype::F32 => "KV_F32",
         KvDtype::F16 => "KV_F16",
         KvDtype::Int8 => "KV_I8",
+        KvDtype::Int4 => "KV_I4",
     };
     (name, "1".to_string())
 }
@@ -227,10 +230,16 @@ impl KvCache {
         if cfg.layers == 0 || cfg.kv_heads == 0 || cfg.block_size == 0 || cfg.num_blocks == 0 {
             return invalid(format!("every dimension must be non-zero: {cfg:?}"));
         }
-        if cfg.head_dim == 0 || cfg.head_dim > MAX_HEAD_DIM || !cfg.head_dim.is_multiple_of(4) {
+        // A head row fills whole pool words: four f32 lanes, two f16, four i8, eight i4.
+        let multiple = match cfg.dtype {
+            KvDtype::Int4 => 8,
+            _ => 4,
+        };
+        if cfg.head_dim == 0 || cfg.head_dim > MAX_HEAD_DIM || !cfg.head_dim.is_multiple_of(multiple)
+        {
             return invalid(format!(
-                "head_dim {} must be a multiple of 4 in 4..={MAX_HEAD_DIM}",
-                cfg.head_dim
+                "head_dim {} must be a multiple of {multiple} in {multiple}..={MAX_HEAD_DIM} for a {} cache",
+                cfg.head_dim, cfg.dtype
             ));
         }
         if cfg.slots() >= BlockId::TRIMMED.0 as usize / 2 {
@@ -252,6 +261,7 @@ impl KvCache {
                         KvDtype::F32 => Tensor::zeros(device, DType::F32, &[elems]),
                         KvDtype::F16 => Tensor::zeros(device, DType::U32, &[elems / 2]),
                         KvDtype::Int8 => Tensor::zeros(device, DType::U32, &[elems / 4]),
+                        KvDtype::Int4 => Tensor::zeros(device, DType::U32, &[elems / 8]),
                     };
                     t.map_err(|source| KvDeviceError::Pool {
                         what,
@@ -261,15 +271,18 @@ impl KvCache {
                 };
                 let mut layers = Vec::with_capacity(cfg.layers);
                 for _ in 0..cfg.layers {
+                    // One word per (slot, head): the INT8 f32 scale, the INT4 f16 scale|zero.
+                    let n = cfg.slots() * cfg.kv_heads;
                     let scales = match cfg.dtype {
-                        KvDtype::Int8 => {
-                            let n = cfg.slots() * cfg.kv_heads;
-                            Some([
-                                Tensor::zeros(device, DType::F32, &[n])?,
-                                Tensor::zeros(device, DType::F32, &[n])?,
-                            ])
-                        }
-                        _ => None,
+                        KvDtype::Int8 => Some([
+                            Tensor::zeros(device, DType::F32, &[n])?,
+                            Tensor::zeros(device, DType::F32, &[n])?,
+                        ]),
+                        KvDtype::Int4 => Some([
+                            Tensor::zeros(device, DType::U32, &[n])?,
+                            Tensor::zeros(device, DType::U32, &[n])?,
+                        ]),
+                        KvDtype::F16 | KvDtype::F32 => None,
                     };
                     layers.push(Layer {
                         k: pool("K")?,
@@ -417,13 +430,13 @@ impl KvCache {
                 let threads = match self.cfg.dtype {
                     KvDtype::F32 => batch.tokens * kvh * hd,
                     KvDtype::F16 => batch.tokens * kvh * hd / 2,
-                    KvDtype::Int8 => batch.tokens * kvh,
+                    KvDtype::Int8 | KvDtype::Int4 => batch.tokens * kvh,
                 };
                 let groups = threads.div_ceil(64) as u32;
                 let defines = [dtype_define(self.cfg.dtype)];
                 match &l.scales {
                     Some([ks, vs]) => rec.launch(
-                        &KV_WRITE_I8,
+                        &KV_WRITE_SCALED,
                         &defines,
                         &params,
                         &[k, v, slots, &l.k, &l.v, ks, vs],
@@ -478,6 +491,7 @@ impl KvCache {
                     KvDtype::F32 => per_block,
                     KvDtype::F16 => per_block / 2,
                     KvDtype::Int8 => per_block / 4,
+                    KvDtype::Int4 => per_block / 8,
                 };
                 let scale_words = self.cfg.block_size * self.cfg.kv_heads;
                 for l in layers.iter() {
@@ -561,6 +575,7 @@ impl KvCache {
                     KvDtype::F32 => 4,
                     KvDtype::F16 => 8,
                     KvDtype::Int8 => 16,
+                    KvDtype::Int4 => 32,
                 };
                 let longest = batch
                     .info
@@ -583,7 +598,7 @@ impl KvCache {
                     ];
                     match &l.scales {
                         Some([ks, vs]) => rec.launch(
-                            &ATTN_ROWS_I8,
+                            &ATTN_ROWS_SCALED,
                             &defines,
                             &params,
                             &[q, info, tables, &out, &l.k, &l.v, ks, vs],
@@ -603,7 +618,7 @@ impl KvCache {
                 let defines = [dtype_define(self.cfg.dtype)];
                 match &l.scales {
                     Some([ks, vs]) => rec.launch(
-                        &ATTN_I8,
+                        &ATTN_SCALED,
                         &defines,
                         &params,
                         &[q, info, tables, &out, &l.k, &l.v, ks, vs],
@@ -640,5 +655,32 @@ fn store_row(dtype: KvDtype, src: &[f32], dst: &mut [f32]) {
                 *d = f32::from((s * inv).round_ties_even() as i8) * scale;
             }
         }
+        KvDtype::Int4 => {
+            let [scale, zero] = int4_params(src);
+            let inv = if scale > 0.0 { 1.0 / scale } else { 0.0 };
+            for (d, s) in dst.iter_mut().zip(src) {
+                let q = ((s - zero) * inv).round_ties_even().clamp(0.0, 15.0);
+                *d = q * scale + zero;
+            }
+        }
     }
 }
+
+/// The INT4 scale and zero point of a head row as stored (f16): the row's range in 15 steps
+/// from its minimum. Quantizing against the stored values keeps every error within half a
+/// step of what the kernels reconstruct.
+/// Both are clamped to f16's finite range, as the write kernel does.
+fn int4_params(src: &[f32]) -> [f32; 2] {
+    if src.is_empty() {
+        return [0.0, 0.0];
+    }
+    let (lo, hi) = src
+        .iter()
+        .fold((f32::INFINITY, f32::NEG_INFINITY), |(lo, hi), &v| {
+            (lo.min(v), hi.max(v))
+        });
+    let f16 = |x: f32| half::f16::from_f32(x.clamp(-F16_MAX, F16_MAX)).to_f32();
+    [f16((hi - lo) / 15.0), f16(lo)]
+}
+
+const F16_MAX: f32 = 65504.0;

@@ -4,7 +4,9 @@
 //! Error bounds: F32 storage 2e-5 and F16 storage 2e-4 (the reference sees the same
 //! f16-rounded K/V); INT8 storage against exact K/V: 0.03 for inputs in [-1, 1] (per-row
 //! absmax quantization perturbs scores by about |q|·|k|/254), and 1e-4 against the CPU
-//! backend's INT8 emulation.
+//! backend's INT8 emulation. INT4 storage: 2e-5 against the reference over K/V quantized as
+//! the format specifies (`int4_rows`), 1e-4 between backends, and 0.12 against exact K/V (a
+//! value moves by at most half of one of its row's 15 steps: 1/15 for inputs in [-1, 1]).
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -105,6 +107,27 @@ fn round_f16(v: &[f32]) -> Vec<f32> {
     v.iter().map(|&x| half::f16::from_f32(x).to_f32()).collect()
 }
 
+fn exact(v: &[f32]) -> Vec<f32> {
+    v.to_vec()
+}
+
+/// K/V rows as an INT4 cache holds them, from the format's definition: per head row, scale =
+/// f16((max − min) / 15) and zero = f16(min); q = round((x − zero) · (1 / scale)) (ties to
+/// even) clamped to 0..=15; value = q·scale + zero.
+fn int4_rows(v: &[f32], head_dim: usize) -> Vec<f32> {
+    let f16 = |x: f32| half::f16::from_f32(x).to_f32();
+    v.chunks(head_dim)
+        .flat_map(|row| {
+            let lo = row.iter().copied().fold(f32::INFINITY, f32::min);
+            let hi = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let (scale, zero) = (f16((hi - lo) / 15.0), f16(lo));
+            let inv = if scale > 0.0 { 1.0 / scale } else { 0.0 };
+            row.iter()
+                .map(move |&x| ((x - zero) * inv).round_ties_even().clamp(0.0, 15.0) * scale + zero)
+        })
+        .collect()
+}
+
 /// Write each sequence's cached prefix in one step, then its query chunk and attention in a
 /// second step; returns the attention output of the second step.
 fn run(dev: &Device, c: &Case, dtype: KvDtype) -> Vec<f32> {
@@ -190,14 +213,11 @@ fn run(dev: &Device, c: &Case, dtype: KvDtype) -> Vec<f32> {
     out.to_f32_vec().unwrap()
 }
 
-fn reference(c: &Case, round: bool) -> Vec<f32> {
+/// The contiguous reference over each sequence's K/V as `store` leaves them.
+fn reference(c: &Case, store: &dyn Fn(&[f32]) -> Vec<f32>) -> Vec<f32> {
     let mut out = Vec::new();
     for s in &c.seqs {
-        let (k, v) = if round {
-            (round_f16(&s.k), round_f16(&s.v))
-        } else {
-            (s.k.clone(), s.v.clone())
-        };
+        let (k, v) = (store(&s.k), store(&s.v));
         let pos: Vec<usize> = (s.context - s.query..s.context).collect();
         out.extend(contiguous_attention(
             &s.q,
@@ -233,8 +253,9 @@ fn paged_attention_matches_contiguous_reference() {
             for window in [None, Some(21)] {
                 let c = random_case(&mut r, kv_heads, group, head_dim, window);
                 let what = format!("kvh={kv_heads} group={group} d={head_dim} window={window:?}");
-                let exact = reference(&c, false);
-                let rounded = reference(&c, true);
+                let int4 = reference(&c, &|v| int4_rows(v, head_dim));
+                let exact = reference(&c, &exact);
+                let rounded = reference(&c, &round_f16);
                 assert_close(
                     &format!("cpu f32 {what}"),
                     &run(&Device::cpu(), &c, KvDtype::F32),
@@ -243,6 +264,9 @@ fn paged_attention_matches_contiguous_reference() {
                 );
                 let cpu_i8 = run(&Device::cpu(), &c, KvDtype::Int8);
                 assert_close(&format!("cpu int8 {what}"), &cpu_i8, &exact, 0.03);
+                let cpu_i4 = run(&Device::cpu(), &c, KvDtype::Int4);
+                assert_close(&format!("cpu int4 {what}"), &cpu_i4, &int4, 2e-5);
+                assert_close(&format!("cpu int4 vs exact {what}"), &cpu_i4, &exact, 0.12);
                 for g in &gpus {
                     let what = format!("{what} cpu-shaped={}", g.cpu_shaped_kernels());
                     assert_close(
@@ -263,6 +287,12 @@ fn paged_attention_matches_contiguous_reference() {
                         &format!("wgpu int8 vs cpu int8 {what}"),
                         &gpu_i8,
                         &cpu_i8,
+                        1e-4,
+                    );
+                    assert_close(
+                        &format!("wgpu int4 {what}"),
+                        &run(g, &c, KvDtype::Int4),
+                        &cpu_i4,
                         1e-4,
                     );
                 }
@@ -301,13 +331,16 @@ fn long_windowed_prefill_matches_reference() {
             window,
             seqs,
         };
-        let exact = reference(&c, false);
+        let exact = reference(&c, &exact);
         assert_close(
             &format!("cpu f32 window={window:?}"),
             &run(&Device::cpu(), &c, KvDtype::F32),
             &exact,
             2e-5,
         );
+        // INT4 unrolls the most work per key read (32 elements), so the longest head is its
+        // test of the rows kernel's generated code.
+        let cpu_i4 = run(&Device::cpu(), &c, KvDtype::Int4);
         for g in &gpus() {
             let what = format!("window={window:?} cpu-shaped={}", g.cpu_shaped_kernels());
             assert_close(
@@ -315,6 +348,12 @@ fn long_windowed_prefill_matches_reference() {
                 &run(g, &c, KvDtype::F32),
                 &exact,
                 2e-5,
+            );
+            assert_close(
+                &format!("wgpu int4 {what}"),
+                &run(g, &c, KvDtype::Int4),
+                &cpu_i4,
+                1e-4,
             );
         }
     }
@@ -406,7 +445,7 @@ fn copied_blocks_read_like_their_source() {
     let mut devs = vec![Device::cpu()];
     devs.extend(gpu());
     for dev in devs {
-        for dtype in [KvDtype::F32, KvDtype::F16, KvDtype::Int8] {
+        for dtype in KvDtype::ALL {
             let cfg = KvCacheConfig {
                 layers: 2,
                 kv_heads: 2,

@@ -3,6 +3,9 @@
 // KV_F32: one thread per element. KV_F16: one thread per pair (f16 packed two per word).
 // KV_I8:  one thread per (token, head): scale = max|x| / 127, four i8 per word, and the scale
 //         stored per (slot, head).
+// KV_I4:  one thread per (token, head): asymmetric, scale = (max - min) / 15 and zero = min,
+//         both rounded to f16 (and packed in one word per (slot, head)) before quantizing
+//         against them; eight nibbles per word, element 8w + j at bits 4j of word w.
 
 struct Params {
     tokens: u32,
@@ -28,6 +31,29 @@ struct Params {
 
 fn quant_i8(x: f32, inv: f32) -> u32 {
     return u32(i32(round(x * inv)) & 0xff);
+}
+#endif
+#if KV_I4
+@group(0) @binding(6) var<storage, read_write> k_scale: array<u32>;
+@group(0) @binding(7) var<storage, read_write> v_scale: array<u32>;
+
+const F16_MAX: f32 = 65504.0;
+
+// The row's (scale, zero) as f16 holds them: its range in 15 steps from its minimum.
+fn i4_params(src: u32, n: u32, is_k: bool) -> vec2<f32> {
+    var lo = bitcast<f32>(0x7f800000u);
+    var hi = -lo;
+    for (var d = 0u; d < n; d++) {
+        let x = select(v_new[src + d], k_new[src + d], is_k);
+        lo = min(lo, x);
+        hi = max(hi, x);
+    }
+    let sz = vec2<f32>((hi - lo) / 15.0, lo);
+    return unpack2x16float(pack2x16float(clamp(sz, vec2<f32>(-F16_MAX), vec2<f32>(F16_MAX))));
+}
+
+fn quant_i4(x: f32, sz: vec2<f32>, inv: f32) -> u32 {
+    return u32(clamp(round((x - sz.y) * inv), 0.0, 15.0));
 }
 #endif
 
@@ -85,6 +111,32 @@ fn main(
         for (var j = 0u; j < 4u; j++) {
             kw |= quant_i8(k_new[src + 4u * w + j], ki) << (8u * j);
             vw |= quant_i8(v_new[src + 4u * w + j], vi) << (8u * j);
+        }
+        k_pool[dst + w] = kw;
+        v_pool[dst + w] = vw;
+    }
+#endif
+#if KV_I4
+    if (e >= p.tokens * p.kv_heads) {
+        return;
+    }
+    let t = e / p.kv_heads;
+    let h = e % p.kv_heads;
+    let src = e * p.head_dim;
+    let ksz = i4_params(src, p.head_dim, true);
+    let vsz = i4_params(src, p.head_dim, false);
+    let ki = select(0.0, 1.0 / ksz.x, ksz.x > 0.0);
+    let vi = select(0.0, 1.0 / vsz.x, vsz.x > 0.0);
+    let sh = slots[t] * p.kv_heads + h;
+    k_scale[sh] = pack2x16float(ksz);
+    v_scale[sh] = pack2x16float(vsz);
+    let dst = sh * p.head_dim / 8u;
+    for (var w = 0u; w < p.head_dim / 8u; w++) {
+        var kw = 0u;
+        var vw = 0u;
+        for (var j = 0u; j < 8u; j++) {
+            kw |= quant_i4(k_new[src + 8u * w + j], ksz, ki) << (4u * j);
+            vw |= quant_i4(v_new[src + 8u * w + j], vsz, vi) << (4u * j);
         }
         k_pool[dst + w] = kw;
         v_pool[dst + w] = vw;

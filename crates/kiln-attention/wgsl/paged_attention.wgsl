@@ -35,6 +35,16 @@ struct Params {
 @group(0) @binding(7) var<storage, read> k_scale: array<f32>;
 @group(0) @binding(8) var<storage, read> v_scale: array<f32>;
 #endif
+#if KV_I4
+// Per (slot, kv head): the f16 scale (low half) and zero point (high half).
+@group(0) @binding(7) var<storage, read> k_scale: array<u32>;
+@group(0) @binding(8) var<storage, read> v_scale: array<u32>;
+
+fn i4_at(word: u32, i: u32, sz: u32) -> f32 {
+    let s = unpack2x16float(sz);
+    return f32((word >> (4u * (i & 7u))) & 0xfu) * s.x + s.y;
+}
+#endif
 
 const MAX_D: u32 = 256u;
 
@@ -57,6 +67,9 @@ fn k_at(slot: u32, h: u32, d: u32) -> f32 {
     let q8 = bitcast<i32>(k_pool[i >> 2u] << (24u - 8u * (i & 3u))) >> 24u;
     return f32(q8) * k_scale[slot * p.kv_heads + h];
 #endif
+#if KV_I4
+    return i4_at(k_pool[i >> 3u], i, k_scale[slot * p.kv_heads + h]);
+#endif
 }
 
 fn v_at(slot: u32, h: u32, d: u32) -> f32 {
@@ -70,6 +83,9 @@ fn v_at(slot: u32, h: u32, d: u32) -> f32 {
 #if KV_I8
     let q8 = bitcast<i32>(v_pool[i >> 2u] << (24u - 8u * (i & 3u))) >> 24u;
     return f32(q8) * v_scale[slot * p.kv_heads + h];
+#endif
+#if KV_I4
+    return i4_at(v_pool[i >> 3u], i, v_scale[slot * p.kv_heads + h]);
 #endif
 }
 

@@ -33,6 +33,11 @@ struct Params {
 @group(0) @binding(7) var<storage, read> k_scale: array<f32>;
 @group(0) @binding(8) var<storage, read> v_scale: array<f32>;
 #endif
+#if KV_I4
+// Per (slot, kv head): the f16 scale (low half) and zero point (high half).
+@group(0) @binding(7) var<storage, read> k_scale: array<u32>;
+@group(0) @binding(8) var<storage, read> v_scale: array<u32>;
+#endif
 
 const WG: u32 = 8u;
 const D4: u32 = {{HEAD_DIM}}u / 4u;
@@ -46,15 +51,31 @@ const EPL: u32 = 8u;
 #if KV_I8
 const EPL: u32 = 16u;
 #endif
+#if KV_I4
+const EPL: u32 = 32u;
+#endif
 const NL: u32 = {{HEAD_DIM}}u / EPL;
 const VPL: u32 = EPL / 4u;
 
+#if KV_I4
+struct Part {
+    a: vec4<f32>,
+    b: vec4<f32>,
+    c: vec4<f32>,
+    d: vec4<f32>,
+    e: vec4<f32>,
+    f: vec4<f32>,
+    g: vec4<f32>,
+    h: vec4<f32>,
+}
+#else
 struct Part {
     a: vec4<f32>,
     b: vec4<f32>,
     c: vec4<f32>,
     d: vec4<f32>,
 }
+#endif
 
 fn i8x4(x: u32) -> vec4<f32> {
     return vec4<f32>(bitcast<vec4<i32>>(vec4<u32>(x << 24u, x << 16u, x << 8u, x)) >> vec4<u32>(24u));
@@ -89,6 +110,28 @@ fn k_part(row: u32, l: u32) -> Part {
 }
 fn v_part(row: u32, l: u32) -> Part {
     return b16(v_pool[row * NL + l], v_scale[row]);
+}
+#endif
+#if KV_I4
+// Elements 8j .. 8j + 7 of a word at bits 4j: two vec4s, dequantized as q·scale + zero.
+fn n8(x: u32, s: vec2<f32>) -> array<vec4<f32>, 2> {
+    let lo = (vec4<u32>(x) >> vec4<u32>(0u, 4u, 8u, 12u)) & vec4<u32>(0xfu);
+    let hi = (vec4<u32>(x) >> vec4<u32>(16u, 20u, 24u, 28u)) & vec4<u32>(0xfu);
+    return array<vec4<f32>, 2>(vec4<f32>(lo) * s.x + s.y, vec4<f32>(hi) * s.x + s.y);
+}
+fn b32(v: vec4<u32>, sz: u32) -> Part {
+    let s = unpack2x16float(sz);
+    let x = n8(v.x, s);
+    let y = n8(v.y, s);
+    let z = n8(v.z, s);
+    let w = n8(v.w, s);
+    return Part(x[0], x[1], y[0], y[1], z[0], z[1], w[0], w[1]);
+}
+fn k_part(row: u32, l: u32) -> Part {
+    return b32(k_pool[row * NL + l], k_scale[row]);
+}
+fn v_part(row: u32, l: u32) -> Part {
+    return b32(v_pool[row * NL + l], v_scale[row]);
 }
 #endif
 
