@@ -113,8 +113,15 @@ impl std::fmt::Debug for KvCache {
     }
 }
 
-const WRITE_SRC: &str = include_str!("../wgsl/kv_write.wgsl");
-const ATTN_SRC: &str = include_str!("../wgsl/paged_attention.wgsl");
+// `hadamard.wgsl` (the INT4 rotation) is prepended to the kernels that write or read K/V.
+const WRITE_SRC: &str = concat!(
+    include_str!("../wgsl/hadamard.wgsl"),
+    include_str!("../wgsl/kv_write.wgsl")
+);
+const ATTN_SRC: &str = concat!(
+    include_str!("../wgsl/hadamard.wgsl"),
+    include_str!("../wgsl/paged_attention.wgsl")
+);
 const R: Access = Access::Read;
 const W: Access = Access::ReadWrite;
 static KV_WRITE: KernelDef = KernelDef {
@@ -143,7 +150,10 @@ static ATTN_SCALED: KernelDef = KernelDef {
     source: ATTN_SRC,
     bindings: &[R, R, R, W, R, R, R, R],
 };
-const ATTN_ROWS_SRC: &str = include_str!("../wgsl/paged_attention_rows.wgsl");
+const ATTN_ROWS_SRC: &str = concat!(
+    include_str!("../wgsl/hadamard.wgsl"),
+    include_str!("../wgsl/paged_attention_rows.wgsl")
+);
 static ATTN_ROWS: KernelDef = KernelDef {
     name: "paged_attention_rows",
     source: ATTN_ROWS_SRC,
@@ -190,7 +200,9 @@ struct WriteParams {
     tokens: u32,
     kv_heads: u32,
     head_dim: u32,
-    _pad: u32,
+    /// 1/sqrt([`hadamard_block`] of the head), computed here so every backend scales by
+    /// the same f32.
+    had_norm: f32,
 }
 
 #[repr(C)]
@@ -211,7 +223,7 @@ struct AttnParams {
     block_size: u32,
     window: u32,
     scale: f32,
-    _pad: u32,
+    had_norm: f32,
 }
 
 fn dtype_define(d: KvDtype) -> (&'static str, String) {
@@ -235,7 +247,9 @@ impl KvCache {
             KvDtype::Int4 => 8,
             _ => 4,
         };
-        if cfg.head_dim == 0 || cfg.head_dim > MAX_HEAD_DIM || !cfg.head_dim.is_multiple_of(multiple)
+        if cfg.head_dim == 0
+            || cfg.head_dim > MAX_HEAD_DIM
+            || !cfg.head_dim.is_multiple_of(multiple)
         {
             return invalid(format!(
                 "head_dim {} must be a multiple of {multiple} in {multiple}..={MAX_HEAD_DIM} for a {} cache",
@@ -425,7 +439,7 @@ impl KvCache {
                     tokens: batch.tokens as u32,
                     kv_heads: kvh as u32,
                     head_dim: hd as u32,
-                    _pad: 0,
+                    had_norm: hadamard_norm(hd),
                 };
                 let threads = match self.cfg.dtype {
                     KvDtype::F32 => batch.tokens * kvh * hd,
@@ -566,7 +580,7 @@ impl KvCache {
                     block_size: self.cfg.block_size as u32,
                     window: window as u32,
                     scale: attn.scale,
-                    _pad: 0,
+                    had_norm: hadamard_norm(hd),
                 };
                 // CPU-type adapters take the one-invocation-per-head kernel, whose 16-byte
                 // reads need the head size to be a whole number of them, while no query
@@ -656,20 +670,78 @@ fn store_row(dtype: KvDtype, src: &[f32], dst: &mut [f32]) {
             }
         }
         KvDtype::Int4 => {
-            let [scale, zero] = int4_params(src);
+            // Quantized in the rotated basis, stored back in the model's: the host attention
+            // then reads exactly what the kernels reconstruct (H is its own inverse).
+            dst.copy_from_slice(src);
+            hadamard(dst);
+            let [scale, zero] = int4_params(dst);
             let inv = if scale > 0.0 { 1.0 / scale } else { 0.0 };
-            for (d, s) in dst.iter_mut().zip(src) {
-                let q = ((s - zero) * inv).round_ties_even().clamp(0.0, 15.0);
-                *d = q * scale + zero;
+            for d in dst.iter_mut() {
+                *d = int4_level(*d, zero, inv) * scale + zero;
             }
+            hadamard(dst);
         }
     }
 }
 
-/// The INT4 scale and zero point of a head row as stored (f16): the row's range in 15 steps
-/// from its minimum. Quantizing against the stored values keeps every error within half a
-/// step of what the kernels reconstruct.
-/// Both are clamped to f16's finite range, as the write kernel does.
+/// The Walsh–Hadamard rotation INT4 rows are quantized in, applied in place: orthonormal and
+/// symmetric (its own inverse), on blocks of the largest power of two (at most 256) dividing
+/// the row. K rows have a few large channels and per-token quantization spends its 15 steps
+/// on them; rotated, every channel carries a share of them. Attention is unchanged by a
+/// rotation applied to Q and K alike (q·k = Hq·Hk) and to V and the output (H Σ p·Hv = Σ p·v).
+fn hadamard(x: &mut [f32]) {
+    let n = hadamard_block(x.len());
+    if n < 2 {
+        return;
+    }
+    let norm = hadamard_norm(x.len());
+    for block in x.chunks_exact_mut(n) {
+        let mut h = 1;
+        while h < n {
+            for i in (0..n).step_by(2 * h) {
+                for j in i..i + h {
+                    let (a, b) = (block[j], block[j + h]);
+                    block[j] = a + b;
+                    block[j + h] = a - b;
+                }
+            }
+            h *= 2;
+        }
+        for v in block.iter_mut() {
+            *v *= norm;
+        }
+    }
+}
+
+/// The rotation's block size for rows of `len`: the largest power of two dividing it, at most
+/// 256.
+fn hadamard_block(len: usize) -> usize {
+    if len == 0 {
+        return 0;
+    }
+    (1usize << len.trailing_zeros()).min(256)
+}
+
+/// The rotation's scale for rows of `len`: 1/sqrt(its block size).
+fn hadamard_norm(len: usize) -> f32 {
+    1.0 / (hadamard_block(len).max(1) as f32).sqrt()
+}
+
+/// The quantization level of `x` (0..=15) against a row's scale inverse and zero point.
+fn int4_level(x: f32, zero: f32, inv: f32) -> f32 {
+    ((x - zero) * inv).round_ties_even().clamp(0.0, 15.0)
+}
+
+/// Range shrink factors the INT4 quantizer tries per row (around the row's midpoint),
+/// keeping the one with the least squared error: clipping the extremes of a rotated row buys
+/// finer steps for the rest.
+const INT4_CLIPS: [f32; 6] = [1.0, 0.95, 0.9, 0.85, 0.8, 0.75];
+
+/// The INT4 scale and zero point of a (rotated) head row as stored (f16): for each of
+/// [`INT4_CLIPS`], the row's range shrunk by it around its midpoint, in 15 steps from its
+/// low end; the first with the least squared error wins. Quantizing against the stored
+/// (f16-rounded, clamped to f16's finite range) values keeps the error what the kernels
+/// reconstruct.
 fn int4_params(src: &[f32]) -> [f32; 2] {
     if src.is_empty() {
         return [0.0, 0.0];
@@ -680,7 +752,24 @@ fn int4_params(src: &[f32]) -> [f32; 2] {
             (lo.min(v), hi.max(v))
         });
     let f16 = |x: f32| half::f16::from_f32(x.clamp(-F16_MAX, F16_MAX)).to_f32();
-    [f16((hi - lo) / 15.0), f16(lo)]
+    let (mid, half_range) = (0.5 * (lo + hi), 0.5 * (hi - lo));
+    let mut best = (f32::INFINITY, [0.0, 0.0]);
+    for clip in INT4_CLIPS {
+        let low = mid - half_range * clip;
+        let (scale, zero) = (f16(2.0 * half_range * clip / 15.0), f16(low));
+        let inv = if scale > 0.0 { 1.0 / scale } else { 0.0 };
+        let err: f32 = src
+            .iter()
+            .map(|&x| {
+                let e = int4_level(x, zero, inv) * scale + zero - x;
+                e * e
+            })
+            .sum();
+        if err < best.0 {
+            best = (err, [scale, zero]);
+        }
+    }
+    best.1
 }
 
 const F16_MAX: f32 = 65504.0;

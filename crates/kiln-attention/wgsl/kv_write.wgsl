@@ -3,15 +3,18 @@
 // KV_F32: one thread per element. KV_F16: one thread per pair (f16 packed two per word).
 // KV_I8:  one thread per (token, head): scale = max|x| / 127, four i8 per word, and the scale
 //         stored per (slot, head).
-// KV_I4:  one thread per (token, head): asymmetric, scale = (max - min) / 15 and zero = min,
-//         both rounded to f16 (and packed in one word per (slot, head)) before quantizing
-//         against them; eight nibbles per word, element 8w + j at bits 4j of word w.
+// KV_I4:  one thread per (token, head): the row rotated by `hadamard`, then asymmetric:
+//         scale = range / 15 and zero = its low end, for the range of the rotated row shrunk
+//         around its midpoint by the clip (of CLIPS) with the least squared error, both
+//         rounded to f16 (packed in one word per (slot, head)) before quantizing against
+//         them; eight nibbles per word, element 8w + j at bits 4j of word w.
 
 struct Params {
     tokens: u32,
     kv_heads: u32,
     head_dim: u32,
-    _pad: u32,
+    // 1/sqrt(the INT4 rotation's block size).
+    had_norm: f32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -38,22 +41,41 @@ fn quant_i8(x: f32, inv: f32) -> u32 {
 @group(0) @binding(7) var<storage, read_write> v_scale: array<u32>;
 
 const F16_MAX: f32 = 65504.0;
+// Range shrink factors tried per row (cache.rs `INT4_CLIPS`).
+const CLIPS = array<f32, 6>(1.0, 0.95, 0.9, 0.85, 0.8, 0.75);
 
-// The row's (scale, zero) as f16 holds them: its range in 15 steps from its minimum.
-fn i4_params(src: u32, n: u32, is_k: bool) -> vec2<f32> {
+fn level_i4(x: f32, sz: vec2<f32>, inv: f32) -> f32 {
+    return clamp(round((x - sz.y) * inv), 0.0, 15.0);
+}
+
+// The rotated row's (scale, zero) as f16 holds them (cache.rs `int4_params`).
+fn i4_params(r: ptr<function, array<f32, 256>>, n: u32) -> vec2<f32> {
     var lo = bitcast<f32>(0x7f800000u);
     var hi = -lo;
     for (var d = 0u; d < n; d++) {
-        let x = select(v_new[src + d], k_new[src + d], is_k);
-        lo = min(lo, x);
-        hi = max(hi, x);
+        lo = min(lo, (*r)[d]);
+        hi = max(hi, (*r)[d]);
     }
-    let sz = vec2<f32>((hi - lo) / 15.0, lo);
-    return unpack2x16float(pack2x16float(clamp(sz, vec2<f32>(-F16_MAX), vec2<f32>(F16_MAX))));
-}
-
-fn quant_i4(x: f32, sz: vec2<f32>, inv: f32) -> u32 {
-    return u32(clamp(round((x - sz.y) * inv), 0.0, 15.0));
+    let mid = 0.5 * (lo + hi);
+    let half_range = 0.5 * (hi - lo);
+    var best = vec2<f32>(0.0);
+    var best_err = bitcast<f32>(0x7f800000u);
+    for (var c = 0u; c < 6u; c++) {
+        let clip = CLIPS[c];
+        let raw = vec2<f32>(2.0 * half_range * clip / 15.0, mid - half_range * clip);
+        let sz = unpack2x16float(pack2x16float(clamp(raw, vec2<f32>(-F16_MAX), vec2<f32>(F16_MAX))));
+        let inv = select(0.0, 1.0 / sz.x, sz.x > 0.0);
+        var err = 0.0;
+        for (var d = 0u; d < n; d++) {
+            let e = level_i4((*r)[d], sz, inv) * sz.x + sz.y - (*r)[d];
+            err += e * e;
+        }
+        if (err < best_err) {
+            best_err = err;
+            best = sz;
+        }
+    }
+    return best;
 }
 #endif
 
@@ -123,8 +145,16 @@ fn main(
     let t = e / p.kv_heads;
     let h = e % p.kv_heads;
     let src = e * p.head_dim;
-    let ksz = i4_params(src, p.head_dim, true);
-    let vsz = i4_params(src, p.head_dim, false);
+    var kr: array<f32, 256>;
+    var vr: array<f32, 256>;
+    for (var d = 0u; d < p.head_dim; d++) {
+        kr[d] = k_new[src + d];
+        vr[d] = v_new[src + d];
+    }
+    hadamard(&kr, p.head_dim, p.had_norm);
+    hadamard(&vr, p.head_dim, p.had_norm);
+    let ksz = i4_params(&kr, p.head_dim);
+    let vsz = i4_params(&vr, p.head_dim);
     let ki = select(0.0, 1.0 / ksz.x, ksz.x > 0.0);
     let vi = select(0.0, 1.0 / vsz.x, vsz.x > 0.0);
     let sh = slots[t] * p.kv_heads + h;
@@ -135,8 +165,8 @@ fn main(
         var kw = 0u;
         var vw = 0u;
         for (var j = 0u; j < 8u; j++) {
-            kw |= quant_i4(k_new[src + 8u * w + j], ksz, ki) << (4u * j);
-            vw |= quant_i4(v_new[src + 8u * w + j], vsz, vi) << (4u * j);
+            kw |= u32(level_i4(kr[8u * w + j], ksz, ki)) << (4u * j);
+            vw |= u32(level_i4(vr[8u * w + j], vsz, vi)) << (4u * j);
         }
         k_pool[dst + w] = kw;
         v_pool[dst + w] = vw;

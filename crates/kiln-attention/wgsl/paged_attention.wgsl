@@ -15,7 +15,8 @@ struct Params {
     block_size: u32,
     window: u32,
     scale: f32,
-    _pad: u32,
+    // 1/sqrt(the INT4 rotation's block size).
+    had_norm: f32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -53,6 +54,20 @@ var<workgroup> probs: array<f32, 64>;
 var<workgroup> tile_slots: array<u32, 64>;
 var<workgroup> wg_pos: u32;
 var<workgroup> wg_table: u32;
+
+#if KV_I4
+// `hadamard` on the workgroup's `qs` (one invocation runs it).
+fn rotate_qs() {
+    var r: array<f32, 256>;
+    for (var d = 0u; d < p.head_dim; d++) {
+        r[d] = qs[d];
+    }
+    hadamard(&r, p.head_dim, p.had_norm);
+    for (var d = 0u; d < p.head_dim; d++) {
+        qs[d] = r[d];
+    }
+}
+#endif
 
 // Element d of the K (or V) row at `slot`, kv head `h`.
 fn k_at(slot: u32, h: u32, d: u32) -> f32 {
@@ -110,6 +125,13 @@ fn main(
     for (var d = lid; d < p.head_dim; d += 64u) {
         qs[d] = q[qbase + d] * p.scale;
     }
+#if KV_I4
+    // The cache holds rotated rows: rotate the query alike (q·k = Hq·Hk).
+    workgroupBarrier();
+    if (lid == 0u) {
+        rotate_qs();
+    }
+#endif
     // Uniform copies, so the loop below (which has barriers) stays in uniform control flow.
     let pos = workgroupUniformLoad(&wg_pos);
     let table = workgroupUniformLoad(&wg_table);
@@ -163,10 +185,32 @@ fn main(
         m = m_new;
         workgroupBarrier();
     }
+#if KV_I4
+    // The output mixes rotated V rows: rotate it back (through `qs`, no longer read).
+    workgroupBarrier();
+    for (var r = 0u; r < 4u; r++) {
+        let d = lid + 64u * r;
+        if (d < p.head_dim) {
+            qs[d] = acc[r] / l;
+        }
+    }
+    workgroupBarrier();
+    if (lid == 0u) {
+        rotate_qs();
+    }
+    workgroupBarrier();
+    for (var r = 0u; r < 4u; r++) {
+        let d = lid + 64u * r;
+        if (d < p.head_dim) {
+            out[qbase + d] = qs[d];
+        }
+    }
+#else
     for (var r = 0u; r < 4u; r++) {
         let d = lid + 64u * r;
         if (d < p.head_dim) {
             out[qbase + d] = acc[r] / l;
         }
     }
+#endif
 }

@@ -13,7 +13,8 @@ struct Params {
     block_size: u32,
     window: u32,
     scale: f32,
-    _pad: u32,
+    // 1/sqrt(the INT4 rotation's block size).
+    had_norm: f32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -130,6 +131,19 @@ fn b32(v: vec4<u32>, sz: u32) -> Part {
 fn k_part(row: u32, l: u32) -> Part {
     return b32(k_pool[row * NL + l], k_scale[row]);
 }
+// `hadamard` on a head row held as vec4s.
+fn rotate(x: ptr<function, array<vec4<f32>, D4>>) {
+    var r: array<f32, 256>;
+    for (var c = 0u; c < D4; c++) {
+        for (var j = 0u; j < 4u; j++) {
+            r[4u * c + j] = (*x)[c][j];
+        }
+    }
+    hadamard(&r, {{HEAD_DIM}}u, p.had_norm);
+    for (var c = 0u; c < D4; c++) {
+        (*x)[c] = vec4<f32>(r[4u * c], r[4u * c + 1u], r[4u * c + 2u], r[4u * c + 3u]);
+    }
+}
 fn v_part(row: u32, l: u32) -> Part {
     return b32(v_pool[row * NL + l], v_scale[row]);
 }
@@ -156,6 +170,10 @@ fn main(
     for (var c = 0u; c < D4; c++) {
         qv[c] = q[qb + c] * p.scale;
     }
+#if KV_I4
+    // The cache holds rotated rows: rotate the query alike (q·k = Hq·Hk).
+    rotate(&qv);
+#endif
     var first = 0u;
     if (p.window > 0u && pos + 1u > p.window) {
         first = pos + 1u - p.window;
@@ -178,6 +196,13 @@ fn main(
     }
     let inv = 1.0 / l;
     for (var c = 0u; c < D4; c++) {
-        out[qb + c] = acc[c] * inv;
+        acc[c] = acc[c] * inv;
+    }
+#if KV_I4
+    // The output mixes rotated V rows: rotate it back.
+    rotate(&acc);
+#endif
+    for (var c = 0u; c < D4; c++) {
+        out[qb + c] = acc[c];
     }
 }
