@@ -61,6 +61,9 @@ pub enum ModelError {
     Kv(#[from] kiln_attention::KvDeviceError),
     #[error("forward: {0}")]
     Batch(String),
+    /// A perplexity run asked for something its windows cannot do.
+    #[error("perplexity: {field}: {reason}")]
+    Perplexity { field: &'static str, reason: String },
     /// The device returned fewer results than the step computed.
     #[error("read back {got} argmax ids for {want} logits rows")]
     Readback { got: usize, want: usize },

@@ -24,6 +24,7 @@ mod error;
 pub mod export;
 mod files;
 mod model;
+pub mod perplexity;
 mod runner;
 mod safetensors;
 mod weights;

@@ -68,7 +68,7 @@ pub struct EngineArgs {
     #[arg(long, value_name = "BYTES", default_value_t = EngineOptions::DEFAULT_KV_BYTES)]
     pub kv_cache_memory: u64,
     /// K/V cache element type
-    #[arg(long, value_name = "f16|f32|int8", default_value = "f16")]
+    #[arg(long, value_name = "f16|f32|int8|int4", default_value = "f16")]
     pub kv_dtype: KvDtype,
     /// Tokens per K/V block
     #[arg(long, value_name = "N", default_value_t = 16)]

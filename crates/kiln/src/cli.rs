@@ -7,6 +7,7 @@ use clap::error::{ContextKind, ContextValue, ErrorKind};
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
 use crate::generate::GenerateArgs;
+use crate::perplexity::PerplexityArgs;
 use crate::serve::ServeArgs;
 use crate::{InfoArgs, TokenizeArgs};
 
@@ -36,6 +37,8 @@ pub enum Command {
     Tokenize(TokenizeArgs),
     /// Describe a model, the device and the K/V memory plan
     Info(InfoArgs),
+    /// Score a text file: mean negative log-likelihood and perplexity over fixed windows
+    Perplexity(PerplexityArgs),
 }
 
 /// The command line's definition: the derived one, with values that look like negative numbers

@@ -5,6 +5,7 @@ mod args;
 mod cli;
 mod generate;
 mod memory;
+mod perplexity;
 mod serve;
 mod speculative;
 
@@ -16,6 +17,7 @@ use std::process::ExitCode;
 use args::{DeviceArgs, LoadArgs, ModelArgs, Quantize, WeightDtype};
 use cli::Command;
 use kiln_engine::{BuildError, Checkpoint, EngineOptions, KvSize, StartError, error_chain};
+use kiln_kv::KvDtype;
 use kiln_model::LoadOptions;
 use kiln_tensor::{DType, Device, DeviceOptions};
 
@@ -139,6 +141,26 @@ fn info(args: &InfoArgs) -> CmdResult {
     };
     let plan = opts.kv_plan(cfg).map_err(|e| build_error(&e, path, None))?;
     println!("kv cache: {}", plan.explain());
+    // What `--kv-dtype` buys in the same memory.
+    let capacity: Vec<String> = KvDtype::ALL
+        .iter()
+        .map(|&kv_dtype| {
+            EngineOptions {
+                kv_dtype,
+                ..opts.clone()
+            }
+            .kv_plan(cfg)
+            .map_or_else(
+                |e| format!("{kv_dtype} {}", error_chain(&e)),
+                |p| format!("{kv_dtype} {} tokens", p.num_tokens()),
+            )
+        })
+        .collect();
+    println!(
+        "kv capacity in {} bytes by --kv-dtype: {}",
+        args.kv_cache_memory,
+        capacity.join(", ")
+    );
     // What opening the model cost this process (its head and tokenizer, not the weights).
     match memory::peak_rss_bytes() {
         Some(b) => println!(
@@ -156,6 +178,7 @@ fn run(command: &Command) -> CmdResult {
         Command::Generate(a) => generate::run(a),
         Command::Tokenize(a) => tokenize(a),
         Command::Info(a) => info(a),
+        Command::Perplexity(a) => perplexity::run(a),
     }
 }
 
