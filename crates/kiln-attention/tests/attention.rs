@@ -122,7 +122,7 @@ fn hadamard_matrix(n: usize) -> Vec<f64> {
     let norm = 1.0 / (n as f64).sqrt();
     (0..n * n)
         .map(|k| {
-            let sign = if ((k / n) & (k % n)).count_ones() % 2 == 0 {
+            let sign = if ((k / n) & (k % n)).count_ones().is_multiple_of(2) {
                 1.0
             } else {
                 -1.0
