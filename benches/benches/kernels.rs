@@ -87,7 +87,9 @@ fn weight(dev: &Device, dtype: DType, n: usize, k: usize) -> Tensor {
                 .map(|&x| half::bf16::from_f32(x))
                 .collect::<Vec<_>>(),
         ),
-        DType::Q8_0 | DType::Q4_0 | DType::Q4_1 => Tensor::quantize_f32(dev, dtype, &[n, k], &v),
+        DType::Q8_0 | DType::Q4_0 | DType::Q4_1 | DType::Q4_Z | DType::Q8_Z => {
+            Tensor::quantize_f32(dev, dtype, &[n, k], &v)
+        }
         q => Tensor::from_bytes(dev, q, &[n, k], &blocks(q, n * k / q.block_elems())),
     };
     t.unwrap_or_else(|e| {

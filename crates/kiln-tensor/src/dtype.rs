@@ -2,9 +2,10 @@
 
 /// Element type of a tensor.
 ///
-/// The `Q*` variants are GGUF block formats (layouts in `quant`): blocks of 32 elements for
-/// `Q8_0`, `Q4_0`, `Q4_1`, `Q5_0` and `Q5_1`, super-blocks of 256 for the K-quants `Q2_K` …
-/// `Q6_K`. Their tensors stay quantized on the device and are dequantized inside kernels.
+/// The `Q*` variants are block formats (layouts in `quant`): the GGUF ones, blocks of 32
+/// elements for `Q8_0`, `Q4_0`, `Q4_1`, `Q5_0` and `Q5_1`, super-blocks of 256 for the
+/// K-quants `Q2_K` … `Q6_K`; and kiln's zero-point formats `Q4_Z`, `Q8_Z` (32 elements).
+/// Their tensors stay quantized on the device and are dequantized inside kernels.
 // The K-quants keep ggml's names (`Q4_K`), which users look up in GGUF tooling.
 #[allow(non_camel_case_types)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -35,9 +36,17 @@ pub enum DType {
     Q5_K,
     /// 4-bit low and 2-bit high quants, 16 × i8 scales, f16 `d`.
     Q6_K,
+    /// kiln's own, for the asymmetric 4-bit checkpoints (GPTQ, AWQ, compressed-tensors),
+    /// repacked into it at load. 20 bytes a block: f16 scale `d`, f16 zero point `z` (both
+    /// little-endian), 16 bytes whose byte j holds element j in its low nibble and j + 16 in
+    /// its high one (as `Q4_0`); value = (q − z)·d.
+    Q4_Z,
+    /// kiln's own, for 8-bit GPTQ and compressed-tensors checkpoints. 36 bytes a block: f16
+    /// `d`, f16 `z`, 32 unsigned quants (element i in byte i); value = (q − z)·d.
+    Q8_Z,
 }
 
-/// Elements per block of the 32-element GGUF formats (`Q8_0` … `Q5_1`).
+/// Elements per block of the 32-element formats (`Q8_0` … `Q5_1`, `Q4_Z`, `Q8_Z`).
 pub const QK: usize = 32;
 /// Elements per super-block of the K-quants.
 pub const QK_K: usize = 256;
@@ -58,6 +67,8 @@ impl DType {
         DType::Q4_K,
         DType::Q5_K,
         DType::Q6_K,
+        DType::Q4_Z,
+        DType::Q8_Z,
     ];
 
     /// True for the block-quantized formats.
@@ -74,12 +85,18 @@ impl DType {
     pub fn block_elems(self) -> usize {
         match self {
             DType::F32 | DType::F16 | DType::BF16 | DType::U32 | DType::I32 => 1,
-            DType::Q8_0 | DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 => QK,
+            DType::Q8_0
+            | DType::Q4_0
+            | DType::Q4_1
+            | DType::Q5_0
+            | DType::Q5_1
+            | DType::Q4_Z
+            | DType::Q8_Z => QK,
             DType::Q2_K | DType::Q3_K | DType::Q4_K | DType::Q5_K | DType::Q6_K => QK_K,
         }
     }
 
-    /// Bytes per storage block in the GGUF (host) layout.
+    /// Bytes per storage block in the host (GGUF, or for `Q4_Z`/`Q8_Z` kiln's) layout.
     pub fn block_bytes(self) -> usize {
         match self {
             DType::F32 | DType::U32 | DType::I32 => 4,
@@ -94,6 +111,8 @@ impl DType {
             DType::Q4_K => 144,
             DType::Q5_K => 176,
             DType::Q6_K => 210,
+            DType::Q4_Z => 20,
+            DType::Q8_Z => 36,
         }
     }
 

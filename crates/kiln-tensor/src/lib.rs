@@ -3,8 +3,9 @@
 //! Tensors on a compute [`Device`]: the `wgpu` product path, whose kernels are WGSL compute
 //! shaders (Vulkan, Metal, DX12 — and Mesa's lavapipe CPU driver in tests), or the CPU
 //! reference backend every kernel is tested against. Quantized GGUF weights (`Q8_0`, `Q4_0`,
-//! `Q4_1`, `Q5_0`, `Q5_1` and the K-quants `Q2_K` … `Q6_K`) and BF16 stay as they are on the
-//! device and are dequantized inside the kernels.
+//! `Q4_1`, `Q5_0`, `Q5_1` and the K-quants `Q2_K` … `Q6_K`), kiln's zero-point formats
+//! (`Q4_Z`, `Q8_Z`, for GPTQ/AWQ checkpoints) and BF16 stay as they are on the device and are
+//! dequantized inside the kernels.
 //!
 //! Ops are recorded on a [`Recorder`]: on wgpu a whole sequence is encoded into one command
 //! encoder and submitted once; on the CPU each op runs as it is recorded.
@@ -41,7 +42,9 @@ pub use device::{BackendChoice, Device, DeviceInfo, DeviceOptions, KernelTime, P
 pub use dtype::{DType, QK, QK_K};
 pub use error::{Result, TensorError};
 pub use gpu::{Access, GpuContext, KernelDef, TemplateError};
-pub use ops::{Activation, RopeConfig, RopeLayout, RopePositions, RopeScaling, RopeTable};
+pub use ops::{
+    Activation, ColumnIndex, RopeConfig, RopeLayout, RopePositions, RopeScaling, RopeTable,
+};
 pub use quant::{dequantize, quantize};
 pub use recorder::Recorder;
 pub use tensor::Tensor;

@@ -108,7 +108,8 @@ impl Tensor {
         }
     }
 
-    /// Upload host-layout bytes (`GGUF` blocks for quantized dtypes, little-endian otherwise).
+    /// Upload host-layout bytes (GGUF blocks for the GGUF block dtypes, kiln's `Q4_Z`/`Q8_Z`
+    /// blocks as `DType` describes them, little-endian otherwise).
     pub fn from_bytes(
         device: &Device,
         dtype: DType,
@@ -233,8 +234,8 @@ impl Tensor {
         Self::from_bytes(device, DType::I32, shape, bytemuck::cast_slice(data))
     }
 
-    /// Quantize `data` on the CPU to `dtype` (Q8_0/Q4_0/Q4_1; the other block formats are
-    /// only read) and upload it (load-time `--quantize`).
+    /// Quantize `data` on the CPU to `dtype` (Q8_0/Q4_0/Q4_1/Q4_Z/Q8_Z; the other block
+    /// formats are only read) and upload it (load-time `--quantize`).
     pub fn quantize_f32(
         device: &Device,
         dtype: DType,

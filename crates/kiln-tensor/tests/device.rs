@@ -85,6 +85,8 @@ fn upload_download_roundtrips_every_dtype() {
             DType::Q4_K,
             DType::Q5_K,
             DType::Q6_K,
+            DType::Q4_Z,
+            DType::Q8_Z,
         ] {
             let rows = 3;
             let cols = 3 * q.block_elems();
@@ -128,7 +130,17 @@ fn device_dequantization_matches_hand_worked_blocks() {
     let mut n = [0u8; 16];
     n[0] = 0x3C;
     q41.extend_from_slice(&n);
-    let checks: [(DType, &[u8], &[(usize, f32)]); 3] = [
+    // Q4_Z with a zero point that is not an integer, d = 0.25, z = 0.5 (exact either way
+    // the kernels compute it); Q8_Z with d = 0.5, z = 128 and unsigned quants 0, 128, 255, 1.
+    let mut q4z = vec![0x00, 0x34, 0x00, 0x38];
+    let mut n = [0u8; 16];
+    n[0] = 0x3C;
+    q4z.extend_from_slice(&n);
+    let mut q8z = vec![0x00, 0x38, 0x00, 0x58];
+    let mut qs = [128u8; 32];
+    qs[..4].copy_from_slice(&[0, 128, 255, 1]);
+    q8z.extend_from_slice(&qs);
+    let checks: [(DType, &[u8], &[(usize, f32)]); 5] = [
         (
             DType::Q8_0,
             &q8,
@@ -151,6 +163,16 @@ fn device_dequantization_matches_hand_worked_blocks() {
             DType::Q4_1,
             &q41,
             &[(0, 2.0), (16, -0.25), (1, -1.0), (31, -1.0)],
+        ),
+        (
+            DType::Q4_Z,
+            &q4z,
+            &[(0, 2.875), (16, 0.625), (1, -0.125), (31, -0.125)],
+        ),
+        (
+            DType::Q8_Z,
+            &q8z,
+            &[(0, -64.0), (1, 0.0), (2, 63.5), (3, -63.5), (31, 0.0)],
         ),
     ];
     for (name, dev) in gpus() {
@@ -201,6 +223,8 @@ fn split_bindings_give_the_same_results() {
         (DType::Q5_K, 300, 256),
         (DType::Q2_K, 400, 256),
         (DType::Q5_1, 300, 256),
+        (DType::Q4_Z, 300, 256),
+        (DType::Q8_Z, 300, 256),
     ] {
         let w = randn(&mut r, n * k, 1.0);
         let raw = match dtype {

@@ -1,5 +1,8 @@
 // out[t, c] = table[ids[t], c] for the rows of the table held by this chunk. The launch for the
 // first chunk also writes zeros for ids past the end of the whole table.
+//
+// Under COLS, `gather_cols`: out[r, i] = x[r, ids[i]], x bound as an F32 table of p.rows rows
+// of p.k, the ids its p.n_ids column indices (checked against p.k on the host).
 
 struct Params {
     n_ids: u32,
@@ -23,6 +26,11 @@ fn main(
     @builtin(local_invocation_index) lid: u32,
 ) {
     let e = (wid.x + wid.y * nwg.x) * 64u + lid;
+#if COLS
+    if (e < p.rows * p.n_ids) {
+        out[e] = w_at(e / p.n_ids, ids[e % p.n_ids], p.k, p.qs);
+    }
+#else
     if (e >= p.n_ids * p.k) {
         return;
     }
@@ -34,4 +42,5 @@ fn main(
     } else if (p.first == 1u && id >= p.total_rows) {
         out[e] = 0.0;
     }
+#endif
 }

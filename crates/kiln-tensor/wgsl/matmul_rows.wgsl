@@ -140,13 +140,43 @@ fn decode(b: u32, v0: vec4<u32>, v1: vec4<u32>, v2: vec4<u32>, v3: vec4<u32>) ->
     return nib_blk(v1, d, -8.0 * d);
 }
 #endif
+// (d, m) of a block's head word, for value = q·d + m: Q4_1's d|m as it is; the zero-point
+// formats' d|z as (d, −z·d), one multiply-add an element instead of a subtract and a
+// multiply. Exact for the small integer zero points checkpoints have (q·d and z·d are then
+// exact in f32, and so is their sum); otherwise within an ulp of (q − z)·d.
 #if W_Q4_1
+fn head_dm(h: u32) -> vec2<f32> {
+    return unpack2x16float(h);
+}
+#endif
+#if W_ZP
+fn head_dm(h: u32) -> vec2<f32> {
+    let dz = unpack2x16float(h);
+    return vec2<f32>(dz.x, -dz.y * dz.x);
+}
+#endif
+#if W_Q4_DM
 fn blk_idx(b: u32, qs: u32) -> vec4<u32> {
     return vec4<u32>(b >> 2u, (qs >> 2u) + b, 0u, 0u);
 }
 fn decode(b: u32, v0: vec4<u32>, v1: vec4<u32>, v2: vec4<u32>, v3: vec4<u32>) -> Blk {
-    let dm = unpack2x16float(v0[b & 3u]);
+    let dm = head_dm(v0[b & 3u]);
     return nib_blk(v1, dm.x, dm.y);
+}
+#endif
+#if W_Q8_Z
+fn u8x4(x: u32) -> vec4<f32> {
+    return vec4<f32>(bitcast<vec4<i32>>(vec4<u32>(x, x >> 8u, x >> 16u, x >> 24u) & vec4<u32>(0xffu)));
+}
+fn blk_idx(b: u32, qs: u32) -> vec4<u32> {
+    let q = (qs >> 2u) + 2u * b;
+    return vec4<u32>(b >> 2u, q, q + 1u, 0u);
+}
+fn decode(b: u32, v0: vec4<u32>, v1: vec4<u32>, v2: vec4<u32>, v3: vec4<u32>) -> Blk {
+    let dm = head_dm(v0[b & 3u]);
+    return Blk(u8x4(v1.x) * dm.x + dm.y, u8x4(v1.y) * dm.x + dm.y, u8x4(v1.z) * dm.x + dm.y,
+        u8x4(v1.w) * dm.x + dm.y, u8x4(v2.x) * dm.x + dm.y, u8x4(v2.y) * dm.x + dm.y,
+        u8x4(v2.z) * dm.x + dm.y, u8x4(v2.w) * dm.x + dm.y);
 }
 #endif
 #if W_Q5_0

@@ -127,16 +127,20 @@ fn w_at(row: u32, col: u32, k: u32, qs: u32) -> f32 {
 #endif
 
 #if W_SUB
-// The 5-bit formats and the K-quants, decoded four elements at a time from the regrouped
-// device layout of quant/layout.rs. `b` numbers 32-element sub-blocks through the chunk
-// (super-block b / 8, sub-block b % 8 of it for the K-quants), `c` (0..8) picks elements
-// 4c..4c+3 of the sub-block: nibble word c % 4 (high nibbles for c >= 4), 2-bit word
-// c / 4 at bit 2 (c % 4), high bits 4c..4c+3.
+// The 5-bit formats, the K-quants and kiln's zero-point formats, decoded four elements at a
+// time from the regrouped device layout of quant/layout.rs. `b` numbers 32-element sub-blocks
+// through the chunk (super-block b / 8, sub-block b % 8 of it for the K-quants), `c` (0..8)
+// picks elements 4c..4c+3 of the sub-block: nibble word c % 4 (high nibbles for c >= 4),
+// 2-bit word c / 4 at bit 2 (c % 4), high bits 4c..4c+3, byte word c.
 fn two4(x: u32) -> vec4<f32> {
     return vec4<f32>(vec4<u32>(x, x >> 8u, x >> 16u, x >> 24u) & vec4<u32>(3u));
 }
 fn bit4(x: u32) -> vec4<f32> {
     return vec4<f32>(vec4<u32>(x, x >> 1u, x >> 2u, x >> 3u) & vec4<u32>(1u));
+}
+// Elements 4c..4c+3 of the 16 nibble bytes from word `at` on.
+fn nibs(at: u32, c: u32) -> vec4<f32> {
+    return nib4(w[at + c % 4u] >> (4u * (c / 4u)));
 }
 // Byte j of the words from `at` on.
 fn byte_at(at: u32, j: u32) -> u32 {
@@ -157,7 +161,7 @@ fn w_unit8(row: u32, u: u32, k: u32, qs: u32) -> W8 {
 #if W_Q5_0
 fn q4v(b: u32, c: u32, qs: u32) -> vec4<f32> {
     let d = unpack2x16float(w[2u * b]).x;
-    let q = nib4(w[qs + b * 4u + c % 4u] >> (4u * (c / 4u))) + 16.0 * bit4(w[2u * b + 1u] >> (4u * c));
+    let q = nibs(qs + b * 4u, c) + 16.0 * bit4(w[2u * b + 1u] >> (4u * c));
     return d * (q - 16.0);
 }
 #endif
@@ -165,7 +169,7 @@ fn q4v(b: u32, c: u32, qs: u32) -> vec4<f32> {
 #if W_Q5_1
 fn q4v(b: u32, c: u32, qs: u32) -> vec4<f32> {
     let dm = unpack2x16float(w[2u * b]);
-    let q = nib4(w[qs + b * 4u + c % 4u] >> (4u * (c / 4u))) + 16.0 * bit4(w[2u * b + 1u] >> (4u * c));
+    let q = nibs(qs + b * 4u, c) + 16.0 * bit4(w[2u * b + 1u] >> (4u * c));
     return dm.x * q + dm.y;
 }
 #endif
@@ -220,9 +224,9 @@ fn q4v(b: u32, c: u32, qs: u32) -> vec4<f32> {
     let m1 = dm.y * scm.y;
 #if W_Q5_K
     let base = qs + sb * 40u;
-    let q = nib4(w[base + 8u + 4u * s + c % 4u] >> (4u * (c / 4u))) + 16.0 * bit4(w[base + s] >> (4u * c));
+    let q = nibs(base + 8u + 4u * s, c) + 16.0 * bit4(w[base + s] >> (4u * c));
 #else
-    let q = nib4(w[qs + sb * 32u + 4u * s + c % 4u] >> (4u * (c / 4u)));
+    let q = nibs(qs + sb * 32u + 4u * s, c);
 #endif
     return d1 * q - m1;
 }
@@ -237,8 +241,26 @@ fn q4v(b: u32, c: u32, qs: u32) -> vec4<f32> {
     let i = 2u * s + c / 4u;
     let sc = bitcast<i32>(w[base + i / 4u] << (24u - 8u * (i % 4u))) >> 24u;
     let dl = d * f32(sc);
-    let lo = nib4(w[base + 4u + 4u * s + c % 4u] >> (4u * (c / 4u)));
+    let lo = nibs(base + 4u + 4u * s, c);
     let hi = two4(w[base + 36u + 2u * s + c / 4u] >> (2u * (c % 4u)));
     return dl * (lo + 16.0 * hi - 32.0);
+}
+#endif
+
+// kiln's zero-point formats: a d|z head word a block; value = (q − z)·d, in that order so
+// that it equals the CPU reference bit for bit.
+#if W_Q4_Z
+fn q4v(b: u32, c: u32, qs: u32) -> vec4<f32> {
+    let dz = unpack2x16float(w[b]);
+    return (nibs(qs + b * 4u, c) - dz.y) * dz.x;
+}
+#endif
+
+#if W_Q8_Z
+fn q4v(b: u32, c: u32, qs: u32) -> vec4<f32> {
+    let dz = unpack2x16float(w[b]);
+    let x = w[qs + b * 8u + c];
+    let q = vec4<f32>(vec4<u32>(x, x >> 8u, x >> 16u, x >> 24u) & vec4<u32>(0xffu));
+    return (q - dz.y) * dz.x;
 }
 #endif

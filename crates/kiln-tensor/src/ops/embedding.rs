@@ -1,11 +1,15 @@
-//! `embedding`: gather rows of a table of any float or GGUF block dtype by token id.
+//! Gathers: `embedding` (rows of a table of any float or block dtype by token id) and
+//! `gather_cols` (columns of an F32 activation by a [`ColumnIndex`] built at load time:
+//! activation-order GPTQ checkpoints permute a layer's input features).
+
+use std::sync::Arc;
 
 use bytemuck::{Pod, Zeroable};
 
-use super::{R2W, WEIGHT_DTYPES, host_row, require_dtype, weight_defines};
+use super::{R2W, WEIGHT_DTYPES, check_indices, host_f32, host_row, require_dtype, weight_defines};
 use crate::gpu::KernelDef;
 use crate::tensor::Storage;
-use crate::{DType, Recorder, Result, Tensor, TensorError};
+use crate::{DType, Device, Recorder, Result, Tensor, TensorError};
 
 const SRC: &str = concat!(
     include_str!("../../wgsl/weights.wgsl"),
@@ -13,6 +17,11 @@ const SRC: &str = concat!(
 );
 static EMBEDDING: KernelDef = KernelDef {
     name: "embedding",
+    source: SRC,
+    bindings: R2W,
+};
+static GATHER_COLS: KernelDef = KernelDef {
+    name: "gather_cols",
     source: SRC,
     bindings: R2W,
 };
@@ -44,18 +53,11 @@ impl Recorder {
             });
         }
         let (rows, k) = (table.rows(), table.cols());
-        if let Some(&bad) = ids.iter().find(|&&i| i as usize >= rows) {
-            return Err(TensorError::OutOfRange {
-                op: OP,
-                what: "token id",
-                index: bad as usize,
-                limit: rows,
-            });
-        }
-        if ids.is_empty() || k == 0 {
+        check_indices(OP, "token id", ids, rows)?;
+        if k == 0 {
             return Err(TensorError::Invalid {
                 op: OP,
-                detail: "no ids or an empty table".into(),
+                detail: "an empty table".into(),
             });
         }
         let shape = vec![ids.len(), k];
@@ -107,4 +109,121 @@ pub(crate) fn embedding_ref(table: &Tensor, ids: &[u32]) -> Result<Vec<f32>> {
         host_row(table, id as usize, &mut out[t * k..(t + 1) * k])?;
     }
     Ok(out)
+}
+
+/// Column indices checked against the width of the tensors they will gather from, and
+/// uploaded once (they are built at load time and used every step). Checking here, not in
+/// [`Recorder::gather_cols`], needs no read-back of the device copy, and a bad index fails
+/// before anything is recorded.
+#[derive(Debug, Clone)]
+pub struct ColumnIndex {
+    source_cols: usize,
+    host: Arc<[u32]>,
+    uploaded: Option<Tensor>,
+}
+
+impl ColumnIndex {
+    /// `idx[i]` is the source column of output column `i`; every index must be below
+    /// `source_cols`. Repeats and omissions are allowed (a permutation is the usual case).
+    pub fn new(device: &Device, idx: &[u32], source_cols: usize) -> Result<Self> {
+        check_indices("gather_cols", "column index", idx, source_cols)?;
+        let uploaded = if device.is_cpu() {
+            None
+        } else {
+            Some(Tensor::from_u32(device, &[idx.len()], idx)?)
+        };
+        Ok(Self {
+            source_cols,
+            host: idx.into(),
+            uploaded,
+        })
+    }
+
+    /// Output columns.
+    pub fn len(&self) -> usize {
+        self.host.len()
+    }
+
+    /// Always false: an index holds at least one column.
+    pub fn is_empty(&self) -> bool {
+        self.host.is_empty()
+    }
+
+    /// The width of the tensors this index gathers from.
+    pub fn source_cols(&self) -> usize {
+        self.source_cols
+    }
+
+    pub fn indices(&self) -> &[u32] {
+        &self.host
+    }
+}
+
+impl Recorder {
+    /// Y[r, i] = X[r, idx[i]]: X is F32 `[.., k]` with k = `idx.source_cols()`, Y is F32
+    /// `[.., idx.len()]`.
+    pub fn gather_cols(&mut self, x: &Tensor, idx: &ColumnIndex) -> Result<Tensor> {
+        const OP: &str = "gather_cols";
+        require_dtype(OP, "the input", x, &[DType::F32])?;
+        self.check_device(OP, &[x])?;
+        match &idx.uploaded {
+            Some(t) => self.check_device(OP, &[t])?,
+            None if !self.device().is_cpu() => return Err(TensorError::DeviceMismatch { op: OP }),
+            None => {}
+        }
+        let (m, k, n) = (x.rows(), x.cols(), idx.len());
+        if k != idx.source_cols || m == 0 {
+            return Err(TensorError::Shape {
+                op: OP,
+                detail: format!(
+                    "input {:?} for an index over {} columns",
+                    x.shape(),
+                    idx.source_cols
+                ),
+            });
+        }
+        let mut shape = x.shape().to_vec();
+        if let Some(last) = shape.last_mut() {
+            *last = n;
+        }
+        let (Some(ctx), Some(t)) = (self.gpu().cloned(), &idx.uploaded) else {
+            let y = gather_cols_ref(host_f32(x)?, k, &idx.host);
+            return Ok(Tensor::cpu_f32(shape, y));
+        };
+        // Activations are op outputs, one binding each; a chunked input would be read wrong.
+        if x.chunk_count() != 1 {
+            return Err(TensorError::Invalid {
+                op: OP,
+                detail: format!("input {:?} spans {} bindings", x.shape(), x.chunk_count()),
+            });
+        }
+        let y = Tensor::gpu_output(&ctx, DType::F32, shape, OP)?;
+        let params = Params {
+            n_ids: n as u32,
+            k: k as u32,
+            row0: 0,
+            rows: m as u32,
+            total_rows: m as u32,
+            qs: 0,
+            first: 0,
+            _pad: 0,
+        };
+        let mut defines = weight_defines(DType::F32, 2);
+        defines.push(("COLS", "1".into()));
+        self.dispatch(
+            &GATHER_COLS,
+            &defines,
+            &params,
+            vec![(t.clone(), 0), (x.clone(), 0), (y.clone(), 0)],
+            (m * n).div_ceil(64) as u32,
+        )?;
+        Ok(y)
+    }
+}
+
+/// CPU reference of `gather_cols`: rows of `x` (`k` wide) gathered by `idx`.
+pub(crate) fn gather_cols_ref(x: &[f32], k: usize, idx: &[u32]) -> Vec<f32> {
+    x.chunks_exact(k)
+        .flat_map(|row| idx.iter().map(|&i| row[i as usize]))
+        .collect()
 }

@@ -8,6 +8,7 @@ mod matmul;
 mod rope;
 mod rows;
 
+pub use embedding::ColumnIndex;
 pub use matmul::Activation;
 pub use rope::{RopeConfig, RopeLayout, RopePositions, RopeScaling, RopeTable};
 
@@ -45,8 +46,9 @@ pub(crate) const WEIGHT_DTYPES: &[DType] = DType::WEIGHTS;
 
 /// `(define, value)` switches selecting a weight dtype in `weights.wgsl` and
 /// `matmul_rows.wgsl`: the dtype's own switch, the family switches (`W_FLOAT`, `W_QUANT`,
-/// `W_SUB` for the formats decoded four elements at a time, `W_Q45_K`), and `RD3`/`RD4`, how
-/// many 16-byte reads `matmul_rows.wgsl` makes a block.
+/// `W_SUB` for the formats decoded four elements at a time, `W_Q45_K`, `W_ZP` for the
+/// zero-point formats, `W_Q4_DM` for the nibble formats with a `d|m` or `d|z` head word a
+/// block), and `RD3`/`RD4`, how many 16-byte reads `matmul_rows.wgsl` makes a block.
 pub(crate) fn weight_defines(dtype: DType, binding: u32) -> Vec<(&'static str, String)> {
     let (name, reads) = match dtype {
         DType::F32 => ("W_F32", 0),
@@ -62,6 +64,8 @@ pub(crate) fn weight_defines(dtype: DType, binding: u32) -> Vec<(&'static str, S
         DType::Q4_K => ("W_Q4_K", 2),
         DType::Q5_K => ("W_Q5_K", 3),
         DType::Q6_K => ("W_Q6_K", 4),
+        DType::Q4_Z => ("W_Q4_Z", 2),
+        DType::Q8_Z => ("W_Q8_Z", 3),
         // Rejected by the ops' dtype checks before any launch.
         DType::U32 | DType::I32 => ("W_F32", 0),
     };
@@ -77,6 +81,12 @@ pub(crate) fn weight_defines(dtype: DType, binding: u32) -> Vec<(&'static str, S
     }
     if matches!(dtype, DType::Q4_K | DType::Q5_K) {
         d.push(("W_Q45_K", "1".into()));
+    }
+    if matches!(dtype, DType::Q4_Z | DType::Q8_Z) {
+        d.push(("W_ZP", "1".into()));
+    }
+    if matches!(dtype, DType::Q4_1 | DType::Q4_Z) {
+        d.push(("W_Q4_DM", "1".into()));
     }
     d.push(("RD3", u32::from(reads >= 3).to_string()));
     d.push(("RD4", u32::from(reads >= 4).to_string()));
@@ -98,6 +108,30 @@ pub(crate) fn require_dtype(
             dtype: t.dtype(),
         })
     }
+}
+
+/// Host indices checked before anything is recorded: at least one, each below `limit`.
+pub(crate) fn check_indices(
+    op: &'static str,
+    what: &'static str,
+    ids: &[u32],
+    limit: usize,
+) -> Result<()> {
+    if let Some(&bad) = ids.iter().find(|&&i| i as usize >= limit) {
+        return Err(TensorError::OutOfRange {
+            op,
+            what,
+            index: bad as usize,
+            limit,
+        });
+    }
+    if ids.is_empty() {
+        return Err(TensorError::Invalid {
+            op,
+            detail: format!("no {what} given"),
+        });
+    }
+    Ok(())
 }
 
 pub(crate) fn require_same_shape(op: &'static str, a: &Tensor, b: &Tensor) -> Result<()> {

@@ -152,23 +152,7 @@ impl RopeTable {
     /// Validate the positions of a step's tokens and upload them once, for every `rope` of the
     /// step (Q and K of every layer).
     pub fn positions(&self, positions: &[u32]) -> Result<RopePositions> {
-        if let Some(&p) = positions
-            .iter()
-            .find(|&&p| p as usize >= self.max_positions)
-        {
-            return Err(TensorError::OutOfRange {
-                op: "rope",
-                what: "position",
-                index: p as usize,
-                limit: self.max_positions,
-            });
-        }
-        if positions.is_empty() {
-            return Err(TensorError::Invalid {
-                op: "rope",
-                detail: "no positions".into(),
-            });
-        }
+        super::check_indices("rope", "position", positions, self.max_positions)?;
         let device = self.table.device();
         let uploaded = if device.is_cpu() {
             None

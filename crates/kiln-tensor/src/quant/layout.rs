@@ -7,7 +7,8 @@
 //! | dtype | head words per 2 blocks | quant words per block |
 //! |-------|-------------------------|-----------------------|
 //! | Q8_0, Q4_0 | `d0|d1` | i8 × 32 (8) / nibbles (4) |
-//! | Q4_1 | `d|m` each | nibbles (4) |
+//! | Q4_1, Q4_Z | `d|m` / `d|z` each | nibbles (4) |
+//! | Q8_Z | `d|z` each | u8 × 32 (8) |
 //! | Q5_0 | `d`, `qh` each | nibbles (4) |
 //! | Q5_1 | `d|m, qh` each | nibbles (4) |
 //! | Q2_K | `d|dmin` each | GGUF scales (4), 2-bit × 8 sub-blocks (16) |
@@ -42,7 +43,8 @@ fn geometry(dtype: DType) -> (usize, usize) {
     match dtype {
         DType::Q8_0 => (1, 8),
         DType::Q4_0 => (1, 4),
-        DType::Q4_1 => (2, 4),
+        DType::Q4_1 | DType::Q4_Z => (2, 4),
+        DType::Q8_Z => (2, 8),
         DType::Q5_0 => (4, 4),
         DType::Q5_1 => (4, 4),
         DType::Q2_K => (2, 20),
@@ -232,10 +234,11 @@ pub(crate) fn to_device(dtype: DType, raw: &[u8]) -> Vec<u32> {
                     w[q..q + bb - 2].copy_from_slice(&blk[2..]);
                 }
             }
-            DType::Q4_1 | DType::Q5_1 => {
-                let hb = bb - 16;
+            // The whole head (one or two words), then the quants verbatim.
+            DType::Q4_1 | DType::Q5_1 | DType::Q4_Z | DType::Q8_Z => {
+                let hb = bb - qw * 4;
                 w[h..h + hb].copy_from_slice(&blk[..hb]);
-                w[q..q + 16].copy_from_slice(&blk[hb..]);
+                w[q..q + qw * 4].copy_from_slice(&blk[hb..]);
             }
             DType::Q5_0 => {
                 w[h..h + 2].copy_from_slice(&blk[0..2]);
@@ -287,10 +290,10 @@ pub(crate) fn from_device(dtype: DType, dev: &[u8], n_blocks: usize) -> Vec<u8> 
                     blk[2..].copy_from_slice(&dev[q..q + bb - 2]);
                 }
             }
-            DType::Q4_1 | DType::Q5_1 => {
-                let hb = bb - 16;
+            DType::Q4_1 | DType::Q5_1 | DType::Q4_Z | DType::Q8_Z => {
+                let hb = bb - qw * 4;
                 blk[..hb].copy_from_slice(&dev[h..h + hb]);
-                blk[hb..].copy_from_slice(&dev[q..q + 16]);
+                blk[hb..].copy_from_slice(&dev[q..q + qw * 4]);
             }
             DType::Q5_0 => {
                 blk[0..2].copy_from_slice(&dev[h..h + 2]);

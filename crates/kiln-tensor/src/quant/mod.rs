@@ -1,11 +1,15 @@
-//! GGUF block formats on the CPU: dequantize (the reference of the kernels), quantize (the
-//! 32-element formats, for load-time `--quantize`), and the device layout (`layout`).
+//! Block formats on the CPU: dequantize (the reference of the kernels), quantize (the
+//! 32-element formats but the 5-bit ones, for load-time `--quantize` and test data), and the
+//! device layout (`layout`).
 //!
-//! Host (GGUF) layouts, as ggml defines them:
+//! Host layouts (GGUF's as ggml defines them, and kiln's own `Q4_Z`, `Q8_Z`):
 //! - `Q8_0`: f16 `d`, 32 × i8 `q`; value = q·d (34 bytes);
 //! - `Q4_0`: f16 `d`, 16 bytes; low nibbles are elements 0–15, high nibbles 16–31;
 //!   value = (q − 8)·d (18 bytes);
 //! - `Q4_1`: f16 `d`, f16 `m`, 16 bytes of nibbles as in `Q4_0`; value = q·d + m (20 bytes);
+//! - `Q4_Z` (kiln's, for GPTQ/AWQ/compressed-tensors 4-bit): f16 `d`, f16 `z`, 16 bytes of
+//!   nibbles as in `Q4_0`; value = (q − z)·d (20 bytes); `Q8_Z`: f16 `d`, f16 `z`, 32 × u8 `q`;
+//!   (q − z)·d (36). Computed in that order, in f32.
 //! - `Q5_0`: f16 `d`, u32 `qh` (bit j is bit 4 of element j), nibbles as in `Q4_0`;
 //!   value = (q − 16)·d (22 bytes); `Q5_1`: f16 `d`, f16 `m`, `qh`, nibbles; q·d + m (24);
 //! - `Q2_K` (84 bytes a 256-element super-block): 16 bytes of (scale, min) nibbles for each
@@ -38,7 +42,9 @@ pub(crate) fn f16_at(b: &[u8], at: usize) -> f32 {
 fn scale_offsets(dtype: DType) -> &'static [usize] {
     match dtype {
         DType::Q8_0 | DType::Q4_0 | DType::Q5_0 => &[0],
-        DType::Q4_1 | DType::Q5_1 | DType::Q4_K | DType::Q5_K => &[0, 2],
+        DType::Q4_1 | DType::Q5_1 | DType::Q4_K | DType::Q5_K | DType::Q4_Z | DType::Q8_Z => {
+            &[0, 2]
+        }
         DType::Q2_K => &[80, 82],
         DType::Q3_K => &[108],
         DType::Q6_K => &[208],
@@ -104,28 +110,49 @@ pub(crate) fn dequantize_block(dtype: DType, blk: &[u8], out: &mut [f32]) {
         }
         DType::Q4_0 => {
             let d = f16_at(blk, 0);
-            for (i, &q) in blk[2..18].iter().enumerate() {
-                out[i] = (f32::from(q & 0x0f) - 8.0) * d;
-                out[i + 16] = (f32::from(q >> 4) - 8.0) * d;
-            }
+            nibbles(&blk[2..18], out, |q| (q - 8.0) * d);
         }
         DType::Q4_1 => {
-            let d = f16_at(blk, 0);
-            let m = f16_at(blk, 2);
-            for (i, &q) in blk[4..20].iter().enumerate() {
-                out[i] = f32::from(q & 0x0f) * d + m;
-                out[i + 16] = f32::from(q >> 4) * d + m;
+            let (d, m) = (f16_at(blk, 0), f16_at(blk, 2));
+            nibbles(&blk[4..20], out, |q| q * d + m);
+        }
+        DType::Q4_Z => {
+            let (d, z) = (f16_at(blk, 0), f16_at(blk, 2));
+            nibbles(&blk[4..20], out, |q| (q - z) * d);
+        }
+        DType::Q8_Z => {
+            let (d, z) = (f16_at(blk, 0), f16_at(blk, 2));
+            for (o, &q) in out.iter_mut().zip(&blk[4..36]) {
+                *o = (f32::from(q) - z) * d;
             }
         }
         _ => kquant::dequantize_block(dtype, blk, out),
     }
 }
 
+/// The 32 values of 16 nibble bytes (byte j: element j low, j + 16 high), each quant mapped
+/// through `value`.
+fn nibbles(qs: &[u8], out: &mut [f32], value: impl Fn(f32) -> f32) {
+    for (i, &q) in qs.iter().enumerate() {
+        out[i] = value(f32::from(q & 0x0f));
+        out[i + 16] = value(f32::from(q >> 4));
+    }
+}
+
+/// The 16 nibble bytes of 32 values (element j low, j + 16 high) quantized by `q`.
+fn pack_nibbles(b: &[f32], q: impl Fn(f32) -> u8, out: &mut Vec<u8>) {
+    out.extend((0..16).map(|i| q(b[i]) | (q(b[i + 16]) << 4)));
+}
+
 /// Quantize `x` (length a multiple of 32) to `dtype`'s host layout, as ggml's reference
-/// quantizers do (round-to-nearest; `Q4_0` scales by the signed absolute maximum / −8).
-/// Supports `Q8_0`, `Q4_0` and `Q4_1`; the other formats are only read.
+/// quantizers do (round-to-nearest; `Q4_0` scales by the signed absolute maximum / −8);
+/// `Q4_Z`/`Q8_Z` by each block's range (0 included) with an integer zero point.
+/// Supports `Q8_0`, `Q4_0`, `Q4_1`, `Q4_Z` and `Q8_Z`; the other formats are only read.
 pub fn quantize(dtype: DType, x: &[f32]) -> Result<Vec<u8>> {
-    if !matches!(dtype, DType::Q8_0 | DType::Q4_0 | DType::Q4_1) {
+    if !matches!(
+        dtype,
+        DType::Q8_0 | DType::Q4_0 | DType::Q4_1 | DType::Q4_Z | DType::Q8_Z
+    ) {
         return Err(TensorError::DType {
             op: "quantize",
             what: "the target format",
@@ -161,8 +188,7 @@ pub fn quantize(dtype: DType, x: &[f32]) -> Result<Vec<u8>> {
                 let d = max / -8.0;
                 let id = if d != 0.0 { 1.0 / d } else { 0.0 };
                 out.extend_from_slice(&f16::from_f32(d).to_le_bytes());
-                let q = |v: f32| ((v * id + 8.5) as i32).clamp(0, 15) as u8;
-                out.extend((0..16).map(|i| q(b[i]) | (q(b[i + 16]) << 4)));
+                pack_nibbles(b, |v| ((v * id + 8.5) as i32).clamp(0, 15) as u8, &mut out);
             }
             DType::Q4_1 => {
                 let min = b.iter().fold(f32::INFINITY, |a, &v| a.min(v));
@@ -171,8 +197,34 @@ pub fn quantize(dtype: DType, x: &[f32]) -> Result<Vec<u8>> {
                 let id = if d != 0.0 { 1.0 / d } else { 0.0 };
                 out.extend_from_slice(&f16::from_f32(d).to_le_bytes());
                 out.extend_from_slice(&f16::from_f32(min).to_le_bytes());
-                let q = |v: f32| (((v - min) * id + 0.5) as i32).clamp(0, 15) as u8;
-                out.extend((0..16).map(|i| q(b[i]) | (q(b[i + 16]) << 4)));
+                pack_nibbles(
+                    b,
+                    |v| (((v - min) * id + 0.5) as i32).clamp(0, 15) as u8,
+                    &mut out,
+                );
+            }
+            DType::Q4_Z | DType::Q8_Z => {
+                let qmax = if dtype == DType::Q4_Z { 15.0 } else { 255.0 };
+                // The range takes in 0, as GPTQ's asymmetric quantizer does, so that the zero
+                // point is an integer in 0..=qmax and 0 is exact.
+                let min = b.iter().fold(0f32, |a, &v| a.min(v));
+                let max = b.iter().fold(0f32, |a, &v| a.max(v));
+                // Quantize against the f16 scale that is stored.
+                let d = f16::from_f32((max - min) / qmax);
+                let id = if d.to_f32() != 0.0 {
+                    1.0 / d.to_f32()
+                } else {
+                    0.0
+                };
+                let z = (-min * id).round().clamp(0.0, qmax);
+                out.extend_from_slice(&d.to_le_bytes());
+                out.extend_from_slice(&f16::from_f32(z).to_le_bytes());
+                let q = |v: f32| (v * id + z).round().clamp(0.0, qmax) as u8;
+                if dtype == DType::Q4_Z {
+                    pack_nibbles(b, q, &mut out);
+                } else {
+                    out.extend(b.iter().map(|&v| q(v)));
+                }
             }
             _ => {}
         }
@@ -187,7 +239,13 @@ mod tests {
 
     #[test]
     fn blocks_with_a_non_finite_scale_are_refused() {
-        for (dtype, at) in [(DType::Q4_K, 2), (DType::Q6_K, 208), (DType::Q3_K, 108)] {
+        for (dtype, at) in [
+            (DType::Q4_K, 2),
+            (DType::Q6_K, 208),
+            (DType::Q3_K, 108),
+            (DType::Q4_Z, 2),
+            (DType::Q8_Z, 2),
+        ] {
             let mut blocks = vec![0u8; 3 * dtype.block_bytes()];
             assert!(check_blocks(dtype, &blocks).is_ok());
             // Block 2's scale becomes +inf (f16 0x7c00), then NaN (0x7e00).
@@ -232,20 +290,93 @@ mod tests {
         assert_eq!(out[1], 0.0);
     }
 
+    /// One nibble block under two heads. Q4_1: d = 0.25 (f16 0x3400), m = −1 (0xBC00).
+    /// Q4_Z: d = 0.25, z = 0.5 (0x3800), not an integer. Byte 0 = 0x3C holds q = 12 (element
+    /// 0) and q = 3 (element 16); the other bytes are 0.
     #[test]
-    fn q4_1_block_by_hand() {
-        // d = 0.25 (f16 0x3400), m = -1.0 (f16 0xBC00); byte 0 = 0x3C: element 0 = 12*0.25-1 = 2,
-        // element 16 = 3*0.25-1 = -0.25; other bytes 0: value = m.
-        let mut blk = vec![0x00, 0x34, 0x00, 0xBC];
+    fn q4_1_and_q4_z_blocks_by_hand() {
+        for (dt, head, want) in [
+            // 12·0.25 − 1, 3·0.25 − 1, then m.
+            (
+                DType::Q4_1,
+                [0x00, 0x34, 0x00, 0xBC],
+                [2.0, -0.25, -1.0, -1.0],
+            ),
+            // (12 − 0.5)·0.25, (3 − 0.5)·0.25, then (0 − 0.5)·0.25.
+            (
+                DType::Q4_Z,
+                [0x00, 0x34, 0x00, 0x38],
+                [2.875, 0.625, -0.125, -0.125],
+            ),
+        ] {
+            let mut blk = head.to_vec();
+            let mut qs = [0u8; 16];
+            qs[0] = 0x3C;
+            blk.extend_from_slice(&qs);
+            let mut out = [0f32; 32];
+            dequantize(dt, &blk, &mut out).unwrap();
+            assert_eq!([out[0], out[16], out[1], out[31]], want, "{dt:?}");
+        }
+    }
+
+    /// Q4_Z with z = 8 is Q4_0: the same nibbles and scale give the same values.
+    #[test]
+    fn q4_z_with_zero_point_8_is_q4_0() {
         let mut qs = [0u8; 16];
-        qs[0] = 0x3C;
+        for (j, q) in qs.iter_mut().enumerate() {
+            *q = (j as u8 * 37) ^ 0xA5;
+        }
+        // d = 2.0 (f16 0x4000), z = 8.0 (f16 0x4800).
+        let q40: Vec<u8> = [0x00, 0x40].iter().chain(&qs).copied().collect();
+        let q4z: Vec<u8> = [0x00, 0x40, 0x00, 0x48]
+            .iter()
+            .chain(&qs)
+            .copied()
+            .collect();
+        let (mut a, mut b) = ([0f32; 32], [0f32; 32]);
+        dequantize(DType::Q4_0, &q40, &mut a).unwrap();
+        dequantize(DType::Q4_Z, &q4z, &mut b).unwrap();
+        assert_eq!(a, b);
+    }
+
+    #[test]
+    fn q8_z_block_by_hand() {
+        // d = 0.5 (f16 0x3800), z = 128 (f16 0x5800); q = 0, 128, 255, 1 (unsigned).
+        let mut blk = vec![0x00, 0x38, 0x00, 0x58];
+        let mut qs = [128u8; 32];
+        qs[..4].copy_from_slice(&[0, 128, 255, 1]);
         blk.extend_from_slice(&qs);
         let mut out = [0f32; 32];
-        dequantize(DType::Q4_1, &blk, &mut out).unwrap();
-        assert_eq!(out[0], 2.0);
-        assert_eq!(out[16], -0.25);
-        assert_eq!(out[1], -1.0);
-        assert_eq!(out[31], -1.0);
+        dequantize(DType::Q8_Z, &blk, &mut out).unwrap();
+        assert_eq!(&out[..4], &[-64.0, 0.0, 63.5, -63.5]);
+        assert!(out[4..].iter().all(|&v| v == 0.0));
+        // d = 0.25 (0x3400), z = 2.5 (0x4100): q = 0 → −0.625, q = 3 → 0.125.
+        blk[..4].copy_from_slice(&[0x00, 0x34, 0x00, 0x41]);
+        blk[4..6].copy_from_slice(&[0, 3]);
+        dequantize(DType::Q8_Z, &blk, &mut out).unwrap();
+        assert_eq!(&out[..2], &[-0.625, 0.125]);
+    }
+
+    /// The zero-point quantizers store an integer zero point in range, and a block holding
+    /// only integers times a power of two comes back exactly.
+    #[test]
+    fn zero_point_quantizers_store_integer_zero_points() {
+        let x: Vec<f32> = (0..64).map(|i| ((i * 7 % 16) as f32 - 5.0) * 0.5).collect();
+        for (dt, qmax) in [(DType::Q4_Z, 15.0), (DType::Q8_Z, 255.0)] {
+            let q = quantize(dt, &x).unwrap();
+            for blk in q.chunks_exact(dt.block_bytes()) {
+                let z = f16_at(blk, 2);
+                assert!(
+                    z.fract() == 0.0 && (0.0..=qmax).contains(&z),
+                    "{dt:?} z = {z}"
+                );
+            }
+        }
+        // Values −2.5 … 5 in steps of 0.5: 15 steps, so Q4_Z has d = 0.5, z = 5 exactly.
+        let q = quantize(DType::Q4_Z, &x).unwrap();
+        let mut y = vec![0f32; 64];
+        dequantize(DType::Q4_Z, &q, &mut y).unwrap();
+        assert_eq!(y, x);
     }
 
     #[test]
@@ -257,6 +388,9 @@ mod tests {
             (DType::Q8_0, 0.01),
             (DType::Q4_0, 0.15),
             (DType::Q4_1, 0.08),
+            // Steps of (range with 0) / 15 or / 255, the range at most twice the maximum.
+            (DType::Q4_Z, 0.07),
+            (DType::Q8_Z, 0.005),
         ] {
             let q = quantize(dt, &x).unwrap();
             assert_eq!(q.len(), x.len() / 32 * dt.block_bytes());
@@ -274,11 +408,41 @@ mod tests {
     #[test]
     fn device_layout_roundtrips() {
         let x: Vec<f32> = (0..96).map(|i| (i as f32).sin()).collect();
-        for dt in [DType::Q8_0, DType::Q4_0, DType::Q4_1] {
+        for dt in [
+            DType::Q8_0,
+            DType::Q4_0,
+            DType::Q4_1,
+            DType::Q4_Z,
+            DType::Q8_Z,
+        ] {
             let q = quantize(dt, &x).unwrap();
             let w = to_device(dt, &q);
             assert_eq!(w.len(), device_layout(dt, 3).words);
             assert_eq!(from_device(dt, bytemuck::cast_slice(&w), 3), q);
+        }
+    }
+
+    /// The zero-point formats on the device: a `d|z` head word a block, then the quants
+    /// verbatim from a 16-byte boundary; any bytes come back as they went in.
+    #[test]
+    fn zero_point_device_layout() {
+        for (dt, quant_words) in [(DType::Q4_Z, 4), (DType::Q8_Z, 8)] {
+            let bb = dt.block_bytes();
+            let raw: Vec<u8> = (0..5 * bb)
+                .map(|i| (i.wrapping_mul(2_654_435_761) >> 7) as u8)
+                .collect();
+            let w = to_device(dt, &raw);
+            // 5 head words, padded to 8, then 5 blocks of quants.
+            assert_eq!(device_layout(dt, 5).qs_offset, 8);
+            assert_eq!(w.len(), 8 + 5 * quant_words);
+            let dev: &[u8] = bytemuck::cast_slice(&w);
+            for (i, blk) in raw.chunks_exact(bb).enumerate() {
+                assert_eq!(&dev[4 * i..4 * i + 4], &blk[..4], "{dt:?} head {i}");
+                let q = 32 + i * quant_words * 4;
+                assert_eq!(&dev[q..q + bb - 4], &blk[4..], "{dt:?} quants {i}");
+            }
+            assert_eq!(from_device(dt, dev, 5), raw, "{dt:?}");
+            assert!(device_block_bytes(dt) >= bb.next_multiple_of(4));
         }
     }
 

@@ -121,7 +121,7 @@ pub fn assert_close(what: &str, got: &[f32], want: &[f32], atol: f32, rtol: f32)
     }
 }
 
-/// `n_blocks` blocks of the GGUF format `dtype` made of random bytes, with random finite f16
+/// `n_blocks` blocks of the block format `dtype` made of random bytes, with random finite f16
 /// scales small enough that every value lies within about ±1 (BF16: random values in ±1).
 /// Covers every quant bit pattern, which a quantizer's output would not.
 pub fn random_blocks(r: &mut StdRng, dtype: DType, n_blocks: usize) -> Vec<u8> {
@@ -141,6 +141,9 @@ pub fn random_blocks(r: &mut StdRng, dtype: DType, n_blocks: usize) -> Vec<u8> {
         DType::Q4_K => &[(0, 1.0 / 945.0), (2, 1.0 / 126.0)],
         DType::Q5_K => &[(0, 1.0 / 1953.0), (2, 1.0 / 126.0)],
         DType::Q6_K => &[(208, 1.0 / 4096.0)],
+        // Zero points anywhere in ±16 (±256), integer or not: |q − z| < 31 (511).
+        DType::Q4_Z => &[(0, 1.0 / 32.0), (2, 16.0)],
+        DType::Q8_Z => &[(0, 1.0 / 512.0), (2, 256.0)],
         d => panic!("{d:?} is not a block format"),
     };
     let bb = dtype.block_bytes();
