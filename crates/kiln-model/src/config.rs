@@ -4,6 +4,9 @@
 
 mod gguf;
 mod hf;
+mod quant;
+
+pub use quant::{HfQuant, QuantMethod};
 
 use kiln_tensor::{RopeConfig, RopeLayout, RopeScaling};
 

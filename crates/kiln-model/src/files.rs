@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 
 use crate::safetensors::{HfSource, LoadOptions};
 use crate::weights::{GgufSource, WeightSource};
-use crate::{ModelConfig, ModelError, Result};
+use crate::{HfQuant, ModelConfig, ModelError, Result};
 
 /// Which format a model path holds.
 #[derive(Debug)]
@@ -39,8 +39,10 @@ impl ModelFiles {
                 path: cfg_path.clone(),
                 source,
             })?;
-            let config = ModelConfig::from_hf_json(&cfg_path.display().to_string(), &text)?;
-            let weights = HfSource::open(path, options)?;
+            let cfg_name = cfg_path.display().to_string();
+            let config = ModelConfig::from_hf_json(&cfg_name, &text)?;
+            let quant = HfQuant::from_hf_json(&cfg_name, &text)?;
+            let weights = HfSource::open(path, options)?.with_quant(quant);
             return Ok(Self {
                 config,
                 source: ModelSource::Hf {

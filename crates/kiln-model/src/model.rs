@@ -3,27 +3,96 @@
 
 use kiln_attention::{AttnConfig, KvCache, SeqBatch};
 use kiln_kv::BlockId;
-use kiln_tensor::{Device, Recorder, RopePositions, RopeTable, Tensor};
+use kiln_tensor::{ColumnIndex, Device, Recorder, RopePositions, RopeTable, Tensor};
 
 use crate::config::{Activation, RopeParams};
 use crate::weights::{Weight, WeightSource};
 use crate::{ModelConfig, ModelError, Result};
+
+/// The input orders of weights that share one input (Q/K/V; gate/up). Act-order checkpoints
+/// store each weight's columns sorted by group, so its input is gathered in that order first.
+enum Inputs {
+    /// One order for all of them (`None`: the input as it is): one gather, fused matmuls.
+    Shared(Option<ColumnIndex>),
+    /// An order per weight.
+    Each(Vec<Option<ColumnIndex>>),
+}
+
+impl Inputs {
+    fn of(device: &Device, perms: &[&Option<Vec<u32>>]) -> Result<Self> {
+        // A permutation of the input columns: as many as the weight has.
+        let upload = |p: &Option<Vec<u32>>| -> Result<Option<ColumnIndex>> {
+            p.as_ref()
+                .map(|p| ColumnIndex::new(device, p, p.len()))
+                .transpose()
+                .map_err(ModelError::from)
+        };
+        match perms {
+            [first, rest @ ..] if rest.iter().all(|p| p == first) => {
+                Ok(Inputs::Shared(upload(first)?))
+            }
+            _ => Ok(Inputs::Each(
+                perms.iter().map(|p| upload(p)).collect::<Result<_>>()?,
+            )),
+        }
+    }
+
+    fn indices(&self) -> impl Iterator<Item = &ColumnIndex> {
+        let (shared, each) = match self {
+            Inputs::Shared(p) => (p.as_ref(), &[][..]),
+            Inputs::Each(v) => (None, &v[..]),
+        };
+        shared.into_iter().chain(each.iter().flatten())
+    }
+
+    /// The order of weight `i`.
+    fn get(&self, i: usize) -> Option<&ColumnIndex> {
+        match self {
+            Inputs::Shared(p) => p.as_ref(),
+            Inputs::Each(v) => v.get(i).and_then(Option::as_ref),
+        }
+    }
+}
+
+/// `x` with its columns in `order` (`None`: `x` itself).
+fn gathered(rec: &mut Recorder, x: &Tensor, order: Option<&ColumnIndex>) -> Result<Tensor> {
+    match order {
+        None => Ok(x.clone()),
+        Some(idx) => Ok(rec.gather_cols(x, idx)?),
+    }
+}
+
+/// `x · wᵀ (+ bias)`, `x`'s columns gathered in `order` first.
+fn project(
+    rec: &mut Recorder,
+    x: &Tensor,
+    order: Option<&ColumnIndex>,
+    w: &Tensor,
+    bias: Option<&Tensor>,
+) -> Result<Tensor> {
+    let x = gathered(rec, x, order)?;
+    Ok(rec.matmul(&x, w, bias)?)
+}
 
 struct Layer {
     attn_norm: Tensor,
     q: Tensor,
     k: Tensor,
     v: Tensor,
+    qkv_in: Inputs,
     bias: Option<[Tensor; 3]>,
     /// Per-head RMSNorm of Q and K before RoPE (qwen3, gemma3).
     qk_norm: Option<[Tensor; 2]>,
     o: Tensor,
+    o_in: Inputs,
     /// Norm of the attention output before the residual add (gemma3).
     post_attn_norm: Option<Tensor>,
     ffn_norm: Tensor,
     gate: Tensor,
     up: Tensor,
+    gate_up_in: Inputs,
     down: Tensor,
+    down_in: Inputs,
     /// Norm of the MLP output before the residual add (gemma3).
     post_ffn_norm: Option<Tensor>,
     /// Index of this layer's RoPE table in `Model::ropes`.
@@ -161,19 +230,35 @@ impl Model {
                     rope_params.len() - 1
                 }
             };
+            let lin = |w: Weight, shape: &[usize]| src.load_linear(device, w, shape);
+            let (q, k, v) = (
+                lin(Weight::Q(l), &[qd, h])?,
+                lin(Weight::K(l), &[kvd, h])?,
+                lin(Weight::V(l), &[kvd, h])?,
+            );
+            let o = lin(Weight::O(l), &[h, qd])?;
+            let (gate, up) = (
+                lin(Weight::Gate(l), &[cfg.ffn, h])?,
+                lin(Weight::Up(l), &[cfg.ffn, h])?,
+            );
+            let down = lin(Weight::Down(l), &[h, cfg.ffn])?;
             layers.push(Layer {
                 attn_norm: norm_of(Weight::AttnNorm(l), h)?,
-                q: src.load(device, Weight::Q(l), &[qd, h])?,
-                k: src.load(device, Weight::K(l), &[kvd, h])?,
-                v: src.load(device, Weight::V(l), &[kvd, h])?,
+                qkv_in: Inputs::of(device, &[&q.input_perm, &k.input_perm, &v.input_perm])?,
+                q: q.weight,
+                k: k.weight,
+                v: v.weight,
                 bias,
                 qk_norm,
-                o: src.load(device, Weight::O(l), &[h, qd])?,
+                o_in: Inputs::of(device, &[&o.input_perm])?,
+                o: o.weight,
                 post_attn_norm,
                 ffn_norm,
-                gate: src.load(device, Weight::Gate(l), &[cfg.ffn, h])?,
-                up: src.load(device, Weight::Up(l), &[cfg.ffn, h])?,
-                down: src.load(device, Weight::Down(l), &[h, cfg.ffn])?,
+                gate_up_in: Inputs::of(device, &[&gate.input_perm, &up.input_perm])?,
+                gate: gate.weight,
+                up: up.weight,
+                down_in: Inputs::of(device, &[&down.input_perm])?,
+                down: down.weight,
                 post_ffn_norm,
                 rope,
                 attn: AttnConfig {
@@ -205,6 +290,11 @@ impl Model {
                 weight_bytes += bytes_of(t);
             }
             weight_bytes += l.bias.iter().flatten().map(bytes_of).sum::<u64>();
+            weight_bytes += [&l.qkv_in, &l.o_in, &l.gate_up_in, &l.down_in]
+                .into_iter()
+                .flat_map(Inputs::indices)
+                .map(|i| 4 * i.len() as u64)
+                .sum::<u64>();
             weight_bytes += l.qk_norm.iter().flatten().map(bytes_of).sum::<u64>();
             weight_bytes += [&l.post_attn_norm, &l.post_ffn_norm]
                 .into_iter()
@@ -324,7 +414,20 @@ impl Model {
         for (li, l) in self.layers.iter().enumerate() {
             let h = rec.rms_norm(&x, &l.attn_norm, cfg.rms_eps)?;
             let bias = l.bias.as_ref().map(|[q, k, v]| [q, k, v]);
-            let [mut q, mut k, v] = rec.matmul_qkv(&h, [&l.q, &l.k, &l.v], bias)?;
+            let [mut q, mut k, v] = match &l.qkv_in {
+                Inputs::Shared(order) => {
+                    let h = gathered(rec, &h, order.as_ref())?;
+                    rec.matmul_qkv(&h, [&l.q, &l.k, &l.v], bias)?
+                }
+                each => {
+                    let b = |i: usize| bias.map(|b| b[i]);
+                    [
+                        project(rec, &h, each.get(0), &l.q, b(0))?,
+                        project(rec, &h, each.get(1), &l.k, b(1))?,
+                        project(rec, &h, each.get(2), &l.v, b(2))?,
+                    ]
+                }
+            };
             if let Some([qn, kn]) = &l.qk_norm {
                 q = rec.rms_norm(&q.reshape(&[t * heads, d])?, qn, cfg.rms_eps)?;
                 k = rec.rms_norm(&k.reshape(&[t * kvh, d])?, kn, cfg.rms_eps)?;
@@ -341,6 +444,7 @@ impl Model {
             let a = cache
                 .attention(rec, li, &q, &batch, &l.attn)?
                 .reshape(&[t, heads * d])?;
+            let a = gathered(rec, &a, l.o_in.get(0))?;
             x = match &l.post_attn_norm {
                 None => rec.matmul_add(&a, &l.o, &x)?,
                 Some(n) => {
@@ -350,10 +454,24 @@ impl Model {
                 }
             };
             let h = rec.rms_norm(&x, &l.ffn_norm, cfg.rms_eps)?;
-            let m = match cfg.activation {
-                Activation::Silu => rec.matmul_swiglu(&h, &l.gate, &l.up)?,
-                Activation::GeluTanh => rec.matmul_geglu(&h, &l.gate, &l.up)?,
+            let m = match (&l.gate_up_in, cfg.activation) {
+                (Inputs::Shared(order), act) => {
+                    let h = gathered(rec, &h, order.as_ref())?;
+                    match act {
+                        Activation::Silu => rec.matmul_swiglu(&h, &l.gate, &l.up)?,
+                        Activation::GeluTanh => rec.matmul_geglu(&h, &l.gate, &l.up)?,
+                    }
+                }
+                (each, act) => {
+                    let g = project(rec, &h, each.get(0), &l.gate, None)?;
+                    let u = project(rec, &h, each.get(1), &l.up, None)?;
+                    match act {
+                        Activation::Silu => rec.silu_mul(&g, &u)?,
+                        Activation::GeluTanh => rec.gelu_tanh_mul(&g, &u)?,
+                    }
+                }
             };
+            let m = gathered(rec, &m, l.down_in.get(0))?;
             x = match &l.post_ffn_norm {
                 None => rec.matmul_add(&m, &l.down, &x)?,
                 Some(n) => {

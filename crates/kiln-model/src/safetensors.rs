@@ -10,17 +10,22 @@ use std::path::Path;
 use kiln_tensor::{DType, Device, QK, Tensor};
 use serde_json::{Map, Value};
 
+use crate::config::HfQuant;
 use crate::files::DataFile;
-use crate::weights::{Weight, WeightSource};
+use crate::weights::{Linear, Weight, WeightSource};
 use crate::{ModelError, Result};
 
-/// Element types a safetensors header may name. kiln loads the float ones.
+/// Element types a safetensors header may name. kiln loads the float ones as weights; the
+/// integer ones hold quantized checkpoints' packed words, zeros and group indices.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StDtype {
     F32,
     F16,
     BF16,
-    /// Anything else (`I64`, `F8_E4M3`, ...): listed, refused at load.
+    I64,
+    I32,
+    I8,
+    /// Anything else (`F8_E4M3`, `U16`, ...): listed, refused at load.
     Other,
 }
 
@@ -30,6 +35,9 @@ impl StDtype {
             "F32" => StDtype::F32,
             "F16" => StDtype::F16,
             "BF16" => StDtype::BF16,
+            "I64" => StDtype::I64,
+            "I32" => StDtype::I32,
+            "I8" => StDtype::I8,
             _ => StDtype::Other,
         }
     }
@@ -39,14 +47,19 @@ impl StDtype {
             StDtype::F32 => "F32",
             StDtype::F16 => "F16",
             StDtype::BF16 => "BF16",
+            StDtype::I64 => "I64",
+            StDtype::I32 => "I32",
+            StDtype::I8 => "I8",
             StDtype::Other => "other",
         }
     }
 
     fn size(self) -> Option<usize> {
         match self {
-            StDtype::F32 => Some(4),
+            StDtype::I64 => Some(8),
+            StDtype::F32 | StDtype::I32 => Some(4),
             StDtype::F16 | StDtype::BF16 => Some(2),
+            StDtype::I8 => Some(1),
             StDtype::Other => None,
         }
     }
@@ -56,17 +69,17 @@ impl StDtype {
             StDtype::F32 => Some(DType::F32),
             StDtype::F16 => Some(DType::F16),
             StDtype::BF16 => Some(DType::BF16),
-            StDtype::Other => None,
+            _ => None,
         }
     }
 }
 
 #[derive(Debug, Clone)]
-struct Entry {
-    dtype: StDtype,
+pub(crate) struct Entry {
+    pub(crate) dtype: StDtype,
     /// The dtype string as the header spells it (for error messages).
-    dtype_name: String,
-    shape: Vec<usize>,
+    pub(crate) dtype_name: String,
+    pub(crate) shape: Vec<usize>,
     /// Byte range within the whole file.
     range: Range<usize>,
 }
@@ -76,7 +89,7 @@ struct Entry {
 pub struct SafetensorsFile {
     name: String,
     data: Data,
-    tensors: HashMap<String, Entry>,
+    pub(crate) tensors: HashMap<String, Entry>,
 }
 
 /// Where a file's tensor bytes are.
@@ -135,7 +148,7 @@ impl SafetensorsFile {
     }
 
     /// The stored bytes of `tensor` (entry `e`): read from the file, or borrowed from memory.
-    fn bytes(&self, tensor: &str, e: &Entry) -> Result<Cow<'_, [u8]>> {
+    pub(crate) fn bytes(&self, tensor: &str, e: &Entry) -> Result<Cow<'_, [u8]>> {
         match &self.data {
             Data::File(f) => Ok(Cow::Owned(f.read(
                 e.range.start as u64..e.range.end as u64,
@@ -164,6 +177,43 @@ impl SafetensorsFile {
     /// Tensor names in this file.
     pub fn names(&self) -> impl Iterator<Item = &str> {
         self.tensors.keys().map(String::as_str)
+    }
+
+    /// A float tensor's values as f32 (F32, F16, BF16).
+    pub fn read_f32(&self, tensor: &str) -> Result<Vec<f32>> {
+        let e = self.tensors.get(tensor).ok_or_else(|| ModelError::Tensor {
+            file: self.name.clone(),
+            tensor: tensor.into(),
+            problem: "missing".into(),
+        })?;
+        self.entry_f32(tensor, e)
+    }
+
+    /// The values of `name` (entry `e`) as f32.
+    pub(crate) fn entry_f32(&self, name: &str, e: &Entry) -> Result<Vec<f32>> {
+        let bytes = self.bytes(name, e)?;
+        let bytes = bytes.as_ref();
+        let v = match e.dtype {
+            StDtype::F32 => bytes
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                .collect(),
+            StDtype::BF16 => bytes
+                .chunks_exact(2)
+                .map(|b| f32::from_bits(u32::from(u16::from_le_bytes([b[0], b[1]])) << 16))
+                .collect(),
+            StDtype::F16 => {
+                Tensor::from_bytes(&Device::Cpu, DType::F16, &e.shape, bytes)?.to_f32_vec()?
+            }
+            _ => {
+                return Err(ModelError::Tensor {
+                    file: self.name.clone(),
+                    tensor: name.into(),
+                    problem: format!("dtype {} is not supported", e.dtype_name),
+                });
+            }
+        };
+        Ok(v)
     }
 
     /// Stored dtype and shape of a tensor.
@@ -312,7 +362,7 @@ pub fn encode_safetensors(
             return Err(ModelError::Tensor {
                 file: "(safetensors writer)".into(),
                 tensor: name.clone(),
-                problem: "only F32, F16 and BF16 can be written".into(),
+                problem: "only F32, F16, BF16, I64, I32 and I8 can be written".into(),
             });
         }
         let mut e = Map::new();
@@ -379,11 +429,13 @@ impl LoadOptions {
 /// from its shard when loaded.
 #[derive(Debug)]
 pub struct HfSource {
-    describe: String,
-    files: Vec<SafetensorsFile>,
+    pub(crate) describe: String,
+    pub(crate) files: Vec<SafetensorsFile>,
     /// Tensor name → index into `files`.
-    index: HashMap<String, usize>,
+    pub(crate) index: HashMap<String, usize>,
     options: LoadOptions,
+    /// `config.json`'s `quantization_config` (`hf_quant.rs` loads those weights).
+    pub(crate) quant: Option<HfQuant>,
 }
 
 impl HfSource {
@@ -456,6 +508,7 @@ impl HfSource {
             files,
             index,
             options,
+            quant: None,
         })
     }
 
@@ -489,7 +542,7 @@ impl HfSource {
             .tensors
             .get(&name)
             .ok_or_else(|| err(file.name(), "missing".into()))?;
-        if e.dtype == StDtype::Other {
+        if e.dtype.kiln().is_none() {
             return Err(err(
                 file.name(),
                 format!("dtype {} is not supported (F32, F16, BF16)", e.dtype_name),
@@ -503,32 +556,6 @@ impl HfSource {
         }
         Ok((file, e))
     }
-
-    fn f32_values(&self, file: &SafetensorsFile, e: &Entry, name: &str) -> Result<Vec<f32>> {
-        let bytes = file.bytes(name, e)?;
-        let bytes = bytes.as_ref();
-        let v = match e.dtype {
-            StDtype::F32 => bytes
-                .chunks_exact(4)
-                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-                .collect(),
-            StDtype::BF16 => bytes
-                .chunks_exact(2)
-                .map(|b| f32::from_bits(u32::from(u16::from_le_bytes([b[0], b[1]])) << 16))
-                .collect(),
-            StDtype::F16 => {
-                Tensor::from_bytes(&Device::Cpu, DType::F16, &e.shape, bytes)?.to_f32_vec()?
-            }
-            StDtype::Other => {
-                return Err(ModelError::Tensor {
-                    file: file.name().into(),
-                    tensor: name.into(),
-                    problem: format!("dtype {} is not supported", e.dtype_name),
-                });
-            }
-        };
-        Ok(v)
-    }
 }
 
 impl WeightSource for HfSource {
@@ -537,10 +564,31 @@ impl WeightSource for HfSource {
     }
 
     fn has(&self, w: Weight) -> bool {
-        self.index.contains_key(&w.hf_name())
+        self.index.contains_key(&w.hf_name()) || self.is_quantized(w)
+    }
+
+    fn load_linear(&self, device: &Device, w: Weight, shape: &[usize]) -> Result<Linear> {
+        if self.is_quantized(w) {
+            return self.load_quantized(device, w, shape);
+        }
+        Ok(Linear {
+            weight: self.load(device, w, shape)?,
+            input_perm: None,
+        })
     }
 
     fn load(&self, device: &Device, w: Weight, shape: &[usize]) -> Result<Tensor> {
+        if self.is_quantized(w) {
+            let l = self.load_quantized(device, w, shape)?;
+            if l.input_perm.is_some() {
+                return Err(ModelError::Tensor {
+                    file: self.describe.clone(),
+                    tensor: w.hf_name(),
+                    problem: "act-order weights need their input permutation (load_linear)".into(),
+                });
+            }
+            return Ok(l.weight);
+        }
         let (file, e) = self.entry(w, shape)?;
         let name = w.hf_name();
         let wrap = |r: kiln_tensor::Result<Tensor>| {
@@ -554,7 +602,7 @@ impl WeightSource for HfSource {
             && shape.len() == 2
             && shape[1].is_multiple_of(QK)
         {
-            let v = self.f32_values(file, e, &name)?;
+            let v = file.entry_f32(&name, e)?;
             return wrap(Tensor::quantize_f32(device, q, shape, &v));
         }
         let stored = e.dtype.kiln().unwrap_or(DType::F32);
@@ -572,24 +620,20 @@ impl WeightSource for HfSource {
                 &file.bytes(&name, e)?,
             )),
             Some(DType::F16) => {
-                let bytes: Vec<u8> = self
-                    .f32_values(file, e, &name)?
+                let bytes: Vec<u8> = file
+                    .entry_f32(&name, e)?
                     .into_iter()
                     .flat_map(|x| half::f16::from_f32(x).to_le_bytes())
                     .collect();
                 wrap(Tensor::from_bytes(device, DType::F16, shape, &bytes))
             }
-            Some(_) => wrap(Tensor::from_f32(
-                device,
-                shape,
-                &self.f32_values(file, e, &name)?,
-            )),
+            Some(_) => wrap(Tensor::from_f32(device, shape, &file.entry_f32(&name, e)?)),
         }
     }
 
     fn load_f32(&self, device: &Device, w: Weight, shape: &[usize]) -> Result<Tensor> {
         let (file, e) = self.entry(w, shape)?;
-        let v = self.f32_values(file, e, &w.hf_name())?;
+        let v = file.entry_f32(&w.hf_name(), e)?;
         Ok(Tensor::from_f32(device, shape, &v)?)
     }
 }

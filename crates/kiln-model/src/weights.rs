@@ -93,6 +93,15 @@ impl Weight {
     }
 }
 
+/// A linear layer's weight and the input order it expects.
+#[derive(Debug)]
+pub struct Linear {
+    pub weight: Tensor,
+    /// Act-order (GPTQ `desc_act`) checkpoints: the weight's column `j` multiplies input
+    /// column `input_perm[j]`, so the input is gathered in this order before the matmul.
+    pub input_perm: Option<Vec<u32>>,
+}
+
 /// Where weights come from.
 pub trait WeightSource {
     /// The file (or folder) in error messages.
@@ -102,6 +111,13 @@ pub trait WeightSource {
     /// The weight as a device tensor of shape `shape` in its stored dtype (quantized weights
     /// stay quantized; BF16 stays BF16).
     fn load(&self, device: &Device, w: Weight, shape: &[usize]) -> Result<Tensor>;
+    /// A projection weight (`[out, in]`), with the input order it expects.
+    fn load_linear(&self, device: &Device, w: Weight, shape: &[usize]) -> Result<Linear> {
+        Ok(Linear {
+            weight: self.load(device, w, shape)?,
+            input_perm: None,
+        })
+    }
     /// The weight as an F32 device tensor (norms and biases).
     fn load_f32(&self, device: &Device, w: Weight, shape: &[usize]) -> Result<Tensor> {
         let t = self.load(&Device::Cpu, w, shape)?;

@@ -31,23 +31,8 @@ fn check(name: &str) -> ModelFiles {
         &std::fs::read_to_string(fixture(name).join("reference.json")).unwrap(),
     )
     .unwrap();
-    let ids: Vec<u32> = reference["input_ids"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_u64().unwrap() as u32)
-        .collect();
-    let want: Vec<f32> = reference["logits"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .flat_map(|r| {
-            r.as_array()
-                .unwrap()
-                .iter()
-                .map(|x| x.as_f64().unwrap() as f32)
-        })
-        .collect();
+    let ids = common::tiny::ids(&reference["input_ids"]);
+    let want = common::tiny::logits(&reference["logits"]);
     let cfg = files.config().clone();
     for (backend, dev) in common::devices() {
         let model = Model::load(&dev, cfg.clone(), files.weights()).unwrap();
@@ -73,18 +58,7 @@ fn check(name: &str) -> ModelFiles {
             .unwrap();
         rec.submit().unwrap();
         let got = logits.to_f32_vec().unwrap();
-        assert_eq!(got.len(), want.len());
-        let mut worst = 0f32;
-        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-            let err = (g - w).abs();
-            worst = worst.max(err);
-            assert!(
-                err <= 2e-5 + 2e-5 * w.abs(),
-                "{name} {backend}: logit {i} (position {}): {g} vs {w}",
-                i / cfg.vocab
-            );
-        }
-        eprintln!("{name} {backend}: max |logit - reference| = {worst}");
+        common::tiny::assert_logits_close(&got, &want, cfg.vocab, &format!("{name} {backend}"));
     }
     files
 }

@@ -6,27 +6,29 @@ use serde_json::{Map, Value};
 use super::{Arch, FamilyDefaults, LayerAttention, ModelConfig, RopeParams, gemma_pattern, limits};
 use crate::{ModelError, Result};
 
-/// Reads fields of one `config.json`, naming the file and field in every error.
-struct Fields<'a> {
-    file: &'a str,
-    v: &'a Map<String, Value>,
+/// Reads fields of one `config.json` object, naming the file and field in every error.
+pub(super) struct Fields<'a> {
+    pub(super) file: &'a str,
+    /// Where `v` sits in the file (`"quantization_config."`; empty for the top level).
+    pub(super) prefix: &'a str,
+    pub(super) v: &'a Map<String, Value>,
 }
 
 impl Fields<'_> {
-    fn err(&self, field: &str, problem: impl Into<String>) -> ModelError {
+    pub(super) fn err(&self, field: &str, problem: impl Into<String>) -> ModelError {
         ModelError::Config {
             file: self.file.into(),
-            field: field.into(),
+            field: format!("{}{field}", self.prefix),
             problem: problem.into(),
         }
     }
 
-    fn get(&self, k: &str) -> Option<&Value> {
+    pub(super) fn get(&self, k: &str) -> Option<&Value> {
         self.v.get(k).filter(|x| !x.is_null())
     }
 
     /// A size: a non-negative integer no larger than `u32::MAX` (the limits come later).
-    fn size_opt(&self, k: &str) -> Result<Option<usize>> {
+    pub(super) fn size_opt(&self, k: &str) -> Result<Option<usize>> {
         match self.get(k) {
             None => Ok(None),
             Some(x) => x
@@ -52,7 +54,7 @@ impl Fields<'_> {
         }
     }
 
-    fn bool(&self, k: &str) -> Option<bool> {
+    pub(super) fn bool(&self, k: &str) -> Option<bool> {
         self.get(k).and_then(Value::as_bool)
     }
 }
@@ -112,7 +114,11 @@ impl ModelConfig {
             field: "(top level)".into(),
             problem: "not a JSON object".into(),
         })?;
-        let f = Fields { file, v };
+        let f = Fields {
+            file,
+            prefix: "",
+            v,
+        };
         let arch_name = f
             .get("model_type")
             .and_then(Value::as_str)

@@ -8,5 +8,6 @@
 )]
 
 pub mod golden;
+pub mod tiny;
 
 pub use kiln_testkit::{default_model as model_path, devices};
