@@ -288,7 +288,7 @@ mod tests {
         );
         assert!(err("info --model m --backend cuda").starts_with("--backend cuda: "));
         assert!(err("serve-nothing").starts_with("unknown command `serve-nothing`"));
-        assert!(err("bake").contains("expected serve, generate, tokenize or info"));
+        assert!(err("bake").contains("expected serve, generate, tokenize, info or perplexity"));
         assert!(err("").starts_with("missing command"));
         assert!(err("generate --model m --prompt x --json=yes").starts_with("generate: "));
     }

@@ -171,6 +171,29 @@ fn info_describes_the_model_and_memory_plan() {
     }
 }
 
+/// `kiln info` lists what each `--kv-dtype` holds in the same memory; INT4 holds at least
+/// 3.5 times the tokens of F16 at the default model's head_dim 64.
+#[test]
+fn info_lists_kv_capacity_per_dtype() {
+    let out = stdout(&kiln(&["info", "--model", &model(), "--backend", "cpu"]));
+    let line = out
+        .lines()
+        .find_map(|l| l.strip_prefix("kv capacity in 1073741824 bytes by --kv-dtype: "))
+        .unwrap_or_else(|| panic!("no capacity line in:\n{out}"));
+    let tokens = |dtype: &str| -> f64 {
+        line.split(", ")
+            .find_map(|p| p.strip_prefix(&format!("{dtype} ")))
+            .and_then(|p| p.strip_suffix(" tokens"))
+            .unwrap_or_else(|| panic!("no {dtype} in `{line}`"))
+            .parse()
+            .unwrap()
+    };
+    // 1 GiB of 16-token blocks at 23,040 bytes a token (f16) is 2,912 blocks.
+    assert_eq!(tokens("f16"), 46_592.0, "{line}");
+    assert!(tokens("int8") > tokens("f16") && tokens("f32") < tokens("f16"), "{line}");
+    assert!(tokens("int4") / tokens("f16") >= 3.5, "{line}");
+}
+
 #[test]
 fn bad_input_is_one_clear_line() {
     let m = model();
