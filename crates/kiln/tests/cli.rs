@@ -190,7 +190,10 @@ fn info_lists_kv_capacity_per_dtype() {
     };
     // 1 GiB of 16-token blocks at 23,040 bytes a token (f16) is 2,912 blocks.
     assert_eq!(tokens("f16"), 46_592.0, "{line}");
-    assert!(tokens("int8") > tokens("f16") && tokens("f32") < tokens("f16"), "{line}");
+    assert!(
+        tokens("int8") > tokens("f16") && tokens("f32") < tokens("f16"),
+        "{line}"
+    );
     assert!(tokens("int4") / tokens("f16") >= 3.5, "{line}");
 }
 

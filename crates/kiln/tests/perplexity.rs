@@ -166,12 +166,23 @@ fn bad_flags_and_files_are_one_line_naming_them() {
 fn quantized_kv_caches_cost_little_perplexity() {
     let ppl = |kv: &str| {
         let (_, total) = perplexity(&[
-            "--context", "128", "--chunks", "8", "--kv-dtype", kv, "--backend", "cpu",
+            "--context",
+            "128",
+            "--chunks",
+            "8",
+            "--kv-dtype",
+            kv,
+            "--backend",
+            "cpu",
         ]);
         f(&total["ppl"])
     };
     let f16 = ppl("f16");
     let (int8, int4) = (ppl("int8") / f16 - 1.0, ppl("int4") / f16 - 1.0);
     assert!(int8.abs() < 0.005, "int8 KV: {:+.3}%", int8 * 100.0);
-    assert!(int4 < 0.03 && int4 > -0.01, "int4 KV: {:+.3}%", int4 * 100.0);
+    assert!(
+        int4 < 0.03 && int4 > -0.01,
+        "int4 KV: {:+.3}%",
+        int4 * 100.0
+    );
 }
