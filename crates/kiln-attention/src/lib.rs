@@ -39,6 +39,7 @@
 mod cache;
 mod error;
 mod reference;
+mod stored;
 
 pub use cache::{AttnBatch, AttnConfig, KvCache, KvCacheConfig, MAX_HEAD_DIM, SeqBatch};
 pub use error::{KvDeviceError, Result};

@@ -1,0 +1,128 @@
+//! The K/V values each pool format holds, computed on the host: the CPU backend stores rows
+//! through [`store_row`], so it attends over exactly what the device kernels reconstruct, and
+//! the INT4 format's rotation and quantizer are defined here (mirrored by `kv_write.wgsl`,
+//! `hadamard.wgsl` and the attention kernels).
+
+use kiln_kv::KvDtype;
+
+/// Store a row on the host exactly as the device format would hold it.
+pub(crate) fn store_row(dtype: KvDtype, src: &[f32], dst: &mut [f32]) {
+    match dtype {
+        KvDtype::F32 => dst.copy_from_slice(src),
+        KvDtype::F16 => {
+            for (d, s) in dst.iter_mut().zip(src) {
+                *d = half::f16::from_f32(*s).to_f32();
+            }
+        }
+        KvDtype::Int8 => {
+            let amax = src.iter().fold(0f32, |a, v| a.max(v.abs()));
+            let scale = amax / 127.0;
+            let inv = if scale > 0.0 { 1.0 / scale } else { 0.0 };
+            for (d, s) in dst.iter_mut().zip(src) {
+                *d = f32::from((s * inv).round_ties_even() as i8) * scale;
+            }
+        }
+        KvDtype::Int4 => {
+            // Quantized in the rotated basis, stored back in the model's: the host attention
+            // then reads exactly what the kernels reconstruct (H is its own inverse).
+            dst.copy_from_slice(src);
+            hadamard(dst);
+            let [scale, zero] = int4_params(dst);
+            let inv = if scale > 0.0 { 1.0 / scale } else { 0.0 };
+            for d in dst.iter_mut() {
+                *d = int4_level(*d, zero, inv) * scale + zero;
+            }
+            hadamard(dst);
+        }
+    }
+}
+
+/// The Walsh–Hadamard rotation INT4 rows are quantized in, applied in place: orthonormal and
+/// symmetric (its own inverse), on blocks of the largest power of two (at most 256) dividing
+/// the row. K rows have a few large channels and per-token quantization spends its 15 steps
+/// on them; rotated, every channel carries a share of them. Attention is unchanged by a
+/// rotation applied to Q and K alike (q·k = Hq·Hk) and to V and the output (H Σ p·Hv = Σ p·v).
+fn hadamard(x: &mut [f32]) {
+    let n = hadamard_block(x.len());
+    if n < 2 {
+        return;
+    }
+    let norm = hadamard_norm(x.len());
+    for block in x.chunks_exact_mut(n) {
+        let mut h = 1;
+        while h < n {
+            for i in (0..n).step_by(2 * h) {
+                for j in i..i + h {
+                    let (a, b) = (block[j], block[j + h]);
+                    block[j] = a + b;
+                    block[j + h] = a - b;
+                }
+            }
+            h *= 2;
+        }
+        for v in block.iter_mut() {
+            *v *= norm;
+        }
+    }
+}
+
+/// The rotation's block size for rows of `len`: the largest power of two dividing it, at most
+/// 256.
+fn hadamard_block(len: usize) -> usize {
+    if len == 0 {
+        return 0;
+    }
+    (1usize << len.trailing_zeros()).min(256)
+}
+
+/// The rotation's scale for rows of `len`: 1/sqrt(its block size).
+pub(crate) fn hadamard_norm(len: usize) -> f32 {
+    1.0 / (hadamard_block(len).max(1) as f32).sqrt()
+}
+
+/// The quantization level of `x` (0..=15) against a row's scale inverse and zero point.
+fn int4_level(x: f32, zero: f32, inv: f32) -> f32 {
+    ((x - zero) * inv).round_ties_even().clamp(0.0, 15.0)
+}
+
+/// Range shrink factors the INT4 quantizer tries per row (around the row's midpoint),
+/// keeping the one with the least squared error: clipping the extremes of a rotated row buys
+/// finer steps for the rest.
+const INT4_CLIPS: [f32; 6] = [1.0, 0.95, 0.9, 0.85, 0.8, 0.75];
+
+/// The INT4 scale and zero point of a (rotated) head row as stored (f16): for each of
+/// [`INT4_CLIPS`], the row's range shrunk by it around its midpoint, in 15 steps from its
+/// low end; the first with the least squared error wins. Quantizing against the stored
+/// (f16-rounded, clamped to f16's finite range) values keeps the error what the kernels
+/// reconstruct.
+fn int4_params(src: &[f32]) -> [f32; 2] {
+    if src.is_empty() {
+        return [0.0, 0.0];
+    }
+    let (lo, hi) = src
+        .iter()
+        .fold((f32::INFINITY, f32::NEG_INFINITY), |(lo, hi), &v| {
+            (lo.min(v), hi.max(v))
+        });
+    let f16 = |x: f32| half::f16::from_f32(x.clamp(-F16_MAX, F16_MAX)).to_f32();
+    let (mid, half_range) = (0.5 * (lo + hi), 0.5 * (hi - lo));
+    let mut best = (f32::INFINITY, [0.0, 0.0]);
+    for clip in INT4_CLIPS {
+        let low = mid - half_range * clip;
+        let (scale, zero) = (f16(2.0 * half_range * clip / 15.0), f16(low));
+        let inv = if scale > 0.0 { 1.0 / scale } else { 0.0 };
+        let err: f32 = src
+            .iter()
+            .map(|&x| {
+                let e = int4_level(x, zero, inv) * scale + zero - x;
+                e * e
+            })
+            .sum();
+        if err < best.0 {
+            best = (err, [scale, zero]);
+        }
+    }
+    best.1
+}
+
+const F16_MAX: f32 = 65504.0;
