@@ -115,7 +115,7 @@ struct Args {
     models: Vec<usize>,
     force: bool,
     hf: bool,
-    hf_dtype: kiln_model::StDtype,
+    hf_dtype: &'static str,
     help: bool,
 }
 
@@ -131,7 +131,7 @@ fn parse(args: &[String]) -> anyhow::Result<Args> {
         models: Vec::new(),
         force: false,
         hf: false,
-        hf_dtype: kiln_model::StDtype::F32,
+        hf_dtype: "f32",
         help: false,
     };
     let mut all = false;

@@ -6,6 +6,7 @@ use std::ffi::OsString;
 use clap::error::{ContextKind, ContextValue, ErrorKind};
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
+use crate::export::ExportHfArgs;
 use crate::generate::GenerateArgs;
 use crate::perplexity::PerplexityArgs;
 use crate::serve::ServeArgs;
@@ -39,6 +40,8 @@ pub enum Command {
     Info(InfoArgs),
     /// Score a text file: mean negative log-likelihood and perplexity over fixed windows
     Perplexity(PerplexityArgs),
+    /// Write a GGUF file as a Hugging Face folder (config, tokenizer, safetensors weights)
+    ExportHf(ExportHfArgs),
 }
 
 /// The command line's definition: the derived one, with values that look like negative numbers

@@ -3,6 +3,7 @@
 
 mod args;
 mod cli;
+mod export;
 mod generate;
 mod memory;
 mod perplexity;
@@ -179,6 +180,7 @@ fn run(command: &Command) -> CmdResult {
         Command::Tokenize(a) => tokenize(a),
         Command::Info(a) => info(a),
         Command::Perplexity(a) => perplexity::run(a),
+        Command::ExportHf(a) => export::run(a),
     }
 }
 

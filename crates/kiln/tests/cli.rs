@@ -293,13 +293,25 @@ fn bad_input_is_one_clear_line() {
 fn generate_from_an_hf_folder_matches_the_gguf() {
     let m = model();
     let dir = std::env::temp_dir().join(format!("kiln-cli-hf-{}", std::process::id()));
-    let tokenizer = kiln_tokenizer::Tokenizer::from_gguf_file(&m).unwrap();
-    let export = kiln_model::export::HfExport {
-        tokenizer_json: Some(tokenizer.inner().to_string(false).unwrap()),
-        ..Default::default()
-    };
-    kiln_model::export::write_hf_folder(std::path::Path::new(&m), &dir, &export).unwrap();
     let d = dir.to_str().unwrap();
+    let o = kiln(&["export-hf", "--model", &m, "--out", d]);
+    assert!(stdout(&o).contains("(F32 weights)"), "{}", stdout(&o));
+    for f in [
+        "config.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "model.safetensors",
+    ] {
+        assert!(dir.join(f).is_file(), "export-hf wrote no {f}");
+    }
+    fails_with(
+        &kiln(&["export-hf", "--model", "/nonexistent.gguf", "--out", d]),
+        "/nonexistent.gguf",
+    );
+    fails_with(
+        &kiln(&["export-hf", "--model", &m, "--out", d, "--dtype", "q4_0"]),
+        "--dtype",
+    );
     let o = kiln(&[
         "tokenize",
         "--model",
@@ -431,8 +443,22 @@ fn help_lists_every_flag() {
         assert!(info.contains(flag), "info --help lacks {flag}:\n{info}");
     }
     assert!(help(&["tokenize", "-h"]).contains("--text"));
+    let export = help(&["export-hf", "--help"]);
+    for flag in ["--model", "--out", "--dtype"] {
+        assert!(
+            export.contains(flag),
+            "export-hf --help lacks {flag}:\n{export}"
+        );
+    }
     let top = help(&["--help"]);
-    for cmd in ["serve", "generate", "tokenize", "info"] {
+    for cmd in [
+        "serve",
+        "generate",
+        "tokenize",
+        "info",
+        "perplexity",
+        "export-hf",
+    ] {
         assert!(top.contains(cmd), "{top}");
     }
     assert!(help(&["help", "serve"]).contains("--kv-cache-memory"));
