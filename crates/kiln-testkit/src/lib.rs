@@ -1,20 +1,4 @@
-//! # kiln-testkit
-//!
-//! What kiln's test suites share, so each rule is written once:
-//! - every wgpu test runs on a real adapter (lavapipe in CI); when none exists the test
-//!   **fails**, unless `KILN_TEST_ALLOW_NO_GPU=1` explicitly opts out, in which case only the
-//!   CPU reference runs and a warning says so;
-//! - the default model is `$KILN_MODEL_DIR` or `<workspace>/models`, and a test that needs it
-//!   fails (never skips) when it has not been fetched.
-//!
-//! Only test code depends on this crate.
-//!
-//! ```
-//! let devices = kiln_testkit::devices();
-//! assert_eq!(devices[0].0, "cpu");
-//! assert!(kiln_testkit::DEFAULT_GGUF.ends_with(".gguf"));
-//! ```
-
+#![doc = include_str!("../README.md")]
 #![allow(clippy::panic)]
 
 use std::path::PathBuf;
