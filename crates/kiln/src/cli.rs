@@ -291,7 +291,10 @@ mod tests {
         );
         assert!(err("info --model m --backend cuda").starts_with("--backend cuda: "));
         assert!(err("serve-nothing").starts_with("unknown command `serve-nothing`"));
-        assert!(err("bake").contains("expected serve, generate, tokenize, info or perplexity"));
+        assert!(
+            err("bake")
+                .contains("expected serve, generate, tokenize, info, perplexity or export-hf")
+        );
         assert!(err("").starts_with("missing command"));
         assert!(err("generate --model m --prompt x --json=yes").starts_with("generate: "));
     }
