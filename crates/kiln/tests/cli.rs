@@ -12,6 +12,18 @@ fn model() -> String {
     kiln_testkit::default_model().display().to_string()
 }
 
+/// `kiln info` of the default model on the CPU backend: its stdout.
+fn info_on_cpu() -> String {
+    stdout(&kiln(&["info", "--model", &model(), "--backend", "cpu"]))
+}
+
+/// The rest of `out`'s first line that starts with `prefix`; fails the test if none does.
+fn line_after<'a>(out: &'a str, prefix: &str) -> &'a str {
+    out.lines()
+        .find_map(|l| l.strip_prefix(prefix))
+        .unwrap_or_else(|| panic!("no `{prefix}` line in:\n{out}"))
+}
+
 /// Errors are one line on stderr and a non-zero exit, never a panic.
 fn fails_with(o: &Output, needle: &str) {
     let err = String::from_utf8_lossy(&o.stderr);
@@ -175,11 +187,8 @@ fn info_describes_the_model_and_memory_plan() {
 /// 3.5 times the tokens of F16 at the default model's head_dim 64.
 #[test]
 fn info_lists_kv_capacity_per_dtype() {
-    let out = stdout(&kiln(&["info", "--model", &model(), "--backend", "cpu"]));
-    let line = out
-        .lines()
-        .find_map(|l| l.strip_prefix("kv capacity in 1073741824 bytes by --kv-dtype: "))
-        .unwrap_or_else(|| panic!("no capacity line in:\n{out}"));
+    let out = info_on_cpu();
+    let line = line_after(&out, "kv capacity in 1073741824 bytes by --kv-dtype: ");
     let tokens = |dtype: &str| -> f64 {
         line.split(", ")
             .find_map(|p| p.strip_prefix(&format!("{dtype} ")))
@@ -559,11 +568,8 @@ fn generate_peaks_at_the_weights_plus_a_constant() {
 /// whole file and peaks at 33 MB now; 64 MiB is below the 98 MB file alone.
 #[test]
 fn info_reads_only_the_head_of_the_file() {
-    let out = stdout(&kiln(&["info", "--model", &model(), "--backend", "cpu"]));
-    let line = out
-        .lines()
-        .find_map(|l| l.strip_prefix("peak rss: "))
-        .unwrap_or_else(|| panic!("no `peak rss:` line in:\n{out}"));
+    let out = info_on_cpu();
+    let line = line_after(&out, "peak rss: ");
     if cfg!(target_os = "linux") {
         let peak: u64 = line.split(' ').next().unwrap().parse().unwrap();
         assert!(peak < 64 << 20, "{line}");
