@@ -2,7 +2,8 @@
 //!
 //! Each layer has a K pool and a V pool shaped `[blocks, block_size, kv_heads, head_dim]` in
 //! F16 (default), F32, INT8 with one f32 scale per (slot, kv head), or INT4 (eight to a word)
-//! with one f16 scale and one f16 zero point per (slot, kv head), packed in one word. A step first writes the
+//! with one f16 scale and one f16 zero point per (slot, kv head), packed in one word, its keys
+//! stored less their head's centres ([`KvCache::set_key_centres`]). A step first writes the
 //! new tokens' K/V rows into their slots ([`KvCache::write`]), then runs paged attention for
 //! every query token of the batch in one launch ([`KvCache::attention`]); both read the same
 //! [`AttnBatch`] (block tables, positions, slot mapping), uploaded once per step and shared by
@@ -17,7 +18,7 @@ use kiln_kv::{BlockCopy, BlockId, KvDtype};
 use kiln_tensor::{Access, DType, Device, KernelDef, Recorder, Tensor};
 
 use crate::reference;
-use crate::stored::{hadamard_norm, store_row};
+use crate::stored::{CENTRED_PAIRS, KeyCentre, hadamard_norm, shift_row, store_row};
 use crate::{KvDeviceError, Result};
 
 fn invalid<T>(msg: String) -> Result<T> {
@@ -92,6 +93,8 @@ struct Layer {
     k: Tensor,
     v: Tensor,
     scales: Option<[Tensor; 2]>,
+    /// INT4: the layer's key centres, `[kv_heads, CENTRED_PAIRS]` ([`centre_tensor`]).
+    centres: Option<Tensor>,
 }
 
 enum Store {
@@ -106,6 +109,9 @@ pub struct KvCache {
     /// The device is a CPU-type wgpu adapter (picks the attention kernel).
     cpu_adapter: bool,
     store: Store,
+    /// `[layers, kv_heads, CENTRED_PAIRS]`: what an INT4 pool takes out of its keys (zero
+    /// until [`KvCache::set_key_centres`]).
+    centres: Vec<KeyCentre>,
 }
 
 impl std::fmt::Debug for KvCache {
@@ -114,13 +120,16 @@ impl std::fmt::Debug for KvCache {
     }
 }
 
-// `hadamard.wgsl` (the INT4 rotation) is prepended to the kernels that write or read K/V.
+// `hadamard.wgsl` (the INT4 rotation) and `centre.wgsl` (its key centres) are prepended to
+// the kernels that write or read K/V.
 const WRITE_SRC: &str = concat!(
     include_str!("../wgsl/hadamard.wgsl"),
+    include_str!("../wgsl/centre.wgsl"),
     include_str!("../wgsl/kv_write.wgsl")
 );
 const ATTN_SRC: &str = concat!(
     include_str!("../wgsl/hadamard.wgsl"),
+    include_str!("../wgsl/centre.wgsl"),
     include_str!("../wgsl/paged_attention.wgsl")
 );
 const R: Access = Access::Read;
@@ -135,6 +144,12 @@ static KV_WRITE_SCALED: KernelDef = KernelDef {
     name: "kv_write",
     source: WRITE_SRC,
     bindings: &[R, R, R, W, W, W, W],
+};
+/// The INT4 write: also the batch's positions and the layer's key centres.
+static KV_WRITE_I4: KernelDef = KernelDef {
+    name: "kv_write",
+    source: WRITE_SRC,
+    bindings: &[R, R, R, W, W, W, W, R, R],
 };
 static KV_COPY: KernelDef = KernelDef {
     name: "kv_copy",
@@ -151,8 +166,15 @@ static ATTN_SCALED: KernelDef = KernelDef {
     source: ATTN_SRC,
     bindings: &[R, R, R, W, R, R, R, R],
 };
+/// INT4: also the layer's key centres.
+static ATTN_I4: KernelDef = KernelDef {
+    name: "paged_attention",
+    source: ATTN_SRC,
+    bindings: &[R, R, R, W, R, R, R, R, R],
+};
 const ATTN_ROWS_SRC: &str = concat!(
     include_str!("../wgsl/hadamard.wgsl"),
+    include_str!("../wgsl/centre.wgsl"),
     include_str!("../wgsl/paged_attention_rows.wgsl")
 );
 static ATTN_ROWS: KernelDef = KernelDef {
@@ -165,6 +187,11 @@ static ATTN_ROWS_SCALED: KernelDef = KernelDef {
     source: ATTN_ROWS_SRC,
     bindings: &[R, R, R, W, R, R, R, R],
 };
+static ATTN_ROWS_I4: KernelDef = KernelDef {
+    name: "paged_attention_rows",
+    source: ATTN_ROWS_SRC,
+    bindings: &[R, R, R, W, R, R, R, R, R],
+};
 
 /// Largest head_dim the attention kernel handles (its query row lives in workgroup memory).
 pub const MAX_HEAD_DIM: usize = 256;
@@ -176,7 +203,8 @@ const ROWS_MAX_KEYS: usize = 65_000;
 
 /// The rows kernel's per-key work, unrolled over the head (`K_DOT`: the score `s` of K row
 /// `row` against `qv`; `V_ACC`: `acc` rescaled by `alpha` plus `pj` × V row `row`), for
-/// `per_read` elements per 16-byte read (at most 32: INT4's eight vec4s).
+/// `per_read` elements per 16-byte read (at most 32: INT4's eight vec4s). An INT4 score also
+/// gets its key's centre terms back (`centre_term` of each of the [`CENTRED_PAIRS`]).
 fn rows_unrolled(head_dim: usize, per_read: usize) -> [(&'static str, String); 2] {
     const PARTS: [&str; 8] = ["a", "b", "c", "d", "e", "f", "g", "h"];
     let vec4s = per_read / 4;
@@ -191,6 +219,11 @@ fn rows_unrolled(head_dim: usize, per_read: usize) -> [(&'static str, String); 2
         }
         k += "        }\n";
         v += "        }\n";
+    }
+    if per_read == 32 {
+        for i in 0..CENTRED_PAIRS {
+            k += &format!("        s += centre_term(cq[{i}], j);\n");
+        }
     }
     [("K_DOT", k), ("V_ACC", v)]
 }
@@ -299,10 +332,18 @@ impl KvCache {
                         ]),
                         KvDtype::F16 | KvDtype::F32 => None,
                     };
+                    let centres = match cfg.dtype {
+                        KvDtype::Int4 => Some(centre_tensor(
+                            device,
+                            &vec![KeyCentre::default(); cfg.kv_heads * CENTRED_PAIRS],
+                        )?),
+                        _ => None,
+                    };
                     layers.push(Layer {
                         k: pool("K")?,
                         v: pool("V")?,
                         scales,
+                        centres,
                     });
                 }
                 Store::Gpu(layers)
@@ -313,11 +354,81 @@ impl KvCache {
             device: device.clone(),
             cpu_adapter: device.cpu_shaped_kernels(),
             store,
+            centres: vec![KeyCentre::default(); cfg.layers * cfg.kv_heads * CENTRED_PAIRS],
         })
     }
 
     pub fn config(&self) -> &KvCacheConfig {
         &self.cfg
+    }
+
+    /// Centre an INT4 pool's keys (`centres` is `[layers, kv_heads, CENTRED_PAIRS]`, as
+    /// [`key_centres`](crate::key_centres) measures them per layer): from now on each key is
+    /// stored less its head's centres rotated to its position, and attention adds them back
+    /// ([`KeyCentre`]). Call it before anything is written: rows already stored keep the
+    /// centres they were written with.
+    pub fn set_key_centres(&mut self, centres: &[KeyCentre]) -> Result<()> {
+        let (kvh, hd) = (self.cfg.kv_heads, self.cfg.head_dim);
+        if self.cfg.dtype != KvDtype::Int4 {
+            return invalid(format!(
+                "key centres apply to an int4 cache, not {}",
+                self.cfg.dtype
+            ));
+        }
+        if centres.len() != self.centres.len() {
+            return invalid(format!(
+                "{} key centres for [{} layers, {kvh} kv heads, {CENTRED_PAIRS}]",
+                centres.len(),
+                self.cfg.layers
+            ));
+        }
+        for (i, c) in centres.iter().enumerate() {
+            let finite = c.freq.is_finite() && c.mean.iter().all(|m| m.is_finite());
+            let fits = usize::from(c.lo.max(c.hi)) < hd && (c.lo != c.hi || c.mean == [0.0; 2]);
+            if !finite || !fits {
+                return invalid(format!(
+                    "key centre {i}: {c:?} needs finite values and two channels below {hd}"
+                ));
+            }
+        }
+        if let Store::Gpu(layers) = &mut self.store {
+            let per_layer = kvh * CENTRED_PAIRS;
+            for (layer, c) in layers.iter_mut().zip(centres.chunks_exact(per_layer)) {
+                layer.centres = Some(centre_tensor(&self.device, c)?);
+            }
+        }
+        self.centres.copy_from_slice(centres);
+        Ok(())
+    }
+
+    /// The key centres in force (`[layers, kv_heads, CENTRED_PAIRS]`; zero unless set).
+    pub fn key_centres(&self) -> &[KeyCentre] {
+        &self.centres
+    }
+
+    /// The K rows of `layer` at `slots` (`[slots, kv_heads, head_dim]`) from an F32 pool,
+    /// whose rows are the model's keys exactly (what [`key_centres`](crate::key_centres)
+    /// measures).
+    pub fn keys(&self, layer: usize, slots: &[u32]) -> Result<Vec<f32>> {
+        self.check_layer(layer)?;
+        if self.cfg.dtype != KvDtype::F32 {
+            return invalid(format!(
+                "keys are read from an f32 cache, not {}",
+                self.cfg.dtype
+            ));
+        }
+        if let Some(&bad) = slots.iter().find(|&&s| s as usize >= self.cfg.slots()) {
+            return invalid(format!("slot {bad} of {}", self.cfg.slots()));
+        }
+        let row = self.cfg.kv_heads * self.cfg.head_dim;
+        let pool = match &self.store {
+            Store::Cpu(layers) => std::borrow::Cow::Borrowed(&layers[layer][0]),
+            Store::Gpu(layers) => std::borrow::Cow::Owned(layers[layer].k.to_f32_vec()?),
+        };
+        Ok(slots
+            .iter()
+            .flat_map(|&s| pool[s as usize * row..][..row].iter().copied())
+            .collect())
     }
 
     /// Validate a step's sequences against the cache and upload their metadata.
@@ -421,11 +532,25 @@ impl KvCache {
                 let (kv, vv) = (k.to_f32_vec()?, v.to_f32_vec()?);
                 let [kp, vp] = &mut layers[layer];
                 let row = kvh * hd;
+                let centres = &self.centres[layer * kvh * CENTRED_PAIRS..][..kvh * CENTRED_PAIRS];
+                let mut centred = vec![0f32; hd];
                 for (t, &slot) in batch.slots.iter().enumerate() {
+                    let pos = batch.info[2 * t + 1];
                     for h in 0..kvh {
                         let src = t * row + h * hd;
                         let dst = slot as usize * row + h * hd;
-                        store_row(self.cfg.dtype, &kv[src..src + hd], &mut kp[dst..dst + hd]);
+                        let kd = &mut kp[dst..dst + hd];
+                        if self.cfg.dtype == KvDtype::Int4 {
+                            // Stored less the centres, read back with them (what the
+                            // kernels' scores add back).
+                            let c = &centres[h * CENTRED_PAIRS..][..CENTRED_PAIRS];
+                            centred.copy_from_slice(&kv[src..src + hd]);
+                            shift_row(c, pos, -1.0, &mut centred);
+                            store_row(self.cfg.dtype, &centred, kd);
+                            shift_row(c, pos, 1.0, kd);
+                        } else {
+                            store_row(self.cfg.dtype, &kv[src..src + hd], kd);
+                        }
                         store_row(self.cfg.dtype, &vv[src..src + hd], &mut vp[dst..dst + hd]);
                     }
                 }
@@ -433,7 +558,7 @@ impl KvCache {
             }
             Store::Gpu(layers) => {
                 let l = &layers[layer];
-                let Some([_, _, slots]) = &batch.device else {
+                let Some([info, _, slots]) = &batch.device else {
                     return invalid("batch was built for another device".into());
                 };
                 let params = WriteParams {
@@ -449,15 +574,22 @@ impl KvCache {
                 };
                 let groups = threads.div_ceil(64) as u32;
                 let defines = [dtype_define(self.cfg.dtype)];
-                match &l.scales {
-                    Some([ks, vs]) => rec.launch(
+                match (&l.scales, &l.centres) {
+                    (Some([ks, vs]), Some(c)) => rec.launch(
+                        &KV_WRITE_I4,
+                        &defines,
+                        &params,
+                        &[k, v, slots, &l.k, &l.v, ks, vs, info, c],
+                        groups,
+                    )?,
+                    (Some([ks, vs]), None) => rec.launch(
                         &KV_WRITE_SCALED,
                         &defines,
                         &params,
                         &[k, v, slots, &l.k, &l.v, ks, vs],
                         groups,
                     )?,
-                    None => rec.launch(
+                    (None, _) => rec.launch(
                         &KV_WRITE,
                         &defines,
                         &params,
@@ -611,15 +743,22 @@ impl KvCache {
                         k_dot,
                         v_acc,
                     ];
-                    match &l.scales {
-                        Some([ks, vs]) => rec.launch(
+                    match (&l.scales, &l.centres) {
+                        (Some([ks, vs]), Some(c)) => rec.launch(
+                            &ATTN_ROWS_I4,
+                            &defines,
+                            &params,
+                            &[q, info, tables, &out, &l.k, &l.v, ks, vs, c],
+                            groups,
+                        )?,
+                        (Some([ks, vs]), None) => rec.launch(
                             &ATTN_ROWS_SCALED,
                             &defines,
                             &params,
                             &[q, info, tables, &out, &l.k, &l.v, ks, vs],
                             groups,
                         )?,
-                        None => rec.launch(
+                        (None, _) => rec.launch(
                             &ATTN_ROWS,
                             &defines,
                             &params,
@@ -631,15 +770,22 @@ impl KvCache {
                 }
                 let groups = (batch.tokens * attn.heads) as u32;
                 let defines = [dtype_define(self.cfg.dtype)];
-                match &l.scales {
-                    Some([ks, vs]) => rec.launch(
+                match (&l.scales, &l.centres) {
+                    (Some([ks, vs]), Some(c)) => rec.launch(
+                        &ATTN_I4,
+                        &defines,
+                        &params,
+                        &[q, info, tables, &out, &l.k, &l.v, ks, vs, c],
+                        groups,
+                    )?,
+                    (Some([ks, vs]), None) => rec.launch(
                         &ATTN_SCALED,
                         &defines,
                         &params,
                         &[q, info, tables, &out, &l.k, &l.v, ks, vs],
                         groups,
                     )?,
-                    None => rec.launch(
+                    (None, _) => rec.launch(
                         &ATTN,
                         &defines,
                         &params,
@@ -651,4 +797,22 @@ impl KvCache {
             }
         }
     }
+}
+
+/// A layer's key centres as the kernels read them: per entry four words, `lo | hi << 16`
+/// and the bits of freq, mean lo and mean hi.
+fn centre_tensor(device: &Device, centres: &[KeyCentre]) -> Result<Tensor> {
+    let flat: Vec<u32> = centres
+        .iter()
+        .flat_map(|c| {
+            let pair = u32::from(c.lo) | (u32::from(c.hi) << 16);
+            [
+                pair,
+                c.freq.to_bits(),
+                c.mean[0].to_bits(),
+                c.mean[1].to_bits(),
+            ]
+        })
+        .collect();
+    Ok(Tensor::from_u32(device, &[flat.len()], &flat)?)
 }

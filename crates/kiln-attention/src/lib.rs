@@ -8,3 +8,4 @@ mod stored;
 pub use cache::{AttnBatch, AttnConfig, KvCache, KvCacheConfig, MAX_HEAD_DIM, SeqBatch};
 pub use error::{KvDeviceError, Result};
 pub use reference::contiguous_attention;
+pub use stored::{CENTRED_PAIRS, KeyCentre, key_centres};

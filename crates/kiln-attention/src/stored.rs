@@ -1,9 +1,111 @@
 //! The K/V values each pool format holds, computed on the host: the CPU backend stores rows
 //! through [`store_row`], so it attends over exactly what the device kernels reconstruct, and
 //! the INT4 format's rotation and quantizer are defined here (mirrored by `kv_write.wgsl`,
-//! `hadamard.wgsl` and the attention kernels).
+//! `hadamard.wgsl` and the attention kernels), as is the centring of its keys
+//! ([`KeyCentre`], mirrored by `centre.wgsl`).
 
 use kiln_kv::KvDtype;
+use kiln_tensor::{RopeConfig, RopeLayout};
+
+/// Channel pairs per (layer, kv head) whose mean an INT4 cache takes out of its keys.
+pub const CENTRED_PAIRS: usize = 8;
+
+/// One rotated pair of key channels an INT4 cache centres. A model's keys share a large
+/// mean in a few channels *before* RoPE (after it, that mean turns with the position, so no
+/// fixed offset removes it); per-token INT4 spends its 15 steps on it. The cache stores
+/// `k − R(p)·mean` for the key at position `p` (`R(p)`: this pair's rotation by
+/// `p · freq`, as RoPE turns it) and attention adds `q · R(p)·mean` back to the score, so
+/// attention is unchanged and the steps span how keys vary. Pass-through channels (past the
+/// rotary dimensions) are pairs with `freq` 0.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct KeyCentre {
+    /// The pair's channels (RoPE's partners).
+    pub lo: u16,
+    pub hi: u16,
+    /// Radians per position (RoPE's inverse frequency of the pair; 0 if not rotated).
+    pub freq: f32,
+    /// The pair's mean before RoPE: channels `lo`, `hi`.
+    pub mean: [f32; 2],
+}
+
+impl KeyCentre {
+    /// `R(pos)·mean` as (value at `lo`, value at `hi`): RoPE's rotation of the mean, with the
+    /// angle rounded to f32 as RoPE rounds it (then evaluated in f64).
+    pub(crate) fn at(&self, pos: u32) -> [f32; 2] {
+        let angle = f64::from(pos as f32 * self.freq);
+        let (c, s) = (angle.cos() as f32, angle.sin() as f32);
+        let [a, b] = self.mean;
+        [a * c - b * s, b * c + a * s]
+    }
+}
+
+/// The [`CENTRED_PAIRS`] centres of one layer's keys per kv head (`[kv_heads, CENTRED_PAIRS]`,
+/// the pairs with the largest mean first, unused entries zero), from its post-RoPE keys
+/// `keys [n, kv_heads, head_dim]` at `positions` (as an F32 cache holds them): each key is
+/// turned back by RoPE's rotation at its position and the pre-RoPE rows averaged.
+pub fn key_centres(
+    rope: &RopeConfig,
+    keys: &[f32],
+    positions: &[u32],
+    kv_heads: usize,
+) -> Vec<KeyCentre> {
+    let d = rope.head_dim;
+    let (rot, inv) = (rope.rotary_dim, rope.inv_freq());
+    let mut pairs: Vec<(usize, usize, f32)> = (0..rot / 2)
+        .map(|j| match rope.layout {
+            RopeLayout::HalfSplit => (j, j + rot / 2, inv[j]),
+            RopeLayout::Interleaved => (2 * j, 2 * j + 1, inv[j]),
+        })
+        .collect();
+    pairs.extend((rot..d).step_by(2).map(|c| (c, c + 1, 0.0)));
+    let mut out = vec![KeyCentre::default(); kv_heads * CENTRED_PAIRS];
+    let n = positions.len().min(keys.len() / (kv_heads * d).max(1));
+    if n == 0 {
+        return out;
+    }
+    for h in 0..kv_heads {
+        let mut means: Vec<KeyCentre> = pairs
+            .iter()
+            .map(|&(lo, hi, freq)| {
+                let mut sum = [0f64; 2];
+                for (t, &pos) in positions[..n].iter().enumerate() {
+                    let row = &keys[(t * kv_heads + h) * d..][..d];
+                    // RoPE's inverse: the rotation by -angle.
+                    let turn = KeyCentre {
+                        lo: 0,
+                        hi: 0,
+                        freq: -freq,
+                        mean: [row[lo], row[hi]],
+                    };
+                    let pre = turn.at(pos);
+                    sum[0] += f64::from(pre[0]);
+                    sum[1] += f64::from(pre[1]);
+                }
+                KeyCentre {
+                    lo: lo as u16,
+                    hi: hi as u16,
+                    freq,
+                    mean: sum.map(|x| (x / n as f64) as f32),
+                }
+            })
+            .collect();
+        let size = |c: &KeyCentre| c.mean[0] * c.mean[0] + c.mean[1] * c.mean[1];
+        means.sort_by(|a, b| size(b).total_cmp(&size(a)));
+        for (o, c) in out[h * CENTRED_PAIRS..].iter_mut().zip(means) {
+            *o = c;
+        }
+    }
+    out
+}
+
+/// Add `sign` × the head's centres at `pos` to a key row (−1 before storing, +1 after).
+pub(crate) fn shift_row(centres: &[KeyCentre], pos: u32, sign: f32, row: &mut [f32]) {
+    for c in centres {
+        let [a, b] = c.at(pos);
+        row[usize::from(c.lo)] += sign * a;
+        row[usize::from(c.hi)] += sign * b;
+    }
+}
 
 /// Store a row on the host exactly as the device format would hold it.
 pub(crate) fn store_row(dtype: KvDtype, src: &[f32], dst: &mut [f32]) {

@@ -15,9 +15,12 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use kiln_attention::{AttnConfig, KvCache, KvCacheConfig, SeqBatch, contiguous_attention};
+use kiln_attention::{
+    AttnConfig, CENTRED_PAIRS, KeyCentre, KvCache, KvCacheConfig, SeqBatch, contiguous_attention,
+    key_centres,
+};
 use kiln_kv::{BlockCopy, BlockId, KvDtype};
-use kiln_tensor::{Device, Recorder, Tensor};
+use kiln_tensor::{Device, Recorder, RopeConfig, RopeLayout, RopeScaling, Tensor};
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
@@ -179,6 +182,11 @@ fn int4_rows(v: &[f32], head_dim: usize) -> Vec<f32> {
 /// Write each sequence's cached prefix in one step, then its query chunk and attention in a
 /// second step; returns the attention output of the second step.
 fn run(dev: &Device, c: &Case, dtype: KvDtype) -> Vec<f32> {
+    run_centred(dev, c, dtype, None)
+}
+
+/// [`run`] with the cache's key centres (`[2 layers, kv_heads, CENTRED_PAIRS]`) set first.
+fn run_centred(dev: &Device, c: &Case, dtype: KvDtype, centres: Option<&[KeyCentre]>) -> Vec<f32> {
     let cfg = KvCacheConfig {
         layers: 2,
         kv_heads: c.kv_heads,
@@ -188,6 +196,9 @@ fn run(dev: &Device, c: &Case, dtype: KvDtype) -> Vec<f32> {
         dtype,
     };
     let mut cache = KvCache::new(dev, cfg).unwrap();
+    if let Some(centres) = centres {
+        cache.set_key_centres(centres).unwrap();
+    }
     let row = c.kv_heads * c.head_dim;
     let layer = 1;
     let prefix: Vec<&Seq> = c.seqs.iter().filter(|s| s.context > s.query).collect();
@@ -263,9 +274,18 @@ fn run(dev: &Device, c: &Case, dtype: KvDtype) -> Vec<f32> {
 
 /// The contiguous reference over each sequence's K/V as `store` leaves them.
 fn reference(c: &Case, store: &dyn Fn(&[f32]) -> Vec<f32>) -> Vec<f32> {
+    reference_kv(c, store, store)
+}
+
+/// [`reference`] with K and V stored differently (a sequence's rows from position 0).
+fn reference_kv(
+    c: &Case,
+    store_k: &dyn Fn(&[f32]) -> Vec<f32>,
+    store_v: &dyn Fn(&[f32]) -> Vec<f32>,
+) -> Vec<f32> {
     let mut out = Vec::new();
     for s in &c.seqs {
-        let (k, v) = (store(&s.k), store(&s.v));
+        let (k, v) = (store_k(&s.k), store_v(&s.v));
         let pos: Vec<usize> = (s.context - s.query..s.context).collect();
         out.extend(contiguous_attention(
             &s.q,
@@ -404,6 +424,289 @@ fn long_windowed_prefill_matches_reference() {
                 1e-4,
             );
         }
+    }
+}
+
+/// The test's RoPE: half-split pairs (j, j + d/2) at theta 10,000.
+fn test_rope(head_dim: usize) -> RopeConfig {
+    RopeConfig {
+        head_dim,
+        rotary_dim: head_dim,
+        theta: 10_000.0,
+        scaling: RopeScaling::None,
+        layout: RopeLayout::HalfSplit,
+    }
+}
+
+/// RoPE's rotation of the pair (a, b) by `pos · freq` (angle rounded to f32, then f64).
+fn turn(a: f32, b: f32, pos: usize, freq: f32) -> (f32, f32) {
+    let angle = f64::from(pos as f32 * freq);
+    let (c, s) = (angle.cos() as f32, angle.sin() as f32);
+    (a * c - b * s, b * c + a * s)
+}
+
+/// Keys whose pre-RoPE mean is large in two channel pairs (as a model's are), given as keys
+/// after RoPE (what the cache is written): an INT4 cache centred on that mean stores each key
+/// less the mean turned to its position, and its scores add it back, so attention is over
+/// `int4(k − R(p)·mean) + R(p)·mean`, on the CPU backend and both kernel families; and those
+/// keys cost attention several times less error than uncentred ones.
+#[test]
+fn centred_int4_keys_match_the_format_and_cut_the_error() {
+    let mut r = StdRng::seed_from_u64(11);
+    let gpus = gpus();
+    for (kv_heads, group, head_dim) in [(2usize, 2usize, 64usize), (1, 4, 128)] {
+        let mut c = random_case(&mut r, kv_heads, group, head_dim, None);
+        let inv = test_rope(head_dim).inv_freq();
+        let half = head_dim / 2;
+        // Per head: a fast pair (3) and a slow one (half - 4), with their means.
+        let centre = |h: usize| -> Vec<KeyCentre> {
+            let sign = if h.is_multiple_of(2) { 1.0 } else { -1.0 };
+            let mut v = vec![
+                KeyCentre {
+                    lo: 3,
+                    hi: (3 + half) as u16,
+                    freq: inv[3],
+                    mean: [12.0 * sign, -8.0],
+                },
+                KeyCentre {
+                    lo: (half - 4) as u16,
+                    hi: (2 * half - 4) as u16,
+                    freq: inv[half - 4],
+                    mean: [-10.0, 6.0 * sign],
+                },
+            ];
+            v.resize(CENTRED_PAIRS, KeyCentre::default());
+            v
+        };
+        let layer: Vec<KeyCentre> = (0..kv_heads).flat_map(centre).collect();
+        let centres = [layer.clone(), layer.clone()].concat();
+        // Each key at position p: its random spread plus the mean turned to p.
+        let shift = |k: &[f32], sign: f32| -> Vec<f32> {
+            let mut k = k.to_vec();
+            for (i, row) in k.chunks_mut(head_dim).enumerate() {
+                let (pos, h) = (i / kv_heads, i % kv_heads);
+                for e in &layer[h * CENTRED_PAIRS..][..CENTRED_PAIRS] {
+                    let (a, b) = turn(e.mean[0], e.mean[1], pos, e.freq);
+                    row[usize::from(e.lo)] += sign * a;
+                    row[usize::from(e.hi)] += sign * b;
+                }
+            }
+            k
+        };
+        for s in &mut c.seqs {
+            s.k = shift(&s.k, 1.0);
+        }
+        let what = format!("kvh={kv_heads} group={group} d={head_dim}");
+        let int4 = |v: &[f32]| int4_rows(v, head_dim);
+        let format = reference_kv(&c, &|k| shift(&int4(&shift(k, -1.0)), 1.0), &int4);
+        let cpu = run_centred(&Device::cpu(), &c, KvDtype::Int4, Some(&centres));
+        assert_close(&format!("cpu centred int4 {what}"), &cpu, &format, 2e-3);
+        for g in &gpus {
+            let what = format!("{what} cpu-shaped={}", g.cpu_shaped_kernels());
+            assert_close(
+                &format!("wgpu centred int4 {what}"),
+                &run_centred(g, &c, KvDtype::Int4, Some(&centres)),
+                &cpu,
+                1e-4,
+            );
+        }
+        // What the keys' quantization costs: against exact keys over the same INT4 values.
+        let exact_k = reference_kv(&c, &exact, &int4);
+        let err = |got: &[f32]| -> f32 {
+            let sq: f32 = got
+                .iter()
+                .zip(&exact_k)
+                .map(|(a, b)| (a - b) * (a - b))
+                .sum();
+            (sq / got.len() as f32).sqrt()
+        };
+        let (plain, centred) = (err(&run(&Device::cpu(), &c, KvDtype::Int4)), err(&cpu));
+        assert!(
+            centred * 2.0 < plain,
+            "{what}: rms error {centred} centred against {plain} plain"
+        );
+    }
+}
+
+/// `key_centres` turns post-RoPE keys back by their positions and averages them: keys that
+/// are exactly a pre-RoPE mean turned to their positions give that mean back, largest pairs
+/// first, in both layouts and with pass-through channels; with a spread around it, the
+/// mean within the spread's noise.
+#[test]
+fn key_centres_recover_the_pre_rope_mean() {
+    let (kvh, d, n) = (2usize, 16usize, 300usize);
+    for (layout, rot) in [
+        (RopeLayout::HalfSplit, 16usize),
+        (RopeLayout::Interleaved, 12),
+    ] {
+        let rope = RopeConfig {
+            rotary_dim: rot,
+            layout,
+            ..test_rope(d)
+        };
+        let inv = rope.inv_freq();
+        let pair = |j: usize| match layout {
+            RopeLayout::HalfSplit => (j, j + rot / 2),
+            RopeLayout::Interleaved => (2 * j, 2 * j + 1),
+        };
+        // Head h: pair 1 carries (3, -2) + h, pair 0 (0.5, 0.25); for rot 12 channels 12, 13
+        // pass through with (-1, 1.5).
+        let mean = |h: usize, c: usize| -> f32 {
+            let (l1, h1) = pair(1);
+            let (l0, h0) = pair(0);
+            let hf = h as f32;
+            match c {
+                _ if c == l1 => 3.0 + hf,
+                _ if c == h1 => -2.0 - hf,
+                _ if c == l0 => 0.5,
+                _ if c == h0 => 0.25,
+                12 if rot == 12 => -1.0,
+                13 if rot == 12 => 1.5,
+                _ => 0.0,
+            }
+        };
+        let positions: Vec<u32> = (1..=n as u32).map(|p| p * 7 % 1000).collect();
+        let mut r = StdRng::seed_from_u64(13);
+        for spread in [0.0f32, 0.5] {
+            let mut keys = Vec::new();
+            for &p in &positions {
+                for h in 0..kvh {
+                    let mut row: Vec<f32> = (0..d)
+                        .map(|c| mean(h, c) + spread * r.random_range(-1.0f32..1.0))
+                        .collect();
+                    for (j, &freq) in inv.iter().enumerate() {
+                        let (lo, hi) = pair(j);
+                        (row[lo], row[hi]) = turn(row[lo], row[hi], p as usize, freq);
+                    }
+                    keys.extend(row);
+                }
+            }
+            let got = key_centres(&rope, &keys, &positions, kvh);
+            assert_eq!(got.len(), kvh * CENTRED_PAIRS);
+            let tol = if spread == 0.0 { 1e-4 } else { 0.1 };
+            for h in 0..kvh {
+                let g = &got[h * CENTRED_PAIRS..][..CENTRED_PAIRS];
+                let (l1, h1) = pair(1);
+                let what = format!("{layout:?} spread {spread} head {h}: {g:?}");
+                assert_eq!(
+                    (usize::from(g[0].lo), usize::from(g[0].hi)),
+                    (l1, h1),
+                    "{what}"
+                );
+                assert_eq!(g[0].freq, inv[1], "{what}");
+                let hf = h as f32;
+                assert!((g[0].mean[0] - 3.0 - hf).abs() < tol, "{what}");
+                assert!((g[0].mean[1] + 2.0 + hf).abs() < tol, "{what}");
+                let next = if rot == 12 {
+                    (12, 13, 0.0)
+                } else {
+                    (pair(0).0, pair(0).1, inv[0])
+                };
+                assert_eq!(
+                    (usize::from(g[1].lo), usize::from(g[1].hi), g[1].freq),
+                    next,
+                    "{what}"
+                );
+                // Every pair is listed (8 of them here), none twice.
+                let mut chans: Vec<u16> = g.iter().flat_map(|c| [c.lo, c.hi]).collect();
+                chans.sort_unstable();
+                chans.dedup();
+                assert_eq!(chans.len(), 2 * CENTRED_PAIRS, "{what}");
+            }
+        }
+    }
+}
+
+/// Centres and key reads that don't fit the cache are errors; what an F32 pool's `keys`
+/// returns is what was written.
+#[test]
+fn key_centres_and_key_reads_check_the_cache() {
+    let mut devs = vec![Device::cpu()];
+    devs.extend(gpu());
+    let (kvh, d, n) = (2usize, 64usize, 21usize);
+    let mut r = StdRng::seed_from_u64(12);
+    for dev in devs {
+        let cfg = KvCacheConfig {
+            layers: 2,
+            kv_heads: kvh,
+            head_dim: d,
+            block_size: BS,
+            num_blocks: 4,
+            dtype: KvDtype::F32,
+        };
+        let mut cache = KvCache::new(&dev, cfg).unwrap();
+        // Tokens 0..n in blocks 2 and 0: token t sits in slot 2·16 + t, then t − 16.
+        let table = [BlockId(2), BlockId(0)];
+        let batch = cache
+            .batch(&[SeqBatch {
+                block_table: &table,
+                query_len: n,
+                context_len: n,
+            }])
+            .unwrap();
+        let k = randv(&mut r, n * kvh * d);
+        let kt = Tensor::from_f32(&dev, &[n, kvh, d], &k).unwrap();
+        let mut rec = Recorder::new(&dev);
+        cache.write(&mut rec, 1, &kt, &kt, &batch).unwrap();
+        rec.submit().unwrap();
+        let got = cache.keys(1, &batch.slots()[3..]).unwrap();
+        assert_eq!(got, k[3 * kvh * d..], "{dev:?}");
+        let e = cache.keys(1, &[64]).unwrap_err();
+        assert!(e.to_string().contains("slot 64 of 64"), "{e}");
+        let e = cache.keys(2, &[0]).unwrap_err();
+        assert!(e.to_string().contains("layer 2 of 2"), "{e}");
+        let good = vec![KeyCentre::default(); 2 * kvh * CENTRED_PAIRS];
+        let e = cache.set_key_centres(&good).unwrap_err();
+        assert!(e.to_string().contains("int4 cache, not f32"), "{e}");
+        let mut int4 = KvCache::new(
+            &dev,
+            KvCacheConfig {
+                dtype: KvDtype::Int4,
+                ..cfg
+            },
+        )
+        .unwrap();
+        let e = int4.keys(0, &[0]).unwrap_err();
+        assert!(e.to_string().contains("f32 cache, not int4"), "{e}");
+        let e = int4.set_key_centres(&good[1..]).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("31 key centres for [2 layers, 2 kv heads, 8]"),
+            "{e}"
+        );
+        for bad in [
+            KeyCentre {
+                lo: 1,
+                hi: 64,
+                freq: 0.5,
+                mean: [1.0, 1.0],
+            },
+            KeyCentre {
+                lo: 5,
+                hi: 5,
+                freq: 0.5,
+                mean: [1.0, 1.0],
+            },
+            KeyCentre {
+                lo: 1,
+                hi: 2,
+                freq: f32::NAN,
+                mean: [1.0, 1.0],
+            },
+            KeyCentre {
+                lo: 1,
+                hi: 2,
+                freq: 0.5,
+                mean: [f32::INFINITY, 1.0],
+            },
+        ] {
+            let mut c = good.clone();
+            c[9] = bad;
+            let e = int4.set_key_centres(&c).unwrap_err();
+            assert!(e.to_string().contains("key centre 9"), "{bad:?}: {e}");
+        }
+        int4.set_key_centres(&good).unwrap();
+        assert_eq!(int4.key_centres(), &good[..]);
     }
 }
 

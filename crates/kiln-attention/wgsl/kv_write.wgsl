@@ -7,7 +7,8 @@
 //         scale = range / 15 and zero = its low end, for the range of the rotated row shrunk
 //         around its midpoint by the clip (of CLIPS) with the least squared error, both
 //         rounded to f16 (packed in one word per (slot, head)) before quantizing against
-//         them; eight nibbles per word, element 8w + j at bits 4j of word w.
+//         them; eight nibbles per word, element 8w + j at bits 4j of word w. A key has its
+//         head's centres at its position (centre.wgsl) taken out before the rotation.
 
 struct Params {
     tokens: u32,
@@ -39,6 +40,10 @@ fn quant_i8(x: f32, inv: f32) -> u32 {
 #if KV_I4
 @group(0) @binding(6) var<storage, read_write> k_scale: array<u32>;
 @group(0) @binding(7) var<storage, read_write> v_scale: array<u32>;
+// Per token: (block table offset, absolute position), as the attention batch has it.
+@group(0) @binding(8) var<storage, read> info: array<u32>;
+// [kv_heads, CENTRED_PAIRS] key centres.
+@group(0) @binding(9) var<storage, read> centres: array<vec4<u32>>;
 
 const F16_MAX: f32 = 65504.0;
 // Range shrink factors tried per row (cache.rs `INT4_CLIPS`).
@@ -150,6 +155,13 @@ fn main(
     for (var d = 0u; d < p.head_dim; d++) {
         kr[d] = k_new[src + d];
         vr[d] = v_new[src + d];
+    }
+    let kpos = info[2u * t + 1u];
+    for (var c = 0u; c < CENTRED_PAIRS; c++) {
+        let e = centres[h * CENTRED_PAIRS + c];
+        let m = centre_at(e, kpos);
+        kr[e.x & 0xffffu] -= m.x;
+        kr[e.x >> 16u] -= m.y;
     }
     hadamard(&kr, p.head_dim, p.had_norm);
     hadamard(&vr, p.head_dim, p.had_norm);

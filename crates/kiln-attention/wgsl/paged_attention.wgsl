@@ -40,6 +40,8 @@ struct Params {
 // Per (slot, kv head): the f16 scale (low half) and zero point (high half).
 @group(0) @binding(7) var<storage, read> k_scale: array<u32>;
 @group(0) @binding(8) var<storage, read> v_scale: array<u32>;
+// [kv_heads, CENTRED_PAIRS] key centres (centre.wgsl): each score gets its key's back.
+@group(0) @binding(9) var<storage, read> centres: array<vec4<u32>>;
 
 fn i4_at(word: u32, i: u32, sz: u32) -> f32 {
     let s = unpack2x16float(sz);
@@ -56,6 +58,9 @@ var<workgroup> wg_pos: u32;
 var<workgroup> wg_table: u32;
 
 #if KV_I4
+// The query's share of its kv head's centres (`centre_query`).
+var<workgroup> cq: array<vec4<f32>, CENTRED_PAIRS>;
+
 // `hadamard` on the workgroup's `qs` (one invocation runs it).
 fn rotate_qs() {
     var r: array<f32, 256>;
@@ -126,7 +131,13 @@ fn main(
         qs[d] = q[qbase + d] * p.scale;
     }
 #if KV_I4
-    // The cache holds rotated rows: rotate the query alike (q·k = Hq·Hk).
+    // The cache holds rotated rows: rotate the query alike (q·k = Hq·Hk), once the centres
+    // have taken its share from the unrotated one.
+    workgroupBarrier();
+    if (lid < CENTRED_PAIRS) {
+        let e = centres[kvh * CENTRED_PAIRS + lid];
+        cq[lid] = centre_query(e, qs[e.x & 0xffffu], qs[e.x >> 16u]);
+    }
     workgroupBarrier();
     if (lid == 0u) {
         rotate_qs();
@@ -153,6 +164,11 @@ fn main(
             for (var d = 0u; d < p.head_dim; d++) {
                 s += qs[d] * k_at(slot, kvh, d);
             }
+#if KV_I4
+            for (var c = 0u; c < CENTRED_PAIRS; c++) {
+                s += centre_term(cq[c], j);
+            }
+#endif
         }
         probs[lid] = s;
         tile_slots[lid] = slot;

@@ -38,6 +38,9 @@ struct Params {
 // Per (slot, kv head): the f16 scale (low half) and zero point (high half).
 @group(0) @binding(7) var<storage, read> k_scale: array<u32>;
 @group(0) @binding(8) var<storage, read> v_scale: array<u32>;
+// [kv_heads, CENTRED_PAIRS] key centres (centre.wgsl): each score gets its key's back
+// (`centre_term` lines in `K_DOT`).
+@group(0) @binding(9) var<storage, read> centres: array<vec4<u32>>;
 #endif
 
 const WG: u32 = 8u;
@@ -171,7 +174,15 @@ fn main(
         qv[c] = q[qb + c] * p.scale;
     }
 #if KV_I4
-    // The cache holds rotated rows: rotate the query alike (q·k = Hq·Hk).
+    // The query's share of its kv head's centres, from the unrotated query; then the query
+    // rotated as the cache's rows are (q·k = Hq·Hk).
+    var cq: array<vec4<f32>, CENTRED_PAIRS>;
+    for (var c = 0u; c < CENTRED_PAIRS; c++) {
+        let e = centres[kvh * CENTRED_PAIRS + c];
+        let lo = e.x & 0xffffu;
+        let hi = e.x >> 16u;
+        cq[c] = centre_query(e, qv[lo / 4u][lo % 4u], qv[hi / 4u][hi % 4u]);
+    }
     rotate(&qv);
 #endif
     var first = 0u;

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
 use std::sync::{Arc, Mutex, mpsc};
 
 use kiln_kv::KvDtype;
-use kiln_model::{KvPoolConfig, Model, ModelRunner};
+use kiln_model::{KV_CALIBRATION_TEXT, KvPoolConfig, Model, ModelRunner};
 use kiln_scheduler::{Scheduler, SchedulerConfig};
 use kiln_tokenizer::Tokenizer;
 
@@ -107,7 +107,21 @@ impl Engine {
         };
         let kv_bytes_per_token = mcfg.kv_shape(cfg.kv_dtype).bytes_per_token()?;
         let device = model.device().info().name;
-        let runner = ModelRunner::new(model, pool).map_err(StartError::KvCache)?;
+        // An INT4 cache centres its keys on the model's mean key over a calibration text
+        // (the draft model's too: it shares the tokenizer).
+        let calibration = match cfg.kv_dtype {
+            KvDtype::Int4 => {
+                tokenizer
+                    .encode(KV_CALIBRATION_TEXT)
+                    .map_err(|e| StartError::Config {
+                        field: "tokenizer",
+                        reason: format!("cannot encode the KV calibration text: {e}"),
+                    })?
+            }
+            _ => Vec::new(),
+        };
+        let runner =
+            ModelRunner::calibrated(model, pool, &calibration).map_err(StartError::KvCache)?;
         let specials = tokenizer.special_tokens();
         let watermark = (f64::from(blocks.watermark) * f64::from(blocks.num_blocks)) as usize;
         let info = EngineInfo {
@@ -128,7 +142,14 @@ impl Engine {
             usable_blocks: (blocks.num_blocks as usize).saturating_sub(watermark),
             device,
         };
-        let spec = speculation(cfg.speculative, draft, &tokenizer, pool, vocab)?;
+        let spec = speculation(
+            cfg.speculative,
+            draft,
+            &tokenizer,
+            pool,
+            &calibration,
+            vocab,
+        )?;
         let metrics = Arc::new(EngineMetrics::new());
         metrics.kv_total_blocks.set(i64::from(blocks.num_blocks));
         let queued = Arc::new(AtomicUsize::new(0));
@@ -176,6 +197,7 @@ fn speculation(
     draft: Option<DraftModel>,
     tokenizer: &Tokenizer,
     pool: KvPoolConfig,
+    calibration: &[u32],
     vocab: usize,
 ) -> Result<Option<Spec>, StartError> {
     let draft_error = |reason: String| StartError::Config {
@@ -217,8 +239,7 @@ fn speculation(
                 )));
             }
             Box::new(
-                DraftProposer::new(d.model, pool.num_blocks, pool.block_size, pool.dtype, vocab)
-                    .map_err(StartError::Draft)?,
+                DraftProposer::new(d.model, pool, calibration, vocab).map_err(StartError::Draft)?,
             )
         }
     };

@@ -64,6 +64,9 @@ pub enum ModelError {
     /// A perplexity run asked for something its windows cannot do.
     #[error("perplexity: {field}: {reason}")]
     Perplexity { field: &'static str, reason: String },
+    /// The INT4 KV cache's key calibration could not run.
+    #[error("kv calibration: {0}")]
+    Calibration(String),
     /// The device returned fewer results than the step computed.
     #[error("read back {got} argmax ids for {want} logits rows")]
     Readback { got: usize, want: usize },

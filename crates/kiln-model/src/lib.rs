@@ -19,6 +19,8 @@ pub use config::{
 pub use error::{ModelError, Result};
 pub use files::{ModelFiles, ModelSource};
 pub use model::{LogitsAt, Model, SeqInput};
-pub use runner::{KvPoolConfig, ModelRunner, StepOutput, StepSeq};
+pub use runner::{
+    CALIBRATION_TOKENS, KV_CALIBRATION_TEXT, KvPoolConfig, ModelRunner, StepOutput, StepSeq,
+};
 pub use safetensors::{HfSource, LoadOptions, SafetensorsFile, StDtype, encode_safetensors};
 pub use weights::{GgufSource, Linear, Weight, WeightSource};

@@ -3,7 +3,7 @@
 
 use kiln_attention::{AttnConfig, KvCache, SeqBatch};
 use kiln_kv::BlockId;
-use kiln_tensor::{ColumnIndex, Device, Recorder, RopePositions, RopeTable, Tensor};
+use kiln_tensor::{ColumnIndex, Device, Recorder, RopeConfig, RopePositions, RopeTable, Tensor};
 
 use crate::config::{Activation, RopeParams};
 use crate::weights::{Weight, WeightSource};
@@ -322,6 +322,14 @@ impl Model {
 
     pub fn config(&self) -> &ModelConfig {
         &self.cfg
+    }
+
+    /// Each layer's rotary embedding, in layer order.
+    pub fn layer_ropes(&self) -> Vec<RopeConfig> {
+        self.layers
+            .iter()
+            .map(|l| *self.ropes[l.rope].config())
+            .collect()
     }
 
     pub fn device(&self) -> &Device {

@@ -6,12 +6,23 @@
 //! Block tables come from the caller (`kiln-kv`'s `BlockManager` decides which block holds
 //! what); the runner only stores and reads K/V where they point.
 
-use kiln_attention::{KvCache, KvCacheConfig};
+use kiln_attention::{KvCache, KvCacheConfig, key_centres};
 use kiln_kv::{BlockCopy, BlockId, KvDtype};
 use kiln_tensor::{Device, Recorder};
 
 use crate::model::{LogitsAt, Model, SeqInput};
 use crate::{ModelConfig, ModelError, Result};
+
+/// A short original text (prose, dialogue, a list, code, a question and answer) whose keys
+/// centre an INT4 KV cache ([`ModelRunner::calibrated`]): tokenized by the model's tokenizer
+/// without special tokens.
+pub const KV_CALIBRATION_TEXT: &str = include_str!("kv_calibration.txt");
+
+/// The most calibration tokens [`ModelRunner::calibrated`] runs.
+pub const CALIBRATION_TOKENS: usize = 512;
+
+/// Calibration tokens per forward step (bounds the activations).
+const CALIBRATION_CHUNK: usize = 128;
 
 /// The KV pool a runner allocates: the model gives layers, heads and head size.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -93,6 +104,73 @@ impl ModelRunner {
     pub fn new(model: Model, pool: KvPoolConfig) -> Result<Self> {
         let cache = KvCache::new(model.device(), model.config().kv_cache_config(pool))?;
         Ok(Self { model, cache })
+    }
+
+    /// [`new`](Self::new), then for an INT4 pool its keys centred on the model's mean key
+    /// before RoPE per layer and head ([`KvCache::set_key_centres`]), measured by running
+    /// `calibration` (the tokens of [`KV_CALIBRATION_TEXT`], at most [`CALIBRATION_TOKENS`]
+    /// of them) through the model once into a temporary F32 cache. Other KV dtypes store keys
+    /// as they are and ignore `calibration`.
+    pub fn calibrated(model: Model, pool: KvPoolConfig, calibration: &[u32]) -> Result<Self> {
+        let mut runner = Self::new(model, pool)?;
+        if pool.dtype == KvDtype::Int4 {
+            let centres = runner.key_centres(calibration, pool.block_size as usize)?;
+            runner.cache.set_key_centres(&centres)?;
+        }
+        Ok(runner)
+    }
+
+    /// The model's key centres per layer over `tokens` (truncated to [`CALIBRATION_TOKENS`]
+    /// and the model's context), skipping the first position, whose key (the attention
+    /// sink's) is unlike the rest.
+    fn key_centres(
+        &self,
+        tokens: &[u32],
+        block_size: usize,
+    ) -> Result<Vec<kiln_attention::KeyCentre>> {
+        let n = tokens
+            .len()
+            .min(CALIBRATION_TOKENS)
+            .min(self.config().max_position);
+        if n < 2 {
+            return Err(ModelError::Calibration(format!(
+                "{} calibration tokens: the INT4 KV cache needs at least 2",
+                tokens.len()
+            )));
+        }
+        let mut cfg = *self.cache.config();
+        cfg.dtype = KvDtype::F32;
+        cfg.num_blocks = n.div_ceil(block_size);
+        let mut cache = KvCache::new(self.device(), cfg)?;
+        let table: Vec<BlockId> = (0..cfg.num_blocks as u32).map(BlockId).collect();
+        for start in (0..n).step_by(CALIBRATION_CHUNK) {
+            let end = (start + CALIBRATION_CHUNK).min(n);
+            let mut rec = Recorder::new(self.device());
+            self.model.forward(
+                &mut rec,
+                &mut cache,
+                &[SeqInput {
+                    tokens: &tokens[start..end],
+                    block_table: &table,
+                    context_len: end,
+                }],
+                LogitsAt::Last,
+            )?;
+            rec.submit()?;
+        }
+        // Block b holds positions b·block_size.., so position i is slot i.
+        let positions: Vec<u32> = (1..n as u32).collect();
+        let mut centres = Vec::new();
+        for (layer, rope) in self.model.layer_ropes().iter().enumerate() {
+            let keys = cache.keys(layer, &positions)?;
+            centres.extend(key_centres(rope, &keys, &positions, cfg.kv_heads));
+        }
+        Ok(centres)
+    }
+
+    /// The runner's KV cache.
+    pub fn cache(&self) -> &KvCache {
+        &self.cache
     }
 
     pub fn model(&self) -> &Model {

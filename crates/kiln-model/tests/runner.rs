@@ -8,10 +8,11 @@ mod common;
 
 use std::path::PathBuf;
 
-use kiln_attention::KvCache;
+use kiln_attention::{KvCache, key_centres};
 use kiln_kv::{BlockCopy, BlockId, KvDtype};
 use kiln_model::{
-    KvPoolConfig, LoadOptions, LogitsAt, Model, ModelFiles, ModelRunner, SeqInput, StepSeq,
+    CALIBRATION_TOKENS, KvPoolConfig, LoadOptions, LogitsAt, Model, ModelError, ModelFiles,
+    ModelRunner, SeqInput, StepSeq,
 };
 use kiln_tensor::{Device, Recorder};
 
@@ -173,4 +174,94 @@ fn bad_steps_are_errors() {
     };
     let e = runner.step(&[seq(1)], &[bad_copy]).unwrap_err();
     assert!(e.to_string().contains("block copy"), "{e}");
+}
+
+/// An INT4 runner's keys are centred on the model's pre-RoPE mean key over the calibration
+/// tokens (positions 1.. of at most the model's context, run in chunks): the centres of the
+/// keys its own forward pass leaves in an F32 cache. Other dtypes keep zero centres; fewer
+/// than two tokens are an error.
+#[test]
+fn an_int4_runner_centres_keys_on_the_calibration_mean() {
+    let tokens: Vec<u32> = (0..300u32).map(|i| 3 + (i * 37) % 120).collect();
+    for (name, dev) in common::devices() {
+        let pool = KvPoolConfig {
+            block_size: 16,
+            num_blocks: 4,
+            dtype: KvDtype::Int4,
+        };
+        let runner = ModelRunner::calibrated(tiny(&dev), pool, &tokens).unwrap();
+        let n = tokens
+            .len()
+            .min(CALIBRATION_TOKENS)
+            .min(runner.config().max_position);
+        let blocks = n.div_ceil(16);
+        let cfg = runner.config().kv_cache_config(KvPoolConfig {
+            block_size: 16,
+            num_blocks: blocks as u32,
+            dtype: KvDtype::F32,
+        });
+        let mut cache = KvCache::new(&dev, cfg).unwrap();
+        let table: Vec<BlockId> = (0..blocks as u32).map(BlockId).collect();
+        let mut rec = Recorder::new(&dev);
+        runner
+            .model()
+            .forward(
+                &mut rec,
+                &mut cache,
+                &[SeqInput {
+                    tokens: &tokens[..n],
+                    block_table: &table,
+                    context_len: n,
+                }],
+                LogitsAt::Last,
+            )
+            .unwrap();
+        rec.submit().unwrap();
+        let positions: Vec<u32> = (1..n as u32).collect();
+        let want: Vec<_> = runner
+            .model()
+            .layer_ropes()
+            .iter()
+            .enumerate()
+            .flat_map(|(l, rope)| {
+                key_centres(
+                    rope,
+                    &cache.keys(l, &positions).unwrap(),
+                    &positions,
+                    cfg.kv_heads,
+                )
+            })
+            .collect();
+        let got = runner.cache().key_centres();
+        assert_eq!(got.len(), want.len(), "{name}");
+        for (g, w) in got.iter().zip(&want) {
+            assert_eq!((g.lo, g.hi, g.freq), (w.lo, w.hi, w.freq), "{name}");
+            for (a, b) in g.mean.iter().zip(&w.mean) {
+                assert!(
+                    (a - b).abs() <= 1e-4 * b.abs().max(1.0),
+                    "{name}: {g:?} vs {w:?}"
+                );
+            }
+        }
+        assert!(
+            got.iter().any(|c| c.mean[0].abs() > 1e-3),
+            "{name}: all zero"
+        );
+        let f16 = ModelRunner::calibrated(
+            tiny(&dev),
+            KvPoolConfig {
+                dtype: KvDtype::F16,
+                ..pool
+            },
+            &[],
+        )
+        .unwrap();
+        assert!(
+            f16.cache().key_centres().iter().all(|c| c.mean == [0.0; 2]),
+            "{name}"
+        );
+        let e = ModelRunner::calibrated(tiny(&dev), pool, &tokens[..1]).unwrap_err();
+        assert!(matches!(e, ModelError::Calibration(_)), "{name}: {e}");
+        assert!(e.to_string().contains("1 calibration tokens"), "{e}");
+    }
 }

@@ -8,7 +8,7 @@ use std::time::Instant;
 use kiln_engine::error_chain;
 use kiln_kv::KvDtype;
 use kiln_model::perplexity::{self, Perplexity, PerplexityConfig};
-use kiln_model::{KvPoolConfig, ModelRunner};
+use kiln_model::{KV_CALIBRATION_TEXT, KvPoolConfig, ModelRunner};
 use kiln_tokenizer::EncodeOptions;
 
 use crate::args::{DeviceArgs, LoadArgs, ModelArgs};
@@ -91,6 +91,13 @@ pub fn run(args: &PerplexityArgs) -> Result<(), String> {
             ids.len()
         ));
     }
+    let calibration = match args.kv_dtype {
+        KvDtype::Int4 => checkpoint
+            .tokenizer()
+            .encode(KV_CALIBRATION_TEXT)
+            .map_err(|e| format!("{path}: the KV calibration text: {}", error_chain(&e)))?,
+        _ => Vec::new(),
+    };
     let dev = crate::device(&args.device)?;
     let (model, _) = checkpoint
         .load(&dev, &mut |_, _| {})
@@ -101,8 +108,8 @@ pub fn run(args: &PerplexityArgs) -> Result<(), String> {
         num_blocks: args.context.div_ceil(BLOCK_SIZE as usize) as u32,
         dtype: args.kv_dtype,
     };
-    let mut runner =
-        ModelRunner::new(model, pool).map_err(|e| format!("{path}: {}", error_chain(&e)))?;
+    let mut runner = ModelRunner::calibrated(model, pool, &calibration)
+        .map_err(|e| format!("{path}: {}", error_chain(&e)))?;
     if !args.json {
         eprintln!(
             "kiln: {} tokens, {} windows of {} (stride {}), {} KV, {:.1} MiB of weights on {}",

@@ -7,7 +7,7 @@
 
 use std::collections::HashMap;
 
-use kiln_kv::{BlockManager, BlockManagerConfig, KvDtype, KvError, KvMetrics, SeqConfig, SeqId};
+use kiln_kv::{BlockManager, BlockManagerConfig, KvError, KvMetrics, SeqConfig, SeqId};
 use kiln_model::{KvPoolConfig, Model, ModelRunner, StepSeq};
 use kiln_tokenizer::Tokenizer;
 
@@ -101,23 +101,20 @@ impl std::fmt::Debug for DraftProposer {
 }
 
 impl DraftProposer {
-    /// A draft cache of `num_blocks` blocks of `block_size` tokens (the target's pool, so
-    /// every running sequence fits), K/V stored as `dtype`.
+    /// A draft cache shaped as the target's `pool` (so every running sequence fits), an
+    /// INT4 one centred on the draft's keys over `calibration` ([`ModelRunner::calibrated`]).
     pub fn new(
         model: Model,
-        num_blocks: u32,
-        block_size: u32,
-        dtype: KvDtype,
+        pool: KvPoolConfig,
+        calibration: &[u32],
         target_vocab: usize,
     ) -> Result<Self, ProposeError> {
-        let runner = ModelRunner::new(
-            model,
-            KvPoolConfig {
-                block_size,
-                num_blocks,
-                dtype,
-            },
-        )?;
+        let KvPoolConfig {
+            block_size,
+            num_blocks,
+            ..
+        } = pool;
+        let runner = ModelRunner::calibrated(model, pool, calibration)?;
         let blocks = BlockManager::new(BlockManagerConfig {
             block_size,
             watermark: 0.0,
