@@ -17,9 +17,12 @@ use bytemuck::{Pod, Zeroable};
 use kiln_kv::{BlockCopy, BlockId, KvDtype};
 use kiln_tensor::{Access, DType, Device, KernelDef, Recorder, Tensor};
 
+mod centres;
+
 use crate::reference;
 use crate::stored::{CENTRED_PAIRS, KeyCentre, hadamard_norm, shift_row, store_row};
 use crate::{KvDeviceError, Result};
+use centres::centre_tensor;
 
 fn invalid<T>(msg: String) -> Result<T> {
     Err(KvDeviceError::Invalid(msg))
@@ -95,6 +98,26 @@ struct Layer {
     scales: Option<[Tensor; 2]>,
     /// INT4: the layer's key centres, `[kv_heads, CENTRED_PAIRS]` ([`centre_tensor`]).
     centres: Option<Tensor>,
+}
+
+impl Layer {
+    /// What the layer's format binds after its K and V pools: the scales (INT8: scale;
+    /// INT4: scale|zero), then INT4's key centres.
+    fn extras(&self) -> Vec<&Tensor> {
+        let mut v: Vec<&Tensor> = self.scales.iter().flatten().collect();
+        v.extend(&self.centres);
+        v
+    }
+}
+
+/// The kernel of a family (`[plain, scaled, INT4]`) that binds `extras` buffers after the
+/// pools.
+fn variant(family: [&'static KernelDef; 3], extras: usize) -> &'static KernelDef {
+    match extras {
+        0 => family[0],
+        2 => family[1],
+        _ => family[2],
+    }
 }
 
 enum Store {
@@ -362,75 +385,6 @@ impl KvCache {
         &self.cfg
     }
 
-    /// Centre an INT4 pool's keys (`centres` is `[layers, kv_heads, CENTRED_PAIRS]`, as
-    /// [`key_centres`](crate::key_centres) measures them per layer): from now on each key is
-    /// stored less its head's centres rotated to its position, and attention adds them back
-    /// ([`KeyCentre`]). Call it before anything is written: rows already stored keep the
-    /// centres they were written with.
-    pub fn set_key_centres(&mut self, centres: &[KeyCentre]) -> Result<()> {
-        let (kvh, hd) = (self.cfg.kv_heads, self.cfg.head_dim);
-        if self.cfg.dtype != KvDtype::Int4 {
-            return invalid(format!(
-                "key centres apply to an int4 cache, not {}",
-                self.cfg.dtype
-            ));
-        }
-        if centres.len() != self.centres.len() {
-            return invalid(format!(
-                "{} key centres for [{} layers, {kvh} kv heads, {CENTRED_PAIRS}]",
-                centres.len(),
-                self.cfg.layers
-            ));
-        }
-        for (i, c) in centres.iter().enumerate() {
-            let finite = c.freq.is_finite() && c.mean.iter().all(|m| m.is_finite());
-            let fits = usize::from(c.lo.max(c.hi)) < hd && (c.lo != c.hi || c.mean == [0.0; 2]);
-            if !finite || !fits {
-                return invalid(format!(
-                    "key centre {i}: {c:?} needs finite values and two channels below {hd}"
-                ));
-            }
-        }
-        if let Store::Gpu(layers) = &mut self.store {
-            let per_layer = kvh * CENTRED_PAIRS;
-            for (layer, c) in layers.iter_mut().zip(centres.chunks_exact(per_layer)) {
-                layer.centres = Some(centre_tensor(&self.device, c)?);
-            }
-        }
-        self.centres.copy_from_slice(centres);
-        Ok(())
-    }
-
-    /// The key centres in force (`[layers, kv_heads, CENTRED_PAIRS]`; zero unless set).
-    pub fn key_centres(&self) -> &[KeyCentre] {
-        &self.centres
-    }
-
-    /// The K rows of `layer` at `slots` (`[slots, kv_heads, head_dim]`) from an F32 pool,
-    /// whose rows are the model's keys exactly (what [`key_centres`](crate::key_centres)
-    /// measures).
-    pub fn keys(&self, layer: usize, slots: &[u32]) -> Result<Vec<f32>> {
-        self.check_layer(layer)?;
-        if self.cfg.dtype != KvDtype::F32 {
-            return invalid(format!(
-                "keys are read from an f32 cache, not {}",
-                self.cfg.dtype
-            ));
-        }
-        if let Some(&bad) = slots.iter().find(|&&s| s as usize >= self.cfg.slots()) {
-            return invalid(format!("slot {bad} of {}", self.cfg.slots()));
-        }
-        let row = self.cfg.kv_heads * self.cfg.head_dim;
-        let pool = match &self.store {
-            Store::Cpu(layers) => std::borrow::Cow::Borrowed(&layers[layer][0]),
-            Store::Gpu(layers) => std::borrow::Cow::Owned(layers[layer].k.to_f32_vec()?),
-        };
-        Ok(slots
-            .iter()
-            .flat_map(|&s| pool[s as usize * row..][..row].iter().copied())
-            .collect())
-    }
-
     /// Validate a step's sequences against the cache and upload their metadata.
     /// Sequences are laid out in order along the token dimension of Q, K and V.
     pub fn batch(&self, seqs: &[SeqBatch<'_>]) -> Result<AttnBatch> {
@@ -574,29 +528,17 @@ impl KvCache {
                 };
                 let groups = threads.div_ceil(64) as u32;
                 let defines = [dtype_define(self.cfg.dtype)];
-                match (&l.scales, &l.centres) {
-                    (Some([ks, vs]), Some(c)) => rec.launch(
-                        &KV_WRITE_I4,
-                        &defines,
-                        &params,
-                        &[k, v, slots, &l.k, &l.v, ks, vs, info, c],
-                        groups,
-                    )?,
-                    (Some([ks, vs]), None) => rec.launch(
-                        &KV_WRITE_SCALED,
-                        &defines,
-                        &params,
-                        &[k, v, slots, &l.k, &l.v, ks, vs],
-                        groups,
-                    )?,
-                    (None, _) => rec.launch(
-                        &KV_WRITE,
-                        &defines,
-                        &params,
-                        &[k, v, slots, &l.k, &l.v],
-                        groups,
-                    )?,
+                // INT4's write also reads each token's position, before the centres.
+                let def = variant(
+                    [&KV_WRITE, &KV_WRITE_SCALED, &KV_WRITE_I4],
+                    l.extras().len(),
+                );
+                let mut bufs = vec![k, v, slots, &l.k, &l.v];
+                bufs.extend(l.scales.iter().flatten());
+                if let Some(c) = &l.centres {
+                    bufs.extend([info, c]);
                 }
+                rec.launch(def, &defines, &params, &bufs, groups)?;
                 Ok(())
             }
         }
@@ -705,6 +647,9 @@ impl KvCache {
                     return invalid("batch was built for another device".into());
                 };
                 let out = rec.output(DType::F32, q.shape(), "paged_attention")?;
+                let mut bufs = vec![q, info, tables, &out, &l.k, &l.v];
+                bufs.extend(l.extras());
+                let extras = bufs.len() - 6;
                 let params = AttnParams {
                     tokens: batch.tokens as u32,
                     heads: attn.heads as u32,
@@ -743,76 +688,16 @@ impl KvCache {
                         k_dot,
                         v_acc,
                     ];
-                    match (&l.scales, &l.centres) {
-                        (Some([ks, vs]), Some(c)) => rec.launch(
-                            &ATTN_ROWS_I4,
-                            &defines,
-                            &params,
-                            &[q, info, tables, &out, &l.k, &l.v, ks, vs, c],
-                            groups,
-                        )?,
-                        (Some([ks, vs]), None) => rec.launch(
-                            &ATTN_ROWS_SCALED,
-                            &defines,
-                            &params,
-                            &[q, info, tables, &out, &l.k, &l.v, ks, vs],
-                            groups,
-                        )?,
-                        (None, _) => rec.launch(
-                            &ATTN_ROWS,
-                            &defines,
-                            &params,
-                            &[q, info, tables, &out, &l.k, &l.v],
-                            groups,
-                        )?,
-                    }
+                    let def = variant([&ATTN_ROWS, &ATTN_ROWS_SCALED, &ATTN_ROWS_I4], extras);
+                    rec.launch(def, &defines, &params, &bufs, groups)?;
                     return Ok(out);
                 }
                 let groups = (batch.tokens * attn.heads) as u32;
                 let defines = [dtype_define(self.cfg.dtype)];
-                match (&l.scales, &l.centres) {
-                    (Some([ks, vs]), Some(c)) => rec.launch(
-                        &ATTN_I4,
-                        &defines,
-                        &params,
-                        &[q, info, tables, &out, &l.k, &l.v, ks, vs, c],
-                        groups,
-                    )?,
-                    (Some([ks, vs]), None) => rec.launch(
-                        &ATTN_SCALED,
-                        &defines,
-                        &params,
-                        &[q, info, tables, &out, &l.k, &l.v, ks, vs],
-                        groups,
-                    )?,
-                    (None, _) => rec.launch(
-                        &ATTN,
-                        &defines,
-                        &params,
-                        &[q, info, tables, &out, &l.k, &l.v],
-                        groups,
-                    )?,
-                }
+                let def = variant([&ATTN, &ATTN_SCALED, &ATTN_I4], extras);
+                rec.launch(def, &defines, &params, &bufs, groups)?;
                 Ok(out)
             }
         }
     }
-}
-
-/// A layer's key centres as the kernels read them: per entry four words, `lo | hi << 16`
-/// and the bits of freq, mean lo and mean hi.
-fn centre_tensor(device: &Device, centres: &[KeyCentre]) -> Result<Tensor> {
-    let flat: Vec<u32> = centres
-        .iter()
-        .flat_map(|c| {
-            let pair = u32::from(c.lo) | (u32::from(c.hi) << 16);
-            [
-                pair,
-                c.freq.to_bits(),
-                c.mean[0].to_bits(),
-                c.mean[1].to_bits(),
-            ]
-        })
-        .collect();
-    Ok(Tensor::from_u32(device, &[flat.len()], &flat)?)
 }

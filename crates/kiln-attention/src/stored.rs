@@ -32,8 +32,7 @@ impl KeyCentre {
     /// `R(pos)·mean` as (value at `lo`, value at `hi`): RoPE's rotation of the mean, with the
     /// angle rounded to f32 as RoPE rounds it (then evaluated in f64).
     pub(crate) fn at(&self, pos: u32) -> [f32; 2] {
-        let angle = f64::from(pos as f32 * self.freq);
-        let (c, s) = (angle.cos() as f32, angle.sin() as f32);
+        let (c, s) = RopeConfig::cos_sin(&[self.freq], pos, 0);
         let [a, b] = self.mean;
         [a * c - b * s, b * c + a * s]
     }

@@ -105,8 +105,9 @@ impl RopeConfig {
     }
 
     /// (cos, sin) of position `pos`, frequency `j`: the angle is rounded to f32 as in the
-    /// reference, then evaluated in f64.
-    fn cos_sin(inv_freq: &[f32], pos: u32, j: usize) -> (f32, f32) {
+    /// reference, then evaluated in f64 (the table's entries; also how the INT4 KV cache
+    /// turns its key centres).
+    pub fn cos_sin(inv_freq: &[f32], pos: u32, j: usize) -> (f32, f32) {
         let angle = f64::from(pos as f32 * inv_freq[j]);
         (angle.cos() as f32, angle.sin() as f32)
     }
