@@ -104,6 +104,32 @@ impl Profile {
     }
 }
 
+/// Host time spent on submits since the device opened or the last
+/// [`Device::reset_host_stats`]: what a step costs the CPU before the device runs it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct HostStats {
+    /// Submits that launched at least one kernel.
+    pub submits: u64,
+    /// Kernel launches over those submits.
+    pub dispatches: u64,
+    /// From each submit's first recorded launch to the `submit` call: the ops' host work
+    /// (validation, uploads of per-step inputs, recording).
+    pub record_ns: u64,
+    /// Inside `submit`: parameters, bind groups, encoding and the queue submit (never the
+    /// device's own work, which `submit` does not wait for).
+    pub encode_ns: u64,
+    /// Bind groups made, and those found in the cache, over those submits.
+    pub bind_groups_made: u64,
+    pub bind_groups_reused: u64,
+}
+
+impl HostStats {
+    /// Host milliseconds per submit, recording and encoding together.
+    pub fn ms_per_submit(&self) -> f64 {
+        (self.record_ns + self.encode_ns) as f64 / 1e6 / self.submits.max(1) as f64
+    }
+}
+
 /// What the device is and can do, for logs and `kiln info`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeviceInfo {
@@ -209,6 +235,22 @@ impl Device {
     pub fn reset_profile(&self) {
         if let Device::Wgpu(g) = self {
             g.reset_profile();
+        }
+    }
+
+    /// Host time of the submits so far (`None` on the CPU backend, where ops run as they are
+    /// recorded).
+    pub fn host_stats(&self) -> Option<HostStats> {
+        match self {
+            Device::Wgpu(g) => Some(g.host_stats()),
+            Device::Cpu => None,
+        }
+    }
+
+    /// Clear [`Device::host_stats`].
+    pub fn reset_host_stats(&self) {
+        if let Device::Wgpu(g) = self {
+            g.reset_host_stats();
         }
     }
 

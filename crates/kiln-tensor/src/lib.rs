@@ -9,7 +9,9 @@ mod quant;
 mod recorder;
 mod tensor;
 
-pub use device::{BackendChoice, Device, DeviceInfo, DeviceOptions, KernelTime, Profile};
+pub use device::{
+    BackendChoice, Device, DeviceInfo, DeviceOptions, HostStats, KernelTime, Profile,
+};
 pub use dtype::{DType, QK, QK_K};
 pub use error::{Result, TensorError};
 pub use gpu::{Access, GpuContext, KernelDef, TemplateError};

@@ -1,6 +1,7 @@
 //! `Recorder`: a sequence of ops encoded into one command encoder and submitted once.
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use crate::gpu::{Access, GpuContext, KernelDef, PARAM_SLOT, Pipeline};
 use crate::tensor::Storage;
@@ -13,9 +14,8 @@ const TIMED_PER_SET: usize = 2048;
 /// Workgroups per dimension every adapter supports; bigger launches spill into `y`.
 const MAX_GROUPS_X: u32 = 65535;
 
-/// One storage or uniform binding of a launch.
+/// One storage or uniform binding of a launch, as an op gives it.
 pub(crate) struct Bind {
-    /// Kept alive until submit.
     pub tensor: Tensor,
     pub chunk: usize,
     /// `(offset, size)` in bytes within the chunk; the whole chunk when `None`.
@@ -32,9 +32,20 @@ impl From<(Tensor, usize)> for Bind {
     }
 }
 
+/// A binding resolved to its buffer range. It holds the wgpu buffer, not the tensor: a tensor
+/// the caller drops before the submit returns its buffer to the pool, where a later op of the
+/// same recording may take it as its output (the launches run in recorded order, with the
+/// barriers wgpu puts between them), so a step's intermediates reuse a few buffers instead of
+/// all staying alive until the submit.
+struct Bound {
+    buffer: wgpu::Buffer,
+    offset: u64,
+    size: u64,
+}
+
 struct Dispatch {
     pipeline: Arc<Pipeline>,
-    bindings: Vec<Bind>,
+    bindings: Vec<Bound>,
     param_offset: u32,
     groups: [u32; 3],
 }
@@ -49,6 +60,8 @@ pub struct Recorder {
     device: Device,
     dispatches: Vec<Dispatch>,
     params: Vec<u8>,
+    /// When the first launch of the pending submit was recorded (host time statistics).
+    first_at: Option<Instant>,
 }
 
 impl std::fmt::Debug for Recorder {
@@ -100,6 +113,7 @@ impl Recorder {
             device: device.clone(),
             dispatches: Vec::new(),
             params: Vec::new(),
+            first_at: None,
         }
     }
 
@@ -164,7 +178,26 @@ impl Recorder {
             });
         };
         debug_assert_eq!(bindings.len(), kernel.bindings.len(), "{}", kernel.name);
+        let bindings = bindings
+            .iter()
+            .map(|b| {
+                let Storage::Gpu { chunks, .. } = b.tensor.storage() else {
+                    return Err(TensorError::DeviceMismatch { op: kernel.name });
+                };
+                let c = chunks.get(b.chunk).ok_or_else(|| TensorError::Invalid {
+                    op: kernel.name,
+                    detail: format!("binding chunk {} of {}", b.chunk, chunks.len()),
+                })?;
+                let (offset, size) = b.range.unwrap_or((0, c.buf.binding_size()));
+                Ok(Bound {
+                    buffer: c.buf.buffer.clone(),
+                    offset,
+                    size,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
         let pipeline = ctx.pipeline(kernel, defines)?;
+        self.first_at.get_or_insert_with(Instant::now);
         let bytes = bytemuck::bytes_of(params);
         debug_assert!(bytes.len() as u64 <= PARAM_SLOT);
         let param_offset = self.params.len() as u32;
@@ -316,52 +349,28 @@ impl Recorder {
         if self.dispatches.is_empty() {
             return Ok(());
         }
+        let started = Instant::now();
+        let recorded = self.first_at.take().map_or(started, |t| t);
         let device = &ctx.device;
         let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
         let oom = device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
-        let uniform = device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("kiln op params"),
-            size: self.params.len() as u64,
-            usage: wgpu::BufferUsages::UNIFORM,
-            mapped_at_creation: true,
-        });
-        {
-            let mut view = uniform
-                .get_mapped_range_mut(..)
-                .map_err(TensorError::gpu("params upload"))?;
-            view.slice(..).copy_from_slice(&self.params);
-        }
-        uniform.unmap();
+        // Held until the queue submit: the parameters written are this submit's.
+        let mut cache = crate::gpu::lock(&ctx.binds);
+        let uniform = cache.params(device, &ctx.queue, &self.params);
         let mut groups = Vec::with_capacity(self.dispatches.len());
         for d in &self.dispatches {
-            let mut entries = vec![wgpu::BindGroupEntry {
-                binding: 0,
-                resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
-                    buffer: &uniform,
-                    offset: 0,
-                    size: wgpu::BufferSize::new(PARAM_SLOT),
-                }),
-            }];
-            for (i, b) in d.bindings.iter().enumerate() {
-                let Storage::Gpu { chunks, .. } = b.tensor.storage() else {
-                    return Err(TensorError::DeviceMismatch { op: "submit" });
-                };
-                let c = &chunks[b.chunk];
-                let (offset, size) = b.range.unwrap_or((0, c.buf.binding_size()));
-                entries.push(wgpu::BindGroupEntry {
-                    binding: i as u32 + 1,
-                    resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
-                        buffer: &c.buf.buffer,
-                        offset,
-                        size: wgpu::BufferSize::new(size),
-                    }),
-                });
-            }
-            groups.push(device.create_bind_group(&wgpu::BindGroupDescriptor {
-                label: None,
-                layout: &d.pipeline.layout,
-                entries: &entries,
-            }));
+            let mut key = crate::gpu::BindKey {
+                layout: d.pipeline.layout.clone(),
+                entries: Vec::with_capacity(d.bindings.len() + 1),
+            };
+            key.entries.push((uniform.clone(), 0, PARAM_SLOT));
+            key.entries.extend(
+                d.bindings
+                    .iter()
+                    .map(|b| (b.buffer.clone(), b.offset, b.size)),
+            );
+            let group = cache.group(device, key);
+            groups.push(group);
         }
         let mut enc = device.create_command_encoder(&wgpu::CommandEncoderDescriptor {
             label: Some("kiln step"),
@@ -381,24 +390,32 @@ impl Recorder {
             None
         };
         ctx.queue.submit([enc.finish()]);
+        cache.end_submit();
+        let done = Instant::now();
+        cache.stats.submits += 1;
+        cache.stats.dispatches += self.dispatches.len() as u64;
+        cache.stats.record_ns += (started - recorded).as_nanos() as u64;
+        cache.stats.encode_ns += (done - started).as_nanos() as u64;
+        drop(cache);
         if let Some((staging, kernels)) = timed {
             let launches = read_timestamps(ctx, &staging, &kernels)?;
             ctx.record_profile(&launches);
         }
-        let names: Vec<String> = self
-            .dispatches
-            .iter()
-            .map(|d| d.pipeline.name.clone())
-            .collect();
-        self.dispatches.clear();
-        self.params.clear();
         let oom_err = pollster::block_on(oom.pop());
         let val_err = pollster::block_on(scope.pop());
-        if let Some(source) = oom_err.or(val_err) {
-            return Err(TensorError::Submit {
-                kernels: names.join(", "),
-                source,
-            });
+        let failed = oom_err.or(val_err).map(|source| TensorError::Submit {
+            kernels: self
+                .dispatches
+                .iter()
+                .map(|d| d.pipeline.name.as_str())
+                .collect::<Vec<_>>()
+                .join(", "),
+            source,
+        });
+        self.dispatches.clear();
+        self.params.clear();
+        if let Some(e) = failed {
+            return Err(e);
         }
         Ok(())
     }

@@ -43,12 +43,20 @@ pub struct StepProfile {
     pub device_ms_per_step: f64,
     /// Wall time of a profiled step (includes the waits profiling adds).
     pub profiled_wall_ms_per_step: f64,
+    /// Host time of a step: recording its launches, then encoding and submitting them
+    /// (bind groups included), excluding every wait for the device.
+    pub host_record_ms_per_step: f64,
+    pub host_encode_ms_per_step: f64,
+    /// Bind groups made and reused per step.
+    pub bind_groups_made_per_step: f64,
+    pub bind_groups_reused_per_step: f64,
     pub kernels: Vec<KernelRow>,
 }
 
 impl StepProfile {
-    fn from(p: &kiln_tensor::Profile, wall_ms: f64) -> Self {
+    fn from(p: &kiln_tensor::Profile, host: &kiln_tensor::HostStats, wall_ms: f64) -> Self {
         let steps = p.submits.max(1) as f64;
+        let hsteps = host.submits.max(1) as f64;
         let total = p.total_ns();
         let kernels = p
             .kernels
@@ -66,6 +74,10 @@ impl StepProfile {
             dispatches_per_step: p.dispatches as f64 / steps,
             device_ms_per_step: total / 1e6 / steps,
             profiled_wall_ms_per_step: wall_ms / steps,
+            host_record_ms_per_step: host.record_ns as f64 / 1e6 / hsteps,
+            host_encode_ms_per_step: host.encode_ns as f64 / 1e6 / hsteps,
+            bind_groups_made_per_step: host.bind_groups_made as f64 / hsteps,
+            bind_groups_reused_per_step: host.bind_groups_reused as f64 / hsteps,
             kernels,
         }
     }
@@ -113,6 +125,7 @@ pub async fn run(
         let mut r = Request::tokens(prompts.fresh(prompt)).max_new_tokens(steps + 1);
         r.stopping.ignore_eos = true;
         dev.reset_profile();
+        dev.reset_host_stats();
         let submitted = Instant::now();
         let mut s = engine.submit(r)?;
         let mut prefill = None;
@@ -124,8 +137,9 @@ pub async fn run(
                     tokens += d.token_ids.len();
                     if first.is_none() {
                         // The prefill step is done: what follows are decode steps.
-                        prefill = dev.profile();
+                        prefill = dev.profile().zip(dev.host_stats());
                         dev.reset_profile();
+                        dev.reset_host_stats();
                         first = Some(Instant::now());
                     }
                 }
@@ -133,7 +147,9 @@ pub async fn run(
                 Event::Error(e) => return Err(anyhow::Error::new(e).context("profiled request")),
             }
         }
-        let (Some(prefill), Some(first), Some(decode)) = (prefill, first, dev.profile()) else {
+        let (Some((prefill, prefill_host)), Some(first), Some(decode), Some(decode_host)) =
+            (prefill, first, dev.profile(), dev.host_stats())
+        else {
             bail!("the profiled request produced no tokens");
         };
         if decode.submits == 0 || tokens < 2 {
@@ -142,8 +158,8 @@ pub async fn run(
         let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
         Ok(StreamProfile {
             prompt_tokens: prompt,
-            prefill: StepProfile::from(&prefill, ms(first - submitted)),
-            decode: StepProfile::from(&decode, ms(first.elapsed())),
+            prefill: StepProfile::from(&prefill, &prefill_host, ms(first - submitted)),
+            decode: StepProfile::from(&decode, &decode_host, ms(first.elapsed())),
         })
     }
     .await;
@@ -165,6 +181,13 @@ fn print_step(what: &str, p: &StepProfile) {
     println!(
         "  {what}: {} step(s), {:.1} launches/step, device time {:.2} ms/step (profiled wall {:.2} ms/step)",
         p.steps, p.dispatches_per_step, p.device_ms_per_step, p.profiled_wall_ms_per_step
+    );
+    println!(
+        "  host {:.3} ms/step recording + {:.3} ms/step encoding and submitting; bind groups {:.1} made, {:.1} reused a step",
+        p.host_record_ms_per_step,
+        p.host_encode_ms_per_step,
+        p.bind_groups_made_per_step,
+        p.bind_groups_reused_per_step
     );
     println!(
         "  {:<22} {:>9} {:>11} {:>10} {:>7}",

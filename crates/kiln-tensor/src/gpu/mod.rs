@@ -1,5 +1,6 @@
 //! The wgpu side: adapter selection, device, buffer pool, pipeline cache.
 
+mod binds;
 mod pool;
 mod template;
 
@@ -8,10 +9,11 @@ pub use template::TemplateError;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
+pub(crate) use binds::{BindCache, BindKey};
 use pool::BufferPool;
 pub(crate) use pool::GpuBuffer;
 
-use crate::device::{BackendChoice, DeviceInfo, DeviceOptions, KernelTime, Profile};
+use crate::device::{BackendChoice, DeviceInfo, DeviceOptions, HostStats, KernelTime, Profile};
 use crate::{Result, TensorError};
 
 /// Bytes of one op's parameter slot in the step's uniform buffer (the largest params struct
@@ -86,6 +88,8 @@ pub struct GpuContext {
     /// Per-kernel device time when profiling (timestamp queries available and asked for).
     profiler: Option<Mutex<Profiler>>,
     layouts: Mutex<HashMap<Vec<Access>, wgpu::BindGroupLayout>>,
+    /// The op-parameter buffer and bind groups submits reuse, and their host time.
+    pub(crate) binds: Mutex<BindCache>,
 }
 
 fn type_rank(t: wgpu::DeviceType) -> u8 {
@@ -207,6 +211,7 @@ impl GpuContext {
             pipelines: Mutex::default(),
             profiler: profile.then(Mutex::default),
             layouts: Mutex::default(),
+            binds: Mutex::default(),
         })
     }
 
@@ -269,6 +274,19 @@ impl GpuContext {
             dispatches: kernels.iter().map(|k| k.launches).sum(),
             kernels,
         })
+    }
+
+    pub(crate) fn host_stats(&self) -> HostStats {
+        lock(&self.binds).stats
+    }
+
+    pub(crate) fn reset_host_stats(&self) {
+        lock(&self.binds).stats = HostStats::default();
+    }
+
+    /// Bind groups cached for reuse (for tests and diagnostics).
+    pub fn cached_bind_groups(&self) -> usize {
+        lock(&self.binds).len()
     }
 
     pub(crate) fn reset_profile(&self) {

@@ -1,17 +1,25 @@
 //! Pooled device buffers: op outputs go back to the pool when their last user drops them.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, Weak};
 
 use super::lock;
 use crate::{Result, TensorError};
 
-/// Buffers kept per size class; more are released to the driver.
-const KEEP_PER_CLASS: usize = 8;
+/// Idle buffers kept per size class: a decode step keeps a few of a class alive at once (its
+/// intermediates come back as soon as the model drops them), a large prefill fewer of its
+/// large classes, whose idle bytes are capped.
+const KEEP_PER_CLASS: usize = 32;
+const KEEP_BYTES_PER_CLASS: u64 = 256 << 20;
 
+/// Idle buffers per (size class, usage). A take returns the lowest-numbered one, so the same
+/// sequence of takes and drops (one decode step after another) gets the same buffers every
+/// time, whatever order they came back in: what lets submits reuse their bind groups.
+// `wgpu::Buffer` orders and hashes by its id, which never changes.
+#[allow(clippy::mutable_key_type)]
 #[derive(Debug, Default)]
 pub(crate) struct BufferPool {
-    free: Mutex<HashMap<(u64, u32), Vec<wgpu::Buffer>>>,
+    free: Mutex<HashMap<(u64, u32), BTreeSet<wgpu::Buffer>>>,
 }
 
 fn size_class(bytes: u64) -> u64 {
@@ -19,6 +27,7 @@ fn size_class(bytes: u64) -> u64 {
 }
 
 impl BufferPool {
+    #[allow(clippy::mutable_key_type)]
     pub(crate) fn take(
         self: &Arc<Self>,
         device: &wgpu::Device,
@@ -28,7 +37,7 @@ impl BufferPool {
         let class = size_class(bytes);
         let reused = lock(&self.free)
             .get_mut(&(class, usage.bits()))
-            .and_then(Vec::pop);
+            .and_then(BTreeSet::pop_first);
         let buffer = reused.unwrap_or_else(|| {
             device.create_buffer(&wgpu::BufferDescriptor {
                 label: Some("kiln pooled"),
@@ -44,19 +53,22 @@ impl BufferPool {
         }
     }
 
+    #[allow(clippy::mutable_key_type)]
     fn give_back(&self, buffer: wgpu::Buffer) {
+        let keep = (KEEP_BYTES_PER_CLASS / buffer.size()).clamp(2, KEEP_PER_CLASS as u64) as usize;
         let mut free = lock(&self.free);
         let list = free
             .entry((buffer.size(), buffer.usage().bits()))
             .or_default();
-        if list.len() < KEEP_PER_CLASS {
-            list.push(buffer);
+        if list.len() < keep {
+            list.insert(buffer);
         }
     }
 
     /// Buffers currently idle in the pool.
+    #[allow(clippy::mutable_key_type)]
     pub(crate) fn idle(&self) -> usize {
-        lock(&self.free).values().map(Vec::len).sum()
+        lock(&self.free).values().map(BTreeSet::len).sum()
     }
 }
 
