@@ -18,11 +18,13 @@ use kiln_kv::{BlockCopy, BlockId, KvDtype};
 use kiln_tensor::{Access, DType, Device, KernelDef, Recorder, Tensor};
 
 mod centres;
+mod write;
 
 use crate::reference;
-use crate::stored::{CENTRED_PAIRS, KeyCentre, hadamard_norm, shift_row, store_row};
+use crate::stored::{CENTRED_PAIRS, KeyCentre, hadamard_norm};
 use crate::{KvDeviceError, Result};
 use centres::centre_tensor;
+pub use write::{QkNorm, QkPrep, QkvRows};
 
 fn invalid<T>(msg: String) -> Result<T> {
     Err(KvDeviceError::Invalid(msg))
@@ -145,11 +147,6 @@ impl std::fmt::Debug for KvCache {
 
 // `hadamard.wgsl` (the INT4 rotation) and `centre.wgsl` (its key centres) are prepended to
 // the kernels that write or read K/V.
-const WRITE_SRC: &str = concat!(
-    include_str!("../wgsl/hadamard.wgsl"),
-    include_str!("../wgsl/centre.wgsl"),
-    include_str!("../wgsl/kv_write.wgsl")
-);
 const ATTN_SRC: &str = concat!(
     include_str!("../wgsl/hadamard.wgsl"),
     include_str!("../wgsl/centre.wgsl"),
@@ -157,23 +154,6 @@ const ATTN_SRC: &str = concat!(
 );
 const R: Access = Access::Read;
 const W: Access = Access::ReadWrite;
-static KV_WRITE: KernelDef = KernelDef {
-    name: "kv_write",
-    source: WRITE_SRC,
-    bindings: &[R, R, R, W, W],
-};
-/// The quantized formats' write: also the per-(slot, head) scales (INT8) or scale|zero (INT4).
-static KV_WRITE_SCALED: KernelDef = KernelDef {
-    name: "kv_write",
-    source: WRITE_SRC,
-    bindings: &[R, R, R, W, W, W, W],
-};
-/// The INT4 write: also the batch's positions and the layer's key centres.
-static KV_WRITE_I4: KernelDef = KernelDef {
-    name: "kv_write",
-    source: WRITE_SRC,
-    bindings: &[R, R, R, W, W, W, W, R, R],
-};
 static KV_COPY: KernelDef = KernelDef {
     name: "kv_copy",
     source: include_str!("../wgsl/kv_copy.wgsl"),
@@ -249,17 +229,6 @@ fn rows_unrolled(head_dim: usize, per_read: usize) -> [(&'static str, String); 2
         }
     }
     [("K_DOT", k), ("V_ACC", v)]
-}
-
-#[repr(C)]
-#[derive(Clone, Copy, Pod, Zeroable)]
-struct WriteParams {
-    tokens: u32,
-    kv_heads: u32,
-    head_dim: u32,
-    /// 1/sqrt([`hadamard_block`] of the head), computed here so every backend scales by
-    /// the same f32.
-    had_norm: f32,
 }
 
 #[repr(C)]
@@ -465,83 +434,6 @@ impl KvCache {
             return invalid(format!("layer {layer} of {}", self.cfg.layers));
         }
         Ok(())
-    }
-
-    /// Write the K and V rows `[tokens, kv_heads, head_dim]` of the batch's query tokens into
-    /// their slots of `layer`.
-    pub fn write(
-        &mut self,
-        rec: &mut Recorder,
-        layer: usize,
-        k: &Tensor,
-        v: &Tensor,
-        batch: &AttnBatch,
-    ) -> Result<()> {
-        self.check_layer(layer)?;
-        let (kvh, hd) = (self.cfg.kv_heads, self.cfg.head_dim);
-        self.check_rows("K", k, batch.tokens, kvh)?;
-        self.check_rows("V", v, batch.tokens, kvh)?;
-        match &mut self.store {
-            Store::Cpu(layers) => {
-                let (kv, vv) = (k.to_f32_vec()?, v.to_f32_vec()?);
-                let [kp, vp] = &mut layers[layer];
-                let row = kvh * hd;
-                let centres = &self.centres[layer * kvh * CENTRED_PAIRS..][..kvh * CENTRED_PAIRS];
-                let mut centred = vec![0f32; hd];
-                for (t, &slot) in batch.slots.iter().enumerate() {
-                    let pos = batch.info[2 * t + 1];
-                    for h in 0..kvh {
-                        let src = t * row + h * hd;
-                        let dst = slot as usize * row + h * hd;
-                        let kd = &mut kp[dst..dst + hd];
-                        if self.cfg.dtype == KvDtype::Int4 {
-                            // Stored less the centres, read back with them (what the
-                            // kernels' scores add back).
-                            let c = &centres[h * CENTRED_PAIRS..][..CENTRED_PAIRS];
-                            centred.copy_from_slice(&kv[src..src + hd]);
-                            shift_row(c, pos, -1.0, &mut centred);
-                            store_row(self.cfg.dtype, &centred, kd);
-                            shift_row(c, pos, 1.0, kd);
-                        } else {
-                            store_row(self.cfg.dtype, &kv[src..src + hd], kd);
-                        }
-                        store_row(self.cfg.dtype, &vv[src..src + hd], &mut vp[dst..dst + hd]);
-                    }
-                }
-                Ok(())
-            }
-            Store::Gpu(layers) => {
-                let l = &layers[layer];
-                let Some([info, _, slots]) = &batch.device else {
-                    return invalid("batch was built for another device".into());
-                };
-                let params = WriteParams {
-                    tokens: batch.tokens as u32,
-                    kv_heads: kvh as u32,
-                    head_dim: hd as u32,
-                    had_norm: hadamard_norm(hd),
-                };
-                let threads = match self.cfg.dtype {
-                    KvDtype::F32 => batch.tokens * kvh * hd,
-                    KvDtype::F16 => batch.tokens * kvh * hd / 2,
-                    KvDtype::Int8 | KvDtype::Int4 => batch.tokens * kvh,
-                };
-                let groups = threads.div_ceil(64) as u32;
-                let defines = [dtype_define(self.cfg.dtype)];
-                // INT4's write also reads each token's position, before the centres.
-                let def = variant(
-                    [&KV_WRITE, &KV_WRITE_SCALED, &KV_WRITE_I4],
-                    l.extras().len(),
-                );
-                let mut bufs = vec![k, v, slots, &l.k, &l.v];
-                bufs.extend(l.scales.iter().flatten());
-                if let Some(c) = &l.centres {
-                    bufs.extend([info, c]);
-                }
-                rec.launch(def, &defines, &params, &bufs, groups)?;
-                Ok(())
-            }
-        }
     }
 
     /// Copy whole blocks `src → dst` in every layer's pools (copy-on-write after a fork, as

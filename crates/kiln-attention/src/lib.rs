@@ -5,7 +5,9 @@ mod error;
 mod reference;
 mod stored;
 
-pub use cache::{AttnBatch, AttnConfig, KvCache, KvCacheConfig, MAX_HEAD_DIM, SeqBatch};
+pub use cache::{
+    AttnBatch, AttnConfig, KvCache, KvCacheConfig, MAX_HEAD_DIM, QkNorm, QkPrep, QkvRows, SeqBatch,
+};
 pub use error::{KvDeviceError, Result};
 pub use reference::contiguous_attention;
 pub use stored::{CENTRED_PAIRS, KeyCentre, key_centres};

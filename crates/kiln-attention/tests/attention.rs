@@ -16,8 +16,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use kiln_attention::{
-    AttnConfig, CENTRED_PAIRS, KeyCentre, KvCache, KvCacheConfig, SeqBatch, contiguous_attention,
-    key_centres,
+    AttnConfig, CENTRED_PAIRS, KeyCentre, KvCache, KvCacheConfig, QkNorm, QkPrep, QkvRows,
+    SeqBatch, contiguous_attention, key_centres,
 };
 use kiln_kv::{BlockCopy, BlockId, KvDtype};
 use kiln_tensor::{Device, Recorder, RopeConfig, RopeLayout, RopeScaling, Tensor};
@@ -854,5 +854,234 @@ fn copied_blocks_read_like_their_source() {
                     .is_err()
             );
         }
+    }
+}
+
+/// One `write_qkv` of a random mixed batch (its cached prefixes written as they are first),
+/// then attention: the returned Q and the attention output.
+fn run_write_qkv(
+    dev: &Device,
+    c: &Case,
+    dtype: KvDtype,
+    rope: RopeConfig,
+    norm: Option<&[Vec<f32>; 2]>,
+    stacked: bool,
+) -> (Vec<f32>, Vec<f32>) {
+    let cfg = KvCacheConfig {
+        layers: 1,
+        kv_heads: c.kv_heads,
+        head_dim: c.head_dim,
+        block_size: BS,
+        num_blocks: BLOCKS,
+        dtype,
+    };
+    let mut cache = KvCache::new(dev, cfg).unwrap();
+    let (d, kvh, heads) = (c.head_dim, c.kv_heads, c.heads);
+    let row = kvh * d;
+    let prefix: Vec<&Seq> = c.seqs.iter().filter(|s| s.context > s.query).collect();
+    if !prefix.is_empty() {
+        let sb: Vec<SeqBatch<'_>> = prefix
+            .iter()
+            .map(|s| SeqBatch {
+                block_table: &s.table,
+                query_len: s.context - s.query,
+                context_len: s.context - s.query,
+            })
+            .collect();
+        let batch = cache.batch(&sb).unwrap();
+        let part = |f: fn(&Seq) -> &Vec<f32>| -> Vec<f32> {
+            prefix
+                .iter()
+                .flat_map(|s| f(s)[..(s.context - s.query) * row].to_vec())
+                .collect()
+        };
+        let shape = [batch.tokens(), kvh, d];
+        let mut rec = Recorder::new(dev);
+        let (k, v) = (part(|s| &s.k), part(|s| &s.v));
+        let (kt, vt) = (
+            Tensor::from_f32(dev, &shape, &k).unwrap(),
+            Tensor::from_f32(dev, &shape, &v).unwrap(),
+        );
+        cache.write(&mut rec, 0, &kt, &vt, &batch).unwrap();
+        rec.submit().unwrap();
+    }
+    let sb: Vec<SeqBatch<'_>> = c
+        .seqs
+        .iter()
+        .map(|s| SeqBatch {
+            block_table: &s.table,
+            query_len: s.query,
+            context_len: s.context,
+        })
+        .collect();
+    let batch = cache.batch(&sb).unwrap();
+    let t = batch.tokens();
+    let positions: Vec<u32> = c
+        .seqs
+        .iter()
+        .flat_map(|s| (s.context - s.query..s.context).map(|p| p as u32))
+        .collect();
+    let mut qkv = Vec::new();
+    let (mut qs, mut ks, mut vs) = (Vec::new(), Vec::new(), Vec::new());
+    for s in &c.seqs {
+        for i in 0..s.query {
+            let at = (s.context - s.query + i) * row;
+            let q = &s.q[i * heads * d..(i + 1) * heads * d];
+            qkv.extend_from_slice(q);
+            qkv.extend_from_slice(&s.k[at..at + row]);
+            qkv.extend_from_slice(&s.v[at..at + row]);
+            qs.extend_from_slice(q);
+            ks.extend_from_slice(&s.k[at..at + row]);
+            vs.extend_from_slice(&s.v[at..at + row]);
+        }
+    }
+    let table = kiln_tensor::RopeTable::new(dev, rope, 4 * BS * 8).unwrap();
+    let pos = table.positions(&positions).unwrap();
+    let norms = norm.map(|[q, k]| {
+        [
+            Tensor::from_f32(dev, &[d], q).unwrap(),
+            Tensor::from_f32(dev, &[d], k).unwrap(),
+        ]
+    });
+    let prep = QkPrep {
+        heads,
+        rope: &pos,
+        norm: norms.as_ref().map(|[q, k]| QkNorm { q, k, eps: 1e-6 }),
+    };
+    let tensors = [
+        Tensor::from_f32(dev, &[t, (heads + 2 * kvh) * d], &qkv).unwrap(),
+        Tensor::from_f32(dev, &[t, heads * d], &qs).unwrap(),
+        Tensor::from_f32(dev, &[t, row], &ks).unwrap(),
+        Tensor::from_f32(dev, &[t, row], &vs).unwrap(),
+    ];
+    let rows = if stacked {
+        QkvRows::Stacked(&tensors[0])
+    } else {
+        QkvRows::Separate([&tensors[1], &tensors[2], &tensors[3]])
+    };
+    let mut rec = Recorder::new(dev);
+    let q = cache.write_qkv(&mut rec, 0, rows, &prep, &batch).unwrap();
+    assert_eq!(q.shape(), &[t, heads, d]);
+    let attn = AttnConfig {
+        heads,
+        scale: 1.0 / (d as f32).sqrt(),
+        window: c.window,
+    };
+    let out = cache.attention(&mut rec, 0, &q, &batch, &attn).unwrap();
+    rec.submit().unwrap();
+    (q.to_f32_vec().unwrap(), out.to_f32_vec().unwrap())
+}
+
+/// `write_qkv` (per-head norm, RoPE in either layout, the K/V write, one launch on the
+/// device) against the CPU backend, which composes `rms_norm`, `rope` and `write`: Q within
+/// f32 rounding, and attention over what each stored within the pool format's rounding
+/// (a rotated key one ulp apart may land on the next f16 or integer level).
+#[test]
+fn write_qkv_matches_the_composed_ops() {
+    let mut r = StdRng::seed_from_u64(21);
+    let gpus = gpus();
+    assert!(!gpus.is_empty(), "no wgpu adapter");
+    for (kv_heads, group, head_dim) in [(2usize, 2usize, 64usize), (1, 4, 128), (1, 4, 256)] {
+        let c = random_case(&mut r, kv_heads, group, head_dim, None);
+        let norm = [randv(&mut r, head_dim), randv(&mut r, head_dim)];
+        for (i, dtype) in KvDtype::ALL.iter().copied().enumerate() {
+            let layout = if i % 2 == 0 {
+                RopeLayout::HalfSplit
+            } else {
+                RopeLayout::Interleaved
+            };
+            let rope = RopeConfig {
+                rotary_dim: if i == 3 { head_dim / 2 } else { head_dim },
+                layout,
+                ..test_rope(head_dim)
+            };
+            let with_norm = (i + head_dim / 64) % 2 == 0;
+            let stacked = i < 2;
+            let norm = with_norm.then_some(&norm);
+            let (want_q, want) = run_write_qkv(&Device::cpu(), &c, dtype, rope, norm, stacked);
+            let tol = match dtype {
+                KvDtype::F32 => 1e-5,
+                KvDtype::F16 => 1e-3,
+                KvDtype::Int8 | KvDtype::Int4 => 1e-2,
+            };
+            for dev in &gpus {
+                let what = format!(
+                    "{dev:?} {dtype} {kv_heads}x{group} d={head_dim} {layout:?} norm={with_norm} stacked={stacked}"
+                );
+                let (q, out) = run_write_qkv(dev, &c, dtype, rope, norm, stacked);
+                assert_close(&format!("{what}: Q"), &q, &want_q, 1e-5);
+                assert_close(&format!("{what}: attention"), &out, &want, tol);
+            }
+        }
+    }
+}
+
+/// `write_qkv` refuses sources of the wrong shape, positions other than the batch's and
+/// norm weights of the wrong size, before recording anything.
+#[test]
+fn write_qkv_checks_its_inputs() {
+    for dev in std::iter::once(Device::cpu()).chain(gpu()) {
+        let cfg = KvCacheConfig {
+            layers: 1,
+            kv_heads: 1,
+            head_dim: 64,
+            block_size: BS,
+            num_blocks: 4,
+            dtype: KvDtype::F16,
+        };
+        let mut cache = KvCache::new(&dev, cfg).unwrap();
+        let table = [BlockId(0)];
+        let batch = cache
+            .batch(&[SeqBatch {
+                block_table: &table,
+                query_len: 2,
+                context_len: 2,
+            }])
+            .unwrap();
+        let rope = kiln_tensor::RopeTable::new(&dev, test_rope(64), 16).unwrap();
+        let good = rope.positions(&[0, 1]).unwrap();
+        let other = rope.positions(&[1, 2]).unwrap();
+        let qkv = Tensor::from_f32(&dev, &[2, 4 * 64], &vec![0.5; 2 * 4 * 64]).unwrap();
+        let short = Tensor::from_f32(&dev, &[2, 3 * 64], &vec![0.5; 2 * 3 * 64]).unwrap();
+        let w = Tensor::from_f32(&dev, &[32], &[1.0; 32]).unwrap();
+        let mut rec = Recorder::new(&dev);
+        let prep = |rope| QkPrep {
+            heads: 2,
+            rope,
+            norm: None,
+        };
+        let cases = [
+            (
+                QkvRows::Stacked(&short),
+                prep(&good),
+                "QKV must be F32 [2, 256]",
+            ),
+            (QkvRows::Stacked(&qkv), prep(&other), "RoPE positions"),
+            (
+                QkvRows::Stacked(&qkv),
+                QkPrep {
+                    norm: Some(QkNorm {
+                        q: &w,
+                        k: &w,
+                        eps: 1e-6,
+                    }),
+                    ..prep(&good)
+                },
+                "norm weights must be F32 [64]",
+            ),
+            (
+                QkvRows::Stacked(&qkv),
+                QkPrep {
+                    heads: 0,
+                    ..prep(&good)
+                },
+                "not a multiple",
+            ),
+        ];
+        for (rows, p, want) in cases {
+            let e = cache.write_qkv(&mut rec, 0, rows, &p, &batch).unwrap_err();
+            assert!(e.to_string().contains(want), "{dev:?}: {e} lacks {want:?}");
+        }
+        assert_eq!(rec.pending_dispatches(), 0);
     }
 }

@@ -1,14 +1,25 @@
-// Write the K and V rows of new tokens into their slots of a paged pool laid out as
-// [blocks * block_size (slots), kv_heads, head_dim].
-// KV_F32: one thread per element. KV_F16: one thread per pair (f16 packed two per word).
-// KV_I8:  one thread per (token, head): scale = max|x| / 127, four i8 per word, and the scale
-//         stored per (slot, head).
-// KV_I4:  one thread per (token, head): the row rotated by `hadamard`, then asymmetric:
-//         scale = range / 15 and zero = its low end, for the range of the rotated row shrunk
-//         around its midpoint by the clip (of CLIPS) with the least squared error, both
-//         rounded to f16 (packed in one word per (slot, head)) before quantizing against
-//         them; eight nibbles per word, element 8w + j at bits 4j of word w. A key has its
-//         head's centres at its position (centre.wgsl) taken out before the rotation.
+// A step's Q, K and V rows made ready for attention, in one launch: each query head row
+// (optionally RMS-normed per head, then rotated by RoPE) written to `q_out`, each K row
+// (normed and rotated alike) and V row written into their slot of a paged pool laid out as
+// [blocks * block_size (slots), kv_heads, head_dim]. One invocation per (token, head row):
+// rows 0..heads are query heads, the rest kv heads (K and V together).
+//
+// Sources: Q, K and V are read from their own bindings at a row stride and column offset
+// each, so one stacked projection [tokens, (heads + 2·kv_heads)·head_dim] can be bound three
+// times, or three tensors once each. Positions are the batch's (`info`: per token, its
+// block table offset and absolute position). RoPE pairs (j, j + rot/2) (half-split) or
+// (2j, 2j + 1) (interleaved) from the table `cs` of (cos, sin) per position and pair;
+// dimensions past `rot` pass through; rot = 0 rotates nothing.
+//
+// Pool formats:
+// KV_F32, KV_F16: the values (f16 packed two per word).
+// KV_I8:  scale = max|x| / 127, four i8 per word, the scale stored per (slot, head).
+// KV_I4:  the row rotated by `hadamard`, then asymmetric: scale = range / 15 and zero = its
+//         low end, for the range of the rotated row shrunk around its midpoint by the clip
+//         (of CLIPS) with the least squared error, both rounded to f16 (packed in one word
+//         per (slot, head)) before quantizing against them; eight nibbles per word, element
+//         8w + j at bits 4j of word w. A key has its head's centres at its position
+//         (centre.wgsl) taken out before the rotation.
 
 struct Params {
     tokens: u32,
@@ -16,44 +27,63 @@ struct Params {
     head_dim: u32,
     // 1/sqrt(the INT4 rotation's block size).
     had_norm: f32,
+    // Query heads (0: K and V only).
+    heads: u32,
+    q_stride: u32,
+    q_col: u32,
+    k_stride: u32,
+    k_col: u32,
+    v_stride: u32,
+    v_col: u32,
+    // Rotated dimensions (0: no RoPE), positions in the table, 1 for the interleaved layout.
+    rot: u32,
+    max_pos: u32,
+    interleaved: u32,
+    // 1 when Q and K rows are RMS-normed per head first, and its epsilon.
+    qk_norm: u32,
+    eps: f32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<storage, read> k_new: array<f32>;
-@group(0) @binding(2) var<storage, read> v_new: array<f32>;
-@group(0) @binding(3) var<storage, read> slots: array<u32>;
+@group(0) @binding(1) var<storage, read> q_src: array<f32>;
+@group(0) @binding(2) var<storage, read> k_src: array<f32>;
+@group(0) @binding(3) var<storage, read> v_src: array<f32>;
+@group(0) @binding(4) var<storage, read> slots: array<u32>;
+@group(0) @binding(5) var<storage, read> info: array<u32>;
+@group(0) @binding(6) var<storage, read> cs: array<f32>;
+@group(0) @binding(7) var<storage, read> q_norm: array<f32>;
+@group(0) @binding(8) var<storage, read> k_norm: array<f32>;
+@group(0) @binding(9) var<storage, read_write> q_out: array<f32>;
 #if KV_F32
-@group(0) @binding(4) var<storage, read_write> k_pool: array<f32>;
-@group(0) @binding(5) var<storage, read_write> v_pool: array<f32>;
+@group(0) @binding(10) var<storage, read_write> k_pool: array<f32>;
+@group(0) @binding(11) var<storage, read_write> v_pool: array<f32>;
 #else
-@group(0) @binding(4) var<storage, read_write> k_pool: array<u32>;
-@group(0) @binding(5) var<storage, read_write> v_pool: array<u32>;
+@group(0) @binding(10) var<storage, read_write> k_pool: array<u32>;
+@group(0) @binding(11) var<storage, read_write> v_pool: array<u32>;
 #endif
 #if KV_I8
-@group(0) @binding(6) var<storage, read_write> k_scale: array<f32>;
-@group(0) @binding(7) var<storage, read_write> v_scale: array<f32>;
+@group(0) @binding(12) var<storage, read_write> k_scale: array<f32>;
+@group(0) @binding(13) var<storage, read_write> v_scale: array<f32>;
 
 fn quant_i8(x: f32, inv: f32) -> u32 {
     return u32(i32(round(x * inv)) & 0xff);
 }
 #endif
 #if KV_I4
-@group(0) @binding(6) var<storage, read_write> k_scale: array<u32>;
-@group(0) @binding(7) var<storage, read_write> v_scale: array<u32>;
-// Per token: (block table offset, absolute position), as the attention batch has it.
-@group(0) @binding(8) var<storage, read> info: array<u32>;
+@group(0) @binding(12) var<storage, read_write> k_scale: array<u32>;
+@group(0) @binding(13) var<storage, read_write> v_scale: array<u32>;
 // [kv_heads, CENTRED_PAIRS] key centres.
-@group(0) @binding(9) var<storage, read> centres: array<vec4<u32>>;
+@group(0) @binding(14) var<storage, read> centres: array<vec4<u32>>;
 
 const F16_MAX: f32 = 65504.0;
-// Range shrink factors tried per row (cache.rs `INT4_CLIPS`).
+// Range shrink factors tried per row (stored.rs `INT4_CLIPS`).
 const CLIPS = array<f32, 6>(1.0, 0.95, 0.9, 0.85, 0.8, 0.75);
 
 fn level_i4(x: f32, sz: vec2<f32>, inv: f32) -> f32 {
     return clamp(round((x - sz.y) * inv), 0.0, 15.0);
 }
 
-// The rotated row's (scale, zero) as f16 holds them (cache.rs `int4_params`).
+// The rotated row's (scale, zero) as f16 holds them (stored.rs `int4_params`).
 fn i4_params(r: ptr<function, array<f32, 256>>, n: u32) -> vec2<f32> {
     var lo = bitcast<f32>(0x7f800000u);
     var hi = -lo;
@@ -84,6 +114,128 @@ fn i4_params(r: ptr<function, array<f32, 256>>, n: u32) -> vec2<f32> {
 }
 #endif
 
+// Per-head RMSNorm of a row by the weights of Q (`key` false) or K.
+fn norm_row(r: ptr<function, array<f32, 256>>, key: bool) {
+    var ss = 0.0;
+    for (var d = 0u; d < p.head_dim; d++) {
+        ss += (*r)[d] * (*r)[d];
+    }
+    let scale = inverseSqrt(ss / f32(p.head_dim) + p.eps);
+    for (var d = 0u; d < p.head_dim; d++) {
+        var w = q_norm[d];
+        if (key) {
+            w = k_norm[d];
+        }
+        (*r)[d] = (*r)[d] * scale * w;
+    }
+}
+
+// RoPE of a row at position `pos`.
+fn rope_row(r: ptr<function, array<f32, 256>>, pos: u32) {
+    if (p.rot == 0u || pos >= p.max_pos) {
+        return;
+    }
+    let half = p.rot / 2u;
+    for (var j = 0u; j < half; j++) {
+        var a = j;
+        var b = j + half;
+        if (p.interleaved == 1u) {
+            a = 2u * j;
+            b = 2u * j + 1u;
+        }
+        let at = (pos * half + j) * 2u;
+        let c = cs[at];
+        let s = cs[at + 1u];
+        let xa = (*r)[a];
+        let xb = (*r)[b];
+        (*r)[a] = xa * c - xb * s;
+        (*r)[b] = xb * c + xa * s;
+    }
+}
+
+// Store the head row `r` at (slot, head) of a pool: the key pool when `key`.
+fn store(r: ptr<function, array<f32, 256>>, slot: u32, h: u32, key: bool, pos: u32) {
+    let n = p.head_dim;
+#if KV_F32
+    let dst = (slot * p.kv_heads + h) * n;
+    for (var d = 0u; d < n; d++) {
+        if (key) {
+            k_pool[dst + d] = (*r)[d];
+        } else {
+            v_pool[dst + d] = (*r)[d];
+        }
+    }
+#endif
+#if KV_F16
+    let dst = (slot * p.kv_heads + h) * n / 2u;
+    for (var w = 0u; w < n / 2u; w++) {
+        let v = pack2x16float(vec2<f32>((*r)[2u * w], (*r)[2u * w + 1u]));
+        if (key) {
+            k_pool[dst + w] = v;
+        } else {
+            v_pool[dst + w] = v;
+        }
+    }
+#endif
+#if KV_I8
+    var a = 0.0;
+    for (var d = 0u; d < n; d++) {
+        a = max(a, abs((*r)[d]));
+    }
+    let sd = a / 127.0;
+    let inv = select(0.0, 1.0 / sd, sd > 0.0);
+    let sh = slot * p.kv_heads + h;
+    if (key) {
+        k_scale[sh] = sd;
+    } else {
+        v_scale[sh] = sd;
+    }
+    let dst = sh * n / 4u;
+    for (var w = 0u; w < n / 4u; w++) {
+        var word = 0u;
+        for (var j = 0u; j < 4u; j++) {
+            word |= quant_i8((*r)[4u * w + j], inv) << (8u * j);
+        }
+        if (key) {
+            k_pool[dst + w] = word;
+        } else {
+            v_pool[dst + w] = word;
+        }
+    }
+#endif
+#if KV_I4
+    if (key) {
+        for (var c = 0u; c < CENTRED_PAIRS; c++) {
+            let e = centres[h * CENTRED_PAIRS + c];
+            let m = centre_at(e, pos);
+            (*r)[e.x & 0xffffu] -= m.x;
+            (*r)[e.x >> 16u] -= m.y;
+        }
+    }
+    hadamard(r, n, p.had_norm);
+    let sz = i4_params(r, n);
+    let inv = select(0.0, 1.0 / sz.x, sz.x > 0.0);
+    let sh = slot * p.kv_heads + h;
+    if (key) {
+        k_scale[sh] = pack2x16float(sz);
+    } else {
+        v_scale[sh] = pack2x16float(sz);
+    }
+    let dst = sh * n / 8u;
+    for (var w = 0u; w < n / 8u; w++) {
+        var word = 0u;
+        for (var j = 0u; j < 8u; j++) {
+            word |= u32(level_i4((*r)[8u * w + j], sz, inv)) << (4u * j);
+        }
+        if (key) {
+            k_pool[dst + w] = word;
+        } else {
+            v_pool[dst + w] = word;
+        }
+    }
+#endif
+}
+
 @compute @workgroup_size(64)
 fn main(
     @builtin(workgroup_id) wid: vec3<u32>,
@@ -91,97 +243,44 @@ fn main(
     @builtin(local_invocation_index) lid: u32,
 ) {
     let e = (wid.x + wid.y * nwg.x) * 64u + lid;
-#if KV_F32
-    if (e >= p.tokens * p.kv_heads * p.head_dim) {
+    let per_token = p.heads + p.kv_heads;
+    if (e >= p.tokens * per_token) {
         return;
     }
-    let row = p.kv_heads * p.head_dim;
-    let t = e / row;
-    let dst = slots[t] * row + e % row;
-    k_pool[dst] = k_new[e];
-    v_pool[dst] = v_new[e];
-#endif
-#if KV_F16
-    if (e * 2u >= p.tokens * p.kv_heads * p.head_dim) {
-        return;
-    }
-    let row = p.kv_heads * p.head_dim / 2u;
-    let t = e / row;
-    let dst = slots[t] * row + e % row;
-    k_pool[dst] = pack2x16float(vec2<f32>(k_new[2u * e], k_new[2u * e + 1u]));
-    v_pool[dst] = pack2x16float(vec2<f32>(v_new[2u * e], v_new[2u * e + 1u]));
-#endif
-#if KV_I8
-    if (e >= p.tokens * p.kv_heads) {
-        return;
-    }
-    let t = e / p.kv_heads;
-    let h = e % p.kv_heads;
-    let src = e * p.head_dim;
-    var ka = 0.0;
-    var va = 0.0;
-    for (var d = 0u; d < p.head_dim; d++) {
-        ka = max(ka, abs(k_new[src + d]));
-        va = max(va, abs(v_new[src + d]));
-    }
-    let kd = ka / 127.0;
-    let vd = va / 127.0;
-    let ki = select(0.0, 1.0 / kd, kd > 0.0);
-    let vi = select(0.0, 1.0 / vd, vd > 0.0);
-    let sh = slots[t] * p.kv_heads + h;
-    k_scale[sh] = kd;
-    v_scale[sh] = vd;
-    let dst = sh * p.head_dim / 4u;
-    for (var w = 0u; w < p.head_dim / 4u; w++) {
-        var kw = 0u;
-        var vw = 0u;
-        for (var j = 0u; j < 4u; j++) {
-            kw |= quant_i8(k_new[src + 4u * w + j], ki) << (8u * j);
-            vw |= quant_i8(v_new[src + 4u * w + j], vi) << (8u * j);
+    let t = e / per_token;
+    let j = e % per_token;
+    let pos = info[2u * t + 1u];
+    let n = p.head_dim;
+    var r: array<f32, 256>;
+    if (j < p.heads) {
+        let src = t * p.q_stride + p.q_col + j * n;
+        for (var d = 0u; d < n; d++) {
+            r[d] = q_src[src + d];
         }
-        k_pool[dst + w] = kw;
-        v_pool[dst + w] = vw;
-    }
-#endif
-#if KV_I4
-    if (e >= p.tokens * p.kv_heads) {
+        if (p.qk_norm == 1u) {
+            norm_row(&r, false);
+        }
+        rope_row(&r, pos);
+        let dst = (t * p.heads + j) * n;
+        for (var d = 0u; d < n; d++) {
+            q_out[dst + d] = r[d];
+        }
         return;
     }
-    let t = e / p.kv_heads;
-    let h = e % p.kv_heads;
-    let src = e * p.head_dim;
-    var kr: array<f32, 256>;
-    var vr: array<f32, 256>;
-    for (var d = 0u; d < p.head_dim; d++) {
-        kr[d] = k_new[src + d];
-        vr[d] = v_new[src + d];
+    let h = j - p.heads;
+    let slot = slots[t];
+    let ks = t * p.k_stride + p.k_col + h * n;
+    for (var d = 0u; d < n; d++) {
+        r[d] = k_src[ks + d];
     }
-    let kpos = info[2u * t + 1u];
-    for (var c = 0u; c < CENTRED_PAIRS; c++) {
-        let e = centres[h * CENTRED_PAIRS + c];
-        let m = centre_at(e, kpos);
-        kr[e.x & 0xffffu] -= m.x;
-        kr[e.x >> 16u] -= m.y;
+    if (p.qk_norm == 1u) {
+        norm_row(&r, true);
     }
-    hadamard(&kr, p.head_dim, p.had_norm);
-    hadamard(&vr, p.head_dim, p.had_norm);
-    let ksz = i4_params(&kr, p.head_dim);
-    let vsz = i4_params(&vr, p.head_dim);
-    let ki = select(0.0, 1.0 / ksz.x, ksz.x > 0.0);
-    let vi = select(0.0, 1.0 / vsz.x, vsz.x > 0.0);
-    let sh = slots[t] * p.kv_heads + h;
-    k_scale[sh] = pack2x16float(ksz);
-    v_scale[sh] = pack2x16float(vsz);
-    let dst = sh * p.head_dim / 8u;
-    for (var w = 0u; w < p.head_dim / 8u; w++) {
-        var kw = 0u;
-        var vw = 0u;
-        for (var j = 0u; j < 8u; j++) {
-            kw |= u32(level_i4(kr[8u * w + j], ksz, ki)) << (4u * j);
-            vw |= u32(level_i4(vr[8u * w + j], vsz, vi)) << (4u * j);
-        }
-        k_pool[dst + w] = kw;
-        v_pool[dst + w] = vw;
+    rope_row(&r, pos);
+    store(&r, slot, h, true, pos);
+    let vs = t * p.v_stride + p.v_col + h * n;
+    for (var d = 0u; d < n; d++) {
+        r[d] = v_src[vs + d];
     }
-#endif
+    store(&r, slot, h, false, pos);
 }

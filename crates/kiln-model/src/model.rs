@@ -1,98 +1,93 @@
 //! The decoder forward pass (Llama, Mistral, Qwen2/3, Gemma 3) over a batch that mixes
 //! prefill chunks and decode tokens.
 
-use kiln_attention::{AttnConfig, KvCache, SeqBatch};
+use kiln_attention::{AttnConfig, KvCache, QkNorm, QkPrep, QkvRows, SeqBatch};
 use kiln_kv::BlockId;
-use kiln_tensor::{ColumnIndex, Device, Recorder, RopeConfig, RopePositions, RopeTable, Tensor};
+use kiln_tensor::{
+    Activation as Act, ColumnIndex, Device, LinearOps, Recorder, RmsNorm, RopeConfig,
+    RopePositions, RopeTable, Tensor,
+};
 
-use crate::config::{Activation, RopeParams};
-use crate::weights::{Weight, WeightSource};
+use crate::config::Activation;
 use crate::{ModelConfig, ModelError, Result};
 
-/// The input orders of weights that share one input (Q/K/V; gate/up). Act-order checkpoints
-/// store each weight's columns sorted by group, so its input is gathered in that order first.
-enum Inputs {
-    /// One order for all of them (`None`: the input as it is): one gather, fused matmuls.
-    Shared(Option<ColumnIndex>),
-    /// An order per weight.
-    Each(Vec<Option<ColumnIndex>>),
+mod load;
+
+/// A projection: its weight, its bias, and the input order it expects (act-order
+/// checkpoints store each weight's columns sorted by group, so its input is gathered in that
+/// order first).
+struct Proj {
+    w: Tensor,
+    bias: Option<Tensor>,
+    order: Option<ColumnIndex>,
 }
 
-impl Inputs {
-    fn of(device: &Device, perms: &[&Option<Vec<u32>>]) -> Result<Self> {
-        // A permutation of the input columns: as many as the weight has.
-        let upload = |p: &Option<Vec<u32>>| -> Result<Option<ColumnIndex>> {
-            p.as_ref()
-                .map(|p| ColumnIndex::new(device, p, p.len()))
-                .transpose()
-                .map_err(ModelError::from)
+impl Proj {
+    /// x·wᵀ, with an RMSNorm of x first and what `glu` and `residual` ask after: one launch
+    /// where the device's kernel fuses them (`Recorder::linear`). An input gathered first
+    /// takes the norm as its own op, before the gather.
+    fn apply(
+        &self,
+        rec: &mut Recorder,
+        x: &Tensor,
+        norm: Option<RmsNorm<'_>>,
+        glu: Option<Act>,
+        residual: Option<&Tensor>,
+    ) -> Result<Tensor> {
+        let ops = LinearOps {
+            norm,
+            bias: self.bias.as_ref(),
+            glu,
+            residual,
         };
-        match perms {
-            [first, rest @ ..] if rest.iter().all(|p| p == first) => {
-                Ok(Inputs::Shared(upload(first)?))
-            }
-            _ => Ok(Inputs::Each(
-                perms.iter().map(|p| upload(p)).collect::<Result<_>>()?,
-            )),
-        }
+        let Some(order) = &self.order else {
+            return Ok(rec.linear(x, &self.w, ops)?);
+        };
+        let h = match norm {
+            Some(n) => rec.rms_norm(x, n.weight, n.eps)?,
+            None => x.clone(),
+        };
+        let h = rec.gather_cols(&h, order)?;
+        Ok(rec.linear(&h, &self.w, LinearOps { norm: None, ..ops })?)
     }
 
-    fn indices(&self) -> impl Iterator<Item = &ColumnIndex> {
-        let (shared, each) = match self {
-            Inputs::Shared(p) => (p.as_ref(), &[][..]),
-            Inputs::Each(v) => (None, &v[..]),
-        };
-        shared.into_iter().chain(each.iter().flatten())
+    /// Bytes on the device: the weight, its bias, its input order.
+    fn bytes(&self) -> u64 {
+        bytes_of(&self.w)
+            + self.bias.as_ref().map_or(0, bytes_of)
+            + self.order.as_ref().map_or(0, |o| 4 * o.len() as u64)
     }
+}
 
-    /// The order of weight `i`.
-    fn get(&self, i: usize) -> Option<&ColumnIndex> {
+/// Projections of one input (Q/K/V; gate/up): stacked into one weight where they share a
+/// dtype and an input order (one launch for all), else apart (K-quant files mix dtypes).
+enum Stack {
+    One(Proj),
+    Apart(Vec<Proj>),
+}
+
+impl Stack {
+    fn bytes(&self) -> u64 {
         match self {
-            Inputs::Shared(p) => p.as_ref(),
-            Inputs::Each(v) => v.get(i).and_then(Option::as_ref),
+            Stack::One(p) => p.bytes(),
+            Stack::Apart(ps) => ps.iter().map(Proj::bytes).sum(),
         }
     }
-}
-
-/// `x` with its columns in `order` (`None`: `x` itself).
-fn gathered(rec: &mut Recorder, x: &Tensor, order: Option<&ColumnIndex>) -> Result<Tensor> {
-    match order {
-        None => Ok(x.clone()),
-        Some(idx) => Ok(rec.gather_cols(x, idx)?),
-    }
-}
-
-/// `x · wᵀ (+ bias)`, `x`'s columns gathered in `order` first.
-fn project(
-    rec: &mut Recorder,
-    x: &Tensor,
-    order: Option<&ColumnIndex>,
-    w: &Tensor,
-    bias: Option<&Tensor>,
-) -> Result<Tensor> {
-    let x = gathered(rec, x, order)?;
-    Ok(rec.matmul(&x, w, bias)?)
 }
 
 struct Layer {
     attn_norm: Tensor,
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    qkv_in: Inputs,
-    bias: Option<[Tensor; 3]>,
+    /// Q, K, V (stacked: `[q; k; v]` rows).
+    qkv: Stack,
     /// Per-head RMSNorm of Q and K before RoPE (qwen3, gemma3).
     qk_norm: Option<[Tensor; 2]>,
-    o: Tensor,
-    o_in: Inputs,
+    o: Proj,
     /// Norm of the attention output before the residual add (gemma3).
     post_attn_norm: Option<Tensor>,
     ffn_norm: Tensor,
-    gate: Tensor,
-    up: Tensor,
-    gate_up_in: Inputs,
-    down: Tensor,
-    down_in: Inputs,
+    /// Gate and up (stacked: `[gate; up]` rows).
+    gate_up: Stack,
+    down: Proj,
     /// Norm of the MLP output before the residual add (gemma3).
     post_ffn_norm: Option<Tensor>,
     /// Index of this layer's RoPE table in `Model::ropes`.
@@ -147,179 +142,11 @@ pub enum LogitsAt<'a> {
     Tail(&'a [usize]),
 }
 
-/// An RMSNorm weight as F32, with the config's `norm_offset` added (Gemma's `1 + w`).
-fn load_norm(
-    device: &Device,
-    src: &dyn WeightSource,
-    cfg: &ModelConfig,
-    w: Weight,
-    n: usize,
-) -> Result<Tensor> {
-    if cfg.norm_offset == 0.0 {
-        return src.load_f32(device, w, &[n]);
-    }
-    let mut v = src.load(&Device::Cpu, w, &[n])?.to_f32_vec()?;
-    for x in &mut v {
-        *x += cfg.norm_offset;
-    }
-    Ok(Tensor::from_f32(device, &[n], &v)?)
-}
-
 fn bytes_of(t: &Tensor) -> u64 {
     t.dtype().stored().bytes_for(t.elem_count()).unwrap_or(0) as u64
 }
 
 impl Model {
-    /// Upload every weight the config names from `src` to `device`.
-    pub fn load(device: &Device, cfg: ModelConfig, src: &dyn WeightSource) -> Result<Self> {
-        Self::load_with_progress(device, cfg, src, &mut |_, _| {})
-    }
-
-    /// [`Model::load`], calling `progress(layers_loaded, layers)` after each layer (for a
-    /// progress bar on large files).
-    pub fn load_with_progress(
-        device: &Device,
-        cfg: ModelConfig,
-        src: &dyn WeightSource,
-        progress: &mut dyn FnMut(usize, usize),
-    ) -> Result<Self> {
-        let start = std::time::Instant::now();
-        let (h, d) = (cfg.hidden, cfg.head_dim);
-        let (qd, kvd) = (cfg.heads * d, cfg.kv_heads * d);
-        let embed = src.load(device, Weight::Embed, &[cfg.vocab, h])?;
-        let lm_head = if cfg.tie_embeddings || !src.has(Weight::LmHead) {
-            None
-        } else {
-            Some(src.load(device, Weight::LmHead, &[cfg.vocab, h])?)
-        };
-        let norm_of = |w: Weight, n: usize| load_norm(device, src, &cfg, w, n);
-        let norm = norm_of(Weight::FinalNorm, h)?;
-        let mut rope_params: Vec<RopeParams> = Vec::new();
-        let mut layers = Vec::with_capacity(cfg.layers);
-        for l in 0..cfg.layers {
-            let bias = if cfg.qkv_bias {
-                Some([
-                    src.load_f32(device, Weight::QBias(l), &[qd])?,
-                    src.load_f32(device, Weight::KBias(l), &[kvd])?,
-                    src.load_f32(device, Weight::VBias(l), &[kvd])?,
-                ])
-            } else {
-                None
-            };
-            let qk_norm = if cfg.qk_norm {
-                Some([norm_of(Weight::QNorm(l), d)?, norm_of(Weight::KNorm(l), d)?])
-            } else {
-                None
-            };
-            let (post_attn_norm, ffn_norm, post_ffn_norm) = if cfg.sandwich_norms {
-                (
-                    Some(norm_of(Weight::PostAttnNorm(l), h)?),
-                    norm_of(Weight::PreFfnNorm(l), h)?,
-                    Some(norm_of(Weight::PostFfnNorm(l), h)?),
-                )
-            } else {
-                (None, norm_of(Weight::FfnNorm(l), h)?, None)
-            };
-            let la = cfg.attention.get(l).copied().ok_or_else(|| {
-                ModelError::Batch(format!("layer {l} has no attention description"))
-            })?;
-            let rope = match rope_params.iter().position(|p| *p == la.rope) {
-                Some(i) => i,
-                None => {
-                    rope_params.push(la.rope);
-                    rope_params.len() - 1
-                }
-            };
-            let lin = |w: Weight, shape: &[usize]| src.load_linear(device, w, shape);
-            let (q, k, v) = (
-                lin(Weight::Q(l), &[qd, h])?,
-                lin(Weight::K(l), &[kvd, h])?,
-                lin(Weight::V(l), &[kvd, h])?,
-            );
-            let o = lin(Weight::O(l), &[h, qd])?;
-            let (gate, up) = (
-                lin(Weight::Gate(l), &[cfg.ffn, h])?,
-                lin(Weight::Up(l), &[cfg.ffn, h])?,
-            );
-            let down = lin(Weight::Down(l), &[h, cfg.ffn])?;
-            layers.push(Layer {
-                attn_norm: norm_of(Weight::AttnNorm(l), h)?,
-                qkv_in: Inputs::of(device, &[&q.input_perm, &k.input_perm, &v.input_perm])?,
-                q: q.weight,
-                k: k.weight,
-                v: v.weight,
-                bias,
-                qk_norm,
-                o_in: Inputs::of(device, &[&o.input_perm])?,
-                o: o.weight,
-                post_attn_norm,
-                ffn_norm,
-                gate_up_in: Inputs::of(device, &[&gate.input_perm, &up.input_perm])?,
-                gate: gate.weight,
-                up: up.weight,
-                down_in: Inputs::of(device, &[&down.input_perm])?,
-                down: down.weight,
-                post_ffn_norm,
-                rope,
-                attn: AttnConfig {
-                    heads: cfg.heads,
-                    scale: cfg.attn_scale,
-                    window: la.window,
-                },
-            });
-            progress(l + 1, cfg.layers);
-        }
-        let ropes = rope_params
-            .iter()
-            .map(|&p| RopeTable::new(device, cfg.rope(p), cfg.max_position))
-            .collect::<std::result::Result<Vec<_>, _>>()?;
-        let mut weight_bytes =
-            bytes_of(&embed) + bytes_of(&norm) + lm_head.as_ref().map_or(0, bytes_of);
-        for l in &layers {
-            for t in [
-                &l.attn_norm,
-                &l.q,
-                &l.k,
-                &l.v,
-                &l.o,
-                &l.ffn_norm,
-                &l.gate,
-                &l.up,
-                &l.down,
-            ] {
-                weight_bytes += bytes_of(t);
-            }
-            weight_bytes += l.bias.iter().flatten().map(bytes_of).sum::<u64>();
-            weight_bytes += [&l.qkv_in, &l.o_in, &l.gate_up_in, &l.down_in]
-                .into_iter()
-                .flat_map(Inputs::indices)
-                .map(|i| 4 * i.len() as u64)
-                .sum::<u64>();
-            weight_bytes += l.qk_norm.iter().flatten().map(bytes_of).sum::<u64>();
-            weight_bytes += [&l.post_attn_norm, &l.post_ffn_norm]
-                .into_iter()
-                .flatten()
-                .map(bytes_of)
-                .sum::<u64>();
-        }
-        tracing::info!(
-            "loaded {} bytes of weights from {} in {:?}",
-            weight_bytes,
-            src.describe(),
-            start.elapsed()
-        );
-        Ok(Self {
-            cfg,
-            device: device.clone(),
-            embed,
-            lm_head,
-            norm,
-            layers,
-            ropes,
-            weight_bytes,
-        })
-    }
-
     pub fn config(&self) -> &ModelConfig {
         &self.cfg
     }
@@ -414,88 +241,99 @@ impl Model {
             .map(|r| r.positions(&positions))
             .collect::<std::result::Result<_, _>>()?;
         let t = ids.len();
-        let (d, heads, kvh) = (cfg.head_dim, cfg.heads, cfg.kv_heads);
+        let (d, heads) = (cfg.head_dim, cfg.heads);
         let mut x = rec.embedding(&self.embed, &ids)?;
         if let Some(s) = cfg.embed_scale {
             x = rec.scale(&x, s)?;
         }
+        let eps = cfg.rms_eps;
+        let act = match cfg.activation {
+            Activation::Silu => Act::Silu,
+            Activation::GeluTanh => Act::GeluTanh,
+        };
         for (li, l) in self.layers.iter().enumerate() {
-            let h = rec.rms_norm(&x, &l.attn_norm, cfg.rms_eps)?;
-            let bias = l.bias.as_ref().map(|[q, k, v]| [q, k, v]);
-            let [mut q, mut k, v] = match &l.qkv_in {
-                Inputs::Shared(order) => {
-                    let h = gathered(rec, &h, order.as_ref())?;
-                    rec.matmul_qkv(&h, [&l.q, &l.k, &l.v], bias)?
-                }
-                each => {
-                    let b = |i: usize| bias.map(|b| b[i]);
-                    [
-                        project(rec, &h, each.get(0), &l.q, b(0))?,
-                        project(rec, &h, each.get(1), &l.k, b(1))?,
-                        project(rec, &h, each.get(2), &l.v, b(2))?,
-                    ]
-                }
-            };
-            if let Some([qn, kn]) = &l.qk_norm {
-                q = rec.rms_norm(&q.reshape(&[t * heads, d])?, qn, cfg.rms_eps)?;
-                k = rec.rms_norm(&k.reshape(&[t * kvh, d])?, kn, cfg.rms_eps)?;
-            }
-            let q = q.reshape(&[t, heads, d])?;
-            let k = k.reshape(&[t, kvh, d])?;
-            let v = v.reshape(&[t, kvh, d])?;
             let pos = positions.get(l.rope).ok_or_else(|| {
                 ModelError::Batch(format!("layer {li}: no RoPE table {}", l.rope))
             })?;
-            let q = rec.rope(&q, pos)?;
-            let k = rec.rope(&k, pos)?;
-            cache.write(rec, li, &k, &v, &batch)?;
+            let prep = QkPrep {
+                heads,
+                rope: pos,
+                norm: l.qk_norm.as_ref().map(|[q, k]| QkNorm { q, k, eps }),
+            };
+            // Norm and projections, then per-head norm, RoPE and the K/V write.
+            let norm = Some(RmsNorm {
+                weight: &l.attn_norm,
+                eps,
+            });
+            let q = match &l.qkv {
+                Stack::One(p) => {
+                    let qkv = p.apply(rec, &x, norm, None, None)?;
+                    cache.write_qkv(rec, li, QkvRows::Stacked(&qkv), &prep, &batch)?
+                }
+                Stack::Apart(ps) => {
+                    let [q, k, v] = [&ps[0], &ps[1], &ps[2]];
+                    let (q, k, v) = (
+                        q.apply(rec, &x, norm, None, None)?,
+                        k.apply(rec, &x, norm, None, None)?,
+                        v.apply(rec, &x, norm, None, None)?,
+                    );
+                    cache.write_qkv(rec, li, QkvRows::Separate([&q, &k, &v]), &prep, &batch)?
+                }
+            };
             let a = cache
                 .attention(rec, li, &q, &batch, &l.attn)?
                 .reshape(&[t, heads * d])?;
-            let a = gathered(rec, &a, l.o_in.get(0))?;
             x = match &l.post_attn_norm {
-                None => rec.matmul_add(&a, &l.o, &x)?,
+                None => l.o.apply(rec, &a, None, None, Some(&x))?,
                 Some(n) => {
-                    let o = rec.matmul(&a, &l.o, None)?;
-                    let o = rec.rms_norm(&o, n, cfg.rms_eps)?;
+                    let o = l.o.apply(rec, &a, None, None, None)?;
+                    let o = rec.rms_norm(&o, n, eps)?;
                     rec.add(&x, &o)?
                 }
             };
-            let h = rec.rms_norm(&x, &l.ffn_norm, cfg.rms_eps)?;
-            let m = match (&l.gate_up_in, cfg.activation) {
-                (Inputs::Shared(order), act) => {
-                    let h = gathered(rec, &h, order.as_ref())?;
+            let norm = Some(RmsNorm {
+                weight: &l.ffn_norm,
+                eps,
+            });
+            let m = match &l.gate_up {
+                Stack::One(p) => p.apply(rec, &x, norm, Some(act), None)?,
+                Stack::Apart(ps) => {
+                    let g = ps[0].apply(rec, &x, norm, None, None)?;
+                    let u = ps[1].apply(rec, &x, norm, None, None)?;
                     match act {
-                        Activation::Silu => rec.matmul_swiglu(&h, &l.gate, &l.up)?,
-                        Activation::GeluTanh => rec.matmul_geglu(&h, &l.gate, &l.up)?,
-                    }
-                }
-                (each, act) => {
-                    let g = project(rec, &h, each.get(0), &l.gate, None)?;
-                    let u = project(rec, &h, each.get(1), &l.up, None)?;
-                    match act {
-                        Activation::Silu => rec.silu_mul(&g, &u)?,
-                        Activation::GeluTanh => rec.gelu_tanh_mul(&g, &u)?,
+                        Act::Silu => rec.silu_mul(&g, &u)?,
+                        Act::GeluTanh => rec.gelu_tanh_mul(&g, &u)?,
                     }
                 }
             };
-            let m = gathered(rec, &m, l.down_in.get(0))?;
             x = match &l.post_ffn_norm {
-                None => rec.matmul_add(&m, &l.down, &x)?,
+                None => l.down.apply(rec, &m, None, None, Some(&x))?,
                 Some(n) => {
-                    let m = rec.matmul(&m, &l.down, None)?;
-                    let m = rec.rms_norm(&m, n, cfg.rms_eps)?;
+                    let m = l.down.apply(rec, &m, None, None, None)?;
+                    let m = rec.rms_norm(&m, n, eps)?;
                     rec.add(&x, &m)?
                 }
             };
         }
-        let x = rec.rms_norm(&x, &self.norm, cfg.rms_eps)?;
-        // The LM head only for the rows that need logits.
+        // The LM head only for the rows that need logits (all of them in a decode step), the
+        // final norm fused into it.
+        let every_row = last.iter().enumerate().all(|(i, &r)| i == r as usize) && last.len() == t;
         let x = match at {
-            LogitsAt::All => x,
-            LogitsAt::Last | LogitsAt::Tail(_) => rec.embedding(&x, &last)?,
+            LogitsAt::Last | LogitsAt::Tail(_) if !every_row => rec.embedding(&x, &last)?,
+            _ => x,
         };
-        let logits = rec.matmul(&x, self.lm_head.as_ref().unwrap_or(&self.embed), None)?;
+        let head = self.lm_head.as_ref().unwrap_or(&self.embed);
+        let logits = rec.linear(
+            &x,
+            head,
+            LinearOps {
+                norm: Some(RmsNorm {
+                    weight: &self.norm,
+                    eps,
+                }),
+                ..LinearOps::default()
+            },
+        )?;
         match cfg.final_logit_softcap {
             Some(cap) => Ok(rec.softcap(&logits, cap)?),
             None => Ok(logits),

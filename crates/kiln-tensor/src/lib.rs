@@ -16,7 +16,8 @@ pub use dtype::{DType, QK, QK_K};
 pub use error::{Result, TensorError};
 pub use gpu::{Access, GpuContext, KernelDef, TemplateError};
 pub use ops::{
-    Activation, ColumnIndex, RopeConfig, RopeLayout, RopePositions, RopeScaling, RopeTable,
+    Activation, ColumnIndex, LinearOps, RmsNorm, RopeConfig, RopeLayout, RopePositions,
+    RopeScaling, RopeTable,
 };
 pub use quant::{dequantize, quantize};
 pub use recorder::Recorder;

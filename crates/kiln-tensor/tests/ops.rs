@@ -13,8 +13,8 @@ mod common;
 
 use common::{assert_close, gpus, randn, random_blocks, rng};
 use kiln_tensor::{
-    ColumnIndex, DType, Device, Recorder, RopeConfig, RopeLayout, RopeScaling, RopeTable, Tensor,
-    TensorError,
+    Activation, ColumnIndex, DType, Device, LinearOps, Recorder, RmsNorm, RopeConfig, RopeLayout,
+    RopeScaling, RopeTable, Tensor, TensorError,
 };
 use rand::Rng;
 use rand::seq::SliceRandom;
@@ -119,151 +119,261 @@ fn gelu_tanh64(g: f32) -> f32 {
         as f32
 }
 
-/// `matmul_add`, `matmul_swiglu` and `matmul_geglu` (fused on CPU-type adapters, composed
-/// elsewhere) against the CPU reference's matmul, add and activations, for every weight dtype
-/// and for batches that span several launches of the fused kernel.
+/// What `linear` may add around a matmul, as a test case.
+#[derive(Debug, Clone, Copy)]
+struct Case {
+    norm: bool,
+    bias: bool,
+    residual: bool,
+    glu: Option<Activation>,
+}
+
+const CASES: &[Case] = &[
+    Case {
+        norm: false,
+        bias: false,
+        residual: true,
+        glu: None,
+    },
+    Case {
+        norm: false,
+        bias: false,
+        residual: false,
+        glu: Some(Activation::Silu),
+    },
+    Case {
+        norm: false,
+        bias: false,
+        residual: false,
+        glu: Some(Activation::GeluTanh),
+    },
+    Case {
+        norm: true,
+        bias: false,
+        residual: false,
+        glu: None,
+    },
+    Case {
+        norm: true,
+        bias: true,
+        residual: false,
+        glu: None,
+    },
+    Case {
+        norm: true,
+        bias: false,
+        residual: false,
+        glu: Some(Activation::Silu),
+    },
+    Case {
+        norm: true,
+        bias: false,
+        residual: false,
+        glu: Some(Activation::GeluTanh),
+    },
+    // Two epilogues: composed on every device.
+    Case {
+        norm: true,
+        bias: true,
+        residual: true,
+        glu: None,
+    },
+    Case {
+        norm: false,
+        bias: false,
+        residual: true,
+        glu: Some(Activation::Silu),
+    },
+];
+
+/// The operands of one `linear` case: X `[m, k]`, W `[n, k]` (a stacked `[gate; up]` under
+/// a GLU), the norm's weights, a bias and a residual of the output's shape.
+struct Operands {
+    x: Vec<f32>,
+    w: Vec<f32>,
+    g: Vec<f32>,
+    bias: Vec<f32>,
+    res: Vec<f32>,
+}
+
+fn run_linear(dev: &Device, dtype: DType, c: Case, o: &Operands, m: usize, k: usize) -> Vec<f32> {
+    let n = o.w.len() / k;
+    let xt = Tensor::from_f32(dev, &[m, k], &o.x).unwrap();
+    let wt = weight(dev, dtype, n, k, &o.w);
+    let gt = Tensor::from_f32(dev, &[k], &o.g).unwrap();
+    let bt = Tensor::from_f32(dev, &[n], &o.bias).unwrap();
+    let rt = Tensor::from_f32(dev, &[m, o.res.len() / m], &o.res).unwrap();
+    let ops = LinearOps {
+        norm: c.norm.then_some(RmsNorm {
+            weight: &gt,
+            eps: 1e-5,
+        }),
+        bias: c.bias.then_some(&bt),
+        glu: c.glu,
+        residual: c.residual.then_some(&rt),
+    };
+    let mut rec = Recorder::new(dev);
+    let y = rec.linear(&xt, &wt, ops).unwrap();
+    rec.submit().unwrap();
+    assert_eq!(y.shape(), &[m, o.res.len() / m]);
+    y.to_f32_vec().unwrap()
+}
+
+/// The same case composed of the plain ops (`rms_norm`, `matmul`, `glu`, `add`).
+fn run_composed(dev: &Device, dtype: DType, c: Case, o: &Operands, m: usize, k: usize) -> Vec<f32> {
+    let n = o.w.len() / k;
+    let xt = Tensor::from_f32(dev, &[m, k], &o.x).unwrap();
+    let wt = weight(dev, dtype, n, k, &o.w);
+    let gt = Tensor::from_f32(dev, &[k], &o.g).unwrap();
+    let bt = Tensor::from_f32(dev, &[n], &o.bias).unwrap();
+    let rt = Tensor::from_f32(dev, &[m, o.res.len() / m], &o.res).unwrap();
+    let mut rec = Recorder::new(dev);
+    let h = if c.norm {
+        rec.rms_norm(&xt, &gt, 1e-5).unwrap()
+    } else {
+        xt
+    };
+    let mut y = rec.matmul(&h, &wt, c.bias.then_some(&bt)).unwrap();
+    if let Some(act) = c.glu {
+        y = rec.glu(&y, act).unwrap();
+    }
+    if c.residual {
+        y = rec.add(&rt, &y).unwrap();
+    }
+    rec.submit().unwrap();
+    y.to_f32_vec().unwrap()
+}
+
+/// `linear` (norm, bias, residual and gated epilogues fused on both kernel families where
+/// they apply, composed elsewhere) against the CPU reference, for every weight dtype and for
+/// batches that span several launches of the CPU-adapter kernel; on the CPU backend it is
+/// exactly the plain ops composed.
 #[test]
-fn fused_matmul_epilogues_match_cpu() {
+fn linear_ops_match_cpu() {
     let mut r = rng(7);
-    for &dtype in WEIGHT_DTYPES {
+    for (di, &dtype) in WEIGHT_DTYPES.iter().enumerate() {
         let k = if dtype.is_quantized() {
             dtype.block_elems().max(96)
         } else {
             40
         };
-        for &m in &[1usize, 3, 16, 37] {
-            let n = r.random_range(1..70);
-            let x = randn(&mut r, m * k, 1.0);
-            let w = randn(&mut r, n * k, 1.0);
-            let w2 = randn(&mut r, n * k, 1.0);
-            let res = randn(&mut r, m * n, 1.0);
-            let run = |dev: &Device| {
-                let xt = Tensor::from_f32(dev, &[m, k], &x).unwrap();
-                let wt = weight(dev, dtype, n, k, &w);
-                let w2t = weight(dev, dtype, n, k, &w2);
-                let rt = Tensor::from_f32(dev, &[m, n], &res).unwrap();
-                let mut rec = Recorder::new(dev);
-                let a = rec.matmul_add(&xt, &wt, &rt).unwrap();
-                let s = rec.matmul_swiglu(&xt, &wt, &w2t).unwrap();
-                let ge = rec.matmul_geglu(&xt, &wt, &w2t).unwrap();
-                rec.submit().unwrap();
-                assert_eq!(a.shape(), &[m, n]);
-                assert_eq!(s.shape(), &[m, n]);
-                assert_eq!(ge.shape(), &[m, n]);
-                (
-                    a.to_f32_vec().unwrap(),
-                    s.to_f32_vec().unwrap(),
-                    ge.to_f32_vec().unwrap(),
-                )
-            };
-            let (want_a, want_s, want_g) = run(&Device::cpu());
-            // The CPU reference of the fused ops is the composition of the plain ones.
-            let plain = run_matmul(&Device::cpu(), dtype, &x, m, k, &w, n, None);
-            let up = run_matmul(&Device::cpu(), dtype, &x, m, k, &w2, n, None);
-            for i in 0..m * n {
-                assert!((want_a[i] - (plain[i] + res[i])).abs() <= 1e-5 * want_a[i].abs().max(1.0));
-                let silu = plain[i] / (1.0 + (-plain[i]).exp()) * up[i];
-                assert!((want_s[i] - silu).abs() <= 1e-5 * silu.abs().max(1.0));
-                let gelu = gelu_tanh64(plain[i]) * up[i];
-                assert!(
-                    (want_g[i] - gelu).abs() <= 1e-5 * gelu.abs().max(1.0),
-                    "cpu geglu {i}: {} vs {gelu}",
-                    want_g[i]
+        // Every case and dtype with one row (decode: the matrix-vector kernel), and every
+        // case with 37 rows (several launches of the CPU-adapter kernel, the last one
+        // partial; the tiled kernel elsewhere) on a third of the dtypes, in rotation: each
+        // of those large unrolled kernels takes lavapipe seconds to compile.
+        for (ci, &c) in CASES.iter().enumerate() {
+            for m in [1usize, 37] {
+                if m > 1 && (di + ci) % 3 != 0 {
+                    continue;
+                }
+                let f = r.random_range(1..40);
+                let n = if c.glu.is_some() { 2 * f } else { f };
+                let o = Operands {
+                    x: randn(&mut r, m * k, 1.0),
+                    w: randn(&mut r, n * k, 1.0),
+                    g: randn(&mut r, k, 1.0),
+                    bias: randn(&mut r, n, 1.0),
+                    res: randn(&mut r, m * f, 1.0),
+                };
+                let want = run_linear(&Device::cpu(), dtype, c, &o, m, k);
+                let composed = run_composed(&Device::cpu(), dtype, c, &o, m, k);
+                assert_eq!(
+                    want, composed,
+                    "cpu {dtype:?} {c:?} m={m}: linear != composed ops"
                 );
-            }
-            for (name, dev) in gpus() {
-                let (a, s, ge) = run(&dev);
-                let what = format!("{name} {dtype:?} m={m} k={k} n={n}");
-                assert_close(
-                    &format!("{what} matmul_add"),
-                    &a,
-                    &want_a,
-                    matmul_tol(k),
-                    0.0,
+                // The product before any gate, for the GLU's error bound.
+                let plain = run_composed(
+                    &Device::cpu(),
+                    dtype,
+                    Case {
+                        glu: None,
+                        residual: false,
+                        ..c
+                    },
+                    &o,
+                    m,
+                    k,
                 );
-                // An error e in g and in u moves silu(g)·u (and gelu_tanh(g)·u: its slope is
-                // at most 1.13) by at most e·(1.13·|u| + |g|) + e².
-                for i in 0..m * n {
-                    let e = matmul_tol(k);
-                    let bound = e * (1.13 * up[i].abs() + plain[i].abs() + 1.0);
-                    assert!(
-                        (s[i] - want_s[i]).abs() <= bound,
-                        "{what} matmul_swiglu element {i}: got {}, want {} (bound {bound})",
-                        s[i],
-                        want_s[i]
-                    );
-                    assert!(
-                        (ge[i] - want_g[i]).abs() <= bound,
-                        "{what} matmul_geglu element {i}: got {}, want {} (bound {bound})",
-                        ge[i],
-                        want_g[i]
-                    );
+                for (name, dev) in gpus() {
+                    let got = run_linear(&dev, dtype, c, &o, m, k);
+                    let what = format!("{name} {dtype:?} {c:?} m={m} k={k} f={f}");
+                    // The norm's weights scale the terms by |g| ~ 1.
+                    let e = 2.0 * matmul_tol(k);
+                    if c.glu.is_none() {
+                        assert_close(&what, &got, &want, e, 0.0);
+                        continue;
+                    }
+                    // An error e in g and in u moves silu(g)·u (and gelu_tanh(g)·u: its slope
+                    // is at most 1.13) by at most e·(1.13·|u| + |g|) + e².
+                    for i in 0..m {
+                        for j in 0..f {
+                            let (gv, uv) = (plain[i * n + j], plain[i * n + f + j]);
+                            let bound = e * (1.13 * uv.abs() + gv.abs() + 1.0);
+                            let at = i * f + j;
+                            assert!(
+                                (got[at] - want[at]).abs() <= bound,
+                                "{what} element ({i}, {j}): got {}, want {} (bound {bound})",
+                                got[at],
+                                want[at]
+                            );
+                        }
+                    }
                 }
             }
         }
     }
 }
 
-/// `matmul_qkv` (one launch on CPU-type adapters) equals three matmuls on the CPU reference,
-/// with row counts that split invocations between the weights, and with biases (composed).
+/// The plain gated ops against their definitions, on the CPU reference: `glu` over the
+/// halves of one tensor and `matmul_gated` over two weights.
 #[test]
-fn fused_qkv_matches_three_matmuls() {
+fn gated_activations_hold_their_definitions() {
     let mut r = rng(8);
-    for &dtype in WEIGHT_DTYPES {
-        let k = if dtype.is_quantized() {
-            dtype.block_elems().max(64)
-        } else {
-            24
-        };
-        for &(m, nq, nkv) in &[(1usize, 40usize, 12usize), (3, 24, 8), (19, 9, 5)] {
-            let x = randn(&mut r, m * k, 1.0);
-            let ws: Vec<Vec<f32>> = [nq, nkv, nkv]
-                .iter()
-                .map(|&n| randn(&mut r, n * k, 1.0))
-                .collect();
-            let biases: Vec<Vec<f32>> = [nq, nkv, nkv]
-                .iter()
-                .map(|&n| randn(&mut r, n, 1.0))
-                .collect();
-            for with_bias in [false, true] {
-                let want: Vec<Vec<f32>> = (0..3)
-                    .map(|j| {
-                        let n = [nq, nkv, nkv][j];
-                        let b = with_bias.then(|| biases[j].as_slice());
-                        run_matmul(&Device::cpu(), dtype, &x, m, k, &ws[j], n, b)
-                    })
-                    .collect();
-                for (name, dev) in gpus() {
-                    let xt = Tensor::from_f32(&dev, &[m, k], &x).unwrap();
-                    let wt: Vec<Tensor> = (0..3)
-                        .map(|j| weight(&dev, dtype, [nq, nkv, nkv][j], k, &ws[j]))
-                        .collect();
-                    let bt: Vec<Tensor> = (0..3)
-                        .map(|j| Tensor::from_f32(&dev, &[biases[j].len()], &biases[j]).unwrap())
-                        .collect();
-                    let mut rec = Recorder::new(&dev);
-                    let out = rec
-                        .matmul_qkv(
-                            &xt,
-                            [&wt[0], &wt[1], &wt[2]],
-                            with_bias.then(|| [&bt[0], &bt[1], &bt[2]]),
-                        )
-                        .unwrap();
-                    rec.submit().unwrap();
-                    for j in 0..3 {
-                        assert_eq!(out[j].shape(), &[m, [nq, nkv, nkv][j]]);
-                        assert_close(
-                            &format!("{name} {dtype:?} qkv part {j} m={m} bias={with_bias}"),
-                            &out[j].to_f32_vec().unwrap(),
-                            &want[j],
-                            matmul_tol(k),
-                            0.0,
-                        );
-                    }
-                }
-            }
+    let (m, k, f) = (3usize, 32usize, 5usize);
+    let x = randn(&mut r, m * k, 1.0);
+    let gw = randn(&mut r, f * k, 1.0);
+    let uw = randn(&mut r, f * k, 1.0);
+    let dev = Device::cpu();
+    let g = run_matmul(&dev, DType::F32, &x, m, k, &gw, f, None);
+    let u = run_matmul(&dev, DType::F32, &x, m, k, &uw, f, None);
+    let xt = Tensor::from_f32(&dev, &[m, k], &x).unwrap();
+    let gt = Tensor::from_f32(&dev, &[f, k], &gw).unwrap();
+    let ut = Tensor::from_f32(&dev, &[f, k], &uw).unwrap();
+    let mut stacked_y = Vec::new();
+    for i in 0..m {
+        stacked_y.extend_from_slice(&g[i * f..(i + 1) * f]);
+        stacked_y.extend_from_slice(&u[i * f..(i + 1) * f]);
+    }
+    let yt = Tensor::from_f32(&dev, &[m, 2 * f], &stacked_y).unwrap();
+    for act in [Activation::Silu, Activation::GeluTanh] {
+        let mut rec = Recorder::new(&dev);
+        let glu = rec.glu(&yt, act).unwrap().to_f32_vec().unwrap();
+        let gated = rec
+            .matmul_gated(&xt, &gt, &ut, act)
+            .unwrap()
+            .to_f32_vec()
+            .unwrap();
+        for i in 0..m * f {
+            let want = match act {
+                Activation::Silu => g[i] / (1.0 + (-g[i]).exp()) * u[i],
+                Activation::GeluTanh => gelu_tanh64(g[i]) * u[i],
+            };
+            assert!(
+                (glu[i] - want).abs() <= 1e-5 * want.abs().max(1.0),
+                "{act:?} glu {i}"
+            );
+            assert!(
+                (gated[i] - want).abs() <= 1e-5 * want.abs().max(1.0),
+                "{act:?} gated {i}"
+            );
         }
     }
+    let mut rec = Recorder::new(&dev);
+    let odd = Tensor::from_f32(&dev, &[1, 3], &[1.0, 2.0, 3.0]).unwrap();
+    assert!(matches!(
+        rec.glu(&odd, Activation::Silu),
+        Err(TensorError::Shape { .. })
+    ));
 }
 
 #[test]

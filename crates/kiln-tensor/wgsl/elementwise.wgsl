@@ -6,12 +6,14 @@
 // Unary (UNARY, a only; `s` is the op's scalar):
 // SCALE:         out = a * s
 // SOFTCAP:       out = s * tanh(a / s)
+// GLU:           a is rows of [gate | up], each `cols` wide; out[row, j] = act(gate) * up,
+//                act = silu, or GELU-tanh under GELU (n counts the outputs)
 
 struct Params {
     n: u32,
     s: f32,
-    _pad0: u32,
-    _pad1: u32,
+    cols: u32,
+    _pad: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -59,5 +61,14 @@ fn main(
 #endif
 #if SOFTCAP
     out[i] = p.s * tanh_safe(a[i] / p.s);
+#endif
+#if GLU
+    let g = a[(i / p.cols) * 2u * p.cols + i % p.cols];
+    let u = a[(i / p.cols) * 2u * p.cols + p.cols + i % p.cols];
+#if GELU
+    out[i] = gelu_tanh(g) * u;
+#else
+    out[i] = g / (1.0 + exp(-g)) * u;
+#endif
 #endif
 }

@@ -7,26 +7,28 @@
 // device layout of quant/layout.rs, its quants 16-byte aligned; K-quants are read one
 // 32-element sub-block at a time.
 //
-// Epilogues that save a launch each: RES adds a residual of Y's shape (Y = RES + X·Wᵀ);
-// GATED takes a second weight W2 of W's shape and dtype and writes act(X·Wᵀ) * (X·W2ᵀ)
-// (the gate and up projections of a gated MLP; act is silu, or GELU-tanh under GELU); QKV
-// computes the Q, K and V projections (weights W, W2, W3 of n1, n2 and n2 rows, one dtype)
-// into Y, Y2 and Y3, its rows numbered through all three.
+// What saves a launch each: NORM applies an RMSNorm to X's rows first (X·diag(g), each row's
+// products scaled by 1/sqrt(mean(x²) + eps) at the end, g bound like X); RES adds a residual
+// of Y's shape (Y = RES + X·Wᵀ); GATED reads W as the stack [gate; up] of 2·n1 rows and writes
+// act(X·gateᵀ) * (X·upᵀ) (a gated MLP; act is silu, or GELU-tanh under GELU). Y may be wider
+// than the product: its row stride is n_total and the product's columns start at n_offset.
 
 struct Params {
     m: u32,
     k: u32,
+    // Output rows of this launch (a chunk's rows; under GATED, gate rows).
     rows: u32,
     n_total: u32,
     n_offset: u32,
     qs: u32,
     x_row0: u32,
-    // Quants offsets of W2 and W3, and the QKV row split.
-    qs2: u32,
-    qs3: u32,
+    // GATED: the up rows start at row n1 of W.
     n1: u32,
-    n2: u32,
-    _pad: u32,
+    // NORM: the RMSNorm's epsilon.
+    eps: f32,
+    _pad0: u32,
+    _pad1: u32,
+    _pad2: u32,
 }
 
 const MV_M: u32 = {{MV_M}}u;
@@ -43,14 +45,8 @@ const WG: u32 = {{WG}}u;
 #if RES
 @group(0) @binding(4) var<storage, read> res: array<f32>;
 #endif
-#if GATED
-@group(0) @binding(4) var<storage, read> wq2: array<vec4<u32>>;
-#endif
-#if QKV
-@group(0) @binding(4) var<storage, read> wq2: array<vec4<u32>>;
-@group(0) @binding(5) var<storage, read> wq3: array<vec4<u32>>;
-@group(0) @binding(6) var<storage, read_write> y2: array<f32>;
-@group(0) @binding(7) var<storage, read_write> y3: array<f32>;
+#if NORM
+@group(0) @binding({{G_BINDING}}) var<uniform> gu: array<vec4<f32>, {{GV}}>;
 #endif
 
 // One block of 32 weights, dequantized: value j of the block is component j % 4 of q{j / 4}.
@@ -302,7 +298,7 @@ fn decode(b: u32, v0: vec4<u32>, v1: vec4<u32>, v2: vec4<u32>, v3: vec4<u32>) ->
 }
 #endif
 
-// Block b of the weight bound as `wq` (quants at word p.qs); likewise W2 and W3.
+// Block b of the weight bound as `wq` (quants at word p.qs).
 fn load_blk(b: u32) -> Blk {
     let i = blk_idx(b, p.qs);
     let v0 = wq[i.x];
@@ -320,75 +316,46 @@ fn load_blk(b: u32) -> Blk {
     return decode(b, v0, v1, v2, v3);
 }
 
-#if W2
-fn load_blk2(b: u32) -> Blk {
-    let i = blk_idx(b, p.qs2);
-    let v0 = wq2[i.x];
-    let v1 = wq2[i.y];
-#if RD3
-    let v2 = wq2[i.z];
-#else
-    let v2 = v1;
-#endif
-#if RD4
-    let v3 = wq2[i.w];
-#else
-    let v3 = v1;
-#endif
-    return decode(b, v0, v1, v2, v3);
-}
-#endif
-
-#if QKV
-fn load_blk3(b: u32) -> Blk {
-    let i = blk_idx(b, p.qs3);
-    let v0 = wq3[i.x];
-    let v1 = wq3[i.y];
-#if RD3
-    let v2 = wq3[i.z];
-#else
-    let v2 = v1;
-#endif
-#if RD4
-    let v3 = wq3[i.w];
-#else
-    let v3 = v1;
-#endif
-    return decode(b, v0, v1, v2, v3);
-}
-
-// Block `blk` of row r of the stacked [W; W2; W3].
-fn load_row(r: u32, blk: u32, nb: u32) -> Blk {
-    if (r < p.n1) {
-        return load_blk(r * nb + blk);
-    }
-    if (r < p.n1 + p.n2) {
-        return load_blk2((r - p.n1) * nb + blk);
-    }
-    return load_blk3((r - p.n1 - p.n2) * nb + blk);
-}
-#else
+// Block `blk` of row r.
 fn load_row(r: u32, blk: u32, nb: u32) -> Blk {
     return load_blk(r * nb + blk);
 }
-#endif
 
 // The 32 values of X at vec4 index xb. With SG_X (subgroups of at least 8 lanes), lane j
 // reads vec4 j & 7 and the others take it by broadcast: one gather a block instead of eight,
 // which is what these compilers make of a uniform-buffer read at a loop-dependent offset.
 #if SG_X
-fn xblk(xb: u32, lane: u32) -> Blk {
-    let v = xu[xb + (lane & 7u)];
+fn bcast(v: vec4<f32>) -> Blk {
     return Blk(subgroupBroadcast(v, 0u), subgroupBroadcast(v, 1u), subgroupBroadcast(v, 2u),
         subgroupBroadcast(v, 3u), subgroupBroadcast(v, 4u), subgroupBroadcast(v, 5u),
         subgroupBroadcast(v, 6u), subgroupBroadcast(v, 7u));
 }
+fn xblk(xb: u32, lane: u32) -> Blk {
+    return bcast(xu[xb + (lane & 7u)]);
+}
+#if NORM
+fn gblk(gb: u32, lane: u32) -> Blk {
+    return bcast(gu[gb + (lane & 7u)]);
+}
+#endif
 #else
 fn xblk(xb: u32, lane: u32) -> Blk {
     return Blk(xu[xb], xu[xb + 1u], xu[xb + 2u], xu[xb + 3u], xu[xb + 4u], xu[xb + 5u],
         xu[xb + 6u], xu[xb + 7u]);
 }
+#if NORM
+fn gblk(gb: u32, lane: u32) -> Blk {
+    return Blk(gu[gb], gu[gb + 1u], gu[gb + 2u], gu[gb + 3u], gu[gb + 4u], gu[gb + 5u],
+        gu[gb + 6u], gu[gb + 7u]);
+}
 #endif
+#endif
+
+// Elementwise product of two blocks (X by the norm's weights).
+fn bmul(a: Blk, b: Blk) -> Blk {
+    return Blk(a.q0 * b.q0, a.q1 * b.q1, a.q2 * b.q2, a.q3 * b.q3, a.q4 * b.q4, a.q5 * b.q5,
+        a.q6 * b.q6, a.q7 * b.q7);
+}
 
 fn bdot(w: Blk, x: Blk) -> f32 {
     return dot(w.q0, x.q0) + dot(w.q1, x.q1) + dot(w.q2, x.q2) + dot(w.q3, x.q3)
@@ -415,6 +382,9 @@ fn main(
     {{ACC_DECL}}
     for (var blk = 0u; blk < nb; blk++) {
         let xb = blk * 8u;
+#if NORM
+        let g = gblk(xb, lane);
+#endif
         {{ACC_BODY}}
     }
     {{ACC_STORE}}
@@ -427,12 +397,13 @@ fn gelu_tanh(g: f32) -> f32 {
     return 0.5 * g * (1.0 + tanh(t));
 }
 
-// Write the result for X row i, W row r (`u` is the up projection's under GATED).
-fn store(i: u32, r: u32, v: f32, u: f32) {
+// Write the result for X row i, W row r (`u` is the up projection's under GATED); `scale` is
+// the row's RMSNorm factor under NORM, else 1.
+fn store(i: u32, r: u32, v: f32, u: f32, scale: f32) {
     if (r < p.rows) {
         let col = p.n_offset + r;
         let at = (p.x_row0 + i) * p.n_total + col;
-        var s = v;
+        var s = v * scale;
 #if BIAS
         s += bias[col];
 #endif
@@ -441,22 +412,11 @@ fn store(i: u32, r: u32, v: f32, u: f32) {
 #endif
 #if GATED
 #if GELU
-        s = gelu_tanh(s) * u;
+        s = gelu_tanh(s) * (u * scale);
 #else
-        s = s / (1.0 + exp(-s)) * u;
+        s = s / (1.0 + exp(-s)) * (u * scale);
 #endif
 #endif
-#if QKV
-        let row = p.x_row0 + i;
-        if (r < p.n1) {
-            y[row * p.n1 + r] = s;
-        } else if (r < p.n1 + p.n2) {
-            y2[row * p.n2 + r - p.n1] = s;
-        } else {
-            y3[row * p.n2 + r - p.n1 - p.n2] = s;
-        }
-#else
         y[at] = s;
-#endif
     }
 }

@@ -1,5 +1,9 @@
 // Y[i, n_offset + r] = sum_c X[i, c] * W[r, c] (+ bias) for a few rows i of X (decode).
 // Eight threads share one output row r; each walks the row eight elements at a time.
+// What saves a launch each: NORM applies an RMSNorm to X's rows first (X·diag(g), each row's
+// products scaled by 1/sqrt(mean(x²) + eps) at the end); RES adds a residual of Y's shape;
+// GATED reads W as the stack [gate; up] of 2·n1 rows and writes act(X·gateᵀ) * (X·upᵀ)
+// (act is silu, or GELU-tanh under GELU). Y's row stride is n_total.
 
 struct Params {
     m: u32,
@@ -8,8 +12,10 @@ struct Params {
     n_total: u32,
     n_offset: u32,
     qs: u32,
-    _pad0: u32,
-    _pad1: u32,
+    // GATED: the up rows start at row n1 of W.
+    n1: u32,
+    // NORM: the RMSNorm's epsilon.
+    eps: f32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -18,12 +24,24 @@ struct Params {
 #if BIAS
 @group(0) @binding(4) var<storage, read> bias: array<f32>;
 #endif
+#if RES
+@group(0) @binding(4) var<storage, read> res: array<f32>;
+#endif
+#if NORM
+@group(0) @binding({{G_BINDING}}) var<storage, read> gw: array<f32>;
+#endif
 
 const MV_M: u32 = {{MV_M}}u;
 const TPR: u32 = 8u;
 const RPW: u32 = 8u;
 
 var<workgroup> red: array<array<f32, MV_M>, 64>;
+#if GATED
+var<workgroup> red2: array<array<f32, MV_M>, 64>;
+#endif
+#if NORM
+var<workgroup> red_ss: array<array<f32, MV_M>, 64>;
+#endif
 
 fn x4(i: u32, c: u32) -> vec4<f32> {
 #if K8
@@ -40,6 +58,30 @@ fn x4(i: u32, c: u32) -> vec4<f32> {
 #endif
 }
 
+#if NORM
+// The norm's weights at columns c..c + 4 (zeros past k).
+fn g4(c: u32) -> vec4<f32> {
+#if K8
+    return vec4<f32>(gw[c], gw[c + 1u], gw[c + 2u], gw[c + 3u]);
+#else
+    var v = vec4<f32>(0.0);
+    for (var j = 0u; j < 4u; j++) {
+        if (c + j < p.k) {
+            v[j] = gw[c + j];
+        }
+    }
+    return v;
+#endif
+}
+#endif
+
+// GELU with the tanh approximation; the tanh argument is clamped to ±15 (where f32 tanh is
+// already ±1) because some drivers compute tanh through exp and return NaN beyond.
+fn gelu_tanh(g: f32) -> f32 {
+    let t = clamp(0.7978845608028654 * (g + 0.044715 * g * g * g), -15.0, 15.0);
+    return 0.5 * g * (1.0 + tanh(t));
+}
+
 @compute @workgroup_size(64)
 fn main(
     @builtin(workgroup_id) wid: vec3<u32>,
@@ -50,26 +92,84 @@ fn main(
     let r = g * RPW + lid / TPR;
     let lane = lid % TPR;
     var acc: array<f32, MV_M>;
+#if GATED
+    var acc2: array<f32, MV_M>;
+#endif
+#if NORM
+    var ss: array<f32, MV_M>;
+#endif
     if (r < p.rows) {
         let units = (p.k + 7u) / 8u;
         for (var u = lane; u < units; u += TPR) {
             let wv = w_unit8(r, u, p.k, p.qs);
+#if GATED
+            let wu = w_unit8(r + p.n1, u, p.k, p.qs);
+#endif
+#if NORM
+            let ga = g4(u * 8u);
+            let gb = g4(u * 8u + 4u);
+#endif
             for (var i = 0u; i < MV_M; i++) {
-                acc[i] += dot(wv.a, x4(i, u * 8u)) + dot(wv.b, x4(i, u * 8u + 4u));
+                var xa = x4(i, u * 8u);
+                var xb = x4(i, u * 8u + 4u);
+#if NORM
+                ss[i] += dot(xa, xa) + dot(xb, xb);
+                xa *= ga;
+                xb *= gb;
+#endif
+                acc[i] += dot(wv.a, xa) + dot(wv.b, xb);
+#if GATED
+                acc2[i] += dot(wu.a, xa) + dot(wu.b, xb);
+#endif
             }
         }
     }
     red[lid] = acc;
+#if GATED
+    red2[lid] = acc2;
+#endif
+#if NORM
+    red_ss[lid] = ss;
+#endif
     workgroupBarrier();
     if (lane == 0u && r < p.rows) {
         let col = p.n_offset + r;
         for (var i = 0u; i < MV_M; i++) {
             var s = 0.0;
+#if GATED
+            var s2 = 0.0;
+#endif
+#if NORM
+            var sq = 0.0;
+#endif
             for (var j = 0u; j < TPR; j++) {
                 s += red[lid + j][i];
+#if GATED
+                s2 += red2[lid + j][i];
+#endif
+#if NORM
+                sq += red_ss[lid + j][i];
+#endif
             }
+#if NORM
+            let scale = inverseSqrt(sq / f32(p.k) + p.eps);
+            s *= scale;
+#if GATED
+            s2 *= scale;
+#endif
+#endif
 #if BIAS
             s += bias[col];
+#endif
+#if RES
+            s += res[i * p.n_total + col];
+#endif
+#if GATED
+#if GELU
+            s = gelu_tanh(s) * s2;
+#else
+            s = s / (1.0 + exp(-s)) * s2;
+#endif
 #endif
             y[i * p.n_total + col] = s;
         }

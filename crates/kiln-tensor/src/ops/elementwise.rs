@@ -1,8 +1,10 @@
 //! Elementwise ops: `add` (residuals), the gated activations `silu_mul` (SwiGLU) and
-//! `gelu_tanh_mul` (GeGLU), and the scalar ops `scale` and `softcap`.
+//! `gelu_tanh_mul` (GeGLU) over two tensors or `glu` over the halves of one, and the scalar
+//! ops `scale` and `softcap`.
 
 use bytemuck::{Pod, Zeroable};
 
+use super::matmul::Activation;
 use super::{R1W, R2W, host_f32, require_dtype, require_same_shape};
 use crate::gpu::KernelDef;
 use crate::{DType, Recorder, Result, Tensor, TensorError};
@@ -33,6 +35,11 @@ static SOFTCAP: KernelDef = KernelDef {
     source: SRC,
     bindings: R1W,
 };
+static GLU: KernelDef = KernelDef {
+    name: "glu",
+    source: SRC,
+    bindings: R1W,
+};
 
 #[repr(C)]
 #[derive(Clone, Copy, Pod, Zeroable)]
@@ -40,7 +47,9 @@ struct Params {
     n: u32,
     /// The scalar of `scale` and `softcap`.
     s: f32,
-    _pad: [u32; 2],
+    /// `glu`: the width of each half.
+    cols: u32,
+    _pad: u32,
 }
 
 impl Recorder {
@@ -76,7 +85,8 @@ impl Recorder {
         let params = Params {
             n: n as u32,
             s: 0.0,
-            _pad: [0; 2],
+            cols: 0,
+            _pad: 0,
         };
         self.dispatch(
             kernel,
@@ -115,7 +125,8 @@ impl Recorder {
         let params = Params {
             n: n as u32,
             s,
-            _pad: [0; 2],
+            cols: 0,
+            _pad: 0,
         };
         self.dispatch(
             kernel,
@@ -168,6 +179,64 @@ impl Recorder {
             c * (v / c).tanh()
         })
     }
+}
+
+impl Recorder {
+    /// act(gate) · up over the halves of `y` `[.., 2·f]` (its rows are `[gate | up]`, what a
+    /// matmul with a stacked `[gate; up]` weight gives); returns `[.., f]`.
+    pub fn glu(&mut self, y: &Tensor, act: Activation) -> Result<Tensor> {
+        const OP: &str = "glu";
+        require_dtype(OP, "the input", y, &[DType::F32])?;
+        self.check_device(OP, &[y])?;
+        let width = y.cols();
+        if y.elem_count() == 0 || !width.is_multiple_of(2) {
+            return Err(TensorError::Shape {
+                op: OP,
+                detail: format!(
+                    "input {:?} needs an even, non-empty last dimension",
+                    y.shape()
+                ),
+            });
+        }
+        let f = width / 2;
+        let mut shape = y.shape().to_vec();
+        if let Some(last) = shape.last_mut() {
+            *last = f;
+        }
+        let Some(ctx) = self.gpu().cloned() else {
+            return Ok(Tensor::cpu_f32(shape, glu_ref(host_f32(y)?, f, act)));
+        };
+        let out = Tensor::gpu_output(&ctx, DType::F32, shape, OP)?;
+        let n = y.elem_count() / 2;
+        let params = Params {
+            n: n as u32,
+            s: 0.0,
+            cols: f as u32,
+            _pad: 0,
+        };
+        let gelu = u32::from(act == Activation::GeluTanh).to_string();
+        self.dispatch(
+            &GLU,
+            &[("GLU", "1".into()), ("UNARY", "1".into()), ("GELU", gelu)],
+            &params,
+            vec![(y.clone(), 0), (out.clone(), 0)],
+            n.div_ceil(64) as u32,
+        )?;
+        Ok(out)
+    }
+}
+
+/// CPU reference of `glu` over rows `[gate | up]` of width `2·f`.
+pub(crate) fn glu_ref(y: &[f32], f: usize, act: Activation) -> Vec<f32> {
+    y.chunks_exact(2 * f)
+        .flat_map(|row| {
+            let (g, u) = row.split_at(f);
+            g.iter().zip(u).map(move |(&g, &u)| match act {
+                Activation::Silu => silu_mul_ref(g, u),
+                Activation::GeluTanh => gelu_tanh_mul_ref(g, u),
+            })
+        })
+        .collect()
 }
 
 /// CPU reference of one element of `silu_mul`.

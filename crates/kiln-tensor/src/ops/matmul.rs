@@ -1,15 +1,19 @@
 //! `matmul`: Y[m, n] = X[m, k] · W[n, k]ᵀ (+ bias), W in any float or GGUF block dtype
-//! (`WEIGHT_DTYPES`).
+//! (`WEIGHT_DTYPES`), and [`Recorder::linear`], the matmul with what surrounds it in a
+//! transformer layer fused where the device's kernel can: an RMSNorm of X's rows first, a
+//! bias, a residual added, or a gated activation over a stacked `[gate; up]` weight.
 //!
 //! Up to [`MATVEC_MAX_M`] rows of X take the matrix-vector kernel (decode: every weight read
-//! once, eight threads a row); more take the 32×32 tiled kernel (prefill). A weight split into
-//! several chunks (bigger than one binding) is launched chunk by chunk into column ranges of Y.
-
-use std::sync::Arc;
+//! once, eight threads a row); more take the 32×32 tiled kernel (prefill), with the fused
+//! parts as separate ops. CPU-type adapters take `matmul_rows.wgsl` for block dtypes, with
+//! everything fused. A weight split into several chunks (bigger than one binding) is launched
+//! chunk by chunk into column ranges of Y.
 
 use bytemuck::{Pod, Zeroable};
 
-use super::{R2W, WEIGHT_DTYPES, dot, host_f32, host_row, require_dtype, weight_defines};
+use super::elementwise::glu_ref;
+use super::rows::rms_norm_ref;
+use super::{WEIGHT_DTYPES, dot, host_f32, host_row, require_dtype, weight_defines};
 use crate::gpu::{Access, GpuContext, KernelDef};
 use crate::recorder::Bind;
 use crate::tensor::Storage;
@@ -27,60 +31,83 @@ const TILED_SRC: &str = concat!(
     include_str!("../../wgsl/matmul_tiled.wgsl")
 );
 const ROWS_SRC: &str = include_str!("../../wgsl/matmul_rows.wgsl");
-const ROWS: &[Access] = &[Access::Uniform, Access::Read, Access::ReadWrite];
-/// Bindings with one epilogue operand (bias, residual or the gated MLP's up weight).
-const ROWS_EPI: &[Access] = &[
-    Access::Uniform,
-    Access::Read,
-    Access::ReadWrite,
-    Access::Read,
-];
-static MATMUL_ROWS: KernelDef = KernelDef {
-    name: "matmul_rows",
-    source: ROWS_SRC,
-    bindings: ROWS,
-};
-static MATMUL_ROWS_BIAS: KernelDef = KernelDef {
-    name: "matmul_rows",
-    source: ROWS_SRC,
-    bindings: ROWS_EPI,
-};
-static MATMUL_ROWS_RES: KernelDef = KernelDef {
-    name: "matmul_rows_add",
-    source: ROWS_SRC,
-    bindings: ROWS_EPI,
-};
-static MATMUL_ROWS_GATED: KernelDef = KernelDef {
-    name: "matmul_rows_gated",
-    source: ROWS_SRC,
-    bindings: ROWS_EPI,
-};
-static MATMUL_ROWS_QKV: KernelDef = KernelDef {
-    name: "matmul_rows_qkv",
-    source: ROWS_SRC,
-    bindings: &[
-        Access::Uniform,
-        Access::Read,
-        Access::ReadWrite,
-        Access::Read,
-        Access::Read,
-        Access::ReadWrite,
-        Access::ReadWrite,
-    ],
-};
 
-/// What the CPU-adapter kernel does with its dot products before writing them.
-#[derive(Clone, Copy)]
-enum Epilogue<'a> {
-    None,
-    Bias(&'a Tensor),
-    /// Y = residual + X·Wᵀ.
-    Residual(&'a Tensor),
-    /// Y = act(X·Wᵀ) · (X·W2ᵀ), the tensor being W2.
-    Gated(&'a Tensor, Activation),
-    /// Rows of [W; W2; W3] into Y, Y2, Y3: (W2, W3, Y2, Y3).
-    Qkv([&'a Tensor; 4]),
+const U: Access = Access::Uniform;
+const R: Access = Access::Read;
+const W: Access = Access::ReadWrite;
+
+/// The fused kernels' definitions, `[epilogue][norm]`: epilogues none, bias, residual,
+/// gated (the bias and residual bind one more buffer), each without and with the norm
+/// (which binds its weights last).
+const fn family(
+    names: [[&'static str; 2]; 4],
+    source: &'static str,
+    x: Access,
+    g: Access,
+) -> [[KernelDef; 2]; 4] {
+    const fn def(name: &'static str, source: &'static str, b: &'static [Access]) -> KernelDef {
+        KernelDef {
+            name,
+            source,
+            bindings: b,
+        }
+    }
+    let (plain, epi, norm, epi_norm): (&[Access], &[Access], &[Access], &[Access]) = match (x, g) {
+        (Access::Uniform, _) => (&[U, R, W], &[U, R, W, R], &[U, R, W, U], &[U, R, W, R, U]),
+        _ => (&[R, R, W], &[R, R, W, R], &[R, R, W, R], &[R, R, W, R, R]),
+    };
+    [
+        [
+            def(names[0][0], source, plain),
+            def(names[0][1], source, norm),
+        ],
+        [
+            def(names[1][0], source, epi),
+            def(names[1][1], source, epi_norm),
+        ],
+        [
+            def(names[2][0], source, epi),
+            def(names[2][1], source, epi_norm),
+        ],
+        [
+            def(names[3][0], source, plain),
+            def(names[3][1], source, norm),
+        ],
+    ]
 }
+
+static MATMUL_ROWS: [[KernelDef; 2]; 4] = family(
+    [
+        ["matmul_rows", "matmul_rows_norm"],
+        ["matmul_rows", "matmul_rows_norm"],
+        ["matmul_rows_add", "matmul_rows_add_norm"],
+        ["matmul_rows_gated", "matmul_rows_gated_norm"],
+    ],
+    ROWS_SRC,
+    U,
+    U,
+);
+static MATMUL_VEC: [[KernelDef; 2]; 4] = family(
+    [
+        ["matmul_vec", "matmul_vec_norm"],
+        ["matmul_vec", "matmul_vec_norm"],
+        ["matmul_vec_add", "matmul_vec_add_norm"],
+        ["matmul_vec_gated", "matmul_vec_gated_norm"],
+    ],
+    VEC_SRC,
+    R,
+    R,
+);
+static MATMUL_TILED: KernelDef = KernelDef {
+    name: "matmul_tiled",
+    source: TILED_SRC,
+    bindings: &[R, R, W],
+};
+static MATMUL_TILED_BIAS: KernelDef = KernelDef {
+    name: "matmul_tiled",
+    source: TILED_SRC,
+    bindings: &[R, R, W, R],
+};
 
 /// The activation of a gated MLP: `act(X·Gᵀ) · (X·Uᵀ)`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -89,6 +116,67 @@ pub enum Activation {
     Silu,
     /// GELU with the tanh approximation (`gelu_pytorch_tanh`): GeGLU (Gemma).
     GeluTanh,
+}
+
+/// An RMSNorm of X's rows ahead of a matmul: x / sqrt(mean(x²) + eps) · weight. Fused, it is
+/// applied as the matmul reads X (never folded into a quantized weight).
+#[derive(Debug, Clone, Copy)]
+pub struct RmsNorm<'a> {
+    /// F32 `[k]`.
+    pub weight: &'a Tensor,
+    pub eps: f32,
+}
+
+/// What [`Recorder::linear`] computes around X·Wᵀ, in this order: the norm of X, the
+/// product, the bias, the gated activation, the residual.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct LinearOps<'a> {
+    pub norm: Option<RmsNorm<'a>>,
+    /// F32 `[n]` (not with `glu`).
+    pub bias: Option<&'a Tensor>,
+    /// W is the stack `[gate; up]` of `2·f` rows: Y = act(X·gateᵀ) · (X·upᵀ), `f` wide.
+    pub glu: Option<Activation>,
+    /// Y = residual + …, F32 of Y's shape.
+    pub residual: Option<&'a Tensor>,
+}
+
+/// What the fused kernels do after the dot products.
+#[derive(Clone, Copy)]
+enum Epilogue<'a> {
+    None,
+    Bias(&'a Tensor),
+    Residual(&'a Tensor),
+    Gated(Activation),
+}
+
+impl Epilogue<'_> {
+    fn of<'a>(ops: &LinearOps<'a>) -> Epilogue<'a> {
+        match (ops.bias, ops.residual, ops.glu) {
+            (Some(b), None, None) => Epilogue::Bias(b),
+            (None, Some(r), None) => Epilogue::Residual(r),
+            (None, None, Some(a)) => Epilogue::Gated(a),
+            _ => Epilogue::None,
+        }
+    }
+
+    /// Index into the kernel families.
+    fn index(self) -> usize {
+        match self {
+            Epilogue::None => 0,
+            Epilogue::Bias(_) => 1,
+            Epilogue::Residual(_) => 2,
+            Epilogue::Gated(_) => 3,
+        }
+    }
+
+    fn switch(self) -> Option<&'static str> {
+        match self {
+            Epilogue::None => None,
+            Epilogue::Bias(_) => Some("BIAS"),
+            Epilogue::Residual(_) => Some("RES"),
+            Epilogue::Gated(_) => Some("GATED"),
+        }
+    }
 }
 
 /// Parameters of `matmul_rows.wgsl`.
@@ -102,40 +190,17 @@ struct RowsParams {
     n_offset: u32,
     qs: u32,
     x_row0: u32,
-    qs2: u32,
-    qs3: u32,
     n1: u32,
-    n2: u32,
-    _pad: u32,
+    eps: f32,
+    _pad: [u32; 3],
 }
 /// Rows of X one launch of the CPU-adapter kernel takes at most.
 const ROWS_MAX_M: usize = 16;
 /// Invocations per workgroup of the CPU-adapter kernel: few, so that small matrices still
 /// split into enough workgroups for every worker thread.
 const ROWS_WG: usize = 16;
-const WITH_BIAS: &[Access] = &[Access::Read, Access::Read, Access::ReadWrite, Access::Read];
 
-static MATMUL_VEC: KernelDef = KernelDef {
-    name: "matmul_vec",
-    source: VEC_SRC,
-    bindings: R2W,
-};
-static MATMUL_VEC_BIAS: KernelDef = KernelDef {
-    name: "matmul_vec",
-    source: VEC_SRC,
-    bindings: WITH_BIAS,
-};
-static MATMUL_TILED: KernelDef = KernelDef {
-    name: "matmul_tiled",
-    source: TILED_SRC,
-    bindings: R2W,
-};
-static MATMUL_TILED_BIAS: KernelDef = KernelDef {
-    name: "matmul_tiled",
-    source: TILED_SRC,
-    bindings: WITH_BIAS,
-};
-
+/// Parameters of `matmul_vec.wgsl` and `matmul_tiled.wgsl`.
 #[repr(C)]
 #[derive(Clone, Copy, Pod, Zeroable)]
 struct Params {
@@ -145,18 +210,132 @@ struct Params {
     n_total: u32,
     n_offset: u32,
     qs: u32,
-    _pad: [u32; 2],
+    n1: u32,
+    eps: f32,
+}
+
+/// A linear op's operands, checked.
+struct Checked {
+    m: usize,
+    k: usize,
+    /// Rows of W.
+    n: usize,
+    shape: Vec<usize>,
 }
 
 impl Recorder {
     /// Y = X · Wᵀ (+ bias). X is F32 `[.., k]`, W is `[n, k]`, bias F32 `[n]`; Y is
     /// `[.., n]` F32.
     pub fn matmul(&mut self, x: &Tensor, w: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
+        self.linear(
+            x,
+            w,
+            LinearOps {
+                bias,
+                ..LinearOps::default()
+            },
+        )
+    }
+
+    /// Y = residual + X · Wᵀ (`residual` `[.., n]` F32).
+    pub fn matmul_add(&mut self, x: &Tensor, w: &Tensor, residual: &Tensor) -> Result<Tensor> {
+        self.linear(
+            x,
+            w,
+            LinearOps {
+                residual: Some(residual),
+                ..LinearOps::default()
+            },
+        )
+    }
+
+    /// act(X · Gᵀ) · (X · Uᵀ) for separate gate and up weights (two matmuls and a
+    /// `silu_mul` or `gelu_tanh_mul`); a stacked `[gate; up]` weight takes one launch through
+    /// [`Recorder::linear`] with `glu`.
+    pub fn matmul_gated(
+        &mut self,
+        x: &Tensor,
+        gate: &Tensor,
+        up: &Tensor,
+        act: Activation,
+    ) -> Result<Tensor> {
+        let g = self.matmul(x, gate, None)?;
+        let u = self.matmul(x, up, None)?;
+        match act {
+            Activation::Silu => self.silu_mul(&g, &u),
+            Activation::GeluTanh => self.gelu_tanh_mul(&g, &u),
+        }
+    }
+
+    /// X · Wᵀ with what `ops` adds around it, in one launch where the device's kernel fuses
+    /// it (matrix-vector and CPU-adapter kernels), else as the plain ops in sequence.
+    pub fn linear(&mut self, x: &Tensor, w: &Tensor, ops: LinearOps<'_>) -> Result<Tensor> {
+        const OP: &str = "matmul";
+        let c = self.check_linear(x, w, &ops)?;
+        let Some(ctx) = self.gpu().cloned() else {
+            return linear_ref(x, w, &ops, &c);
+        };
+        let epi = Epilogue::of(&ops);
+        // The kernels fuse one epilogue (and the norm).
+        let epilogues = [
+            ops.bias.is_some(),
+            ops.residual.is_some(),
+            ops.glu.is_some(),
+        ];
+        let fusable = epilogues.iter().filter(|&&e| e).count() <= 1;
+        // A GLU pairs row r with row f + r, which must be in the same binding.
+        let pairs_ok = ops.glu.is_none() || w.chunk_count() == 1;
+        if fusable && pairs_ok {
+            if let Some(group) = rows_group(&ctx, w, c.m, c.k) {
+                let y = Tensor::gpu_output(&ctx, DType::F32, c.shape.clone(), OP)?;
+                self.matmul_rows(x, w, &y, epi, ops.norm, group)?;
+                return Ok(y);
+            }
+            if c.m <= MATVEC_MAX_M {
+                let y = Tensor::gpu_output(&ctx, DType::F32, c.shape.clone(), OP)?;
+                self.matmul_vec(x, w, &y, epi, ops.norm)?;
+                return Ok(y);
+            }
+        }
+        // The plain ops in sequence.
+        let normed;
+        let x = match ops.norm {
+            Some(n) => {
+                normed = self.rms_norm(x, n.weight, n.eps)?;
+                &normed
+            }
+            None => x,
+        };
+        let mut shape = x.shape().to_vec();
+        if let Some(last) = shape.last_mut() {
+            *last = c.n;
+        }
+        let y = Tensor::gpu_output(&ctx, DType::F32, shape, OP)?;
+        if c.m <= MATVEC_MAX_M {
+            let bias_epi = ops.bias.map_or(Epilogue::None, Epilogue::Bias);
+            self.matmul_vec(x, w, &y, bias_epi, None)?;
+        } else {
+            self.matmul_tiled(x, w, &y, ops.bias)?;
+        }
+        let y = match ops.glu {
+            Some(act) => self.glu(&y, act)?,
+            None => y,
+        };
+        match ops.residual {
+            Some(r) => self.add(r, &y),
+            None => Ok(y),
+        }
+    }
+
+    /// Validates a linear op's operands.
+    fn check_linear(&self, x: &Tensor, w: &Tensor, ops: &LinearOps<'_>) -> Result<Checked> {
         const OP: &str = "matmul";
         require_dtype(OP, "the input", x, &[DType::F32])?;
         require_dtype(OP, "the weight", w, WEIGHT_DTYPES)?;
         let mut ts = vec![x, w];
-        ts.extend(bias);
+        ts.extend(ops.bias);
+        ts.extend(ops.residual);
+        ts.extend(ops.norm.map(|n| n.weight));
         self.check_device(OP, &ts)?;
         let k = x.cols();
         if w.shape().len() != 2 || w.cols() != k {
@@ -170,7 +349,29 @@ impl Recorder {
             });
         }
         let (m, n) = (x.rows(), w.rows());
-        if let Some(b) = bias {
+        if m == 0 || n == 0 || k == 0 {
+            return Err(TensorError::Invalid {
+                op: OP,
+                detail: format!("empty operand: m={m} n={n} k={k}"),
+            });
+        }
+        let n_out = match ops.glu {
+            Some(_) if !n.is_multiple_of(2) => {
+                return Err(TensorError::Shape {
+                    op: OP,
+                    detail: format!("a gated weight stacks [gate; up]: {n} rows are odd"),
+                });
+            }
+            Some(_) if ops.bias.is_some() => {
+                return Err(TensorError::Invalid {
+                    op: OP,
+                    detail: "a bias with a gated activation".into(),
+                });
+            }
+            Some(_) => n / 2,
+            None => n,
+        };
+        if let Some(b) = ops.bias {
             require_dtype(OP, "the bias", b, &[DType::F32])?;
             if b.elem_count() != n {
                 return Err(TensorError::Shape {
@@ -181,39 +382,102 @@ impl Recorder {
         }
         let mut shape = x.shape().to_vec();
         if let Some(last) = shape.last_mut() {
-            *last = n;
+            *last = n_out;
         }
-        if m == 0 || n == 0 || k == 0 {
-            return Err(TensorError::Invalid {
-                op: OP,
-                detail: format!("empty operand: m={m} n={n} k={k}"),
-            });
+        if let Some(r) = ops.residual {
+            require_dtype(OP, "the residual", r, &[DType::F32])?;
+            if r.shape() != shape.as_slice() {
+                return Err(TensorError::Shape {
+                    op: OP,
+                    detail: format!("residual {:?} for a product {shape:?}", r.shape()),
+                });
+            }
         }
-        let Some(ctx) = self.gpu().cloned() else {
-            let b = bias.map(host_f32).transpose()?;
-            return Ok(Tensor::cpu_f32(shape, matmul_ref(host_f32(x)?, m, w, b)?));
-        };
-        let y = Tensor::gpu_output(&ctx, DType::F32, shape, OP)?;
+        if let Some(norm) = ops.norm {
+            require_dtype(OP, "the norm's weight", norm.weight, &[DType::F32])?;
+            if norm.weight.elem_count() != k {
+                return Err(TensorError::Shape {
+                    op: OP,
+                    detail: format!(
+                        "norm weight {:?} for input {:?}",
+                        norm.weight.shape(),
+                        x.shape()
+                    ),
+                });
+            }
+            if !(norm.eps.is_finite() && norm.eps >= 0.0) {
+                return Err(TensorError::Invalid {
+                    op: OP,
+                    detail: format!("eps must be finite and >= 0, got {}", norm.eps),
+                });
+            }
+        }
+        Ok(Checked { m, k, n, shape })
+    }
+
+    /// The matrix-vector kernel over every chunk of `w`, with the epilogue and norm fused.
+    fn matmul_vec(
+        &mut self,
+        x: &Tensor,
+        w: &Tensor,
+        y: &Tensor,
+        epi: Epilogue<'_>,
+        norm: Option<RmsNorm<'_>>,
+    ) -> Result<()> {
         let Storage::Gpu { chunks, .. } = w.storage() else {
-            return Err(TensorError::DeviceMismatch { op: OP });
+            return Err(TensorError::DeviceMismatch { op: "matmul" });
         };
-        if let Some(group) = rows_group(&ctx, w, m, k) {
-            let epi = bias.map_or(Epilogue::None, Epilogue::Bias);
-            self.matmul_rows(x, w, &y, epi, group)?;
-            return Ok(y);
+        let (m, k) = (x.rows(), x.cols());
+        let gated = matches!(epi, Epilogue::Gated(_));
+        let n_total = y.cols();
+        let mut defines = weight_defines(w.dtype(), 2);
+        epilogue_defines(&mut defines, epi, norm.is_some());
+        defines.push(("MV_M", m.to_string()));
+        defines.push(("K8", u32::from(k.is_multiple_of(8)).to_string()));
+        let kernel = &MATMUL_VEC[epi.index()][usize::from(norm.is_some())];
+        for (ci, c) in chunks.iter().enumerate() {
+            let rows = if gated { c.rows / 2 } else { c.rows };
+            let params = Params {
+                m: m as u32,
+                k: k as u32,
+                rows: rows as u32,
+                n_total: n_total as u32,
+                n_offset: c.row0 as u32,
+                qs: c.qs_offset,
+                n1: rows as u32,
+                eps: norm.map_or(0.0, |n| n.eps),
+            };
+            let mut bind = vec![(x.clone(), 0), (w.clone(), ci), (y.clone(), 0)];
+            match epi {
+                Epilogue::Bias(t) | Epilogue::Residual(t) => bind.push((t.clone(), 0)),
+                Epilogue::None | Epilogue::Gated(_) => {}
+            }
+            if let Some(n) = norm {
+                bind.push((n.weight.clone(), 0));
+            }
+            self.dispatch(kernel, &defines, &params, bind, rows.div_ceil(8) as u32)?;
         }
-        let vec = m <= MATVEC_MAX_M;
+        Ok(())
+    }
+
+    /// The tiled kernel over every chunk of `w` (with a bias, the only epilogue it has).
+    fn matmul_tiled(
+        &mut self,
+        x: &Tensor,
+        w: &Tensor,
+        y: &Tensor,
+        bias: Option<&Tensor>,
+    ) -> Result<()> {
+        let Storage::Gpu { chunks, .. } = w.storage() else {
+            return Err(TensorError::DeviceMismatch { op: "matmul" });
+        };
+        let (m, k, n) = (x.rows(), x.cols(), w.rows());
         let mut defines = weight_defines(w.dtype(), 2);
         defines.push(("BIAS", u32::from(bias.is_some()).to_string()));
-        if vec {
-            defines.push(("MV_M", m.to_string()));
-            defines.push(("K8", u32::from(k.is_multiple_of(8)).to_string()));
-        }
-        let kernel = match (vec, bias.is_some()) {
-            (true, false) => &MATMUL_VEC,
-            (true, true) => &MATMUL_VEC_BIAS,
-            (false, false) => &MATMUL_TILED,
-            (false, true) => &MATMUL_TILED_BIAS,
+        let kernel = if bias.is_some() {
+            &MATMUL_TILED_BIAS
+        } else {
+            &MATMUL_TILED
         };
         for (ci, c) in chunks.iter().enumerate() {
             let params = Params {
@@ -223,21 +487,124 @@ impl Recorder {
                 n_total: n as u32,
                 n_offset: c.row0 as u32,
                 qs: c.qs_offset,
-                _pad: [0; 2],
+                n1: 0,
+                eps: 0.0,
             };
             let mut bind = vec![(x.clone(), 0), (w.clone(), ci), (y.clone(), 0)];
             if let Some(b) = bias {
                 bind.push((b.clone(), 0));
             }
-            let groups = if vec {
-                c.rows.div_ceil(8)
-            } else {
-                m.div_ceil(32) * c.rows.div_ceil(32)
-            };
+            let groups = m.div_ceil(32) * c.rows.div_ceil(32);
             self.dispatch(kernel, &defines, &params, bind, groups as u32)?;
         }
-        Ok(y)
+        Ok(())
     }
+
+    /// Launch `matmul_rows.wgsl` over `x`'s rows in groups of `group`, writing `y`.
+    fn matmul_rows(
+        &mut self,
+        x: &Tensor,
+        w: &Tensor,
+        y: &Tensor,
+        epi: Epilogue<'_>,
+        norm: Option<RmsNorm<'_>>,
+        group: usize,
+    ) -> Result<()> {
+        let Storage::Gpu { chunks, .. } = w.storage() else {
+            return Err(TensorError::DeviceMismatch { op: "matmul" });
+        };
+        let (m, k) = (x.rows(), x.cols());
+        let row_bytes = (k * 4) as u64;
+        let gated = matches!(epi, Epilogue::Gated(_));
+        let n_total = y.cols();
+        let kernel = &MATMUL_ROWS[epi.index()][usize::from(norm.is_some())];
+        let sg_x = rows_x_broadcast(self.gpu().map(|c| c.info()));
+        for (ci, c) in chunks.iter().enumerate() {
+            let rows = if gated { c.rows / 2 } else { c.rows };
+            let mut i0 = 0;
+            while i0 < m {
+                let mg = group.min(m - i0);
+                let mut defines = weight_defines(w.dtype(), 2);
+                epilogue_defines(&mut defines, epi, norm.is_some());
+                defines.push(("MV_M", mg.to_string()));
+                defines.push(("R", ROWS_R.to_string()));
+                defines.push(("WG", ROWS_WG.to_string()));
+                defines.push(("XV", (mg * k / 4).to_string()));
+                defines.push(("GV", (k / 4).to_string()));
+                defines.extend(rows_accumulators(mg, ROWS_R, gated, norm.is_some()));
+                defines.extend(sg_x.iter().cloned());
+                let params = RowsParams {
+                    m: mg as u32,
+                    k: k as u32,
+                    rows: rows as u32,
+                    n_total: n_total as u32,
+                    n_offset: c.row0 as u32,
+                    qs: c.qs_offset,
+                    x_row0: i0 as u32,
+                    n1: rows as u32,
+                    eps: norm.map_or(0.0, |n| n.eps),
+                    _pad: [0; 3],
+                };
+                let mut bind = vec![
+                    Bind {
+                        tensor: x.clone(),
+                        chunk: 0,
+                        range: Some((i0 as u64 * row_bytes, mg as u64 * row_bytes)),
+                    },
+                    (w.clone(), ci).into(),
+                    (y.clone(), 0).into(),
+                ];
+                match epi {
+                    Epilogue::Bias(t) | Epilogue::Residual(t) => bind.push((t.clone(), 0).into()),
+                    Epilogue::None | Epilogue::Gated(_) => {}
+                }
+                if let Some(n) = norm {
+                    bind.push((n.weight.clone(), 0).into());
+                }
+                let groups = rows.div_ceil(ROWS_WG * ROWS_R) as u32;
+                self.dispatch_binds(kernel, &defines, &params, bind, groups)?;
+                i0 += mg;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The epilogue's switches (`BIAS`, `RES`, `GATED`, `GELU`) and the norm's (`NORM`, and
+/// `G_BINDING`, its weights' binding: after the epilogue's operand).
+fn epilogue_defines(d: &mut Vec<(&'static str, String)>, epi: Epilogue<'_>, norm: bool) {
+    for f in ["BIAS", "RES", "GATED"] {
+        d.push((f, u32::from(epi.switch() == Some(f)).to_string()));
+    }
+    let gelu = matches!(epi, Epilogue::Gated(Activation::GeluTanh));
+    d.push(("GELU", u32::from(gelu).to_string()));
+    d.push(("NORM", u32::from(norm).to_string()));
+    let operand = matches!(epi, Epilogue::Bias(_) | Epilogue::Residual(_));
+    d.push(("G_BINDING", if operand { "5" } else { "4" }.to_string()));
+}
+
+/// CPU reference of [`Recorder::linear`]: the norm, the matmul (each weight row dequantized
+/// once), the bias, the GLU, the residual, exactly as the plain ops compute them.
+fn linear_ref(x: &Tensor, w: &Tensor, ops: &LinearOps<'_>, c: &Checked) -> Result<Tensor> {
+    let normed;
+    let xs = match ops.norm {
+        Some(n) => {
+            normed = rms_norm_ref(host_f32(x)?, host_f32(n.weight)?, n.eps);
+            &normed[..]
+        }
+        None => host_f32(x)?,
+    };
+    let b = ops.bias.map(host_f32).transpose()?;
+    let mut y = matmul_ref(xs, c.m, w, b)?;
+    if let Some(act) = ops.glu {
+        y = glu_ref(&y, c.n / 2, act);
+    }
+    if let Some(r) = ops.residual {
+        for (v, r) in y.iter_mut().zip(host_f32(r)?) {
+            *v += r;
+        }
+    }
+    Ok(Tensor::cpu_f32(c.shape.clone(), y))
 }
 
 /// Rows of X per launch of the CPU-adapter kernel (`matmul_rows.wgsl`), or `None` when that
@@ -264,222 +631,6 @@ fn rows_group(ctx: &GpuContext, w: &Tensor, m: usize, k: usize) -> Option<usize>
 /// serves all of them (measured on lavapipe: 8 beat 2, 4 and 16 for one row of X and for 16).
 const ROWS_R: usize = 8;
 
-impl Recorder {
-    /// Y = residual + X · Wᵀ: a matmul whose result is added to `residual` (`[.., n]` F32),
-    /// in one launch where the device's kernel can (CPU-type adapters), else a matmul and an
-    /// add.
-    pub fn matmul_add(&mut self, x: &Tensor, w: &Tensor, residual: &Tensor) -> Result<Tensor> {
-        if let Some((ctx, group)) = self.rows_fusable(x, w) {
-            super::require_dtype("matmul_add", "the residual", residual, &[DType::F32])?;
-            let mut shape = x.shape().to_vec();
-            if let Some(last) = shape.last_mut() {
-                *last = w.rows();
-            }
-            if residual.shape() != shape.as_slice() {
-                return Err(TensorError::Shape {
-                    op: "matmul_add",
-                    detail: format!("residual {:?} for a product {shape:?}", residual.shape()),
-                });
-            }
-            self.check_device("matmul_add", &[residual])?;
-            let y = Tensor::gpu_output(&ctx, DType::F32, shape, "matmul_add")?;
-            self.matmul_rows(x, w, &y, Epilogue::Residual(residual), group)?;
-            return Ok(y);
-        }
-        let p = self.matmul(x, w, None)?;
-        self.add(residual, &p)
-    }
-
-    /// silu(X · Gᵀ) · (X · Uᵀ), the gate and up projections of a SwiGLU MLP: see
-    /// [`Recorder::matmul_gated`].
-    pub fn matmul_swiglu(&mut self, x: &Tensor, gate: &Tensor, up: &Tensor) -> Result<Tensor> {
-        self.matmul_gated(x, gate, up, Activation::Silu)
-    }
-
-    /// gelu_tanh(X · Gᵀ) · (X · Uᵀ), the gate and up projections of a GeGLU MLP (Gemma): see
-    /// [`Recorder::matmul_gated`].
-    pub fn matmul_geglu(&mut self, x: &Tensor, gate: &Tensor, up: &Tensor) -> Result<Tensor> {
-        self.matmul_gated(x, gate, up, Activation::GeluTanh)
-    }
-
-    /// act(X · Gᵀ) · (X · Uᵀ), the gate and up projections of a gated MLP, in one launch
-    /// where the device's kernel can (CPU-type adapters), else two matmuls and a `silu_mul`
-    /// or `gelu_tanh_mul`. G and U have the same shape and dtype.
-    pub fn matmul_gated(
-        &mut self,
-        x: &Tensor,
-        gate: &Tensor,
-        up: &Tensor,
-        act: Activation,
-    ) -> Result<Tensor> {
-        const OP: &str = "matmul_gated";
-        if gate.shape() == up.shape()
-            && gate.dtype() == up.dtype()
-            && gate.chunk_count() == up.chunk_count()
-            && let Some((ctx, group)) = self.rows_fusable(x, gate)
-        {
-            self.check_device(OP, &[up])?;
-            let mut shape = x.shape().to_vec();
-            if let Some(last) = shape.last_mut() {
-                *last = gate.rows();
-            }
-            let y = Tensor::gpu_output(&ctx, DType::F32, shape, OP)?;
-            self.matmul_rows(x, gate, &y, Epilogue::Gated(up, act), group)?;
-            return Ok(y);
-        }
-        let g = self.matmul(x, gate, None)?;
-        let u = self.matmul(x, up, None)?;
-        match act {
-            Activation::Silu => self.silu_mul(&g, &u),
-            Activation::GeluTanh => self.gelu_tanh_mul(&g, &u),
-        }
-    }
-
-    /// The Q, K and V projections of X (weights `[nq, k]`, `[nkv, k]`, `[nkv, k]`, optional
-    /// biases): one launch where the device's kernel can (CPU-type adapters, one dtype, no
-    /// bias), else three matmuls.
-    pub fn matmul_qkv(
-        &mut self,
-        x: &Tensor,
-        w: [&Tensor; 3],
-        bias: Option<[&Tensor; 3]>,
-    ) -> Result<[Tensor; 3]> {
-        let [wq, wk, wv] = w;
-        let fusable = bias.is_none()
-            && wk.dtype() == wq.dtype()
-            && wv.dtype() == wq.dtype()
-            && wk.shape() == wv.shape()
-            && wk.shape().len() == 2
-            && wk.cols() == x.cols()
-            && [wq, wk, wv].iter().all(|t| t.chunk_count() == 1);
-        if fusable && let Some((ctx, group)) = self.rows_fusable(x, wq) {
-            self.check_device("matmul_qkv", &[wk, wv])?;
-            let out = |n: usize| {
-                let mut shape = x.shape().to_vec();
-                if let Some(last) = shape.last_mut() {
-                    *last = n;
-                }
-                Tensor::gpu_output(&ctx, DType::F32, shape, "matmul_qkv")
-            };
-            let (q, k, v) = (out(wq.rows())?, out(wk.rows())?, out(wv.rows())?);
-            self.matmul_rows(x, wq, &q, Epilogue::Qkv([wk, wv, &k, &v]), group)?;
-            return Ok([q, k, v]);
-        }
-        let [bq, bk, bv] = bias.map_or([None; 3], |b| b.map(Some));
-        Ok([
-            self.matmul(x, wq, bq)?,
-            self.matmul(x, wk, bk)?,
-            self.matmul(x, wv, bv)?,
-        ])
-    }
-
-    /// The context and rows per launch when `x · wᵀ` can take the CPU-adapter kernel (after
-    /// the checks `matmul` makes); `None` sends the caller to the general path, which
-    /// validates.
-    fn rows_fusable(&self, x: &Tensor, w: &Tensor) -> Option<(Arc<GpuContext>, usize)> {
-        let ctx = self.gpu()?.clone();
-        if x.dtype() != DType::F32
-            || w.shape().len() != 2
-            || w.cols() != x.cols()
-            || x.rows() == 0
-            || w.rows() == 0
-            || self.check_device("matmul", &[x, w]).is_err()
-        {
-            return None;
-        }
-        let group = rows_group(&ctx, w, x.rows(), x.cols())?;
-        Some((ctx, group))
-    }
-
-    /// Launch `matmul_rows.wgsl` over `x`'s rows in groups of `group`, writing `y`.
-    fn matmul_rows(
-        &mut self,
-        x: &Tensor,
-        w: &Tensor,
-        y: &Tensor,
-        epi: Epilogue<'_>,
-        group: usize,
-    ) -> Result<()> {
-        let Storage::Gpu { chunks, .. } = w.storage() else {
-            return Err(TensorError::DeviceMismatch { op: "matmul" });
-        };
-        let (m, k, n) = (x.rows(), x.cols(), w.rows());
-        let row_bytes = (k * 4) as u64;
-        let (kernel, flag) = match epi {
-            Epilogue::None => (&MATMUL_ROWS, None),
-            Epilogue::Bias(_) => (&MATMUL_ROWS_BIAS, Some("BIAS")),
-            Epilogue::Residual(_) => (&MATMUL_ROWS_RES, Some("RES")),
-            Epilogue::Gated(..) => (&MATMUL_ROWS_GATED, Some("GATED")),
-            Epilogue::Qkv(_) => (&MATMUL_ROWS_QKV, Some("QKV")),
-        };
-        // Row split and quants offsets of the stacked QKV weights (single chunks each).
-        let (qkv_rows, qs2, qs3) = match epi {
-            Epilogue::Qkv([wk, wv, _, _]) => (
-                Some((n, wk.rows())),
-                first_chunk_qs(wk)?,
-                first_chunk_qs(wv)?,
-            ),
-            _ => (None, 0, 0),
-        };
-        let gated = matches!(epi, Epilogue::Gated(..));
-        let gelu = matches!(epi, Epilogue::Gated(_, Activation::GeluTanh));
-        let sg_x = rows_x_broadcast(self.gpu().map(|c| c.info()));
-        for (ci, c) in chunks.iter().enumerate() {
-            let mut i0 = 0;
-            while i0 < m {
-                let mg = group.min(m - i0);
-                let r = ROWS_R;
-                let mut defines = weight_defines(w.dtype(), 2);
-                for f in ["BIAS", "RES", "GATED", "QKV"] {
-                    defines.push((f, u32::from(flag == Some(f)).to_string()));
-                }
-                defines.push(("GELU", u32::from(gelu).to_string()));
-                defines.push(("W2", u32::from(gated || qkv_rows.is_some()).to_string()));
-                defines.push(("MV_M", mg.to_string()));
-                defines.push(("R", r.to_string()));
-                defines.push(("WG", ROWS_WG.to_string()));
-                defines.push(("XV", (mg * k / 4).to_string()));
-                defines.extend(rows_accumulators(mg, r, gated));
-                defines.extend(sg_x.iter().cloned());
-                let (n1, n2) = qkv_rows.unwrap_or((0, 0));
-                let params = RowsParams {
-                    m: mg as u32,
-                    k: k as u32,
-                    rows: (c.rows + 2 * n2) as u32,
-                    n_total: n as u32,
-                    n_offset: c.row0 as u32,
-                    qs: c.qs_offset,
-                    x_row0: i0 as u32,
-                    qs2: if gated { c.qs_offset } else { qs2 },
-                    qs3,
-                    n1: n1 as u32,
-                    n2: n2 as u32,
-                    _pad: 0,
-                };
-                let mut bind = vec![
-                    Bind {
-                        tensor: x.clone(),
-                        chunk: 0,
-                        range: Some((i0 as u64 * row_bytes, mg as u64 * row_bytes)),
-                    },
-                    (w.clone(), ci).into(),
-                    (y.clone(), 0).into(),
-                ];
-                match epi {
-                    Epilogue::None => {}
-                    Epilogue::Bias(t) | Epilogue::Residual(t) => bind.push((t.clone(), 0).into()),
-                    Epilogue::Gated(t, _) => bind.push((t.clone(), ci).into()),
-                    Epilogue::Qkv(ts) => bind.extend(ts.iter().map(|t| ((*t).clone(), 0).into())),
-                }
-                let groups = (c.rows + 2 * n2).div_ceil(ROWS_WG * r) as u32;
-                self.dispatch_binds(kernel, &defines, &params, bind, groups)?;
-                i0 += mg;
-            }
-        }
-        Ok(())
-    }
-}
-
 /// Defines of the X reads of `matmul_rows.wgsl`: by subgroup broadcast where every subgroup
 /// has at least the 8 lanes one block of X needs.
 fn rows_x_broadcast(info: Option<&crate::DeviceInfo>) -> Vec<(&'static str, String)> {
@@ -502,22 +653,12 @@ fn rows_x_broadcast(info: Option<&crate::DeviceInfo>) -> Vec<(&'static str, Stri
     }
 }
 
-/// Quants offset of a single-chunk weight.
-fn first_chunk_qs(w: &Tensor) -> Result<u32> {
-    match w.storage() {
-        Storage::Gpu { chunks, .. } if chunks.len() == 1 => Ok(chunks[0].qs_offset),
-        _ => Err(TensorError::Invalid {
-            op: "matmul_qkv",
-            detail: "fused QKV weights must each be one device binding".into(),
-        }),
-    }
-}
-
 /// The accumulator code of `matmul_rows.wgsl` for `m` rows of X and `r` rows of W an
-/// invocation (and as many for W2 when gated), written out statement by statement: the
-/// R weight blocks are decoded once and each X block is read once per block and used for
-/// all of them.
-fn rows_accumulators(m: usize, r: usize, gated: bool) -> [(&'static str, String); 3] {
+/// invocation (and as many up rows when gated), written out statement by statement: the R
+/// weight blocks are decoded once and each X block is read once per block and used for all
+/// of them. Under `norm` each X block is scaled by the norm's weights `g` as it is read, and
+/// its squares summed for the row's scale, applied at the store.
+fn rows_accumulators(m: usize, r: usize, gated: bool, norm: bool) -> [(&'static str, String); 3] {
     let mut decl = String::new();
     let mut body = String::new();
     let mut store = String::new();
@@ -527,21 +668,36 @@ fn rows_accumulators(m: usize, r: usize, gated: bool) -> [(&'static str, String)
         ));
         if gated {
             body.push_str(&format!(
-                "let g{rr} = load_blk2(min(r0 + {rr}u, last) * nb + blk);\n"
+                "let g{rr} = load_row(min(r0 + {rr}u, last) + p.n1, blk, nb);\n"
             ));
         }
     }
     for i in 0..m {
-        body.push_str(&format!("{{ let x = xblk({i}u * kv + xb, lane);\n"));
+        if norm {
+            decl.push_str(&format!("var s{i} = 0.0;\n"));
+            body.push_str(&format!(
+                "{{ let xr = xblk({i}u * kv + xb, lane);\ns{i} += bdot(xr, xr);\nlet x = bmul(xr, g);\n"
+            ));
+            store.push_str(&format!(
+                "let sc{i} = inverseSqrt(s{i} / f32(p.k) + p.eps);\n"
+            ));
+        } else {
+            body.push_str(&format!("{{ let x = xblk({i}u * kv + xb, lane);\n"));
+            store.push_str(&format!("let sc{i} = 1.0;\n"));
+        }
         for rr in 0..r {
             decl.push_str(&format!("var a{i}_{rr} = 0.0;\n"));
             body.push_str(&format!("a{i}_{rr} += bdot(w{rr}, x);\n"));
             if gated {
                 decl.push_str(&format!("var u{i}_{rr} = 0.0;\n"));
                 body.push_str(&format!("u{i}_{rr} += bdot(g{rr}, x);\n"));
-                store.push_str(&format!("store({i}u, r0 + {rr}u, a{i}_{rr}, u{i}_{rr});\n"));
+                store.push_str(&format!(
+                    "store({i}u, r0 + {rr}u, a{i}_{rr}, u{i}_{rr}, sc{i});\n"
+                ));
             } else {
-                store.push_str(&format!("store({i}u, r0 + {rr}u, a{i}_{rr}, 0.0);\n"));
+                store.push_str(&format!(
+                    "store({i}u, r0 + {rr}u, a{i}_{rr}, 0.0, sc{i});\n"
+                ));
             }
         }
         body.push_str("}\n");

@@ -9,7 +9,7 @@ mod rope;
 mod rows;
 
 pub use embedding::ColumnIndex;
-pub use matmul::Activation;
+pub use matmul::{Activation, LinearOps, RmsNorm};
 pub use rope::{RopeConfig, RopeLayout, RopePositions, RopeScaling, RopeTable};
 
 use crate::gpu::Access;

@@ -150,6 +150,12 @@ impl RopeTable {
         self.max_positions
     }
 
+    /// The table itself, F32 `[max_positions, rotary_dim / 2, 2]` of (cos, sin): for kernels
+    /// outside this crate that rotate as they go (the KV write).
+    pub fn tensor(&self) -> &Tensor {
+        &self.table
+    }
+
     /// Validate the positions of a step's tokens and upload them once, for every `rope` of the
     /// step (Q and K of every layer).
     pub fn positions(&self, positions: &[u32]) -> Result<RopePositions> {
@@ -183,6 +189,16 @@ impl RopePositions {
 
     pub fn is_empty(&self) -> bool {
         self.host.is_empty()
+    }
+
+    /// The positions, checked against the table.
+    pub fn positions(&self) -> &[u32] {
+        &self.host
+    }
+
+    /// The table they index.
+    pub fn table(&self) -> &RopeTable {
+        &self.table
     }
 }
 

@@ -1,0 +1,245 @@
+//! Loading a [`Model`]: every weight the config names, projections of one input stacked into
+//! one weight where they can be.
+
+use kiln_attention::AttnConfig;
+use kiln_tensor::{ColumnIndex, Device, RopeTable, Tensor};
+
+use super::{Layer, Model, Proj, Stack, bytes_of};
+use crate::config::RopeParams;
+use crate::weights::{Weight, WeightSource};
+use crate::{ModelConfig, ModelError, Result};
+
+/// An RMSNorm weight as F32, with the config's `norm_offset` added (Gemma's `1 + w`).
+fn load_norm(
+    device: &Device,
+    src: &dyn WeightSource,
+    cfg: &ModelConfig,
+    w: Weight,
+    n: usize,
+) -> Result<Tensor> {
+    if cfg.norm_offset == 0.0 {
+        return src.load_f32(device, w, &[n]);
+    }
+    let mut v = src.load(&Device::Cpu, w, &[n])?.to_f32_vec()?;
+    for x in &mut v {
+        *x += cfg.norm_offset;
+    }
+    Ok(Tensor::from_f32(device, &[n], &v)?)
+}
+
+/// A permutation of a layer input's columns, on the device.
+fn order(device: &Device, perm: Option<&Vec<u32>>) -> Result<Option<ColumnIndex>> {
+    perm.map(|p| ColumnIndex::new(device, p, p.len()))
+        .transpose()
+        .map_err(ModelError::from)
+}
+
+/// Projections of one input, each `(weight, its bias, [out, in])`: read on the host, then
+/// uploaded as one stacked weight (rows in the order given, biases alike) when they share a
+/// dtype and an input order, else one by one. A stack is the same bytes as its parts, so the
+/// device holds no more than before; the host holds the parts and the stack of one layer.
+fn load_stack(
+    device: &Device,
+    src: &dyn WeightSource,
+    parts: &[(Weight, Option<Weight>, [usize; 2])],
+) -> Result<Stack> {
+    let mut host = Vec::with_capacity(parts.len());
+    for &(w, bias, shape) in parts {
+        let lin = src.load_linear(&Device::Cpu, w, &shape)?;
+        let bias = match bias {
+            Some(b) => Some(src.load_f32(&Device::Cpu, b, &[shape[0]])?.to_f32_vec()?),
+            None => None,
+        };
+        host.push((lin, bias, shape));
+    }
+    let (first, _, _) = &host[0];
+    let stackable = host.len() > 1
+        && host.iter().all(|(l, _, _)| {
+            l.weight.dtype() == first.weight.dtype() && l.input_perm == first.input_perm
+        });
+    let upload = |t: &Tensor, shape: &[usize]| -> Result<Tensor> {
+        Ok(Tensor::from_bytes(
+            device,
+            t.dtype(),
+            shape,
+            &t.to_bytes()?,
+        )?)
+    };
+    if !stackable {
+        return Ok(Stack::Apart(
+            host.iter()
+                .map(|(l, b, shape)| {
+                    Ok(Proj {
+                        w: upload(&l.weight, shape)?,
+                        bias: b
+                            .as_ref()
+                            .map(|b| Tensor::from_f32(device, &[b.len()], b))
+                            .transpose()?,
+                        order: order(device, l.input_perm.as_ref())?,
+                    })
+                })
+                .collect::<Result<_>>()?,
+        ));
+    }
+    let rows: usize = host.iter().map(|(_, _, s)| s[0]).sum();
+    let cols = parts[0].2[1];
+    let mut bytes = Vec::new();
+    for (l, _, _) in &host {
+        bytes.extend_from_slice(&l.weight.to_bytes()?);
+    }
+    let w = Tensor::from_bytes(device, first.weight.dtype(), &[rows, cols], &bytes)?;
+    drop(bytes);
+    let bias = if host.iter().all(|(_, b, _)| b.is_some()) {
+        let all: Vec<f32> = host
+            .iter()
+            .flat_map(|(_, b, _)| b.iter().flatten().copied())
+            .collect();
+        Some(Tensor::from_f32(device, &[rows], &all)?)
+    } else {
+        None
+    };
+    Ok(Stack::One(Proj {
+        w,
+        bias,
+        order: order(device, first.input_perm.as_ref())?,
+    }))
+}
+
+/// One projection, uploaded as the source gives it.
+fn load_proj(
+    device: &Device,
+    src: &dyn WeightSource,
+    w: Weight,
+    shape: [usize; 2],
+) -> Result<Proj> {
+    let lin = src.load_linear(device, w, &shape)?;
+    Ok(Proj {
+        order: order(device, lin.input_perm.as_ref())?,
+        w: lin.weight,
+        bias: None,
+    })
+}
+
+impl Model {
+    /// Upload every weight the config names from `src` to `device`.
+    pub fn load(device: &Device, cfg: ModelConfig, src: &dyn WeightSource) -> Result<Self> {
+        Self::load_with_progress(device, cfg, src, &mut |_, _| {})
+    }
+
+    /// [`Model::load`], calling `progress(layers_loaded, layers)` after each layer (for a
+    /// progress bar on large files).
+    pub fn load_with_progress(
+        device: &Device,
+        cfg: ModelConfig,
+        src: &dyn WeightSource,
+        progress: &mut dyn FnMut(usize, usize),
+    ) -> Result<Self> {
+        let start = std::time::Instant::now();
+        let (h, d) = (cfg.hidden, cfg.head_dim);
+        let (qd, kvd) = (cfg.heads * d, cfg.kv_heads * d);
+        let embed = src.load(device, Weight::Embed, &[cfg.vocab, h])?;
+        let lm_head = if cfg.tie_embeddings || !src.has(Weight::LmHead) {
+            None
+        } else {
+            Some(src.load(device, Weight::LmHead, &[cfg.vocab, h])?)
+        };
+        let norm_of = |w: Weight, n: usize| load_norm(device, src, &cfg, w, n);
+        let norm = norm_of(Weight::FinalNorm, h)?;
+        let mut rope_params: Vec<RopeParams> = Vec::new();
+        let mut layers = Vec::with_capacity(cfg.layers);
+        for l in 0..cfg.layers {
+            let bias = |b: Weight| cfg.qkv_bias.then_some(b);
+            let qkv = load_stack(
+                device,
+                src,
+                &[
+                    (Weight::Q(l), bias(Weight::QBias(l)), [qd, h]),
+                    (Weight::K(l), bias(Weight::KBias(l)), [kvd, h]),
+                    (Weight::V(l), bias(Weight::VBias(l)), [kvd, h]),
+                ],
+            )?;
+            let qk_norm = if cfg.qk_norm {
+                Some([norm_of(Weight::QNorm(l), d)?, norm_of(Weight::KNorm(l), d)?])
+            } else {
+                None
+            };
+            let (post_attn_norm, ffn_norm, post_ffn_norm) = if cfg.sandwich_norms {
+                (
+                    Some(norm_of(Weight::PostAttnNorm(l), h)?),
+                    norm_of(Weight::PreFfnNorm(l), h)?,
+                    Some(norm_of(Weight::PostFfnNorm(l), h)?),
+                )
+            } else {
+                (None, norm_of(Weight::FfnNorm(l), h)?, None)
+            };
+            let la = cfg.attention.get(l).copied().ok_or_else(|| {
+                ModelError::Batch(format!("layer {l} has no attention description"))
+            })?;
+            let rope = match rope_params.iter().position(|p| *p == la.rope) {
+                Some(i) => i,
+                None => {
+                    rope_params.push(la.rope);
+                    rope_params.len() - 1
+                }
+            };
+            let gate_up = load_stack(
+                device,
+                src,
+                &[
+                    (Weight::Gate(l), None, [cfg.ffn, h]),
+                    (Weight::Up(l), None, [cfg.ffn, h]),
+                ],
+            )?;
+            layers.push(Layer {
+                attn_norm: norm_of(Weight::AttnNorm(l), h)?,
+                qkv,
+                qk_norm,
+                o: load_proj(device, src, Weight::O(l), [h, qd])?,
+                post_attn_norm,
+                ffn_norm,
+                gate_up,
+                down: load_proj(device, src, Weight::Down(l), [h, cfg.ffn])?,
+                post_ffn_norm,
+                rope,
+                attn: AttnConfig {
+                    heads: cfg.heads,
+                    scale: cfg.attn_scale,
+                    window: la.window,
+                },
+            });
+            progress(l + 1, cfg.layers);
+        }
+        let ropes = rope_params
+            .iter()
+            .map(|&p| RopeTable::new(device, cfg.rope(p), cfg.max_position))
+            .collect::<std::result::Result<Vec<_>, _>>()?;
+        let mut weight_bytes =
+            bytes_of(&embed) + bytes_of(&norm) + lm_head.as_ref().map_or(0, bytes_of);
+        for l in &layers {
+            weight_bytes += [&l.attn_norm, &l.ffn_norm]
+                .into_iter()
+                .chain(l.qk_norm.iter().flatten())
+                .chain(l.post_attn_norm.iter())
+                .chain(l.post_ffn_norm.iter())
+                .map(bytes_of)
+                .sum::<u64>();
+            weight_bytes += l.qkv.bytes() + l.gate_up.bytes() + l.o.bytes() + l.down.bytes();
+        }
+        tracing::info!(
+            "loaded {} bytes of weights from {} in {:?}",
+            weight_bytes,
+            src.describe(),
+            start.elapsed()
+        );
+        Ok(Self {
+            cfg,
+            device: device.clone(),
+            embed,
+            lm_head,
+            norm,
+            layers,
+            ropes,
+            weight_bytes,
+        })
+    }
+}
