@@ -13,6 +13,9 @@
 //! format would hold (rounded to f16, or quantized to INT8 or INT4 and back), so both backends compute
 //! the same attention.
 
+use std::collections::HashMap;
+use std::sync::{Mutex, OnceLock, PoisonError};
+
 use bytemuck::{Pod, Zeroable};
 use kiln_kv::{BlockCopy, BlockId, KvDtype};
 use kiln_tensor::{Access, DType, Device, KernelDef, Recorder, Tensor};
@@ -209,6 +212,17 @@ const ROWS_MAX_KEYS: usize = 65_000;
 /// `per_read` elements per 16-byte read (at most 32: INT4's eight vec4s). An INT4 score also
 /// gets its key's centre terms back (`centre_term` of each of the [`CENTRED_PAIRS`]).
 fn rows_unrolled(head_dim: usize, per_read: usize) -> [(&'static str, String); 2] {
+    // Written out once per shape: a launch's recording costs a hash lookup and copies.
+    type Code = [(&'static str, String); 2];
+    static MEMO: OnceLock<Mutex<HashMap<(usize, usize), Code>>> = OnceLock::new();
+    let memo = MEMO.get_or_init(Default::default);
+    let mut memo = memo.lock().unwrap_or_else(PoisonError::into_inner);
+    memo.entry((head_dim, per_read))
+        .or_insert_with(|| write_unrolled(head_dim, per_read))
+        .clone()
+}
+
+fn write_unrolled(head_dim: usize, per_read: usize) -> [(&'static str, String); 2] {
     const PARTS: [&str; 8] = ["a", "b", "c", "d", "e", "f", "g", "h"];
     let vec4s = per_read / 4;
     let (mut k, mut v) = (String::new(), String::new());

@@ -48,6 +48,8 @@ const BLOCK: usize = 16;
 const WARM_PROMPT: usize = 64;
 /// Widest warm-up batch: wide enough for the batched decode kernels.
 const WARM_BATCH: usize = 16;
+/// Decode batch sizes the profile measures.
+const PROFILE_BATCHES: [usize; 3] = [1, 16, 64];
 
 fn main() -> ExitCode {
     let args = match cli::parse(std::env::args_os()) {
@@ -110,6 +112,13 @@ fn kv_blocks_needed(a: &Args, max_level: usize, warm_batch: usize, spec_tokens: 
         },
         if s.speculative {
             blocks(spec_tokens)
+        } else {
+            0
+        },
+        if s.profile {
+            blocks(a.prompt_tokens + 2)
+                + PROFILE_BATCHES.iter().max().copied().unwrap_or(1)
+                    * blocks(profile::BATCH_PROMPT + profile::BATCH_STEPS + 3)
         } else {
             0
         },
@@ -309,6 +318,7 @@ async fn bench(a: Args) -> anyhow::Result<()> {
         prefix: None,
         roofline: None,
         profile: None,
+        budget: None,
         speculative: None,
         llama_cpp: None,
         notes: Vec::new(),
@@ -436,18 +446,38 @@ async fn run_scenarios(
     }
 
     if a.scenarios.profile {
-        match inproc {
-            None => r.note("profile: skipped over --grpc (it profiles a device in this process)"),
-            Some(_) => {
-                eprintln!("kiln-bench: profiling a stream (a second, profiling device)");
-                match profile::run(&a.model, a.backend, &mut prompts, a.prompt_tokens, 32).await? {
+        match (inproc, target) {
+            (Some(ip), Target::Engine(engine)) => {
+                eprintln!("kiln-bench: profiling steps (and a second, profiling device)");
+                match profile::run(
+                    &a.model,
+                    a.backend,
+                    engine,
+                    &ip.device,
+                    &mut prompts,
+                    a.prompt_tokens,
+                    &PROFILE_BATCHES,
+                )
+                .await?
+                {
                     Ok(p) => {
-                        profile::print_stream(&p);
+                        let budgets = r.roofline.as_ref().map(|rl| {
+                            profile::budget(
+                                &p,
+                                &rl.ceilings,
+                                &ip.config,
+                                ip.weight_bytes,
+                                ip.kv_bytes_per_token,
+                            )
+                        });
+                        profile::print(&p, budgets.as_deref());
                         r.profile = Some(p);
+                        r.budget = budgets;
                     }
                     Err(why) => r.note(format!("profile: skipped: {why}")),
                 }
             }
+            _ => r.note("profile: skipped over --grpc (it profiles a device in this process)"),
         }
     }
 

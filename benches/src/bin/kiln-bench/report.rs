@@ -69,6 +69,8 @@ pub struct Report {
     pub prefix: Option<Prefix>,
     pub roofline: Option<Roofline>,
     pub profile: Option<crate::profile::StreamProfile>,
+    /// The profile's steps against the roofline's launch cost and bandwidth.
+    pub budget: Option<Vec<crate::profile::Budget>>,
     pub speculative: Option<Speculative>,
     pub llama_cpp: Option<LlamaCpp>,
     pub notes: Vec<String>,
@@ -262,6 +264,10 @@ pub fn print_roofline(r: &Roofline) {
         c.copy_bandwidth_gb_s,
         c.copy_method,
         c.copy_bytes >> 20
+    );
+    println!(
+        "  launch cost     {:>9.1} us      (a submit of 256 one-workgroup launches, less one of one)",
+        c.dispatch_us
     );
     let rates: Vec<String> = c
         .matmul_rates

@@ -52,6 +52,34 @@ fn main(
     bindings: &[Access::Read, Access::ReadWrite],
 };
 
+/// The smallest launch: one workgroup writing one word. Many of them in one submit give the
+/// cost of a launch itself.
+static NOOP: KernelDef = KernelDef {
+    name: "kiln_bench_noop",
+    source: "
+struct Params {
+    v: u32,
+    _pad0: u32,
+    _pad1: u32,
+    _pad2: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read_write> dst: array<u32>;
+
+@compute @workgroup_size(64)
+fn main(@builtin(local_invocation_index) lid: u32) {
+    if (lid == 0u) {
+        dst[0] = p.v;
+    }
+}
+",
+    bindings: &[Access::ReadWrite],
+};
+
+/// Launches per submit when measuring the launch cost.
+const DISPATCHES: usize = 256;
+
 /// Copy kernel variants: (workgroup size, words per invocation, contiguous).
 const COPY_VARIANTS: [(u32, u32, bool); 4] = [
     (64, 1, false),
@@ -83,6 +111,9 @@ pub struct Ceilings {
     pub matmul_rates: Vec<MatmulRate>,
     /// The best of them: the compute ceiling prefill is compared with.
     pub matmul_gflop_s: f64,
+    /// What one kernel launch costs on its own (a submit of many one-workgroup launches,
+    /// less a submit of one, per launch; 0 on the CPU backend).
+    pub dispatch_us: f64,
     /// Which one that was.
     pub matmul_best: String,
 }
@@ -176,6 +207,28 @@ pub fn measure(dev: &Device) -> anyhow::Result<Ceilings> {
             (bytes, s, name)
         }
     };
+    let dispatch_us = match dev {
+        Device::Cpu => 0.0,
+        Device::Wgpu(_) => {
+            let dst = Tensor::zeros(dev, DType::U32, &[4]).context("launch-cost target")?;
+            let submit = |n: usize| -> anyhow::Result<f64> {
+                best_per_rep(|reps| {
+                    for _ in 0..reps {
+                        let mut rec = Recorder::new(dev);
+                        for i in 0..n {
+                            rec.launch(&NOOP, &[], &[i as u32, 0, 0, 0], &[&dst], 1)?;
+                        }
+                        rec.submit()?;
+                        dev.synchronize()?;
+                    }
+                    Ok(())
+                })
+            };
+            let one = submit(1).context("one launch")?;
+            let many = submit(DISPATCHES).context("many launches")?;
+            ((many - one) / (DISPATCHES - 1) as f64 * 1e6).max(0.0)
+        }
+    };
     let (n, k) = (MM_NK, MM_NK);
     let w: Vec<f32> = (0..n * k).map(|i| (i % 13) as f32 * 0.01 - 0.06).collect();
     let mut rates = Vec::new();
@@ -220,6 +273,7 @@ pub fn measure(dev: &Device) -> anyhow::Result<Ceilings> {
         copy_method,
         matmul_n_k: [n, k],
         matmul_gflop_s: best.gflop_s,
+        dispatch_us,
         matmul_best: format!("{} m={}", best.dtype, best.m),
         matmul_rates: rates,
     })

@@ -9,6 +9,9 @@
 //! everything fused. A weight split into several chunks (bigger than one binding) is launched
 //! chunk by chunk into column ranges of Y.
 
+use std::collections::HashMap;
+use std::sync::{Mutex, OnceLock, PoisonError};
+
 use bytemuck::{Pod, Zeroable};
 
 use super::elementwise::glu_ref;
@@ -659,6 +662,18 @@ fn rows_x_broadcast(info: Option<&crate::DeviceInfo>) -> Vec<(&'static str, Stri
 /// of them. Under `norm` each X block is scaled by the norm's weights `g` as it is read, and
 /// its squares summed for the row's scale, applied at the store.
 fn rows_accumulators(m: usize, r: usize, gated: bool, norm: bool) -> [(&'static str, String); 3] {
+    // Written out once per shape: a launch's recording costs a hash lookup and copies.
+    type Code = [(&'static str, String); 3];
+    type Memo = Mutex<HashMap<(usize, usize, bool, bool), Code>>;
+    static MEMO: OnceLock<Memo> = OnceLock::new();
+    let memo = MEMO.get_or_init(Default::default);
+    let mut memo = memo.lock().unwrap_or_else(PoisonError::into_inner);
+    memo.entry((m, r, gated, norm))
+        .or_insert_with(|| write_accumulators(m, r, gated, norm))
+        .clone()
+}
+
+fn write_accumulators(m: usize, r: usize, gated: bool, norm: bool) -> [(&'static str, String); 3] {
     let mut decl = String::new();
     let mut body = String::new();
     let mut store = String::new();
