@@ -16,6 +16,7 @@ pub struct Scenarios {
     pub prefix: bool,
     pub roofline: bool,
     pub profile: bool,
+    pub serve: bool,
     pub speculative: bool,
 }
 
@@ -27,6 +28,7 @@ impl Scenarios {
         prefix: true,
         roofline: true,
         profile: true,
+        serve: true,
         speculative: false,
     };
 
@@ -36,6 +38,7 @@ impl Scenarios {
         prefix: false,
         roofline: false,
         profile: false,
+        serve: false,
         speculative: false,
     };
 
@@ -46,6 +49,7 @@ impl Scenarios {
             (self.prefix, "prefix"),
             (self.roofline, "roofline"),
             (self.profile, "profile"),
+            (self.serve, "serve"),
             (self.speculative, "speculative"),
         ]
         .iter()
@@ -66,6 +70,7 @@ impl FromStr for Scenarios {
                 "prefix" => out.prefix = true,
                 "roofline" => out.roofline = true,
                 "profile" => out.profile = true,
+                "serve" => out.serve = true,
                 "speculative" => out.speculative = true,
                 "all" => {
                     out = Self {
@@ -76,7 +81,7 @@ impl FromStr for Scenarios {
                 other => {
                     bail!(
                         "unknown scenario {other:?} (expected single, sweep, prefix, roofline, \
-                         profile, speculative)"
+                         profile, serve, speculative)"
                     )
                 }
             }
@@ -100,6 +105,9 @@ pub enum Compare {
     /// llama.cpp through llama-cpp-python
     #[value(name = "llama-cpp", alias = "llama.cpp", alias = "llamacpp")]
     LlamaCpp,
+    /// llama.cpp's `llama-server` (the serve scenario) and `llama-bench` (the table)
+    #[value(name = "llama-server")]
+    LlamaServer,
 }
 
 /// Every flag, defaults filled in.
@@ -128,6 +136,15 @@ pub struct Args {
     pub spec_new_tokens: usize,
     pub threads: usize,
     pub compare: Option<Compare>,
+    /// Where `llama-server` and `llama-bench` are (`--compare llama-server`).
+    pub llama_cpp_dir: PathBuf,
+    /// Single-stream runs, for the mean ± std of the llama-bench style table.
+    pub repetitions: usize,
+    pub serve_requests: usize,
+    pub serve_concurrency: usize,
+    pub request_rate: Option<f64>,
+    pub serve_prompt_tokens: usize,
+    pub serve_output_tokens: usize,
     pub out: PathBuf,
     pub kv_blocks: Option<u32>,
     pub max_num_seqs: Option<usize>,

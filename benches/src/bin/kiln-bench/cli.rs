@@ -102,10 +102,33 @@ struct Cli {
     /// llama.cpp's threads [default: the machine's available parallelism]
     #[arg(long, value_name = "N", value_parser = positive::<usize>)]
     threads: Option<usize>,
-    /// Also run the single stream through llama-cpp-python (interpreter: $KILN_PYTHON, else
-    /// python3) and print kiln/llama.cpp ratios
+    /// llama-cpp: also run the single stream through llama-cpp-python (interpreter:
+    /// $KILN_PYTHON, else python3) and print kiln/llama.cpp ratios; llama-server: also run
+    /// llama.cpp's llama-bench (the table) and the serve workload through its llama-server
     #[arg(long, value_enum, value_name = "ENGINE")]
     compare: Option<Compare>,
+    /// Where llama.cpp's `llama-server` and `llama-bench` are [default: $KILN_LLAMA_CPP_DIR,
+    /// else target/llama.cpp/bin in the workspace, where `cargo xtask llama-cpp` builds them]
+    #[arg(long, value_name = "DIR")]
+    llama_cpp_dir: Option<PathBuf>,
+    /// Single stream: runs, for the mean ± std of the llama-bench style table
+    #[arg(long, value_name = "N", default_value_t = 3, value_parser = positive::<usize>)]
+    repetitions: usize,
+    /// Serve: requests per front door
+    #[arg(long, value_name = "N", default_value_t = 32, value_parser = positive::<usize>)]
+    serve_requests: usize,
+    /// Serve: most requests in flight
+    #[arg(long, value_name = "N", default_value_t = 16, value_parser = positive::<usize>)]
+    serve_concurrency: usize,
+    /// Serve: requests per second, Poisson arrivals [default: all at once]
+    #[arg(long, value_name = "R", value_parser = positive::<f64>)]
+    request_rate: Option<f64>,
+    /// Serve: prompt length
+    #[arg(long, value_name = "N", default_value_t = 128, value_parser = positive::<usize>)]
+    serve_prompt_tokens: usize,
+    /// Serve: tokens to generate per request
+    #[arg(long, value_name = "N", default_value_t = 128, value_parser = positive::<usize>)]
+    serve_output_tokens: usize,
     /// Where the JSON goes [default: target/bench in the workspace]
     #[arg(long, value_name = "DIR")]
     out: Option<PathBuf>,
@@ -146,14 +169,18 @@ where
 }
 
 /// The workspace's `target/bench`.
-fn default_out() -> PathBuf {
+/// The workspace's target folder.
+fn target_dir() -> PathBuf {
     let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
     manifest
         .parent()
         .map(PathBuf::from)
         .unwrap_or(manifest)
         .join("target")
-        .join("bench")
+}
+
+fn default_out() -> PathBuf {
+    target_dir().join("bench")
 }
 
 /// Parses `argv` (program name first) into [`Args`]. The error is clap's, to print with
@@ -210,6 +237,16 @@ impl Cli {
                 .threads
                 .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, usize::from)),
             compare: self.compare,
+            llama_cpp_dir: self
+                .llama_cpp_dir
+                .or_else(|| std::env::var_os("KILN_LLAMA_CPP_DIR").map(PathBuf::from))
+                .unwrap_or_else(|| target_dir().join("llama.cpp").join("bin")),
+            repetitions: self.repetitions,
+            serve_requests: self.serve_requests,
+            serve_concurrency: self.serve_concurrency,
+            request_rate: self.request_rate,
+            serve_prompt_tokens: self.serve_prompt_tokens,
+            serve_output_tokens: self.serve_output_tokens,
             out: self.out.unwrap_or_else(default_out),
             kv_blocks: self.kv_blocks,
             max_num_seqs: self.max_num_seqs,
@@ -324,6 +361,22 @@ mod tests {
         // The old spellings of llama-cpp; the last of a repeated flag wins.
         let a = parse_args("--model m --compare llama.cpp --levels 2 --levels 3").unwrap();
         assert_eq!((a.compare, a.levels), (Some(Compare::LlamaCpp), vec![3]));
+        let a = parse_args(
+            "--model m --compare llama-server --llama-cpp-dir /l --serve-requests 8 \
+             --serve-concurrency 4 --request-rate 2.5 --repetitions 2",
+        )
+        .unwrap();
+        assert_eq!(a.compare, Some(Compare::LlamaServer));
+        assert_eq!(a.llama_cpp_dir, PathBuf::from("/l"));
+        assert_eq!(
+            (
+                a.serve_requests,
+                a.serve_concurrency,
+                a.request_rate,
+                a.repetitions
+            ),
+            (8, 4, Some(2.5), 2)
+        );
         assert!(!parse_args("--model m -h").unwrap_err().use_stderr());
     }
 
@@ -363,7 +416,7 @@ mod tests {
         // The scenario by name defaults to ngram; `all` keeps it either side.
         for list in ["all,speculative", "speculative,all"] {
             let a = p(&format!("--model m --scenarios {list}"));
-            assert_eq!(a.scenarios.names().len(), 6);
+            assert_eq!(a.scenarios.names().len(), 7);
             assert_eq!(a.speculative, Some(SpecChoice::Ngram));
         }
     }

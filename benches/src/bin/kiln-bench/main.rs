@@ -20,12 +20,15 @@
 mod args;
 mod cli;
 mod llama_cpp;
+mod llama_server;
 mod profile;
 mod report;
 mod roofline;
 mod scenarios;
+mod serve;
 mod speculative;
 mod stats;
+mod table;
 mod target;
 
 use std::process::ExitCode;
@@ -321,6 +324,8 @@ async fn bench(a: Args) -> anyhow::Result<()> {
         budget: None,
         speculative: None,
         llama_cpp: None,
+        table: Vec::new(),
+        serve: Vec::new(),
         notes: Vec::new(),
     };
     report::print_header(&r);
@@ -359,9 +364,15 @@ async fn run_scenarios(
     scenarios::warm_up(target, &mut prompts, WARM_PROMPT, warm_batch).await?;
 
     if a.scenarios.single {
-        let s = scenarios::single(target, &mut prompts, a.prompt_tokens, a.new_tokens).await?;
-        report::print_single(&s);
-        r.single = Some(s);
+        let mut runs = Vec::with_capacity(a.repetitions);
+        for _ in 0..a.repetitions {
+            let s = scenarios::single(target, &mut prompts, a.prompt_tokens, a.new_tokens).await?;
+            report::print_single(&s);
+            runs.push(s);
+        }
+        r.table = bench_table(a, inproc, &runs, is_gguf, r);
+        table::print(&r.table);
+        r.single = runs.into_iter().next();
     }
 
     if a.scenarios.sweep {
@@ -481,10 +492,150 @@ async fn run_scenarios(
         }
     }
 
+    if a.scenarios.serve {
+        r.serve = serve_doors(a, target, inproc, is_gguf, &mut prompts, r).await?;
+        serve::print(&r.serve);
+    }
+
     if a.compare == Some(Compare::LlamaCpp) {
         compare_llama_cpp(a, is_gguf, r);
     }
     Ok(())
+}
+
+/// kiln's llama-bench style rows, and llama-bench's own with `--compare llama-server`.
+fn bench_table(
+    a: &Args,
+    inproc: Option<&InProcess>,
+    runs: &[scenarios::Single],
+    is_gguf: bool,
+    r: &mut Report,
+) -> Vec<table::Row> {
+    let model = a.model.file_stem().map_or_else(
+        || a.model.display().to_string(),
+        |s| s.to_string_lossy().into_owned(),
+    );
+    let (size, params, backend, threads) = match inproc {
+        Some(ip) => {
+            let info = ip.device.info();
+            let threads = match (ip.device.is_cpu(), info.device_type.as_str()) {
+                (true, _) => "1".to_owned(),
+                (false, "cpu") => std::env::var("LP_NUM_THREADS")
+                    .unwrap_or_else(|_| r.host_parallelism.to_string()),
+                _ => "-".to_owned(),
+            };
+            let backend = if ip.device.is_cpu() {
+                "kiln cpu".to_owned()
+            } else {
+                format!("kiln wgpu {} ({})", info.backend, info.name)
+            };
+            (
+                ip.weight_bytes,
+                roofline::params(&ip.config).total,
+                backend,
+                threads,
+            )
+        }
+        None => (0, 0, "kiln (gRPC)".to_owned(), "-".to_owned()),
+    };
+    let mut rows = table::kiln_rows(runs, &model, size, params, &backend, &threads);
+    if a.compare == Some(Compare::LlamaServer) {
+        let first = &runs[0];
+        if !is_gguf {
+            r.note("--compare llama-server: llama.cpp loads GGUF files only; no llama-bench rows");
+        } else {
+            eprintln!("kiln-bench: running llama-bench ({} threads)", a.threads);
+            match llama_server::llama_bench(
+                &a.llama_cpp_dir,
+                &a.model,
+                a.threads,
+                first.prompt_tokens,
+                first.new_tokens,
+                a.repetitions,
+            ) {
+                Ok(l) => rows.extend(table::llama_rows(&l)),
+                Err(e) => r.note(format!("--compare llama-server: llama-bench: {e:#}")),
+            }
+        }
+    }
+    rows
+}
+
+/// The serve workload through kiln's gRPC and OpenAI HTTP front doors (started here over the
+/// bench's engine; the server's over --grpc), and through llama-server with `--compare
+/// llama-server`.
+async fn serve_doors(
+    a: &Args,
+    target: &Target,
+    inproc: Option<&InProcess>,
+    is_gguf: bool,
+    prompts: &mut Prompts,
+    r: &mut Report,
+) -> anyhow::Result<Vec<serve::Summary>> {
+    let w = serve::Workload {
+        requests: a.serve_requests,
+        concurrency: a.serve_concurrency,
+        rate: a.request_rate,
+        prompt_tokens: a.serve_prompt_tokens,
+        output_tokens: a.serve_output_tokens,
+    };
+    let mut out = Vec::new();
+    match target {
+        Target::Grpc(c) => {
+            eprintln!("kiln-bench: serving workload over gRPC");
+            out.push(serve::run(&serve::Door::Grpc(c.clone()), "kiln gRPC", &w, prompts).await);
+        }
+        Target::Engine(engine) => {
+            let fronts = target::front_doors(engine.clone()).await?;
+            eprintln!("kiln-bench: serving workload over gRPC, then the OpenAI HTTP API");
+            out.push(serve::run(&fronts.grpc_door(), "kiln gRPC", &w, prompts).await);
+            out.push(serve::run(&fronts.http_door(), "kiln HTTP", &w, prompts).await);
+            fronts.close().await;
+        }
+    }
+    if a.compare == Some(Compare::LlamaServer) {
+        if !is_gguf {
+            r.note("--compare llama-server: llama.cpp loads GGUF files only; skipped");
+        } else {
+            let log = a.out.join("llama-server.log");
+            std::fs::create_dir_all(&a.out).ok();
+            eprintln!(
+                "kiln-bench: starting llama-server ({} threads, {} slots)",
+                a.threads, a.serve_concurrency
+            );
+            match llama_server::LlamaServer::start(
+                &a.llama_cpp_dir,
+                &a.model,
+                a.threads,
+                a.serve_concurrency,
+                a.serve_prompt_tokens + a.serve_output_tokens + 16,
+                &log,
+            )
+            .await
+            {
+                Ok(server) => {
+                    let door = serve::Door::Http {
+                        addr: server.addr,
+                        model: "llama".to_owned(),
+                    };
+                    // Its first request pays for warm-up, as kiln's did in the warm-up.
+                    let warm = serve::Workload {
+                        requests: 1,
+                        concurrency: 1,
+                        rate: None,
+                        prompt_tokens: 16,
+                        output_tokens: 4,
+                    };
+                    serve::run(&door, "warm-up", &warm, prompts).await;
+                    out.push(serve::run(&door, "llama-server", &w, prompts).await);
+                    drop(server);
+                }
+                Err(e) => r.note(format!("--compare llama-server: {e:#}")),
+            }
+        }
+    }
+    let _ = inproc;
+    Ok(out)
 }
 
 /// The same shared-prefix workload on a second engine with the prefix cache off.

@@ -73,6 +73,10 @@ pub struct Report {
     pub budget: Option<Vec<crate::profile::Budget>>,
     pub speculative: Option<Speculative>,
     pub llama_cpp: Option<LlamaCpp>,
+    /// The llama-bench style table (kiln's rows, then llama-bench's).
+    pub table: Vec<crate::table::Row>,
+    /// The serve scenario, one summary per front door.
+    pub serve: Vec<crate::serve::Summary>,
     pub notes: Vec<String>,
 }
 

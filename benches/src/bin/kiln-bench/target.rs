@@ -338,3 +338,66 @@ fn check_count(s: &Sample, job: &Job) -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+/// kiln's gRPC and OpenAI HTTP front doors on loopback over the bench's engine, as `kiln
+/// serve` runs them (one `Serving` for both).
+#[derive(Debug)]
+pub struct FrontDoors {
+    server: kiln_server::Server,
+    http: kiln_http::HttpServer,
+    grpc: GenerationClient<Channel>,
+    model: String,
+}
+
+/// Binds both front doors on `127.0.0.1:0`, attaches `engine` (its warm-up request) and
+/// connects a gRPC client.
+pub async fn front_doors(engine: EngineHandle) -> anyhow::Result<FrontDoors> {
+    let model = "kiln-bench".to_owned();
+    let serving = std::sync::Arc::new(kiln_engine::Serving::new(
+        kiln_engine::ServingConfig::default(),
+    ));
+    let local = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
+    let server = kiln_server::Server::bind_with(
+        local,
+        None,
+        kiln_server::ServerConfig::new(model.clone()),
+        serving.clone(),
+    )
+    .await
+    .context("binding kiln's gRPC front door")?;
+    let http =
+        kiln_http::HttpServer::bind(local, serving, kiln_http::HttpConfig::new(model.clone()))
+            .await
+            .context("binding kiln's HTTP front door")?;
+    server
+        .attach(engine)
+        .await
+        .context("attaching the engine to the front doors")?;
+    let (grpc, _) = connect(&server.local_addr().to_string()).await?;
+    Ok(FrontDoors {
+        server,
+        http,
+        grpc,
+        model,
+    })
+}
+
+impl FrontDoors {
+    pub fn grpc_door(&self) -> crate::serve::Door {
+        crate::serve::Door::Grpc(self.grpc.clone())
+    }
+
+    pub fn http_door(&self) -> crate::serve::Door {
+        crate::serve::Door::Http {
+            addr: self.http.local_addr(),
+            model: self.model.clone(),
+        }
+    }
+
+    /// Closes both; this drains the engine (as `kiln serve` does on SIGTERM), so it comes
+    /// after everything else that uses it.
+    pub async fn close(self) {
+        self.http.shutdown().await;
+        self.server.shutdown().await;
+    }
+}

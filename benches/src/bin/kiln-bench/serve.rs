@@ -1,0 +1,371 @@
+//! `serve` scenario: the workload `vllm bench serve` runs, through kiln's own front doors
+//! started in this process over the bench's engine (gRPC and the OpenAI HTTP API), and with
+//! `--compare llama-server` through llama.cpp's server on the same GGUF: `requests` requests
+//! of distinct token-id prompts, greedy, EOS ignored, streamed, at most `concurrency` in
+//! flight, arriving as a Poisson process at `rate` requests/s (all at once without one).
+//! Summaries in `vllm bench serve`'s terms: TTFT to the first streamed token, TPOT = (E2EL −
+//! TTFT) / (output tokens − 1), ITL between streamed chunks, E2EL to the last.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper_util::rt::TokioIo;
+use kiln_server::pb;
+use kiln_server::pb::generation_client::GenerationClient;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use serde::Serialize;
+use serde_json::{Value, json};
+use tokio::sync::Semaphore;
+use tokio::task::JoinSet;
+use tonic::transport::Channel;
+
+use crate::stats::Prompts;
+
+/// What every door is sent.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct Workload {
+    pub requests: usize,
+    pub concurrency: usize,
+    /// Requests per second (Poisson arrivals); `None`: all at once.
+    pub rate: Option<f64>,
+    pub prompt_tokens: usize,
+    pub output_tokens: usize,
+}
+
+/// A front door to load.
+#[derive(Debug, Clone)]
+pub enum Door {
+    Grpc(GenerationClient<Channel>),
+    /// An OpenAI-compatible server's `/v1/completions`, with this model name.
+    Http {
+        addr: SocketAddr,
+        model: String,
+    },
+}
+
+/// Mean, median and 99th percentile (nearest rank), in ms.
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct Dist {
+    pub mean: f64,
+    pub median: f64,
+    pub p99: f64,
+}
+
+impl Dist {
+    fn of(mut v: Vec<f64>) -> Self {
+        if v.is_empty() {
+            return Self::default();
+        }
+        v.sort_by(f64::total_cmp);
+        let at = |p: f64| v[((p / 100.0 * v.len() as f64).ceil() as usize).clamp(1, v.len()) - 1];
+        Self {
+            mean: v.iter().sum::<f64>() / v.len() as f64,
+            median: at(50.0),
+            p99: at(99.0),
+        }
+    }
+}
+
+/// One door's results, as `vllm bench serve` reports them.
+#[derive(Debug, Clone, Serialize)]
+pub struct Summary {
+    pub door: String,
+    pub workload: Workload,
+    pub completed: usize,
+    pub failed: usize,
+    /// First error, if any failed.
+    pub error: Option<String>,
+    pub duration_s: f64,
+    pub input_tokens: usize,
+    pub output_tokens: usize,
+    pub request_throughput: f64,
+    pub output_throughput: f64,
+    pub total_token_throughput: f64,
+    pub ttft_ms: Dist,
+    pub tpot_ms: Dist,
+    pub itl_ms: Dist,
+    pub e2el_ms: Dist,
+}
+
+/// One request's timeline: its start and the arrival of each streamed chunk (with the tokens
+/// it carried).
+struct Trace {
+    start: Instant,
+    chunks: Vec<(Instant, usize)>,
+    end: Instant,
+}
+
+async fn grpc_one(
+    mut c: GenerationClient<Channel>,
+    ids: Vec<u32>,
+    out: usize,
+) -> anyhow::Result<Trace> {
+    let req = pb::GenerateRequest {
+        prompt: Some(pb::generate_request::Prompt::TokenIds(pb::TokenIds { ids })),
+        sampling: Some(pb::SamplingParams {
+            temperature: Some(0.0),
+            ..Default::default()
+        }),
+        stopping: Some(pb::StoppingCriteria {
+            max_new_tokens: Some(out as u32),
+            ignore_eos: true,
+            ..Default::default()
+        }),
+        output: Some(pb::OutputOptions {
+            return_token_ids: true,
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let start = Instant::now();
+    let mut stream = c.generate_stream(req).await?.into_inner();
+    let mut chunks = Vec::new();
+    while let Some(msg) = stream.message().await? {
+        let n: usize = msg.outputs.iter().map(|o| o.token_ids.len()).sum();
+        if n > 0 {
+            chunks.push((Instant::now(), n));
+        }
+    }
+    Ok(Trace {
+        start,
+        chunks,
+        end: Instant::now(),
+    })
+}
+
+async fn http_one(
+    addr: SocketAddr,
+    model: &str,
+    ids: Vec<u32>,
+    out: usize,
+) -> anyhow::Result<Trace> {
+    let body = json!({
+        "model": model,
+        "prompt": ids,
+        "max_tokens": out,
+        "temperature": 0,
+        "stream": true,
+        "ignore_eos": true,
+        "stream_options": {"include_usage": true},
+    });
+    let start = Instant::now();
+    let tcp = tokio::net::TcpStream::connect(addr)
+        .await
+        .with_context(|| format!("connecting to {addr}"))?;
+    tcp.set_nodelay(true)?;
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp)).await?;
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    let req = http::Request::builder()
+        .method("POST")
+        .uri("/v1/completions")
+        .header("host", addr.to_string())
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(body.to_string())))?;
+    let resp = sender.send_request(req).await?;
+    let status = resp.status();
+    let mut body = resp.into_body();
+    if !status.is_success() {
+        let bytes = body.collect().await?.to_bytes();
+        bail!("HTTP {status}: {}", String::from_utf8_lossy(&bytes));
+    }
+    let (mut buf, mut chunks, mut usage) = (String::new(), Vec::new(), None);
+    'read: while let Some(frame) = body.frame().await {
+        let Ok(data) = frame?.into_data() else {
+            continue;
+        };
+        let now = Instant::now();
+        buf.push_str(&String::from_utf8_lossy(&data));
+        // Server-Sent Events: `data: {json}` events separated by a blank line.
+        while let Some(end) = buf.find("\n\n") {
+            let event: String = buf.drain(..end + 2).collect();
+            for line in event.lines() {
+                let Some(d) = line.strip_prefix("data:").map(str::trim_start) else {
+                    continue;
+                };
+                if d == "[DONE]" {
+                    break 'read;
+                }
+                let v: Value = serde_json::from_str(d).with_context(|| format!("chunk {d:?}"))?;
+                if let Some(e) = v.get("error") {
+                    bail!("an error event: {e}");
+                }
+                if let Some(u) = v
+                    .pointer("/usage/completion_tokens")
+                    .and_then(Value::as_u64)
+                {
+                    usage = Some(u as usize);
+                }
+                let text = v.pointer("/choices/0/text").and_then(Value::as_str);
+                if text.is_some_and(|t| !t.is_empty()) {
+                    chunks.push((now, 1));
+                }
+            }
+        }
+    }
+    // With the usage chunk the token count is the server's (a chunk may carry several
+    // tokens, or none while a character is incomplete); spread it over the chunks.
+    let streamed = chunks.len();
+    if let Some(n) = usage
+        && n >= streamed
+        && let Some(last) = chunks.last_mut()
+    {
+        last.1 = n - (streamed - 1);
+    }
+    Ok(Trace {
+        start,
+        chunks,
+        end: Instant::now(),
+    })
+}
+
+/// Runs `w` through `door`.
+pub async fn run(door: &Door, name: &str, w: &Workload, prompts: &mut Prompts) -> Summary {
+    let sem = Arc::new(Semaphore::new(w.concurrency.max(1)));
+    let mut rng = StdRng::seed_from_u64(0x5e21e);
+    let mut set = JoinSet::new();
+    let began = Instant::now();
+    for _ in 0..w.requests {
+        if let Some(rate) = w.rate {
+            // Exponential gaps: a Poisson process of `rate` arrivals a second.
+            let u: f64 = rng.random_range(f64::EPSILON..1.0);
+            tokio::time::sleep(Duration::from_secs_f64(-u.ln() / rate)).await;
+        }
+        let permit = sem.clone().acquire_owned().await;
+        let ids = prompts.fresh(w.prompt_tokens);
+        let (door, out) = (door.clone(), w.output_tokens);
+        set.spawn(async move {
+            let _permit = permit;
+            match door {
+                Door::Grpc(c) => grpc_one(c, ids, out).await,
+                Door::Http { addr, model } => http_one(addr, &model, ids, out).await,
+            }
+        });
+    }
+    let mut traces = Vec::new();
+    let mut errors = Vec::new();
+    while let Some(j) = set.join_next().await {
+        match j {
+            Ok(Ok(t)) if !t.chunks.is_empty() => traces.push(t),
+            Ok(Ok(_)) => errors.push("a request streamed no tokens".to_owned()),
+            Ok(Err(e)) => errors.push(format!("{e:#}")),
+            Err(e) => errors.push(format!("a request task failed: {e}")),
+        }
+    }
+    let duration = began.elapsed().as_secs_f64();
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    let output: usize = traces
+        .iter()
+        .map(|t| t.chunks.iter().map(|c| c.1).sum::<usize>())
+        .sum();
+    let input = traces.len() * w.prompt_tokens;
+    let ttft: Vec<f64> = traces.iter().map(|t| ms(t.chunks[0].0 - t.start)).collect();
+    let e2el: Vec<f64> = traces.iter().map(|t| ms(t.end - t.start)).collect();
+    let tpot: Vec<f64> = traces
+        .iter()
+        .filter_map(|t| {
+            let n: usize = t.chunks.iter().map(|c| c.1).sum();
+            (n > 1).then(|| ms(t.chunks[t.chunks.len() - 1].0 - t.chunks[0].0) / (n - 1) as f64)
+        })
+        .collect();
+    let itl: Vec<f64> = traces
+        .iter()
+        .flat_map(|t| {
+            t.chunks
+                .windows(2)
+                .map(|p| ms(p[1].0 - p[0].0))
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    Summary {
+        door: name.to_owned(),
+        workload: *w,
+        completed: traces.len(),
+        failed: errors.len(),
+        error: errors.into_iter().next(),
+        duration_s: duration,
+        input_tokens: input,
+        output_tokens: output,
+        request_throughput: traces.len() as f64 / duration,
+        output_throughput: output as f64 / duration,
+        total_token_throughput: (input + output) as f64 / duration,
+        ttft_ms: Dist::of(ttft),
+        tpot_ms: Dist::of(tpot),
+        itl_ms: Dist::of(itl),
+        e2el_ms: Dist::of(e2el),
+    }
+}
+
+/// Prints summaries side by side in `vllm bench serve`'s layout.
+pub fn print(s: &[Summary]) {
+    let Some(first) = s.first() else {
+        return;
+    };
+    let w = first.workload;
+    println!(
+        "serving: {} requests of {} prompt tokens -> {} output tokens, at most {} in flight, {} (greedy, EOS ignored, streamed)",
+        w.requests,
+        w.prompt_tokens,
+        w.output_tokens,
+        w.concurrency,
+        w.rate.map_or("all at once".to_owned(), |r| format!(
+            "{r} requests/s (Poisson)"
+        ))
+    );
+    let line = |label: &str, f: &dyn Fn(&Summary) -> String| {
+        let cells: Vec<String> = s.iter().map(|x| format!("{:>18}", f(x))).collect();
+        println!("{label:<40}{}", cells.join(""));
+    };
+    let head: Vec<String> = s.iter().map(|x| format!("{:>18}", x.door)).collect();
+    println!("{:=^40}{}", " Serving Benchmark Result ", head.join(""));
+    line("Successful requests:", &|x| x.completed.to_string());
+    line("Failed requests:", &|x| x.failed.to_string());
+    line("Benchmark duration (s):", &|x| {
+        format!("{:.2}", x.duration_s)
+    });
+    line("Total input tokens:", &|x| x.input_tokens.to_string());
+    line("Total generated tokens:", &|x| x.output_tokens.to_string());
+    line("Request throughput (req/s):", &|x| {
+        format!("{:.2}", x.request_throughput)
+    });
+    line("Output token throughput (tok/s):", &|x| {
+        format!("{:.2}", x.output_throughput)
+    });
+    line("Total Token throughput (tok/s):", &|x| {
+        format!("{:.2}", x.total_token_throughput)
+    });
+    type Pick = fn(&Summary) -> Dist;
+    let dists: [(&str, &str, Pick); 4] = [
+        ("Time to First Token", "TTFT", |x| x.ttft_ms),
+        ("Time per Output Token (excl. 1st token)", "TPOT", |x| {
+            x.tpot_ms
+        }),
+        ("Inter-token Latency", "ITL", |x| x.itl_ms),
+        ("End-to-end Latency", "E2EL", |x| x.e2el_ms),
+    ];
+    for (title, short, get) in dists {
+        println!("{:-^40}", title);
+        line(&format!("Mean {short} (ms):"), &|x| {
+            format!("{:.2}", get(x).mean)
+        });
+        line(&format!("Median {short} (ms):"), &|x| {
+            format!("{:.2}", get(x).median)
+        });
+        line(&format!("P99 {short} (ms):"), &|x| {
+            format!("{:.2}", get(x).p99)
+        });
+    }
+    println!("{:=^40}", "");
+    for x in s {
+        if let Some(e) = &x.error {
+            println!("  {}: {} failed, the first: {e}", x.door, x.failed);
+        }
+    }
+    println!();
+}
