@@ -3,6 +3,7 @@
 mod bench;
 mod fetch_model;
 mod hf_folder;
+mod llama_cpp;
 mod serve;
 
 use std::path::PathBuf;
@@ -23,8 +24,13 @@ const COMMANDS: &[Command] = &[
     },
     Command {
         name: "bench",
-        summary: "serving benchmarks (single stream, concurrency sweep, shared prefix, roofline; --compare llama-cpp) on the default model; --help lists the flags",
+        summary: "benchmarks on the default model: llama-bench style table, single stream, concurrency sweep, shared prefix, roofline, step profile and budget, vllm bench serve style serving over gRPC and HTTP; --compare llama-server|llama-cpp; --help lists the flags",
         run: bench::run,
+    },
+    Command {
+        name: "llama-cpp",
+        summary: "build llama.cpp's llama-server and llama-bench (CPU) into target/llama.cpp/bin from llama-cpp-python's sdist, for bench --compare llama-server",
+        run: llama_cpp::run_cmd,
     },
     Command {
         name: "fetch-model",
