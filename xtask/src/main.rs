@@ -2,6 +2,7 @@
 
 mod bench;
 mod fetch_model;
+mod gpu_check;
 mod hf_folder;
 mod llama_cpp;
 mod serve;
@@ -26,6 +27,11 @@ const COMMANDS: &[Command] = &[
         name: "bench",
         summary: "benchmarks on the default model: llama-bench style table, single stream, concurrency sweep, shared prefix, roofline, step profile and budget, vllm bench serve style serving over gRPC and HTTP; --compare llama-server|llama-cpp; --help lists the flags",
         run: bench::run,
+    },
+    Command {
+        name: "gpu-check",
+        summary: "bundle the GPU check (stripped kiln-bench, the Vulkan loader, run.sh) into target/gpu-check/ for a machine with a GPU; --run also runs it here",
+        run: gpu_check::run_cmd,
     },
     Command {
         name: "llama-cpp",

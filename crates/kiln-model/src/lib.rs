@@ -10,6 +10,7 @@ pub mod perplexity;
 mod repack;
 mod runner;
 mod safetensors;
+mod synthetic;
 mod weights;
 
 pub use config::{
@@ -23,4 +24,5 @@ pub use runner::{
     CALIBRATION_TOKENS, KV_CALIBRATION_TEXT, KvPoolConfig, ModelRunner, StepOutput, StepSeq,
 };
 pub use safetensors::{HfSource, LoadOptions, SafetensorsFile, StDtype, encode_safetensors};
+pub use synthetic::SyntheticSource;
 pub use weights::{GgufSource, Linear, Weight, WeightSource};

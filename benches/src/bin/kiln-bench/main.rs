@@ -19,6 +19,7 @@
 
 mod args;
 mod cli;
+mod gpu_check;
 mod llama_cpp;
 mod llama_server;
 mod profile;
@@ -55,7 +56,11 @@ const WARM_BATCH: usize = 16;
 const PROFILE_BATCHES: [usize; 3] = [1, 16, 64];
 
 fn main() -> ExitCode {
-    let args = match cli::parse(std::env::args_os()) {
+    let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    if argv.get(1).is_some_and(|a| a == "gpu-check") {
+        return gpu_check::main(argv[1..].to_vec());
+    }
+    let args = match cli::parse(argv) {
         Ok(a) => a,
         // `--help` (stdout, 0) or a usage error (stderr, 2).
         Err(e) => {
@@ -115,6 +120,11 @@ fn kv_blocks_needed(a: &Args, max_level: usize, warm_batch: usize, spec_tokens: 
         },
         if s.speculative {
             blocks(spec_tokens)
+        } else {
+            0
+        },
+        if s.serve {
+            a.serve_concurrency * blocks(a.serve_prompt_tokens + a.serve_output_tokens)
         } else {
             0
         },
@@ -245,7 +255,13 @@ async fn bench(a: Args) -> anyhow::Result<()> {
                 kv_blocks: a
                     .kv_blocks
                     .unwrap_or_else(|| kv_blocks_needed(&a, max_level, warm_batch, spec_tokens)),
-                max_num_seqs: a.max_num_seqs.unwrap_or(max_level.max(64)),
+                max_num_seqs: a.max_num_seqs.unwrap_or(max_level.max(64).max(
+                    if a.scenarios.serve {
+                        a.serve_concurrency
+                    } else {
+                        1
+                    },
+                )),
                 max_num_batched_tokens: a.max_batched_tokens,
                 max_waiting: max_level.max(256),
                 prefix_caching: true,
@@ -493,7 +509,7 @@ async fn run_scenarios(
     }
 
     if a.scenarios.serve {
-        r.serve = serve_doors(a, target, inproc, is_gguf, &mut prompts, r).await?;
+        r.serve = serve_doors(a, target, is_gguf, &mut prompts, r).await?;
         serve::print(&r.serve);
     }
 
@@ -567,7 +583,6 @@ fn bench_table(
 async fn serve_doors(
     a: &Args,
     target: &Target,
-    inproc: Option<&InProcess>,
     is_gguf: bool,
     prompts: &mut Prompts,
     r: &mut Report,
@@ -580,19 +595,7 @@ async fn serve_doors(
         output_tokens: a.serve_output_tokens,
     };
     let mut out = Vec::new();
-    match target {
-        Target::Grpc(c) => {
-            eprintln!("kiln-bench: serving workload over gRPC");
-            out.push(serve::run(&serve::Door::Grpc(c.clone()), "kiln gRPC", &w, prompts).await);
-        }
-        Target::Engine(engine) => {
-            let fronts = target::front_doors(engine.clone()).await?;
-            eprintln!("kiln-bench: serving workload over gRPC, then the OpenAI HTTP API");
-            out.push(serve::run(&fronts.grpc_door(), "kiln gRPC", &w, prompts).await);
-            out.push(serve::run(&fronts.http_door(), "kiln HTTP", &w, prompts).await);
-            fronts.close().await;
-        }
-    }
+    // llama-server first: nothing of kiln's has run through the front doors yet.
     if a.compare == Some(Compare::LlamaServer) {
         if !is_gguf {
             r.note("--compare llama-server: llama.cpp loads GGUF files only; skipped");
@@ -627,14 +630,34 @@ async fn serve_doors(
                         output_tokens: 4,
                     };
                     serve::run(&door, "warm-up", &warm, prompts).await;
+                    let cpu = stats::process_cpu_s();
                     out.push(serve::run(&door, "llama-server", &w, prompts).await);
+                    if let (Some(before), Some(after)) = (cpu, stats::process_cpu_s()) {
+                        // The client's own share: what this process took from llama-server.
+                        r.note(format!(
+                            "serve: kiln-bench used {:.1} s of CPU while llama-server ran its workload",
+                            after - before
+                        ));
+                    }
                     drop(server);
                 }
                 Err(e) => r.note(format!("--compare llama-server: {e:#}")),
             }
         }
     }
-    let _ = inproc;
+    match target {
+        Target::Grpc(c) => {
+            eprintln!("kiln-bench: serving workload over gRPC");
+            out.push(serve::run(&serve::Door::Grpc(c.clone()), "kiln gRPC", &w, prompts).await);
+        }
+        Target::Engine(engine) => {
+            let fronts = target::front_doors(engine.clone()).await?;
+            eprintln!("kiln-bench: serving workload over gRPC, then the OpenAI HTTP API");
+            out.push(serve::run(&fronts.grpc_door(), "kiln gRPC", &w, prompts).await);
+            out.push(serve::run(&fronts.http_door(), "kiln HTTP", &w, prompts).await);
+            fronts.close().await;
+        }
+    }
     Ok(out)
 }
 

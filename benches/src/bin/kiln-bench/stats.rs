@@ -137,6 +137,18 @@ pub fn rate(count: f64, d: Duration) -> Option<f64> {
     (s > 0.0).then(|| count / s)
 }
 
+/// CPU seconds this process has used (user + system), where the OS tells (Linux `/proc`).
+pub fn process_cpu_s() -> Option<f64> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // Fields after the command name (which may hold spaces) start after its ')'.
+    let rest = stat.rsplit_once(')')?.1;
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    // utime and stime are fields 14 and 15 of the line, 12 and 13 after ')', in clock ticks
+    // (100 a second on Linux).
+    let ticks: f64 = f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?;
+    Some(ticks / 100.0)
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]

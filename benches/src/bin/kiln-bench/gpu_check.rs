@@ -1,0 +1,627 @@
+//! `kiln-bench gpu-check` (what `cargo xtask gpu-check` bundles and runs): one check for a
+//! machine with a real GPU, made for a short, offline session that carries little:
+//!
+//! 1. the adapter: none, or a CPU-type one (a software Vulkan driver on many cores is not a
+//!    GPU result), is refused with the reason and a non-zero exit;
+//! 2. the GPU kernel family against the CPU reference compiled into the same binary: every
+//!    weight dtype through `linear` (plain, norm + gated, residual) at 1, 5 and 40 rows, and a
+//!    layer's K/V write and paged attention for every KV dtype;
+//! 3. the roofline microbenchmarks (copy bandwidth, launch cost, matmul rate);
+//! 4. models of real shapes with weights made from a seed (`SyntheticSource`: nothing to
+//!    carry), SmolLM2-135M- and 7B-shaped: decode steps at batch 1, 16 and 64 with the bytes
+//!    each reads as a share of the copy bandwidth, and pp512 / tg128.
+//!
+//! It prints a report (a Markdown table for the README) and writes it as JSON to `--out`.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Instant;
+
+use anyhow::{Context, bail};
+use clap::Parser;
+use kiln_attention::{AttnConfig, KvCache, KvCacheConfig, QkPrep, QkvRows, SeqBatch};
+use kiln_kv::{BlockId, KvDtype};
+use kiln_model::{KvPoolConfig, Model, ModelConfig, ModelRunner, StepSeq, SyntheticSource};
+use kiln_tensor::{
+    Activation, BackendChoice, DType, Device, DeviceOptions, LinearOps, Recorder, RmsNorm,
+    RopeConfig, RopeLayout, RopeScaling, RopeTable, Tensor,
+};
+use serde::Serialize;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "kiln-bench gpu-check",
+    about = "Check and measure kiln on a real GPU"
+)]
+struct Cli {
+    /// Model shapes to measure: any of smollm2, 7b
+    #[arg(long, value_delimiter = ',', default_value = "smollm2,7b")]
+    shapes: Vec<String>,
+    /// Seed of the synthetic weights and inputs
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Where the JSON goes [default: $OUT, else the current folder]
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Run on a CPU-type adapter anyway, its figures marked as not a GPU result (to try
+    /// the check itself where no GPU is)
+    #[arg(long)]
+    allow_cpu_adapter: bool,
+    /// Fewer steps and smaller batches (to try the check itself)
+    #[arg(long)]
+    quick: bool,
+}
+
+/// One kernel check.
+#[derive(Debug, Clone, Serialize)]
+struct Check {
+    what: String,
+    max_error: f32,
+    bound: f32,
+    ok: bool,
+}
+
+/// One model shape's figures.
+#[derive(Debug, Clone, Serialize)]
+struct ShapeRun {
+    shape: String,
+    weight_bytes: u64,
+    kv_bytes_per_token: u64,
+    /// `(batch, context, ms per step, GB/s read, share of the copy bandwidth)`.
+    decode: Vec<(usize, usize, f64, f64, f64)>,
+    /// Prompt tokens of the pp test and tokens of the tg test (512 and 128 but with --quick).
+    pp_tokens: usize,
+    tg_tokens: usize,
+    pp_tokens_per_s: f64,
+    tg_tokens_per_s: f64,
+    load_s: f64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+struct Report {
+    adapter: String,
+    device_type: String,
+    backend: String,
+    driver: String,
+    gpu_result: bool,
+    checks: Vec<Check>,
+    ceilings: crate::roofline::Ceilings,
+    shapes: Vec<ShapeRun>,
+}
+
+/// `kiln-bench gpu-check [FLAGS]`.
+pub fn main(argv: Vec<std::ffi::OsString>) -> ExitCode {
+    let cli = match Cli::try_parse_from(argv) {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = e.print();
+            return ExitCode::from(u8::try_from(e.exit_code()).unwrap_or(2));
+        }
+    };
+    match run(&cli) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("gpu-check: {}", kiln_engine::error_chain(e.as_ref()));
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: &Cli) -> anyhow::Result<ExitCode> {
+    // The GPU kernel family, also when trying the check on a CPU-type adapter.
+    let dev = match Device::new(&DeviceOptions {
+        backend: BackendChoice::Wgpu,
+        cpu_shaped_kernels: Some(false),
+        ..DeviceOptions::default()
+    }) {
+        Ok(d) => d,
+        Err(e) => {
+            eprintln!("gpu-check: refusing to report: no GPU adapter ({e})");
+            return Ok(ExitCode::from(2));
+        }
+    };
+    let info = dev.info();
+    let gpu = info.device_type != "cpu";
+    println!(
+        "gpu-check: {} ({}, {}, {})",
+        info.name, info.device_type, info.backend, info.driver
+    );
+    if !gpu {
+        if !cli.allow_cpu_adapter {
+            eprintln!(
+                "gpu-check: refusing to report: {} is a CPU-type adapter (a software Vulkan \
+                 driver on this machine's cores is not a GPU result)",
+                info.name
+            );
+            return Ok(ExitCode::from(3));
+        }
+        println!("gpu-check: --allow-cpu-adapter: NOT A GPU RESULT");
+    }
+    let mut checks = kernel_checks(&dev, cli.seed)?;
+    for c in &checks {
+        println!(
+            "  {} {:<60} max |error| {:.3e} (bound {:.1e})",
+            if c.ok { "ok  " } else { "FAIL" },
+            c.what,
+            c.max_error,
+            c.bound
+        );
+    }
+    let failed = checks.iter().filter(|c| !c.ok).count();
+    println!(
+        "kernel checks: {} of {} within bounds",
+        checks.len() - failed,
+        checks.len()
+    );
+    let ceilings = crate::roofline::measure(&dev).context("roofline microbenchmarks")?;
+    println!(
+        "copy bandwidth {:.1} GB/s, launch cost {:.1} us, best matmul {:.1} GFLOP/s ({})",
+        ceilings.copy_bandwidth_gb_s,
+        ceilings.dispatch_us,
+        ceilings.matmul_gflop_s,
+        ceilings.matmul_best
+    );
+    let mut shapes = Vec::new();
+    for name in &cli.shapes {
+        let cfg = shape(name)?;
+        match measure_shape(&dev, name, cfg, cli, &ceilings) {
+            Ok(s) => shapes.push(s),
+            Err(e) => {
+                checks.push(Check {
+                    what: format!("{name}: ran"),
+                    max_error: f32::NAN,
+                    bound: 0.0,
+                    ok: false,
+                });
+                eprintln!("gpu-check: {name}: {e:#}");
+            }
+        }
+    }
+    let report = Report {
+        adapter: info.name.clone(),
+        device_type: info.device_type.clone(),
+        backend: info.backend.clone(),
+        driver: info.driver.clone(),
+        gpu_result: gpu,
+        checks,
+        ceilings,
+        shapes,
+    };
+    print_table(&report);
+    let out = cli
+        .out
+        .clone()
+        .or_else(|| std::env::var_os("OUT").map(PathBuf::from))
+        .unwrap_or_else(|| PathBuf::from("."));
+    std::fs::create_dir_all(&out).ok();
+    let path = out.join("gpu-check.json");
+    std::fs::write(&path, serde_json::to_vec_pretty(&report)?)
+        .with_context(|| format!("writing {}", path.display()))?;
+    println!("wrote {}", path.display());
+    let bad = report.checks.iter().any(|c| !c.ok);
+    Ok(if bad {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    })
+}
+
+/// A model shape by name, as its `config.json` states it.
+fn shape(name: &str) -> anyhow::Result<ModelConfig> {
+    let json = match name {
+        "smollm2" => {
+            r#"{"model_type": "llama", "hidden_size": 576, "num_hidden_layers": 30,
+            "num_attention_heads": 9, "num_key_value_heads": 3, "intermediate_size": 1536,
+            "vocab_size": 49152, "rms_norm_eps": 1e-5, "rope_theta": 100000.0,
+            "max_position_embeddings": 8192, "tie_word_embeddings": true}"#
+        }
+        "7b" => {
+            r#"{"model_type": "llama", "hidden_size": 4096, "num_hidden_layers": 32,
+            "num_attention_heads": 32, "num_key_value_heads": 32, "intermediate_size": 11008,
+            "vocab_size": 32000, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
+            "max_position_embeddings": 4096, "tie_word_embeddings": false}"#
+        }
+        other => bail!("unknown shape {other:?} (expected smollm2, 7b)"),
+    };
+    Ok(ModelConfig::from_hf_json(name, json)?)
+}
+
+/// SplitMix64 values in [-1, 1).
+fn values(seed: u64, n: usize) -> Vec<f32> {
+    let mut s = seed;
+    (0..n)
+        .map(|_| {
+            s = s.wrapping_add(0x9e37_79b9_7f4a_7c15);
+            let mut z = s;
+            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+            ((z ^ (z >> 31)) >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+        })
+        .collect()
+}
+
+fn max_error(a: &[f32], b: &[f32]) -> f32 {
+    if a.len() != b.len() {
+        return f32::INFINITY;
+    }
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(
+            0.0,
+            |m, e| if e.is_nan() { f32::INFINITY } else { m.max(e) },
+        )
+}
+
+/// The GPU kernel family against the CPU reference.
+fn kernel_checks(dev: &Device, seed: u64) -> anyhow::Result<Vec<Check>> {
+    let mut out = Vec::new();
+    let cpu = Device::Cpu;
+    for (di, &dtype) in DType::WEIGHTS.iter().enumerate() {
+        let k = if dtype.is_k_quant() { 512 } else { 256 };
+        for m in [1usize, 5, 40] {
+            for case in ["plain", "norm+gated", "residual"] {
+                let n = 48;
+                let s = seed ^ ((di as u64) << 16 | (m as u64) << 4);
+                let x = values(s, m * k);
+                let w = values(s + 1, n * k);
+                let g = values(s + 2, k);
+                let res = values(s + 3, m * n / 2);
+                let wh = values(s + 4, n / 2 * k);
+                let run = |d: &Device| -> anyhow::Result<Vec<f32>> {
+                    let xt = Tensor::from_f32(d, &[m, k], &x)?;
+                    let wt = weight(d, dtype, n, k, &w, s)?;
+                    let wht = weight(d, dtype, n / 2, k, &wh, s + 5)?;
+                    let gt = Tensor::from_f32(d, &[k], &g)?;
+                    let rt = Tensor::from_f32(d, &[m, n / 2], &res)?;
+                    let norm = RmsNorm {
+                        weight: &gt,
+                        eps: 1e-5,
+                    };
+                    let mut rec = Recorder::new(d);
+                    let y = match case {
+                        "plain" => rec.matmul(&xt, &wt, None)?,
+                        "norm+gated" => rec.linear(
+                            &xt,
+                            &wt,
+                            LinearOps {
+                                norm: Some(norm),
+                                glu: Some(Activation::Silu),
+                                ..LinearOps::default()
+                            },
+                        )?,
+                        _ => rec.matmul_add(&xt, &wht, &rt)?,
+                    };
+                    rec.submit()?;
+                    Ok(y.to_f32_vec()?)
+                };
+                let want = run(&cpu)?;
+                let got = run(dev)?;
+                // f32 accumulation over k terms, the gated product's error bound included.
+                let scale = want.iter().fold(1.0f32, |m, v| m.max(v.abs()));
+                let bound = 4e-5 * k as f32 * scale;
+                let e = max_error(&got, &want);
+                out.push(Check {
+                    what: format!("linear {case} {dtype:?} m={m} k={k}"),
+                    max_error: e,
+                    bound,
+                    ok: e <= bound,
+                });
+            }
+        }
+    }
+    for dtype in KvDtype::ALL {
+        let e = attention_check(dev, dtype, seed)?;
+        let bound = match dtype {
+            KvDtype::F32 => 1e-4,
+            KvDtype::F16 => 1e-3,
+            KvDtype::Int8 | KvDtype::Int4 => 1e-2,
+        };
+        out.push(Check {
+            what: format!("write_qkv + paged attention, {dtype} KV"),
+            max_error: e,
+            bound,
+            ok: e <= bound,
+        });
+    }
+    Ok(out)
+}
+
+/// A weight `[n, k]` of `dtype` from `v`: converted or quantized where kiln can, else random
+/// blocks from `seed` (the formats kiln only reads).
+fn weight(
+    d: &Device,
+    dtype: DType,
+    n: usize,
+    k: usize,
+    v: &[f32],
+    seed: u64,
+) -> anyhow::Result<Tensor> {
+    Ok(match dtype {
+        DType::F32 => Tensor::from_f32(d, &[n, k], v)?,
+        DType::F16 => {
+            let h: Vec<half::f16> = v.iter().map(|&x| half::f16::from_f32(x)).collect();
+            Tensor::from_f16(d, &[n, k], &h)?
+        }
+        DType::BF16 => {
+            let h: Vec<half::bf16> = v.iter().map(|&x| half::bf16::from_f32(x)).collect();
+            Tensor::from_bf16(d, &[n, k], &h)?
+        }
+        DType::Q8_0 | DType::Q4_0 | DType::Q4_1 => Tensor::quantize_f32(d, dtype, &[n, k], v)?,
+        q => Tensor::from_bytes(
+            d,
+            q,
+            &[n, k],
+            &random_blocks(q, n * k / q.block_elems(), seed),
+        )?,
+    })
+}
+
+/// Random blocks of a format with small finite scales: every f16 of the block's head set to
+/// 2⁻⁸, the rest random bytes.
+fn random_blocks(dtype: DType, blocks: usize, seed: u64) -> Vec<u8> {
+    let bb = dtype.block_bytes();
+    let bytes: Vec<u8> = values(seed, blocks * bb)
+        .iter()
+        .map(|v| ((v + 1.0) * 127.5) as u8)
+        .collect();
+    let mut out = bytes;
+    let small = half::f16::from_f32(1.0 / 256.0).to_le_bytes();
+    // The f16 scales sit at a format's start (d, and dmin for the K-quants) or its end (Q6_K).
+    for b in out.chunks_exact_mut(bb) {
+        match dtype {
+            DType::Q6_K => b[bb - 2..].copy_from_slice(&small),
+            DType::Q3_K => b[bb - 2..].copy_from_slice(&small),
+            DType::Q2_K => {
+                b[bb - 4..bb - 2].copy_from_slice(&small);
+                b[bb - 2..].copy_from_slice(&small);
+            }
+            DType::Q4_1 | DType::Q5_1 | DType::Q4_K | DType::Q5_K | DType::Q4_Z | DType::Q8_Z => {
+                b[..2].copy_from_slice(&small);
+                b[2..4].copy_from_slice(&small);
+            }
+            _ => b[..2].copy_from_slice(&small),
+        }
+    }
+    out
+}
+
+/// One mixed batch through `write_qkv` and attention on `dev` and on the CPU backend.
+fn attention_check(dev: &Device, dtype: KvDtype, seed: u64) -> anyhow::Result<f32> {
+    let (kvh, heads, d) = (2usize, 8usize, 128usize);
+    let run = |device: &Device| -> anyhow::Result<Vec<f32>> {
+        let cfg = KvCacheConfig {
+            layers: 1,
+            kv_heads: kvh,
+            head_dim: d,
+            block_size: 16,
+            num_blocks: 16,
+            dtype,
+        };
+        let mut cache = KvCache::new(device, cfg)?;
+        let rope = RopeTable::new(
+            device,
+            RopeConfig {
+                head_dim: d,
+                rotary_dim: d,
+                theta: 10_000.0,
+                scaling: RopeScaling::None,
+                layout: RopeLayout::HalfSplit,
+            },
+            256,
+        )?;
+        let t1 = [BlockId(3), BlockId(7), BlockId(1)];
+        let t2 = [BlockId(2)];
+        // A 40-token prompt and a 9-token one, in one step.
+        let seqs = [
+            SeqBatch {
+                block_table: &t1,
+                query_len: 40,
+                context_len: 40,
+            },
+            SeqBatch {
+                block_table: &t2,
+                query_len: 9,
+                context_len: 9,
+            },
+        ];
+        let batch = cache.batch(&seqs)?;
+        let positions: Vec<u32> = (0..40).chain(0..9).collect();
+        let pos = rope.positions(&positions)?;
+        let width = (heads + 2 * kvh) * d;
+        let qkv = Tensor::from_f32(device, &[49, width], &values(seed ^ 0xa7, 49 * width))?;
+        let mut rec = Recorder::new(device);
+        let prep = QkPrep {
+            heads,
+            rope: &pos,
+            norm: None,
+        };
+        let q = cache.write_qkv(&mut rec, 0, QkvRows::Stacked(&qkv), &prep, &batch)?;
+        let attn = AttnConfig {
+            heads,
+            scale: 1.0 / (d as f32).sqrt(),
+            window: None,
+        };
+        let out = cache.attention(&mut rec, 0, &q, &batch, &attn)?;
+        rec.submit()?;
+        Ok(out.to_f32_vec()?)
+    };
+    Ok(max_error(&run(dev)?, &run(&Device::Cpu)?))
+}
+
+/// Blocks `[first, first + n)`.
+fn table(first: u32, n: usize) -> Vec<BlockId> {
+    (first..first + n as u32).map(BlockId).collect()
+}
+
+fn measure_shape(
+    dev: &Device,
+    name: &str,
+    cfg: ModelConfig,
+    cli: &Cli,
+    c: &crate::roofline::Ceilings,
+) -> anyhow::Result<ShapeRun> {
+    let (batches, steps, ctx): (&[usize], usize, usize) = if cli.quick {
+        (&[1, 4], 4, 32)
+    } else {
+        (&[1, 16, 64], 32, 128)
+    };
+    let (pp, tg): (usize, usize) = if cli.quick { (64, 8) } else { (512, 128) };
+    let widest = batches.iter().copied().max().unwrap_or(1);
+    let per_seq = (ctx + steps + 2).div_ceil(16);
+    let blocks = (widest * per_seq).max((pp + tg + 2).div_ceil(16)) + 1;
+    let t0 = Instant::now();
+    let src = SyntheticSource::new(cfg.clone(), DType::Q4_1, cli.seed)?;
+    let model = Model::load(dev, cfg.clone(), &src)?;
+    let weight_bytes = model.weight_bytes();
+    let pool = KvPoolConfig {
+        block_size: 16,
+        num_blocks: u32::try_from(blocks)?,
+        dtype: KvDtype::F16,
+    };
+    let kv_bytes_per_token = 2
+        * (cfg.layers * cfg.kv_heads) as u64
+        * KvDtype::F16.head_bytes(u32::try_from(cfg.head_dim)?);
+    let mut runner = ModelRunner::new(model, pool)?;
+    let load_s = t0.elapsed().as_secs_f64();
+    println!(
+        "{name}: {:.1} MB of Q4_1 weights loaded in {load_s:.1} s",
+        weight_bytes as f64 / 1e6
+    );
+    let ids = |n: usize, s: u64| -> Vec<u32> {
+        values(s, n)
+            .iter()
+            .map(|v| ((v + 1.0) * 0.5 * (cfg.vocab - 1) as f32) as u32)
+            .collect()
+    };
+    let step = |runner: &mut ModelRunner, seqs: &[StepSeq<'_>]| -> anyhow::Result<()> {
+        runner.step(seqs, &[])?;
+        Ok(())
+    };
+    // pp / tg: one sequence, the prompt in one step, then tg decode steps.
+    let t = table(0, (pp + tg + 2).div_ceil(16));
+    let prompt = ids(pp, cli.seed ^ 0x99);
+    fn one<'a>(tokens: &'a [u32], t: &'a [BlockId], ctx_len: usize) -> StepSeq<'a> {
+        StepSeq {
+            tokens,
+            block_table: t,
+            context_len: ctx_len,
+            logits_rows: 1,
+            read_logits: false,
+        }
+    }
+    step(&mut runner, &[one(&prompt, &t, pp)])?; // warm-up: pipelines compile
+    let start = Instant::now();
+    step(&mut runner, &[one(&prompt, &t, pp)])?;
+    let pp_s = start.elapsed().as_secs_f64();
+    let start = Instant::now();
+    for i in 0..tg {
+        step(
+            &mut runner,
+            &[one(&prompt[i % pp..i % pp + 1], &t, pp + 1 + i)],
+        )?;
+    }
+    let tg_s = start.elapsed().as_secs_f64();
+    // Decode at each batch: every sequence prefilled (at most 2048 tokens a step), then
+    // `steps` steps of the whole batch.
+    let mut decode = Vec::new();
+    for &b in batches {
+        let tables: Vec<Vec<BlockId>> = (0..b)
+            .map(|i| table((i * per_seq) as u32, per_seq))
+            .collect();
+        let prompts: Vec<Vec<u32>> = (0..b).map(|i| ids(ctx, cli.seed ^ i as u64)).collect();
+        for chunk in (0..b).collect::<Vec<_>>().chunks((2048 / ctx).max(1)) {
+            let seqs: Vec<StepSeq<'_>> = chunk
+                .iter()
+                .map(|&i| StepSeq {
+                    tokens: &prompts[i],
+                    block_table: &tables[i],
+                    context_len: ctx,
+                    logits_rows: 1,
+                    read_logits: false,
+                })
+                .collect();
+            step(&mut runner, &seqs)?;
+        }
+        let mut run_steps = |n: usize, from: usize| -> anyhow::Result<f64> {
+            let start = Instant::now();
+            for s in 0..n {
+                let seqs: Vec<StepSeq<'_>> = (0..b)
+                    .map(|i| StepSeq {
+                        tokens: &prompts[i][s % ctx..s % ctx + 1],
+                        block_table: &tables[i],
+                        context_len: ctx + from + s + 1,
+                        logits_rows: 1,
+                        read_logits: false,
+                    })
+                    .collect();
+                step(&mut runner, &seqs)?;
+            }
+            Ok(start.elapsed().as_secs_f64())
+        };
+        run_steps(1, 0)?; // this batch size's pipelines
+        let secs = run_steps(steps, 1)?;
+        let ms = secs * 1e3 / steps as f64;
+        let mean_ctx = ctx + 1 + steps / 2;
+        let bytes = weight_bytes + kv_bytes_per_token * (b * mean_ctx) as u64;
+        let gb_s = bytes as f64 / (ms * 1e6);
+        decode.push((b, mean_ctx, ms, gb_s, gb_s / c.copy_bandwidth_gb_s));
+        println!(
+            "  decode batch {b:>3}: {ms:.2} ms/step, {:.0} tokens/s, {gb_s:.1} GB/s read = {:.0}% of the copy bandwidth",
+            b as f64 * 1e3 / ms,
+            gb_s / c.copy_bandwidth_gb_s * 100.0
+        );
+    }
+    Ok(ShapeRun {
+        shape: name.to_owned(),
+        weight_bytes,
+        kv_bytes_per_token,
+        decode,
+        pp_tokens: pp,
+        tg_tokens: tg,
+        pp_tokens_per_s: pp as f64 / pp_s,
+        tg_tokens_per_s: tg as f64 / tg_s,
+        load_s,
+    })
+}
+
+fn print_table(r: &Report) {
+    println!();
+    println!(
+        "{} ({}, {}){}: copy {:.1} GB/s, launch {:.1} us, matmul {:.1} GFLOP/s; kernel checks {}/{}",
+        r.adapter,
+        r.backend,
+        r.driver,
+        if r.gpu_result {
+            ""
+        } else {
+            " — NOT A GPU RESULT"
+        },
+        r.ceilings.copy_bandwidth_gb_s,
+        r.ceilings.dispatch_us,
+        r.ceilings.matmul_gflop_s,
+        r.checks.iter().filter(|c| c.ok).count(),
+        r.checks.len()
+    );
+    println!("| shape | weights | test | t/s | ms/step | share of copy bandwidth |");
+    println!("| --- | ---: | --- | ---: | ---: | ---: |");
+    for s in &r.shapes {
+        let mb = format!("{:.0} MB", s.weight_bytes as f64 / 1e6);
+        println!(
+            "| {} | {mb} | pp{} | {:.1} | | |",
+            s.shape, s.pp_tokens, s.pp_tokens_per_s
+        );
+        println!(
+            "| {} | {mb} | tg{} | {:.1} | | |",
+            s.shape, s.tg_tokens, s.tg_tokens_per_s
+        );
+        for (b, ctx, ms, _, share) in &s.decode {
+            println!(
+                "| {} | {mb} | decode batch {b} (context {ctx}) | {:.1} | {ms:.2} | {:.0}% |",
+                s.shape,
+                *b as f64 * 1e3 / ms,
+                share * 100.0
+            );
+        }
+    }
+}
