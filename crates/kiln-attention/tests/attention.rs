@@ -181,6 +181,37 @@ fn int4_rows(v: &[f32], head_dim: usize) -> Vec<f32> {
 
 /// Write each sequence's cached prefix in one step, then its query chunk and attention in a
 /// second step; returns the attention output of the second step.
+/// Writes each sequence's cached prefix (the positions before its query) into `layer`, K and
+/// V as they are.
+fn write_prefixes(dev: &Device, cache: &mut KvCache, c: &Case, layer: usize) {
+    let row = c.kv_heads * c.head_dim;
+    let prefix: Vec<&Seq> = c.seqs.iter().filter(|s| s.context > s.query).collect();
+    if prefix.is_empty() {
+        return;
+    }
+    let sb: Vec<SeqBatch<'_>> = prefix
+        .iter()
+        .map(|s| SeqBatch {
+            block_table: &s.table,
+            query_len: s.context - s.query,
+            context_len: s.context - s.query,
+        })
+        .collect();
+    let batch = cache.batch(&sb).unwrap();
+    let part = |f: fn(&Seq) -> &Vec<f32>| -> Vec<f32> {
+        prefix
+            .iter()
+            .flat_map(|s| f(s)[..(s.context - s.query) * row].to_vec())
+            .collect()
+    };
+    let shape = [batch.tokens(), c.kv_heads, c.head_dim];
+    let k = Tensor::from_f32(dev, &shape, &part(|s| &s.k)).unwrap();
+    let v = Tensor::from_f32(dev, &shape, &part(|s| &s.v)).unwrap();
+    let mut rec = Recorder::new(dev);
+    cache.write(&mut rec, layer, &k, &v, &batch).unwrap();
+    rec.submit().unwrap();
+}
+
 fn run(dev: &Device, c: &Case, dtype: KvDtype) -> Vec<f32> {
     run_centred(dev, c, dtype, None)
 }
@@ -201,38 +232,7 @@ fn run_centred(dev: &Device, c: &Case, dtype: KvDtype, centres: Option<&[KeyCent
     }
     let row = c.kv_heads * c.head_dim;
     let layer = 1;
-    let prefix: Vec<&Seq> = c.seqs.iter().filter(|s| s.context > s.query).collect();
-    if !prefix.is_empty() {
-        let sb: Vec<SeqBatch<'_>> = prefix
-            .iter()
-            .map(|s| SeqBatch {
-                block_table: &s.table,
-                query_len: s.context - s.query,
-                context_len: s.context - s.query,
-            })
-            .collect();
-        let batch = cache.batch(&sb).unwrap();
-        let k: Vec<f32> = prefix
-            .iter()
-            .flat_map(|s| s.k[..(s.context - s.query) * row].to_vec())
-            .collect();
-        let v: Vec<f32> = prefix
-            .iter()
-            .flat_map(|s| s.v[..(s.context - s.query) * row].to_vec())
-            .collect();
-        let shape = [batch.tokens(), c.kv_heads, c.head_dim];
-        let mut rec = Recorder::new(dev);
-        cache
-            .write(
-                &mut rec,
-                layer,
-                &Tensor::from_f32(dev, &shape, &k).unwrap(),
-                &Tensor::from_f32(dev, &shape, &v).unwrap(),
-                &batch,
-            )
-            .unwrap();
-        rec.submit().unwrap();
-    }
+    write_prefixes(dev, &mut cache, c, layer);
     let sb: Vec<SeqBatch<'_>> = c
         .seqs
         .iter()
@@ -878,33 +878,7 @@ fn run_write_qkv(
     let mut cache = KvCache::new(dev, cfg).unwrap();
     let (d, kvh, heads) = (c.head_dim, c.kv_heads, c.heads);
     let row = kvh * d;
-    let prefix: Vec<&Seq> = c.seqs.iter().filter(|s| s.context > s.query).collect();
-    if !prefix.is_empty() {
-        let sb: Vec<SeqBatch<'_>> = prefix
-            .iter()
-            .map(|s| SeqBatch {
-                block_table: &s.table,
-                query_len: s.context - s.query,
-                context_len: s.context - s.query,
-            })
-            .collect();
-        let batch = cache.batch(&sb).unwrap();
-        let part = |f: fn(&Seq) -> &Vec<f32>| -> Vec<f32> {
-            prefix
-                .iter()
-                .flat_map(|s| f(s)[..(s.context - s.query) * row].to_vec())
-                .collect()
-        };
-        let shape = [batch.tokens(), kvh, d];
-        let mut rec = Recorder::new(dev);
-        let (k, v) = (part(|s| &s.k), part(|s| &s.v));
-        let (kt, vt) = (
-            Tensor::from_f32(dev, &shape, &k).unwrap(),
-            Tensor::from_f32(dev, &shape, &v).unwrap(),
-        );
-        cache.write(&mut rec, 0, &kt, &vt, &batch).unwrap();
-        rec.submit().unwrap();
-    }
+    write_prefixes(dev, &mut cache, c, 0);
     let sb: Vec<SeqBatch<'_>> = c
         .seqs
         .iter()

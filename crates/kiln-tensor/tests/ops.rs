@@ -196,13 +196,20 @@ struct Operands {
     res: Vec<f32>,
 }
 
-fn run_linear(dev: &Device, dtype: DType, c: Case, o: &Operands, m: usize, k: usize) -> Vec<f32> {
+/// The operands on `dev`: X, W, the norm's weights, the bias and the residual.
+fn operand_tensors(dev: &Device, dtype: DType, o: &Operands, m: usize, k: usize) -> [Tensor; 5] {
     let n = o.w.len() / k;
-    let xt = Tensor::from_f32(dev, &[m, k], &o.x).unwrap();
-    let wt = weight(dev, dtype, n, k, &o.w);
-    let gt = Tensor::from_f32(dev, &[k], &o.g).unwrap();
-    let bt = Tensor::from_f32(dev, &[n], &o.bias).unwrap();
-    let rt = Tensor::from_f32(dev, &[m, o.res.len() / m], &o.res).unwrap();
+    [
+        Tensor::from_f32(dev, &[m, k], &o.x).unwrap(),
+        weight(dev, dtype, n, k, &o.w),
+        Tensor::from_f32(dev, &[k], &o.g).unwrap(),
+        Tensor::from_f32(dev, &[n], &o.bias).unwrap(),
+        Tensor::from_f32(dev, &[m, o.res.len() / m], &o.res).unwrap(),
+    ]
+}
+
+fn run_linear(dev: &Device, dtype: DType, c: Case, o: &Operands, m: usize, k: usize) -> Vec<f32> {
+    let [xt, wt, gt, bt, rt] = operand_tensors(dev, dtype, o, m, k);
     let ops = LinearOps {
         norm: c.norm.then_some(RmsNorm {
             weight: &gt,
@@ -221,12 +228,7 @@ fn run_linear(dev: &Device, dtype: DType, c: Case, o: &Operands, m: usize, k: us
 
 /// The same case composed of the plain ops (`rms_norm`, `matmul`, `glu`, `add`).
 fn run_composed(dev: &Device, dtype: DType, c: Case, o: &Operands, m: usize, k: usize) -> Vec<f32> {
-    let n = o.w.len() / k;
-    let xt = Tensor::from_f32(dev, &[m, k], &o.x).unwrap();
-    let wt = weight(dev, dtype, n, k, &o.w);
-    let gt = Tensor::from_f32(dev, &[k], &o.g).unwrap();
-    let bt = Tensor::from_f32(dev, &[n], &o.bias).unwrap();
-    let rt = Tensor::from_f32(dev, &[m, o.res.len() / m], &o.res).unwrap();
+    let [xt, wt, gt, bt, rt] = operand_tensors(dev, dtype, o, m, k);
     let mut rec = Recorder::new(dev);
     let h = if c.norm {
         rec.rms_norm(&xt, &gt, 1e-5).unwrap()
