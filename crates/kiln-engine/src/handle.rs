@@ -3,7 +3,7 @@
 //! thread, so the step loop only ever sees well-formed work.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, mpsc};
+use std::sync::{Arc, Mutex, OnceLock, mpsc};
 use std::task::{Context, Poll};
 use std::thread::JoinHandle;
 
@@ -12,6 +12,7 @@ use kiln_tokenizer::Tokenizer;
 use tokio::sync::{mpsc as tmpsc, oneshot};
 
 use crate::EngineError;
+use crate::constraint::{Grammars, Guide};
 use crate::error::{InternalError, InvariantError};
 use crate::metrics::EngineMetrics;
 use crate::request::{Event, Output, OutputBuilder, Prompt, Request, RequestId};
@@ -77,6 +78,8 @@ pub(crate) struct Submission {
     pub seed: u64,
     pub tx: tmpsc::UnboundedSender<Event>,
     pub arrived: std::time::Instant,
+    /// Output 0's constraint, compiled (its first mask is computing already).
+    pub guide: Option<Guide>,
 }
 
 pub(crate) enum Command {
@@ -95,6 +98,9 @@ pub(crate) struct Shared {
     pub closing: AtomicBool,
     pub next_id: AtomicU64,
     pub metrics: Arc<EngineMetrics>,
+    /// Structured output's compiler, built on the first constrained request (`Err`: why this
+    /// model cannot have one).
+    pub grammars: OnceLock<Result<Arc<Grammars>, String>>,
     pub thread: Mutex<Option<JoinHandle<()>>>,
 }
 
@@ -123,6 +129,15 @@ impl EngineHandle {
             return Err(EngineError::ShuttingDown);
         }
         let prompt_ids = self.validate(&request)?;
+        let guide = match &request.constraint {
+            Some(c) => {
+                let g = self
+                    .grammars()
+                    .map_err(|e| EngineError::invalid(c.field(), e))?;
+                Some(Guide::new(g.compile(c)?, g.eos()))
+            }
+            None => None,
+        };
         let limit = s.info.max_waiting;
         let waiting = s.queued.fetch_add(1, Ordering::AcqRel);
         if waiting >= limit {
@@ -139,6 +154,7 @@ impl EngineHandle {
             seed,
             tx,
             arrived: std::time::Instant::now(),
+            guide,
         };
         if self.send(Command::Submit(Box::new(sub))).is_err() {
             s.queued.fetch_sub(1, Ordering::AcqRel);
@@ -237,6 +253,18 @@ impl EngineHandle {
             .lock()
             .map_err(|_| EngineError::ShuttingDown)?;
         tx.send(cmd).map_err(|_| EngineError::ShuttingDown)
+    }
+
+    /// The structured-output compiler, built on first use.
+    fn grammars(&self) -> Result<Arc<Grammars>, String> {
+        let s = &self.shared;
+        s.grammars
+            .get_or_init(|| {
+                let g = Grammars::new(&s.tokenizer, &s.info.eos_ids);
+                g.map(Arc::new)
+                    .map_err(|e| format!("structured output is not available for this model: {e}"))
+            })
+            .clone()
     }
 
     /// Checks every field against the model and the engine's limits; returns the prompt ids.

@@ -2,6 +2,7 @@
 
 mod batch;
 mod builder;
+mod constraint;
 mod error;
 mod handle;
 mod metrics;
@@ -14,6 +15,7 @@ mod start;
 mod step_loop;
 
 pub use builder::{BuildError, Built, Checkpoint, EngineOptions, KvSize, build};
+pub use constraint::Constraint;
 pub use error::{Cause, EngineError, InternalError, InvariantError, StartError, error_chain};
 pub use handle::{EngineHandle, EngineInfo, EngineStats, RequestStream, ShutdownMode};
 pub use metrics::{EngineMetrics, FinishLabel};

@@ -45,6 +45,9 @@ pub struct EngineMetrics {
     pub(crate) spec_steps: Counter,
     pub(crate) spec_acceptance: Gauge<f64, AtomicU64>,
     pub(crate) spec_mean_accepted: Gauge<f64, AtomicU64>,
+    /// Structured output: computing one allowed-token mask, and what sampling waited for it.
+    pub(crate) mask_compute: Histogram,
+    pub(crate) mask_wait: Histogram,
     /// When the step now running began (health checks read it to see a stuck step).
     pub(crate) step_clock: StepClock,
 }
@@ -115,6 +118,8 @@ impl EngineMetrics {
             spec_steps: Counter::default(),
             spec_acceptance: Gauge::default(),
             spec_mean_accepted: Gauge::default(),
+            mask_compute: Histogram::new(exponential_buckets(0.000_01, 2.0, 18)),
+            mask_wait: Histogram::new(exponential_buckets(0.000_01, 2.0, 18)),
             step_clock: StepClock::new(),
             registry: Registry::default(),
         };
@@ -228,6 +233,16 @@ impl EngineMetrics {
             "spec_decode_mean_accepted_length",
             "Draft tokens accepted per verifying step, since start (tokens per step: this + 1)",
             m.spec_mean_accepted.clone(),
+        );
+        r.register(
+            "structured_output_mask_seconds",
+            "Computing one constrained output's allowed-token mask (on a worker thread)",
+            m.mask_compute.clone(),
+        );
+        r.register(
+            "structured_output_mask_wait_seconds",
+            "What sampling a constrained output waited for its mask after the forward pass",
+            m.mask_wait.clone(),
         );
         Self { registry, ..m }
     }

@@ -8,6 +8,7 @@ use kiln_tokenizer::{DecodeOptions, IncrementalDetokenizer, StopMatcher, Tokeniz
 use tokio::sync::mpsc::UnboundedSender;
 
 use crate::EngineError;
+use crate::constraint::{Committed, Guide};
 use crate::error::InternalError;
 use crate::handle::{EngineInfo, Submission};
 use crate::metrics::EngineMetrics;
@@ -38,6 +39,8 @@ pub(crate) struct OutState {
     spec_misses: u32,
     /// Decode steps to go without drafting (the back-off after misses).
     spec_skip: u32,
+    /// The request's constraint at this output's point (structured output).
+    guide: Option<Guide>,
 }
 
 pub(crate) struct ReqState {
@@ -77,7 +80,9 @@ fn seed_for(seed: u64, index: usize) -> u64 {
 }
 
 impl ReqState {
-    pub fn new(sub: &Submission, seq: SeqId, tokenizer: &Tokenizer, info: &EngineInfo) -> Self {
+    /// Output 0's guide comes with the submission (its first mask already computing).
+    pub fn new(sub: &mut Submission, seq: SeqId, tokenizer: &Tokenizer, info: &EngineInfo) -> Self {
+        let guide = sub.guide.take();
         let r = &sub.request;
         let room = info.max_model_len - sub.prompt_ids.len();
         let (max_new, max_is_context) = match r.stopping.max_new_tokens {
@@ -105,12 +110,12 @@ impl ReqState {
             max_new,
             max_is_context,
         };
-        state.add_output(seq, tokenizer);
+        state.add_output(seq, tokenizer, guide);
         state
     }
 
-    /// Adds output `outs.len()` on sequence `seq`.
-    pub fn add_output(&mut self, seq: SeqId, tokenizer: &Tokenizer) {
+    /// Adds output `outs.len()` on sequence `seq`, under `guide` when constrained.
+    pub fn add_output(&mut self, seq: SeqId, tokenizer: &Tokenizer, guide: Option<Guide>) {
         let index = self.outs.len();
         self.outs.push(OutState {
             seq,
@@ -125,6 +130,7 @@ impl ReqState {
             last_at: None,
             spec_misses: 0,
             spec_skip: 0,
+            guide,
             pending: Delta {
                 index,
                 token_ids: Vec::new(),
@@ -133,6 +139,14 @@ impl ReqState {
                 finish: None,
             },
         });
+    }
+
+    /// A copy of output 0's guide for another output (`None`: unconstrained).
+    pub fn fork_guide(&mut self, metrics: &EngineMetrics) -> Result<Option<Guide>, EngineError> {
+        match self.outs.first_mut().and_then(|o| o.guide.as_mut()) {
+            Some(g) => Ok(Some(g.fork(metrics).map_err(InternalError::Constraint)?)),
+            None => Ok(None),
+        }
     }
 
     /// Whether the other `n - 1` outputs still have to fork from output 0.
@@ -168,7 +182,9 @@ impl ReqState {
         let suppressing = generated < self.stopping.min_new_tokens
             && (!self.stopping.stop_token_ids.is_empty()
                 || (!self.stopping.ignore_eos && !self.eos.is_empty()));
+        let constrained = self.outs.get(idx).is_some_and(|o| o.guide.is_some());
         self.params.needs_logits()
+            || constrained
             || self.output.logprobs
             || self.output.top_logprobs > 0
             || suppressing
@@ -182,7 +198,12 @@ impl ReqState {
     /// wasted verifications; one accepted token resets it.
     pub fn draft_room(&self, idx: usize) -> usize {
         match self.outs.get(idx) {
-            Some(o) if self.speculate && o.finish.is_none() && o.spec_skip == 0 => {
+            Some(o)
+                if self.speculate
+                    && o.finish.is_none()
+                    && o.spec_skip == 0
+                    && o.guide.is_none() =>
+            {
                 self.max_new.saturating_sub(o.generated.len() + 1)
             }
             _ => 0,
@@ -199,7 +220,7 @@ impl ReqState {
         now: Instant,
         metrics: &EngineMetrics,
     ) -> Result<TokenOutcome, EngineError> {
-        let (token, logprobs, _) = self.pick(idx, row, argmax, None)?;
+        let (token, logprobs, _) = self.pick(idx, row, argmax, None, metrics)?;
         if let Some(o) = self.outs.get_mut(idx) {
             o.spec_skip = o.spec_skip.saturating_sub(1);
         }
@@ -222,7 +243,8 @@ impl ReqState {
         let mut accepted = 0;
         let mut outcome = TokenOutcome::Finished;
         for j in 0..=draft.len() {
-            let (token, logprobs, ok) = self.pick(idx, row(j), argmax(j), draft.get(j).copied())?;
+            let (token, logprobs, ok) =
+                self.pick(idx, row(j), argmax(j), draft.get(j).copied(), metrics)?;
             accepted += usize::from(ok);
             outcome = self.apply(idx, token, logprobs, now, metrics)?;
             if !ok || matches!(outcome, TokenOutcome::Finished) {
@@ -251,8 +273,9 @@ impl ReqState {
         row: Option<&[f32]>,
         argmax: Option<u32>,
         draft: Option<u32>,
+        metrics: &EngineMetrics,
     ) -> Result<(u32, Option<TokenLogprobs>, bool), EngineError> {
-        let suppress = self.suppressed(idx);
+        let mut suppress = self.suppressed(idx);
         let needs_row = self.needs_row(idx);
         let want = LogprobRequest {
             logprobs: self.output.logprobs,
@@ -264,9 +287,19 @@ impl ReqState {
         };
         if needs_row {
             let row = row.ok_or_else(|| internal("logits row was not read back"))?;
+            let allowed = match &mut o.guide {
+                Some(g) => Some(g.mask(metrics).map_err(InternalError::Constraint)?),
+                None => None,
+            };
+            if let Some(mask) = allowed
+                && only_suppressed(mask, &suppress)
+            {
+                // The grammar wins over min_new_tokens: it may allow nothing but EOS.
+                suppress.clear();
+            }
             let (s, ok) = o
                 .sampler
-                .verify(row, &o.history, &suppress, draft, want)
+                .verify_masked(row, &o.history, &suppress, allowed, draft, want)
                 .map_err(InternalError::Sampling)?;
             let lp = (want.logprobs || want.top_logprobs > 0).then(|| TokenLogprobs {
                 token: s.token,
@@ -318,6 +351,14 @@ impl ReqState {
                 finish = Some(hit);
             }
         }
+        if finish.is_none()
+            && let Some(g) = &mut o.guide
+            && g.commit(token, metrics)
+                .map_err(InternalError::Constraint)?
+                == Committed::Complete
+        {
+            finish = Some(FinishReason::ConstraintComplete);
+        }
         if finish.is_none() && o.generated.len() >= self.max_new {
             finish = Some(if self.max_is_context {
                 FinishReason::ContextLength
@@ -365,6 +406,13 @@ impl ReqState {
         }
         out
     }
+}
+
+/// Whether every id `mask` allows is in `suppress` (so suppressing would leave nothing).
+fn only_suppressed(mask: &[u32], suppress: &[u32]) -> bool {
+    mask.iter().enumerate().all(|(w, &bits)| {
+        (0..32).all(|b| bits >> b & 1 == 0 || suppress.contains(&((w * 32 + b) as u32)))
+    })
 }
 
 impl OutState {

@@ -3,6 +3,7 @@
 
 use std::time::{Duration, Instant};
 
+use crate::constraint::Constraint;
 use crate::sampling::{SamplingParams, TokenLogprob};
 
 /// The engine's id for a submitted request (unique per engine).
@@ -76,6 +77,9 @@ pub struct Request {
     pub deadline: Option<Instant>,
     /// Let the engine's speculative decoding (if configured) draft tokens for this request.
     pub speculate: bool,
+    /// What every output must match (structured output); it ends as soon as it is complete.
+    /// Such outputs sample on the CPU and do not speculate.
+    pub constraint: Option<Constraint>,
 }
 
 impl Request {
@@ -101,11 +105,17 @@ impl Request {
             priority: 0,
             deadline: None,
             speculate: true,
+            constraint: None,
         }
     }
 
     pub fn max_new_tokens(mut self, n: usize) -> Self {
         self.stopping.max_new_tokens = Some(n);
+        self
+    }
+
+    pub fn constrain(mut self, constraint: Constraint) -> Self {
+        self.constraint = Some(constraint);
         self
     }
 
@@ -129,11 +139,13 @@ pub enum FinishReason {
     StopSequence(String),
     /// A stop token id was produced (the id).
     StopToken(u32),
+    /// The request's constraint is complete: its grammar admits no further token.
+    ConstraintComplete,
 }
 
 impl FinishReason {
     /// A short lowercase name (`length`, `context_length`, `eos_token`, `stop_sequence`,
-    /// `stop_token`), used as a metrics label.
+    /// `stop_token`, `constraint_complete`), used as a metrics label.
     pub fn name(&self) -> &'static str {
         match self {
             Self::Length => "length",
@@ -141,6 +153,7 @@ impl FinishReason {
             Self::EosToken => "eos_token",
             Self::StopSequence(_) => "stop_sequence",
             Self::StopToken(_) => "stop_token",
+            Self::ConstraintComplete => "constraint_complete",
         }
     }
 }

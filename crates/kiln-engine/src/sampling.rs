@@ -233,7 +233,8 @@ impl Sampler {
     /// Picks the next token from one row of logits (length = vocab). Expects validated params;
     /// invalid ones never panic but may yield `NoCandidates`.
     ///
-    /// Order: suppress (for min_new_tokens) → logit_bias → repetition penalty →
+    /// Order: suppress (for min_new_tokens; under a mask, see
+    /// [`sample_masked`](Self::sample_masked)) → logit_bias → repetition penalty →
     /// presence/frequency → greedy argmax (first index on ties), or temperature → top_k → top_p →
     /// min_p → one draw. A non-greedy call that succeeds makes exactly one draw, even if one
     /// candidate is left, so a sequence's draw count depends only on its own steps; greedy makes
@@ -245,10 +246,23 @@ impl Sampler {
         suppress: &[u32],
         want: LogprobRequest,
     ) -> Result<Sampled, SampleError> {
+        self.sample_masked(logits, history, suppress, None, want)
+    }
+
+    /// [`sample`](Self::sample) among the ids `allowed` sets (bit `id % 32` of word `id / 32`;
+    /// ids past its end are not allowed), before anything else: structured output's mask.
+    pub fn sample_masked(
+        &mut self,
+        logits: &[f32],
+        history: &TokenHistory,
+        suppress: &[u32],
+        allowed: Option<&[u32]>,
+        want: LogprobRequest,
+    ) -> Result<Sampled, SampleError> {
         if logits.is_empty() {
             return Err(SampleError::EmptyLogits);
         }
-        let processed = process(logits, &self.params, history, suppress);
+        let processed = process(logits, &self.params, history, suppress, allowed);
         let token = if self.params.is_greedy() {
             argmax(&processed).ok_or(SampleError::NoCandidates)?
         } else {
@@ -276,13 +290,28 @@ impl Sampler {
         draft: Option<u32>,
         want: LogprobRequest,
     ) -> Result<(Sampled, bool), SampleError> {
+        self.verify_masked(logits, history, suppress, None, draft, want)
+    }
+
+    /// [`verify`](Self::verify) under an allowed-token mask (see
+    /// [`sample_masked`](Self::sample_masked)).
+    pub fn verify_masked(
+        &mut self,
+        logits: &[f32],
+        history: &TokenHistory,
+        suppress: &[u32],
+        allowed: Option<&[u32]>,
+        draft: Option<u32>,
+        want: LogprobRequest,
+    ) -> Result<(Sampled, bool), SampleError> {
         let Some(draft) = draft else {
-            return Ok((self.sample(logits, history, suppress, want)?, false));
+            let s = self.sample_masked(logits, history, suppress, allowed, want)?;
+            return Ok((s, false));
         };
         if logits.is_empty() {
             return Err(SampleError::EmptyLogits);
         }
-        let s = self.sample(logits, history, suppress, want)?;
+        let s = self.sample_masked(logits, history, suppress, allowed, want)?;
         let accepted = s.token == draft;
         Ok((s, accepted))
     }
@@ -499,14 +528,24 @@ fn log_sum_exp(logits: &[f32]) -> (f64, f64) {
     (m, sum.ln())
 }
 
-/// Copy of the row with suppression, bias and penalties applied, in the documented order.
+/// Copy of the row with the mask, suppression, bias and penalties applied, in the
+/// documented order.
 fn process(
     logits: &[f32],
     params: &SamplingParams,
     history: &TokenHistory,
     suppress: &[u32],
+    allowed: Option<&[u32]>,
 ) -> Vec<f32> {
     let mut x = logits.to_vec();
+    if let Some(mask) = allowed {
+        for (i, v) in x.iter_mut().enumerate() {
+            let word = mask.get(i / 32).copied().unwrap_or(0);
+            if word >> (i % 32) & 1 == 0 {
+                *v = f32::NEG_INFINITY;
+            }
+        }
+    }
     for &id in suppress {
         if let Some(v) = x.get_mut(id as usize) {
             *v = f32::NEG_INFINITY;
@@ -644,7 +683,7 @@ mod tests {
         });
         // id0: (2+1)/2; id1: -1*2; id2: 0.5/2 - 0.25*2 - 0.5; id3: 3/2 - 0.25 - 0.5;
         // id4: -2+1.5 (unseen); id5 suppressed. Every value is exact in f32.
-        let got = process(&[2.0, -1.0, 0.5, 3.0, -2.0, 1.0], &p, &h, &[5]);
+        let got = process(&[2.0, -1.0, 0.5, 3.0, -2.0, 1.0], &p, &h, &[5], None);
         assert_eq!(got, [1.5, -2.0, -0.75, 0.75, -0.5, f32::NEG_INFINITY]);
     }
 
@@ -937,7 +976,7 @@ mod tests {
             seed in any::<u64>(),
         ) {
             let h = history(&prompt, &output);
-            let processed = process(&logits, &p, &h, &suppress);
+            let processed = process(&logits, &p, &h, &suppress, None);
             match Sampler::new(p.clone(), seed).sample(&logits, &h, &suppress, NONE) {
                 Ok(got) => {
                     prop_assert!(!suppress.contains(&got.token));
@@ -949,6 +988,38 @@ mod tests {
                 Err(e) => {
                     prop_assert_eq!(e, SampleError::NoCandidates);
                     prop_assert!(processed.iter().all(|v| *v == f32::NEG_INFINITY));
+                }
+            }
+        }
+
+        /// Under a mask, every pick is an allowed id (bias and penalties cannot bring a
+        /// masked id back), greedy picks the best allowed one, and an empty mask is
+        /// `NoCandidates`.
+        #[test]
+        fn masked_picks_are_allowed_ids(
+            (logits, mask) in (1usize..80).prop_flat_map(|v| (
+                proptest::collection::vec(-20.0f32..20.0, v),
+                proptest::collection::vec(any::<u32>(), v.div_ceil(32)),
+            )),
+            p in arb_params(),
+            seed in any::<u64>(),
+        ) {
+            let allowed = |id: usize| mask[id / 32] >> (id % 32) & 1 == 1;
+            let h = history(&[0], &[1]);
+            let got = Sampler::new(p.clone(), seed).sample_masked(&logits, &h, &[], Some(&mask), NONE);
+            match got {
+                Ok(s) => {
+                    prop_assert!(allowed(s.token as usize));
+                    if p.is_greedy() {
+                        let unmasked = process(&logits, &p, &h, &[], None);
+                        let best = (0..logits.len()).filter(|&i| allowed(i))
+                            .map(|i| unmasked[i]).fold(f32::NEG_INFINITY, f32::max);
+                        prop_assert_eq!(unmasked[s.token as usize], best);
+                    }
+                }
+                Err(e) => {
+                    prop_assert_eq!(e, SampleError::NoCandidates);
+                    prop_assert!((0..logits.len()).all(|i| !allowed(i)));
                 }
             }
         }

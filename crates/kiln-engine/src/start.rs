@@ -183,6 +183,7 @@ impl Engine {
                 closing: AtomicBool::new(false),
                 next_id: AtomicU64::new(0),
                 metrics,
+                grammars: std::sync::OnceLock::new(),
                 thread: Mutex::new(Some(thread)),
             }),
         })

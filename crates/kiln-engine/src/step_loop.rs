@@ -124,7 +124,7 @@ impl Loop {
         }
     }
 
-    fn admit_request(&mut self, sub: Submission) {
+    fn admit_request(&mut self, mut sub: Submission) {
         let seq = SeqId(self.next_seq);
         self.next_seq += 1;
         let params = SeqParams {
@@ -149,7 +149,7 @@ impl Loop {
             "request queued"
         );
         self.owner.insert(seq, (sub.id, 0));
-        let state = ReqState::new(&sub, seq, &self.tokenizer, &self.info);
+        let state = ReqState::new(&mut sub, seq, &self.tokenizer, &self.info);
         self.requests.insert(sub.id, state);
     }
 
@@ -291,12 +291,13 @@ impl Loop {
             return Ok(());
         };
         for index in 1..r.n {
+            let guide = r.fork_guide(&self.metrics)?;
             let child = SeqId(self.next_seq);
             self.next_seq += 1;
             self.sched
                 .fork(parent, child)
                 .map_err(InternalError::Fork)?;
-            r.add_output(child, &self.tokenizer);
+            r.add_output(child, &self.tokenizer, guide);
             self.owner.insert(child, (rid, index));
         }
         Ok(())

@@ -2,7 +2,9 @@
 //! validates what it owns (vocabulary, sampling ranges, context room, `n`); this edge checks
 //! what only the wire has (shapes of `prompt`, `stop`, `messages`, another model's name).
 
-use kiln_engine::{EngineInfo, OutputOptions, Prompt, Request, SamplingParams, StoppingCriteria};
+use kiln_engine::{
+    Constraint, EngineInfo, OutputOptions, Prompt, Request, SamplingParams, StoppingCriteria,
+};
 use kiln_tokenizer::{ChatOptions, EncodeOptions, Tokenizer};
 use serde_json::{Map, Value};
 
@@ -23,6 +25,22 @@ pub(crate) struct Plan {
     pub include_usage: bool,
     /// Alternatives per token when logprobs were asked for.
     pub logprobs: Option<usize>,
+    /// Which body field the constraint came from (`response_format` or
+    /// `structured_outputs`), so the engine's refusal names it.
+    pub constraint_via: Option<&'static str>,
+}
+
+impl Plan {
+    /// The body field an engine error about `constraint.<kind>` is about.
+    pub(crate) fn constraint_param(&self, engine_field: &str) -> Option<String> {
+        let kind = engine_field.strip_prefix("constraint.")?;
+        Some(match (self.constraint_via?, kind) {
+            ("response_format", "json_schema") => "response_format.json_schema.schema".into(),
+            ("response_format", _) => "response_format".into(),
+            (via, "json_schema") => format!("{via}.json"),
+            (via, kind) => format!("{via}.{kind}"),
+        })
+    }
 }
 
 pub(crate) fn check_model(c: &Common, cfg: &HttpConfig) -> Result<(), ApiError> {
@@ -231,16 +249,6 @@ pub(crate) fn completion(
 }
 
 fn plan(c: &Common, requests: Vec<Request>, logprobs: Option<usize>) -> Result<Plan, ApiError> {
-    match &c.response_format {
-        None | Some(Value::Null) => {}
-        Some(f) if f.get("type").and_then(Value::as_str) == Some("text") => {}
-        Some(_) => {
-            return Err(ApiError::invalid(
-                "response_format",
-                "structured output is not supported yet (only {\"type\": \"text\"})",
-            ));
-        }
-    }
     let stream = c.stream.unwrap_or(false);
     let include_usage = c
         .stream_options
@@ -252,7 +260,18 @@ fn plan(c: &Common, requests: Vec<Request>, logprobs: Option<usize>) -> Result<P
             "only allowed with `stream: true`",
         ));
     }
+    let constraint_via = requests
+        .first()
+        .and_then(|r| r.constraint.as_ref())
+        .map(|_| {
+            if c.structured_outputs.as_ref().is_some_and(|v| !v.is_null()) {
+                "structured_outputs"
+            } else {
+                "response_format"
+            }
+        });
     Ok(Plan {
+        constraint_via,
         n: requests.first().map_or(1, |r| r.n),
         requests,
         stream,
@@ -399,7 +418,146 @@ fn request(
         top_logprobs: logprobs.unwrap_or(0),
         skip_special_tokens: c.skip_special_tokens.unwrap_or(true),
     };
+    r.constraint = constraint(c)?;
     Ok(r)
+}
+
+/// The constraint `response_format` or `structured_outputs` asks for (at most one of them);
+/// the engine compiles it and refuses what does not compile.
+fn constraint(c: &Common) -> Result<Option<Constraint>, ApiError> {
+    let from_format = match &c.response_format {
+        None | Some(Value::Null) => None,
+        Some(f) => response_format(f)?,
+    };
+    let from_vllm = match &c.structured_outputs {
+        None | Some(Value::Null) => None,
+        Some(s) => structured_outputs(s)?,
+    };
+    match (from_format, from_vllm) {
+        (Some(_), Some(_)) => Err(ApiError::invalid(
+            "structured_outputs",
+            "cannot be combined with a `response_format` other than text; use one",
+        )),
+        (a, b) => Ok(a.or(b)),
+    }
+}
+
+/// OpenAI's `response_format`.
+fn response_format(f: &Value) -> Result<Option<Constraint>, ApiError> {
+    let ty = f.get("type").and_then(Value::as_str);
+    match ty {
+        Some("text") => Ok(None),
+        Some("json_object") => Ok(Some(Constraint::JsonObject)),
+        Some("json_schema") => {
+            let Some(js) = f.get("json_schema").filter(|v| v.is_object()) else {
+                return Err(ApiError::invalid(
+                    "response_format.json_schema",
+                    "expected an object with `name` and `schema`",
+                ));
+            };
+            match js.get("schema") {
+                Some(schema @ (Value::Object(_) | Value::Bool(_))) => {
+                    Ok(Some(Constraint::JsonSchema(schema.clone())))
+                }
+                Some(_) => Err(ApiError::invalid(
+                    "response_format.json_schema.schema",
+                    "expected a JSON Schema object",
+                )),
+                None => Err(ApiError::invalid(
+                    "response_format.json_schema.schema",
+                    "missing",
+                )),
+            }
+        }
+        Some(other) => Err(ApiError::invalid(
+            "response_format.type",
+            format!("`{other}` is not one of text, json_object, json_schema"),
+        )),
+        None => Err(ApiError::invalid(
+            "response_format",
+            "expected an object with `type`",
+        )),
+    }
+}
+
+/// vLLM's `structured_outputs` body extension: exactly one kind of constraint.
+fn structured_outputs(s: &Value) -> Result<Option<Constraint>, ApiError> {
+    let Value::Object(map) = s else {
+        return Err(ApiError::invalid(
+            "structured_outputs",
+            "expected an object with one of json, regex, choice, grammar, json_object",
+        ));
+    };
+    let field = |k: &str| format!("structured_outputs.{k}");
+    let mut found = Vec::new();
+    for (k, v) in map {
+        if v.is_null() || v == &Value::Bool(false) {
+            continue;
+        }
+        let c = match k.as_str() {
+            "json" => match v {
+                Value::String(text) => {
+                    let schema = serde_json::from_str(text).map_err(|e| {
+                        ApiError::invalid(field(k), format!("is not valid JSON: {e}"))
+                    })?;
+                    Constraint::JsonSchema(schema)
+                }
+                Value::Object(_) | Value::Bool(_) => Constraint::JsonSchema(v.clone()),
+                _ => {
+                    return Err(ApiError::invalid(
+                        field(k),
+                        "expected a JSON Schema (an object or JSON text)",
+                    ));
+                }
+            },
+            "regex" | "grammar" => {
+                let text = v
+                    .as_str()
+                    .ok_or_else(|| ApiError::invalid(field(k), "expected a string"))?;
+                if k == "regex" {
+                    Constraint::Regex(text.to_owned())
+                } else {
+                    Constraint::Grammar(text.to_owned())
+                }
+            }
+            "choice" => {
+                let items = v
+                    .as_array()
+                    .ok_or_else(|| ApiError::invalid(field(k), "expected an array of strings"))?;
+                let choices = items
+                    .iter()
+                    .map(|x| x.as_str().map(str::to_owned))
+                    .collect::<Option<Vec<_>>>()
+                    .ok_or_else(|| ApiError::invalid(field(k), "expected an array of strings"))?;
+                Constraint::Choice(choices)
+            }
+            "json_object" if v == &Value::Bool(true) => Constraint::JsonObject,
+            "json_object" => {
+                return Err(ApiError::invalid(field(k), "expected true or false"));
+            }
+            other => {
+                return Err(ApiError::invalid(
+                    field(other),
+                    "is not supported (kiln serves json, regex, choice, grammar, json_object)",
+                ));
+            }
+        };
+        found.push((k.clone(), c));
+    }
+    match found.len() {
+        0 => Ok(None),
+        1 => Ok(found.pop().map(|(_, c)| c)),
+        _ => {
+            let names: Vec<&str> = found.iter().map(|(k, _)| k.as_str()).collect();
+            Err(ApiError::invalid(
+                "structured_outputs",
+                format!(
+                    "only one kind of constraint at a time, got {}",
+                    names.join(", ")
+                ),
+            ))
+        }
+    }
 }
 
 #[cfg(test)]

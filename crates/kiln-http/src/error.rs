@@ -118,6 +118,14 @@ impl ApiError {
         }
     }
 
+    /// Names the body's `param` for what the engine called `engine_field`.
+    pub(crate) fn rename_param(&mut self, engine_field: &str, param: String) {
+        if let Some(rest) = self.message.strip_prefix(engine_field) {
+            self.message = format!("{param}{rest}");
+        }
+        self.param = Some(param);
+    }
+
     /// The engine refused or ended a request.
     pub(crate) fn from_engine(e: &EngineError, api: Api) -> Self {
         let message = error_chain(e);

@@ -34,9 +34,12 @@ pub(crate) struct Common {
     pub skip_special_tokens: Option<bool>,
     pub stop_token_ids: Option<Vec<u32>>,
     pub include_stop_str_in_output: Option<bool>,
-    /// Structured output; only `{"type": "text"}` is served so far (refused otherwise, never
-    /// silently ignored).
+    /// Structured output, OpenAI's way: `{"type": "text" | "json_object"}` or
+    /// `{"type": "json_schema", "json_schema": {"name", "schema", "strict"}}`.
     pub response_format: Option<Value>,
+    /// Structured output, vLLM's way: one of `json` (a schema, as an object or JSON text),
+    /// `regex`, `choice`, `grammar` (llguidance's Lark syntax) or `json_object: true`.
+    pub structured_outputs: Option<Value>,
 }
 
 #[derive(Debug, Default, Clone, Copy, Deserialize)]

@@ -44,7 +44,7 @@ pub(crate) struct Ctx {
 fn finish(f: &FinishReason) -> (&'static str, Option<Value>) {
     match f {
         FinishReason::Length | FinishReason::ContextLength => ("length", None),
-        FinishReason::EosToken => ("stop", None),
+        FinishReason::EosToken | FinishReason::ConstraintComplete => ("stop", None),
         FinishReason::StopSequence(s) => ("stop", Some(Value::String(s.clone()))),
         FinishReason::StopToken(id) => ("stop", Some(Value::from(*id))),
     }

@@ -14,7 +14,8 @@ use axum::routing::{get, post};
 use axum::serve::ListenerExt;
 use http::{HeaderValue, StatusCode, header};
 use kiln_engine::{
-    EngineHandle, Health, Output, Serving, Usage, bearer_matches, new_request_id, usable_request_id,
+    EngineError, EngineHandle, Health, Output, Serving, Usage, bearer_matches, new_request_id,
+    usable_request_id,
 };
 use serde::de::DeserializeOwned;
 use serde_json::Value;
@@ -338,7 +339,7 @@ fn log_start(id: &str, user: Option<&str>) {
 async fn run(
     app: &App,
     engine: &EngineHandle,
-    plan: Plan,
+    mut plan: Plan,
     id: String,
     api: Api,
 ) -> Result<Response, ApiError> {
@@ -352,12 +353,20 @@ async fn run(
         tokenizer: engine.tokenizer().clone(),
     };
     // If a later prompt is refused, dropping the earlier streams aborts their requests.
-    let streams = plan
-        .requests
-        .into_iter()
-        .map(|r| engine.submit(r))
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| ApiError::from_engine(&e, api))?;
+    let requests = std::mem::take(&mut plan.requests);
+    let refused = |e: EngineError| {
+        let mut err = ApiError::from_engine(&e, api);
+        if let EngineError::InvalidArgument { field, .. } = &e
+            && let Some(param) = plan.constraint_param(field)
+        {
+            err.rename_param(field, param);
+        }
+        err
+    };
+    let mut streams = Vec::with_capacity(plan.requests.len());
+    for r in requests {
+        streams.push(engine.submit(r).map_err(refused)?);
+    }
     if plan.stream {
         let log_id = ctx.id.clone();
         let on_finish = Box::new(move |u: &Usage| log_done(&log_id, u));

@@ -6,8 +6,8 @@
 use std::time::Instant;
 
 use kiln_engine::{
-    Delta, EngineInfo, FinishReason, OutputOptions, Prompt, Request, SamplingParams, SeqOutput,
-    StoppingCriteria, Timing, TokenLogprobs, Usage,
+    Constraint, Delta, EngineInfo, FinishReason, OutputOptions, Prompt, Request, SamplingParams,
+    SeqOutput, StoppingCriteria, Timing, TokenLogprobs, Usage,
 };
 use kiln_tokenizer::{ChatMessage, ChatOptions, Tokenizer};
 use tonic::Status;
@@ -157,7 +157,29 @@ pub(crate) fn request(
     req.priority = r.priority;
     req.deadline = deadline;
     req.speculate = r.speculative.unwrap_or(true);
+    req.constraint = constraint(r.constraint.as_ref())?;
     Ok((req, reply))
+}
+
+/// The `constraint` oneof; what it says is compiled (and refused) by the engine.
+fn constraint(c: Option<&pb::generate_request::Constraint>) -> Result<Option<Constraint>, Status> {
+    use pb::generate_request::Constraint as C;
+    Ok(Some(match c {
+        None => return Ok(None),
+        Some(C::JsonSchema(text)) => {
+            let schema = serde_json::from_str(text).map_err(|e| {
+                invalid("constraint.json_schema", format!("is not valid JSON: {e}"))
+            })?;
+            Constraint::JsonSchema(schema)
+        }
+        Some(C::JsonObject(true)) => Constraint::JsonObject,
+        Some(C::JsonObject(false)) => {
+            return Err(invalid("constraint.json_object", "must be true when set"));
+        }
+        Some(C::Regex(rx)) => Constraint::Regex(rx.clone()),
+        Some(C::Choice(c)) => Constraint::Choice(c.choices.clone()),
+        Some(C::Grammar(g)) => Constraint::Grammar(g.clone()),
+    }))
 }
 
 pub(crate) fn finish(f: &FinishReason) -> pb::FinishInfo {
@@ -167,6 +189,9 @@ pub(crate) fn finish(f: &FinishReason) -> pb::FinishInfo {
         FinishReason::EosToken => (pb::FinishReason::EosToken, String::new(), None),
         FinishReason::StopSequence(s) => (pb::FinishReason::StopSequence, s.clone(), None),
         FinishReason::StopToken(id) => (pb::FinishReason::StopToken, String::new(), Some(*id)),
+        FinishReason::ConstraintComplete => {
+            (pb::FinishReason::ConstraintComplete, String::new(), None)
+        }
     };
     pb::FinishInfo {
         reason: reason.into(),

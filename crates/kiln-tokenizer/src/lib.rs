@@ -17,7 +17,7 @@ pub use chat::{CHATML_TEMPLATE, ChatMessage, ChatOptions, ChatTemplate};
 pub use detok::IncrementalDetokenizer;
 pub use error::{Result, TokenizerError};
 pub use stop::{StopHit, StopMatcher, StopOutput};
-pub use tokenizer::{DecodeOptions, EncodeOptions, Encoding, SpecialTokens, Tokenizer};
+pub use tokenizer::{DecodeOptions, EncodeOptions, Encoding, SpecialTokens, TokenBytes, Tokenizer};
 
 impl Tokenizer {
     /// Loads a Hugging Face model folder.

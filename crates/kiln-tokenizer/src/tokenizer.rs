@@ -6,7 +6,7 @@ use std::sync::Arc;
 use crate::chat::{ChatMessage, ChatOptions, ChatTemplate};
 use crate::detok::IncrementalDetokenizer;
 use crate::error::{Result, TokenizerError};
-use crate::pieces::PieceTable;
+use crate::pieces::{Piece, PieceTable, Scheme};
 
 /// The model's special tokens and how encoding uses them.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -61,6 +61,14 @@ pub struct Encoding {
     /// Byte range of each token in the input text (empty unless asked for); added special
     /// tokens such as BOS get `(0, 0)`.
     pub offsets: Vec<(usize, usize)>,
+}
+
+/// One token's bytes (see [`Tokenizer::token_bytes`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TokenBytes {
+    pub bytes: Vec<u8>,
+    /// An added special token (its bytes are its name, such as `<|im_end|>`).
+    pub special: bool,
 }
 
 /// A tokenizer for one model. Cheap to clone (shared inside).
@@ -208,6 +216,28 @@ impl Tokenizer {
             }),
             None => Ok(()),
         }
+    }
+
+    /// Every id's bytes as the decoder writes them, special tokens flagged: what a token-level
+    /// grammar engine (llguidance's token trie) walks. `None` when the decoder is neither
+    /// GPT-2 byte-level nor SentencePiece-style (the bytes of a token are then not defined on
+    /// their own); ids missing from the vocabulary get no bytes.
+    pub fn token_bytes(&self) -> Option<Vec<TokenBytes>> {
+        let pieces = self.pieces();
+        if pieces.scheme() == Scheme::Generic {
+            return None;
+        }
+        let bytes = (0..pieces.len())
+            .map(|id| TokenBytes {
+                bytes: match pieces.piece(id) {
+                    Some(Piece::Bytes(b)) => b.to_vec(),
+                    Some(Piece::Byte(b)) => vec![b],
+                    None => Vec::new(),
+                },
+                special: pieces.is_special(id),
+            })
+            .collect();
+        Some(bytes)
     }
 
     /// A detokenizer that turns ids, fed one at a time, into UTF-8-safe text deltas.

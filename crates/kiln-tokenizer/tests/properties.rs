@@ -166,3 +166,70 @@ fn multibyte_characters_are_held_until_complete() -> common::TestResult {
     assert!(detok.push(1_000_000).is_err());
     Ok(())
 }
+
+/// The concatenated [`Tokenizer::token_bytes`] of `ids`, special tokens left out.
+fn joined_bytes(tok: &Tokenizer, ids: &[u32]) -> Result<Vec<u8>, TestCaseError> {
+    let table = tok
+        .token_bytes()
+        .ok_or_else(|| TestCaseError::fail("no token bytes for this decoder"))?;
+    let mut out = Vec::new();
+    for &id in ids {
+        let t = table
+            .get(id as usize)
+            .ok_or_else(|| TestCaseError::fail(format!("id {id} has no entry")))?;
+        if !t.special {
+            out.extend_from_slice(&t.bytes);
+        }
+    }
+    Ok(out)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    /// Token bytes are what `tokenizers`' own decoder writes: byte-level ids of any kind.
+    #[test]
+    fn byte_level_token_bytes_are_what_decode_writes(ids in smollm2_ids()) {
+        let tok = smollm2()?;
+        let fail = |e: kiln_tokenizer::TokenizerError| TestCaseError::fail(e.to_string());
+        let want = tok.decode_with(&ids, DecodeOptions { skip_special_tokens: true }).map_err(fail)?;
+        let got = joined_bytes(tok, &ids)?;
+        prop_assert_eq!(String::from_utf8_lossy(&got), want);
+    }
+
+    /// SentencePiece: the pieces of an encoded text spell it (after the dummy-prefix space
+    /// the decoder strips), byte-fallback bytes included.
+    #[test]
+    fn sentencepiece_token_bytes_spell_the_text(text in "\\PC{0,40}") {
+        let tok = spm()?;
+        let fail = |e: kiln_tokenizer::TokenizerError| TestCaseError::fail(e.to_string());
+        let ids = tok.encode(&text).map_err(fail)?;
+        let want = tok.decode_with(&ids, DecodeOptions { skip_special_tokens: true }).map_err(fail)?;
+        let got = String::from_utf8_lossy(&joined_bytes(tok, &ids)?).into_owned();
+        prop_assert!(
+            got == want || got.strip_prefix(' ') == Some(want.as_str()),
+            "pieces spell {got:?}, decode gives {want:?}"
+        );
+    }
+}
+
+#[test]
+fn special_tokens_are_flagged_in_token_bytes() -> Result<(), TestCaseError> {
+    let tok = smollm2()?;
+    let table = tok
+        .token_bytes()
+        .ok_or_else(|| TestCaseError::fail("no token bytes"))?;
+    assert_eq!(table.len(), tok.vocab_size() as usize);
+    let eos = tok
+        .special_tokens()
+        .eos
+        .ok_or_else(|| TestCaseError::fail("no eos"))?;
+    assert!(table[eos as usize].special);
+    assert_eq!(table[eos as usize].bytes, b"<|im_end|>");
+    let space_a = tok
+        .token_to_id("\u{120}a")
+        .ok_or_else(|| TestCaseError::fail("no Ġa"))?;
+    assert_eq!(table[space_a as usize].bytes, b" a");
+    assert!(!table[space_a as usize].special);
+    Ok(())
+}

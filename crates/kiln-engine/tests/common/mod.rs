@@ -11,6 +11,7 @@ use kiln_scheduler::SchedulerConfig;
 use kiln_tensor::Device;
 use kiln_tokenizer::{SpecialTokens, Tokenizer};
 
+#[allow(unused_imports)]
 pub use kiln_testkit::devices;
 
 pub fn tiny_dir() -> PathBuf {

@@ -1,0 +1,365 @@
+//! Structured output: a request's [`Constraint`] compiled by `llguidance` into a token-level
+//! matcher over kiln's tokenizer ([`Grammars`]), and each constrained output's [`Guide`]: the
+//! allowed-token mask for its next token, computed on a worker thread while the step runs,
+//! and the token it is told once sampling picked it.
+//!
+//! How a step overlaps: the mask for token N+1 depends on token N, so it cannot be computed
+//! before token N is sampled; it starts on a rayon worker the moment token N is committed
+//! (at admission for the first token), while the step loop sends the deltas and runs the next
+//! forward pass, and sampling waits for it only if it is not done by then
+//! (`kiln_structured_output_mask_wait_seconds`). Unconstrained sequences never touch any of
+//! this. Constrained outputs sample on the CPU (their row is read back) and do not speculate.
+
+use std::sync::{Arc, mpsc};
+use std::time::{Duration, Instant};
+
+use kiln_tokenizer::{EncodeOptions, Tokenizer};
+use llguidance::api::TopLevelGrammar;
+use llguidance::toktrie::{SimpleVob, TokEnv, TokRxInfo, TokTrie, TokenId, TokenizerEnv};
+use llguidance::{Matcher, ParserFactory};
+use serde_json::{Value, json};
+
+use crate::EngineError;
+use crate::metrics::EngineMetrics;
+
+/// What a request's output must match.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Constraint {
+    /// A JSON value valid under this JSON Schema.
+    JsonSchema(Value),
+    /// Any JSON object.
+    JsonObject,
+    /// Text matching this regular expression (Rust `regex` syntax), whole.
+    Regex(String),
+    /// Exactly one of these strings.
+    Choice(Vec<String>),
+    /// Text in the language of this grammar (llguidance's Lark syntax; `start` is the start
+    /// rule).
+    Grammar(String),
+}
+
+impl Constraint {
+    /// The request field an error about it names.
+    pub fn field(&self) -> &'static str {
+        match self {
+            Self::JsonSchema(_) => "constraint.json_schema",
+            Self::JsonObject => "constraint.json_object",
+            Self::Regex(_) => "constraint.regex",
+            Self::Choice(_) => "constraint.choice",
+            Self::Grammar(_) => "constraint.grammar",
+        }
+    }
+
+    /// The llguidance grammar. JSON comes out compact, as Python's `json.dumps` writes it
+    /// (`", "` between items, `": "` after keys, no other whitespace), unless the schema's own
+    /// `x-guidance` options say otherwise: free whitespace lets a small model pad forever.
+    fn grammar(&self) -> Result<TopLevelGrammar, String> {
+        let json_options = json!({
+            "whitespace_flexible": false,
+            "item_separator": ", ",
+            "key_separator": ": ",
+        });
+        Ok(match self {
+            Self::JsonSchema(schema) => {
+                let mut schema = schema.clone();
+                if let Value::Object(map) = &mut schema {
+                    map.entry("x-guidance").or_insert(json_options);
+                }
+                TopLevelGrammar::from_json_schema(schema)
+            }
+            Self::JsonObject => {
+                let mut schema = json!({"type": "object"});
+                schema["x-guidance"] = json_options;
+                TopLevelGrammar::from_json_schema(schema)
+            }
+            Self::Regex(rx) => {
+                if rx.is_empty() {
+                    return Err("is empty".into());
+                }
+                TopLevelGrammar::from_regex(rx)
+            }
+            Self::Choice(choices) => {
+                if choices.is_empty() {
+                    return Err("lists no choices".into());
+                }
+                if let Some(i) = choices.iter().position(String::is_empty) {
+                    return Err(format!("choice {i} is empty"));
+                }
+                // A JSON string is a Lark string literal with the same escapes.
+                let literals: Vec<String> = choices
+                    .iter()
+                    .map(|c| Value::String(c.clone()).to_string())
+                    .collect();
+                TopLevelGrammar::from_lark(format!("start: {}", literals.join(" | ")))
+            }
+            Self::Grammar(g) => {
+                if g.trim().is_empty() {
+                    return Err("is empty".into());
+                }
+                TopLevelGrammar::from_lark(g.clone())
+            }
+        })
+    }
+}
+
+/// The tokenizer as llguidance sees it: the byte trie of every token, and encoding through
+/// kiln's own tokenizer (so forced tokens are the ones the model was trained on).
+struct KilnTokEnv {
+    trie: TokTrie,
+    tokenizer: Tokenizer,
+}
+
+impl TokenizerEnv for KilnTokEnv {
+    fn tok_trie(&self) -> &TokTrie {
+        &self.trie
+    }
+
+    fn tokenize_bytes(&self, s: &[u8]) -> Vec<TokenId> {
+        let plain = EncodeOptions {
+            add_special_tokens: false,
+            ..EncodeOptions::default()
+        };
+        match std::str::from_utf8(s) {
+            Ok(text) => match self.tokenizer.encode_with(text, plain) {
+                Ok(enc) => enc.ids,
+                Err(_) => self.trie.greedy_tokenize(s),
+            },
+            Err(_) => self.trie.greedy_tokenize(s),
+        }
+    }
+}
+
+/// Compiles constraints for one model's tokenizer (built once, on the first constrained
+/// request: the token trie and llguidance's token slices take a moment for a large vocabulary).
+pub(crate) struct Grammars {
+    factory: ParserFactory,
+    /// The model's EOS ids: allowed together whenever the grammar allows its EOS.
+    eos: Arc<[u32]>,
+}
+
+impl std::fmt::Debug for Grammars {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Grammars")
+            .field("eos", &self.eos)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Grammars {
+    /// Why constrained decoding is unavailable when it is (the tokenizer's tokens have no
+    /// bytes of their own, or the model has no EOS).
+    pub fn new(tokenizer: &Tokenizer, eos: &[u32]) -> Result<Self, String> {
+        let &tok_eos = eos
+            .first()
+            .ok_or("the model has no EOS token to end a constrained output with")?;
+        let tokens = tokenizer.token_bytes().ok_or(
+            "the tokenizer's decoder is neither byte-level nor SentencePiece, so its tokens \
+             have no bytes of their own",
+        )?;
+        let words: Vec<Vec<u8>> = tokens
+            .into_iter()
+            .map(|t| {
+                if t.special {
+                    let mut marked = vec![TokTrie::SPECIAL_TOKEN_MARKER];
+                    marked.extend(t.bytes);
+                    marked
+                } else {
+                    t.bytes
+                }
+            })
+            .collect();
+        let vocab = u32::try_from(words.len()).map_err(|_| "vocabulary too large")?;
+        let info = TokRxInfo::new(vocab, tok_eos);
+        let env: TokEnv = Arc::new(KilnTokEnv {
+            trie: TokTrie::from(&info, &words),
+            tokenizer: tokenizer.clone(),
+        });
+        let mut factory = ParserFactory::new_simple(&env).map_err(|e| e.to_string())?;
+        factory.quiet();
+        Ok(Self {
+            factory,
+            eos: eos.into(),
+        })
+    }
+
+    /// The constraint's matcher, fresh; an invalid schema, regex or grammar is an
+    /// `InvalidArgument` naming the field and what llguidance found wrong.
+    pub fn compile(&self, c: &Constraint) -> Result<Matcher, EngineError> {
+        let field = c.field();
+        let grammar = c.grammar().map_err(|e| EngineError::invalid(field, e))?;
+        let parser = self
+            .factory
+            .create_parser(grammar)
+            .map_err(|e| EngineError::invalid(field, first_line(&e.to_string())))?;
+        let matcher = Matcher::new(Ok(parser));
+        if let Some(e) = matcher.get_error() {
+            return Err(EngineError::invalid(field, first_line(&e)));
+        }
+        Ok(matcher)
+    }
+
+    pub fn eos(&self) -> Arc<[u32]> {
+        self.eos.clone()
+    }
+}
+
+/// llguidance's errors can carry the whole grammar after the first line; a client needs the
+/// reason.
+fn first_line(e: &str) -> String {
+    let line = e.lines().next().unwrap_or(e).trim();
+    let mut s: String = line.chars().take(500).collect();
+    if s.len() < line.len() {
+        s.push('…');
+    }
+    s
+}
+
+/// A mask computed on a worker, and the matcher it was computed with.
+struct Computed {
+    matcher: Box<Matcher>,
+    mask: Result<SimpleVob, String>,
+    took: Duration,
+}
+
+enum State {
+    /// A worker is computing the mask for the next token.
+    Computing(mpsc::Receiver<Computed>),
+    /// The mask for the next token is here.
+    Ready {
+        matcher: Box<Matcher>,
+        mask: Result<SimpleVob, String>,
+    },
+    /// The worker went away without its result (it panicked).
+    Lost,
+}
+
+/// One constrained output: its matcher and the mask for its next token.
+pub(crate) struct Guide {
+    state: State,
+    eos: Arc<[u32]>,
+}
+
+impl std::fmt::Debug for Guide {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Guide").finish_non_exhaustive()
+    }
+}
+
+/// What a committed token did to the grammar.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Committed {
+    /// More tokens may follow; the next mask is being computed.
+    Going,
+    /// The grammar is complete and admits nothing more: the output ends here.
+    Complete,
+}
+
+impl Guide {
+    /// Starts computing the first token's mask at once.
+    pub fn new(matcher: Matcher, eos: Arc<[u32]>) -> Self {
+        Self {
+            state: spawn(Box::new(matcher), eos.clone()),
+            eos,
+        }
+    }
+
+    /// A copy at the same point of the grammar (for the other outputs of `n > 1`), computing
+    /// its own mask.
+    pub fn fork(&mut self, metrics: &EngineMetrics) -> Result<Self, String> {
+        self.wait(metrics);
+        match &self.state {
+            State::Ready { matcher, .. } => Ok(Self {
+                state: spawn(Box::new(matcher.deep_clone()), self.eos.clone()),
+                eos: self.eos.clone(),
+            }),
+            _ => Err("the structured-output worker was lost".into()),
+        }
+    }
+
+    fn wait(&mut self, metrics: &EngineMetrics) {
+        if let State::Computing(rx) = &self.state {
+            let t = Instant::now();
+            self.state = match rx.recv() {
+                Ok(c) => {
+                    metrics.mask_wait.observe(t.elapsed().as_secs_f64());
+                    metrics.mask_compute.observe(c.took.as_secs_f64());
+                    State::Ready {
+                        matcher: c.matcher,
+                        mask: c.mask,
+                    }
+                }
+                Err(_) => State::Lost,
+            };
+        }
+    }
+
+    /// The ids allowed next, one bit each (bit `id % 32` of word `id / 32`); every EOS id when
+    /// the grammar allows EOS. Waits for the worker if it is still computing.
+    pub fn mask(&mut self, metrics: &EngineMetrics) -> Result<&[u32], String> {
+        self.wait(metrics);
+        match &mut self.state {
+            State::Ready { mask: Ok(mask), .. } => Ok(mask.as_slice()),
+            State::Ready { mask: Err(e), .. } => Err(e.clone()),
+            State::Computing(_) | State::Lost => {
+                Err("the structured-output worker was lost".into())
+            }
+        }
+    }
+
+    /// Tells the grammar the token sampling picked (from the mask) and starts the next mask.
+    pub fn commit(&mut self, token: u32, metrics: &EngineMetrics) -> Result<Committed, String> {
+        self.wait(metrics);
+        let State::Ready { mut matcher, .. } = std::mem::replace(&mut self.state, State::Lost)
+        else {
+            return Err("the structured-output worker was lost".into());
+        };
+        if self.eos.contains(&token) {
+            // Only reachable when the grammar allowed its EOS: the output is complete.
+            self.state = State::Ready {
+                matcher,
+                mask: Err("the output has ended".into()),
+            };
+            return Ok(Committed::Complete);
+        }
+        matcher
+            .consume_token(token)
+            .map_err(|e| format!("the grammar refused token {token}: {e}"))?;
+        if matcher.is_stopped() {
+            self.state = State::Ready {
+                matcher,
+                mask: Err("the output has ended".into()),
+            };
+            return Ok(Committed::Complete);
+        }
+        self.state = spawn(matcher, self.eos.clone());
+        Ok(Committed::Going)
+    }
+}
+
+/// Computes `matcher`'s next mask on a rayon worker; every id of `eos` is allowed when the
+/// first (the one llguidance knows) is.
+fn spawn(matcher: Box<Matcher>, eos: Arc<[u32]>) -> State {
+    let (tx, rx) = mpsc::sync_channel(1);
+    rayon::spawn(move || {
+        let mut matcher = matcher;
+        let t = Instant::now();
+        let mut mask = matcher
+            .compute_mask()
+            .map_err(|e| first_line(&e.to_string()));
+        if let Ok(m) = &mut mask
+            && eos.first().is_some_and(|&e| m.is_allowed(e))
+        {
+            let len = m.len();
+            for &e in eos.iter().filter(|&&e| (e as usize) < len) {
+                m.allow_token(e);
+            }
+        }
+        let took = t.elapsed();
+        let _ = tx.send(Computed {
+            matcher,
+            mask,
+            took,
+        });
+    });
+    State::Computing(rx)
+}

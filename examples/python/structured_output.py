@@ -1,0 +1,232 @@
+"""Structured output through the official OpenAI Python client, checked by `jsonschema` itself:
+every JSON-schema request of the test set (nested objects, arrays with bounds, enums,
+patterns, bounded numbers, nullable fields), greedy and sampled under several seeds, whole and
+streamed, returns output that validates; vLLM's `structured_outputs` (regex, choice, grammar,
+json) is honoured; an invalid schema, regex or grammar is a 400 naming the field. Exits
+non-zero, saying what failed, if any check does.
+
+Install: pip install openai jsonschema
+Run:     python3 examples/python/structured_output.py [HOST:PORT]   (kiln serve's --http-listen)
+"""
+import json
+import re
+import sys
+import time
+import urllib.request
+
+import jsonschema
+import openai
+from openai import OpenAI
+
+
+def check(ok, what):
+    if not ok:
+        sys.exit(f"FAIL: {what}")
+
+
+def wait_until_healthy(address, wait_s):
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            with urllib.request.urlopen(f"http://{address}/health", timeout=10) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            sys.exit(f"FAIL: {address} not healthy after {wait_s} s")
+        time.sleep(0.5)
+
+
+SCHEMAS = {
+    "person": {
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "maxLength": 30},
+            "age": {"type": "integer", "minimum": 0, "maximum": 130},
+            "email": {"type": ["string", "null"], "maxLength": 40},
+        },
+        "required": ["name", "age", "email"],
+        "additionalProperties": False,
+    },
+    "order": {
+        "type": "object",
+        "properties": {
+            "id": {"type": "string", "pattern": "^ORD-[0-9]{4}$"},
+            "items": {
+                "type": "array",
+                "minItems": 1,
+                "maxItems": 3,
+                "items": {
+                    "type": "object",
+                    "properties": {
+                        "sku": {"type": "string", "maxLength": 12},
+                        "qty": {"type": "integer", "minimum": 1, "maximum": 9},
+                    },
+                    "required": ["sku", "qty"],
+                    "additionalProperties": False,
+                },
+            },
+            "status": {"enum": ["new", "paid", "shipped"]},
+        },
+        "required": ["id", "items", "status"],
+        "additionalProperties": False,
+    },
+    "weather": {
+        "type": "object",
+        "properties": {
+            "city": {"type": "string", "maxLength": 24},
+            "celsius": {"type": "number", "minimum": -60, "maximum": 60},
+            "sky": {"enum": ["clear", "cloudy", "rain", "snow"]},
+            "wind": {
+                "anyOf": [
+                    {"type": "null"},
+                    {
+                        "type": "object",
+                        "properties": {"kmh": {"type": "integer", "minimum": 0, "maximum": 200}},
+                        "required": ["kmh"],
+                        "additionalProperties": False,
+                    },
+                ]
+            },
+        },
+        "required": ["city", "celsius", "sky", "wind"],
+        "additionalProperties": False,
+    },
+    "tags": {
+        "type": "array",
+        "items": {"type": "string", "maxLength": 10},
+        "minItems": 2,
+        "maxItems": 4,
+    },
+    "flag": {"type": "boolean"},
+}
+
+PROMPTS = {
+    "person": "Describe a fictional person as JSON.",
+    "order": "Write an example shop order as JSON.",
+    "weather": "Give today's weather in Paris as JSON.",
+    "tags": "List a few tags for a blog post about baking bread, as a JSON array.",
+    "flag": "Is water wet? Answer in JSON.",
+}
+
+
+MODEL = None  # the served model's id, from /v1/models
+
+
+def chat(client, prompt, max_tokens=160, **kw):
+    return client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": prompt}],
+        max_tokens=max_tokens,
+        **kw,
+    )
+
+
+def main():
+    address = sys.argv[1] if len(sys.argv) > 1 else "127.0.0.1:8000"
+    wait_until_healthy(address, 600)
+    client = OpenAI(base_url=f"http://{address}/v1", api_key="unused", timeout=300)
+    global MODEL
+    MODEL = client.models.list().data[0].id
+
+    # Every schema: greedy, and sampled under three seeds; validated by jsonschema.
+    checked = 0
+    for name, schema in SCHEMAS.items():
+        fmt = {"type": "json_schema", "json_schema": {"name": name, "schema": schema, "strict": True}}
+        for temperature, seed in [(0.0, None), (0.9, 1), (0.9, 2), (0.9, 3)]:
+            r = chat(client, PROMPTS[name], response_format=fmt, temperature=temperature, seed=seed)
+            text = r.choices[0].message.content
+            what = f"{name} (temperature {temperature}, seed {seed}): {text!r}"
+            check(r.choices[0].finish_reason == "stop", f"{what} ended {r.choices[0].finish_reason}")
+            try:
+                jsonschema.validate(json.loads(text), schema)
+            except (json.JSONDecodeError, jsonschema.ValidationError) as e:
+                sys.exit(f"FAIL: {what} does not validate: {e}")
+            checked += 1
+    print(f"json_schema: {checked} outputs validate")
+
+    # Streamed: the deltas join to valid output, the last chunk says stop.
+    schema = SCHEMAS["order"]
+    fmt = {"type": "json_schema", "json_schema": {"name": "order", "schema": schema}}
+    parts, finish = [], None
+    for chunk in chat(client, PROMPTS["order"], response_format=fmt, temperature=0.7, seed=5, stream=True):
+        if chunk.choices:
+            parts.append(chunk.choices[0].delta.content or "")
+            finish = chunk.choices[0].finish_reason or finish
+    text = "".join(parts)
+    jsonschema.validate(json.loads(text), schema)
+    check(finish == "stop", f"streamed order ended {finish}")
+    print(f"streamed json_schema validates: {text}")
+
+    # json_object: any object.
+    r = chat(
+        client,
+        "Give a JSON object with the keys name and colour for a cat.",
+        response_format={"type": "json_object"},
+        temperature=0.0,
+    )
+    check(r.choices[0].finish_reason == "stop", f"json_object ended {r.choices[0].finish_reason}")
+    check(isinstance(json.loads(r.choices[0].message.content), dict), "json_object is not an object")
+
+    # vLLM's structured_outputs: regex, choice, grammar, json; n > 1 all match.
+    r = chat(
+        client,
+        "Make up a licence plate.",
+        extra_body={"structured_outputs": {"regex": "[A-Z]{2}-[0-9]{3}-[A-Z]{2}"}},
+        temperature=0.9,
+        seed=4,
+        n=3,
+    )
+    for c in r.choices:
+        check(re.fullmatch("[A-Z]{2}-[0-9]{3}-[A-Z]{2}", c.message.content), f"regex: {c.message.content!r}")
+    choices = ["positive", "negative", "neutral"]
+    r = chat(
+        client,
+        "Sentiment of 'I love this bread!'",
+        extra_body={"structured_outputs": {"choice": choices}},
+        temperature=0.0,
+    )
+    check(r.choices[0].message.content in choices, f"choice: {r.choices[0].message.content!r}")
+    grammar = 'start: NUM OP NUM\nNUM: /[0-9]{1,3}/\nOP: " + " | " - "'
+    r = chat(
+        client,
+        "Write a sum.",
+        extra_body={"structured_outputs": {"grammar": grammar}},
+        temperature=0.9,
+        seed=6,
+    )
+    check(re.fullmatch(r"[0-9]{1,3} [+-] [0-9]{1,3}", r.choices[0].message.content), f"grammar: {r.choices[0].message.content!r}")
+    r = client.completions.create(
+        model=MODEL,
+        prompt="A JSON list of two colours:",
+        max_tokens=40,
+        extra_body={"structured_outputs": {"json": SCHEMAS["tags"]}},
+        temperature=0.0,
+    )
+    jsonschema.validate(json.loads(r.choices[0].text), SCHEMAS["tags"])
+    print("structured_outputs: regex, choice, grammar, json match")
+
+    # Bad constraints: 400 naming the field, before anything runs.
+    bad = [
+        ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nonsense"}}}}, "response_format.json_schema.schema"),
+        ({"response_format": {"type": "xml"}}, "response_format.type"),
+        ({"extra_body": {"structured_outputs": {"regex": "[a-"}}}, "structured_outputs.regex"),
+        ({"extra_body": {"structured_outputs": {"grammar": "start: missing_rule"}}}, "structured_outputs.grammar"),
+        ({"extra_body": {"structured_outputs": {"regex": "a", "choice": ["a"]}}}, "structured_outputs"),
+    ]
+    for kw, field in bad:
+        try:
+            chat(client, "hi", **kw)
+        except openai.BadRequestError as e:
+            body = e.body if isinstance(e.body, dict) else {}
+            where = f"{body.get('param')} {body.get('message')}"
+            check(field in where, f"{kw}: the 400 does not name {field}: {where}")
+            continue
+        sys.exit(f"FAIL: {kw} was not refused")
+    print(f"bad constraints: {len(bad)} refused with 400")
+    print("structured output: all checks passed")
+
+
+if __name__ == "__main__":
+    main()
