@@ -1,5 +1,5 @@
 //! Structured output: a request's [`Constraint`] compiled by `llguidance` into a token-level
-//! matcher over kiln's tokenizer ([`Grammars`]), and each constrained output's [`Guide`]: the
+//! matcher over kiln's tokenizer ([`ConstraintCompiler`]), and each constrained output's [`Guide`]: the
 //! allowed-token mask for its next token, computed on a worker thread while the step runs,
 //! and the token it is told once sampling picked it.
 //!
@@ -129,25 +129,28 @@ impl TokenizerEnv for KilnTokEnv {
     }
 }
 
-/// Compiles constraints for one model's tokenizer (built once, on the first constrained
-/// request: the token trie and llguidance's token slices take a moment for a large vocabulary).
-pub(crate) struct Grammars {
+/// Compiles constraints into llguidance matchers over one model's tokenizer (the engine builds
+/// one on the first constrained request: the token trie and llguidance's token slices take a
+/// moment for a large vocabulary). Public so tools can drive a matcher themselves (the bench
+/// times masks by replaying outputs through one).
+pub struct ConstraintCompiler {
     factory: ParserFactory,
     /// The model's EOS ids: allowed together whenever the grammar allows its EOS.
     eos: Arc<[u32]>,
 }
 
-impl std::fmt::Debug for Grammars {
+impl std::fmt::Debug for ConstraintCompiler {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Grammars")
+        f.debug_struct("ConstraintCompiler")
             .field("eos", &self.eos)
             .finish_non_exhaustive()
     }
 }
 
-impl Grammars {
-    /// Why constrained decoding is unavailable when it is (the tokenizer's tokens have no
-    /// bytes of their own, or the model has no EOS).
+impl ConstraintCompiler {
+    /// A compiler for `tokenizer`, whose first `eos` id is the one llguidance allows when a
+    /// constraint may end. `Err` says why constrained decoding is unavailable (the tokenizer's
+    /// tokens have no bytes of their own, or the model has no EOS).
     pub fn new(tokenizer: &Tokenizer, eos: &[u32]) -> Result<Self, String> {
         let &tok_eos = eos
             .first()
@@ -198,7 +201,7 @@ impl Grammars {
         Ok(matcher)
     }
 
-    pub fn eos(&self) -> Arc<[u32]> {
+    pub(crate) fn eos(&self) -> Arc<[u32]> {
         self.eos.clone()
     }
 }

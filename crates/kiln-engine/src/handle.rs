@@ -12,7 +12,7 @@ use kiln_tokenizer::Tokenizer;
 use tokio::sync::{mpsc as tmpsc, oneshot};
 
 use crate::EngineError;
-use crate::constraint::{Grammars, Guide};
+use crate::constraint::{ConstraintCompiler, Guide};
 use crate::error::{InternalError, InvariantError};
 use crate::metrics::EngineMetrics;
 use crate::request::{Event, Output, OutputBuilder, Prompt, Request, RequestId};
@@ -100,7 +100,7 @@ pub(crate) struct Shared {
     pub metrics: Arc<EngineMetrics>,
     /// Structured output's compiler, built on the first constrained request (`Err`: why this
     /// model cannot have one).
-    pub grammars: OnceLock<Result<Arc<Grammars>, String>>,
+    pub grammars: OnceLock<Result<Arc<ConstraintCompiler>, String>>,
     pub thread: Mutex<Option<JoinHandle<()>>>,
 }
 
@@ -256,11 +256,11 @@ impl EngineHandle {
     }
 
     /// The structured-output compiler, built on first use.
-    fn grammars(&self) -> Result<Arc<Grammars>, String> {
+    fn grammars(&self) -> Result<Arc<ConstraintCompiler>, String> {
         let s = &self.shared;
         s.grammars
             .get_or_init(|| {
-                let g = Grammars::new(&s.tokenizer, &s.info.eos_ids);
+                let g = ConstraintCompiler::new(&s.tokenizer, &s.info.eos_ids);
                 g.map(Arc::new)
                     .map_err(|e| format!("structured output is not available for this model: {e}"))
             })

@@ -15,9 +15,12 @@ mod start;
 mod step_loop;
 
 pub use builder::{BuildError, Built, Checkpoint, EngineOptions, KvSize, build};
-pub use constraint::Constraint;
+pub use constraint::{Constraint, ConstraintCompiler};
 pub use error::{Cause, EngineError, InternalError, InvariantError, StartError, error_chain};
 pub use handle::{EngineHandle, EngineInfo, EngineStats, RequestStream, ShutdownMode};
+/// The structured-output engine kiln drives (its `Matcher` is what
+/// [`ConstraintCompiler::compile`] returns).
+pub use llguidance;
 pub use metrics::{EngineMetrics, FinishLabel};
 pub use request::{
     Delta, Event, FinishReason, Output, OutputOptions, Prompt, Request, RequestId, SeqOutput,

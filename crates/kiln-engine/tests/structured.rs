@@ -66,7 +66,10 @@ fn outputs(e: &EngineHandle, c: &Constraint, max_new: usize) -> Vec<String> {
 
 /// A schema and what a value valid under it satisfies (checked by hand: the Python client
 /// test checks the same outputs with `jsonschema` itself).
-fn schemas() -> Vec<(Value, fn(&Value) -> bool)> {
+/// What a valid value satisfies.
+type Check = fn(&Value) -> bool;
+
+fn schemas() -> Vec<(Value, Check)> {
     vec![
         (
             json!({

@@ -18,6 +18,7 @@ pub struct Scenarios {
     pub profile: bool,
     pub serve: bool,
     pub speculative: bool,
+    pub structured: bool,
 }
 
 impl Scenarios {
@@ -30,6 +31,7 @@ impl Scenarios {
         profile: true,
         serve: true,
         speculative: false,
+        structured: true,
     };
 
     pub const NONE: Self = Self {
@@ -40,6 +42,7 @@ impl Scenarios {
         profile: false,
         serve: false,
         speculative: false,
+        structured: false,
     };
 
     pub fn names(&self) -> Vec<&'static str> {
@@ -51,6 +54,7 @@ impl Scenarios {
             (self.profile, "profile"),
             (self.serve, "serve"),
             (self.speculative, "speculative"),
+            (self.structured, "structured"),
         ]
         .iter()
         .filter(|(on, _)| *on)
@@ -72,6 +76,7 @@ impl FromStr for Scenarios {
                 "profile" => out.profile = true,
                 "serve" => out.serve = true,
                 "speculative" => out.speculative = true,
+                "structured" => out.structured = true,
                 "all" => {
                     out = Self {
                         speculative: out.speculative,
@@ -81,7 +86,7 @@ impl FromStr for Scenarios {
                 other => {
                     bail!(
                         "unknown scenario {other:?} (expected single, sweep, prefix, roofline, \
-                         profile, serve, speculative)"
+                         profile, serve, speculative, structured)"
                     )
                 }
             }

@@ -43,8 +43,8 @@ struct Cli {
     /// cache: the server's config is not ours)
     #[arg(long, value_name = "ADDR", value_parser = grpc_addr)]
     grpc: Option<String>,
-    /// Any of single,sweep,prefix,roofline,profile,speculative [default: all but speculative;
-    /// with --speculative: speculative only; `all` is every scenario but speculative]
+    /// Any of single,sweep,prefix,roofline,profile,serve,structured,speculative [default: all but
+    /// speculative; with --speculative: speculative only; `all` is every scenario but speculative]
     #[arg(long, value_name = "LIST")]
     scenarios: Option<Scenarios>,
     /// Concurrency levels of the sweep

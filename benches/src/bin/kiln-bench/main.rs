@@ -29,6 +29,7 @@ mod scenarios;
 mod serve;
 mod speculative;
 mod stats;
+mod structured;
 mod table;
 mod target;
 
@@ -128,6 +129,11 @@ fn kv_blocks_needed(a: &Args, max_level: usize, warm_batch: usize, spec_tokens: 
         } else {
             0
         },
+        if s.structured {
+            structured::STREAMS * blocks(structured::LONGEST)
+        } else {
+            0
+        },
         if s.profile {
             blocks(a.prompt_tokens + 2)
                 + PROFILE_BATCHES.iter().max().copied().unwrap_or(1)
@@ -150,13 +156,23 @@ async fn bench(a: Args) -> anyhow::Result<()> {
         a.levels.iter().copied().max().unwrap_or(1)
     } else {
         1
-    };
+    }
+    .max(if a.scenarios.structured {
+        structured::STREAMS
+    } else {
+        1
+    });
     let warm_batch = max_level.min(WARM_BATCH);
     let longest = [
         a.prompt_tokens + a.new_tokens,
         a.sweep_prompt_tokens + a.sweep_new_tokens,
         a.prefix_tokens + a.prefix_question_tokens + a.prefix_new_tokens,
         WARM_PROMPT + 4,
+        if a.scenarios.structured {
+            structured::LONGEST
+        } else {
+            0
+        },
     ]
     .into_iter()
     .max()
@@ -342,6 +358,7 @@ async fn bench(a: Args) -> anyhow::Result<()> {
         llama_cpp: None,
         table: Vec::new(),
         serve: Vec::new(),
+        structured: None,
         notes: Vec::new(),
     };
     report::print_header(&r);
@@ -505,6 +522,17 @@ async fn run_scenarios(
                 }
             }
             _ => r.note("profile: skipped over --grpc (it profiles a device in this process)"),
+        }
+    }
+
+    if a.scenarios.structured {
+        match target {
+            Target::Engine(e) => {
+                let s = structured::run(e, structured::NEW_TOKENS).await?;
+                structured::print(&s);
+                r.structured = Some(s);
+            }
+            _ => r.note("structured: skipped over --grpc (it compiles constraints in-process)"),
         }
     }
 

@@ -231,7 +231,7 @@ async fn run_engine(e: &EngineHandle, job: Job) -> anyhow::Result<Sample> {
 }
 
 /// Reads a request's events into a sample (`prompt` is a placeholder until the summary).
-async fn collect_engine(
+pub async fn collect_engine(
     mut stream: kiln_engine::RequestStream,
     prompt: usize,
     new_tokens: usize,
