@@ -1,8 +1,11 @@
-"""Structured output through the official OpenAI Python client, checked by `jsonschema` itself:
+"""Structured output and tool calls through the official OpenAI Python client, checked by
+`jsonschema` itself:
 every JSON-schema request of the test set (nested objects, arrays with bounds, enums,
 patterns, bounded numbers, nullable fields), greedy and sampled under several seeds, whole and
 streamed, returns output that validates; vLLM's `structured_outputs` (regex, choice, grammar,
-json) is honoured; an invalid schema, regex or grammar is a 400 naming the field. Exits
+json) is honoured; an invalid schema, regex or grammar is a 400 naming the field; forced tool
+calls (`tool_choice` required or named, whole and streamed) come back as `tool_calls` whose
+arguments validate against the function's parameters, and round-trip as history. Exits
 non-zero, saying what failed, if any check does.
 
 Install: pip install openai jsonschema
@@ -225,6 +228,75 @@ def main():
             continue
         sys.exit(f"FAIL: {kw} was not refused")
     print(f"bad constraints: {len(bad)} refused with 400")
+
+    # Tool calls: forced (required, or one named function) calls parse and validate.
+    weather = {
+        "type": "object",
+        "properties": {
+            "city": {"type": "string", "maxLength": 30},
+            "unit": {"enum": ["celsius", "fahrenheit"]},
+        },
+        "required": ["city", "unit"],
+        "additionalProperties": False,
+    }
+    tools = [
+        {"type": "function", "function": {"name": "get_weather", "description": "Current weather in a city", "parameters": weather}},
+        {"type": "function", "function": {"name": "get_time", "description": "Local time in a city",
+                                          "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 30}}, "required": ["city"]}}},
+    ]
+    question = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+    def check_call(call, name):
+        check(call.type == "function" and call.id, f"tool call without id/type: {call}")
+        check(call.function.name == name, f"called {call.function.name}, expected {name}")
+        params = next(t["function"]["parameters"] for t in tools if t["function"]["name"] == name)
+        jsonschema.validate(json.loads(call.function.arguments), params)
+
+    for choice, name in [("required", None), ({"type": "function", "function": {"name": "get_time"}}, "get_time")]:
+        for temperature, seed in [(0.0, None), (0.9, 7)]:
+            r = client.chat.completions.create(model=MODEL, messages=question, tools=tools, tool_choice=choice,
+                                               max_tokens=120, temperature=temperature, seed=seed)
+            c = r.choices[0]
+            check(c.finish_reason == "tool_calls", f"{choice}: finish_reason {c.finish_reason}")
+            check(c.message.tool_calls and len(c.message.tool_calls) == 1, f"{choice}: {c.message}")
+            call = c.message.tool_calls[0]
+            check_call(call, name or call.function.name)
+    # Streamed: the deltas carry the call with its id.
+    calls, finish = {}, None
+    for chunk in client.chat.completions.create(model=MODEL, messages=question, tools=tools, tool_choice="required",
+                                                max_tokens=120, temperature=0.0, stream=True):
+        if not chunk.choices:
+            continue
+        d = chunk.choices[0].delta
+        for tc in d.tool_calls or []:
+            slot = calls.setdefault(tc.index, {"id": tc.id, "name": "", "arguments": ""})
+            slot["name"] += tc.function.name or ""
+            slot["arguments"] += tc.function.arguments or ""
+        finish = chunk.choices[0].finish_reason or finish
+    check(finish == "tool_calls" and len(calls) == 1, f"streamed call: {calls} {finish}")
+    streamed = calls[0]
+    check(streamed["id"], "streamed call has no id")
+    params = next(t["function"]["parameters"] for t in tools if t["function"]["name"] == streamed["name"])
+    jsonschema.validate(json.loads(streamed["arguments"]), params)
+    # Round trip: the call and its result as history, then an answer in text.
+    r = client.chat.completions.create(model=MODEL, messages=question, tools=tools, tool_choice="required", max_tokens=120, temperature=0.0)
+    call = r.choices[0].message.tool_calls[0]
+    history = question + [
+        {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+        {"role": "tool", "tool_call_id": call.id, "content": json.dumps({"temperature": 18, "sky": "clear"})},
+    ]
+    r = client.chat.completions.create(model=MODEL, messages=history, tools=tools, tool_choice="none", max_tokens=32, temperature=0.0)
+    check(r.choices[0].message.content and not r.choices[0].message.tool_calls, f"after the tool result: {r.choices[0].message}")
+    for kw, field in [({"tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
+                      ({"tools": [{"type": "function", "function": {"name": "bad name"}}]}, "tools[0].function.name")]:
+        try:
+            client.chat.completions.create(model=MODEL, messages=question, max_tokens=8, **{"tools": tools, **kw})
+        except openai.BadRequestError as e:
+            body = e.body if isinstance(e.body, dict) else {}
+            check(body.get("param") == field, f"{kw}: param {body.get('param')}, expected {field}")
+            continue
+        sys.exit(f"FAIL: {kw} was not refused")
+    print("tool calls: required, named, streamed and round trip")
     print("structured output: all checks passed")
 
 

@@ -5,7 +5,7 @@
 use kiln_engine::{
     Constraint, EngineInfo, OutputOptions, Prompt, Request, SamplingParams, StoppingCriteria,
 };
-use kiln_tokenizer::{ChatOptions, EncodeOptions, Tokenizer};
+use kiln_tokenizer::{ChatOptions, EncodeOptions, Tokenizer, ToolFormat, ToolSpec};
 use serde_json::{Map, Value};
 
 use crate::config::HttpConfig;
@@ -25,9 +25,11 @@ pub(crate) struct Plan {
     pub include_usage: bool,
     /// Alternatives per token when logprobs were asked for.
     pub logprobs: Option<usize>,
-    /// Which body field the constraint came from (`response_format` or
-    /// `structured_outputs`), so the engine's refusal names it.
+    /// Which body field the constraint came from (`response_format`, `structured_outputs`
+    /// or `tool_choice`), so the engine's refusal names it.
     pub constraint_via: Option<&'static str>,
+    /// Chat with tools on: the syntax to read calls back in.
+    pub tools: Option<ToolFormat>,
 }
 
 impl Plan {
@@ -37,6 +39,7 @@ impl Plan {
         Some(match (self.constraint_via?, kind) {
             ("response_format", "json_schema") => "response_format.json_schema.schema".into(),
             ("response_format", _) => "response_format".into(),
+            ("tool_choice", _) => "tool_choice".into(),
             (via, "json_schema") => format!("{via}.json"),
             (via, kind) => format!("{via}.{kind}"),
         })
@@ -64,16 +67,8 @@ pub(crate) fn chat(
     cfg: &HttpConfig,
 ) -> Result<Plan, ApiError> {
     check_model(common, cfg)?;
-    match &body.tool_choice {
-        None | Some(Value::Null) => {}
-        Some(Value::String(s)) if s == "none" || s == "auto" => {}
-        Some(_) => {
-            return Err(ApiError::invalid(
-                "tool_choice",
-                "forcing a tool call is not supported yet (`none` and `auto` are)",
-            ));
-        }
-    }
+    let (tools, specs) = tools(body)?;
+    let choice = tool_choice(body.tool_choice.as_ref(), &specs)?;
     let template = cfg
         .chat_template
         .as_deref()
@@ -100,9 +95,19 @@ pub(crate) fn chat(
     let options = ChatOptions {
         add_generation_prompt: body.add_generation_prompt.unwrap_or(true),
     };
-    let text = tok
-        .render_chat(template, &messages, &options)
-        .map_err(|e| ApiError::invalid("messages", e))?;
+    let tools_on = !specs.is_empty() && choice != ToolChoice::None;
+    let rendered = if tools_on {
+        tok.render_chat_with(
+            template,
+            &messages,
+            &options,
+            &serde_json::json!({"tools": tools}),
+        )
+    } else {
+        tok.render_chat(template, &messages, &options)
+    };
+    let text = rendered.map_err(|e| ApiError::invalid("messages", e))?;
+    let format = ToolFormat::for_template(template.source());
     let ids = tok
         .encode_with(
             &text,
@@ -124,7 +129,124 @@ pub(crate) fn chat(
     let mut r = request(common, max_tokens, None, logprobs, info, cfg)?;
     r.prompt = Prompt::TokenIds(ids);
     r.label = label.to_owned();
-    plan(common, vec![r], logprobs)
+    // A forced call is generated under a grammar of the function's parameter schema, so its
+    // arguments always parse and validate.
+    let forced: Vec<ToolSpec> = match &choice {
+        ToolChoice::Required => specs.clone(),
+        ToolChoice::Named(n) => specs.iter().filter(|s| &s.name == n).cloned().collect(),
+        ToolChoice::None | ToolChoice::Auto => Vec::new(),
+    };
+    if !forced.is_empty() {
+        if r.constraint.is_some() {
+            return Err(ApiError::invalid(
+                "tool_choice",
+                "a forced tool call cannot be combined with response_format or structured_outputs",
+            ));
+        }
+        r.constraint = Some(Constraint::Grammar(format.call_grammar(&forced)));
+    }
+    let mut plan = plan(common, vec![r], logprobs)?;
+    plan.tools = tools_on.then_some(format);
+    if !forced.is_empty() {
+        plan.constraint_via = Some("tool_choice");
+    }
+    Ok(plan)
+}
+
+/// What `tool_choice` asks for.
+#[derive(Debug, Clone, PartialEq)]
+enum ToolChoice {
+    None,
+    Auto,
+    Required,
+    Named(String),
+}
+
+/// `tools`: as sent (for the template) and as specs (name and parameter schema).
+fn tools(body: &ChatRequest) -> Result<(Vec<Value>, Vec<ToolSpec>), ApiError> {
+    let Some(list) = &body.tools else {
+        return Ok((Vec::new(), Vec::new()));
+    };
+    let mut specs: Vec<ToolSpec> = Vec::with_capacity(list.len());
+    for (i, t) in list.iter().enumerate() {
+        let field = |f: &str| format!("tools[{i}]{f}");
+        if t.get("type").and_then(Value::as_str) != Some("function") {
+            return Err(ApiError::invalid(field(".type"), "must be \"function\""));
+        }
+        let f = t.get("function").filter(|f| f.is_object()).ok_or_else(|| {
+            ApiError::invalid(field(".function"), "expected an object with `name`")
+        })?;
+        let name = f
+            .get("name")
+            .and_then(Value::as_str)
+            .filter(|n| {
+                !n.is_empty()
+                    && n.chars()
+                        .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+            })
+            .ok_or_else(|| {
+                ApiError::invalid(
+                    field(".function.name"),
+                    "expected a name of letters, digits, `_` and `-`",
+                )
+            })?;
+        if specs.iter().any(|s| s.name == name) {
+            return Err(ApiError::invalid(
+                field(".function.name"),
+                format!("`{name}` is defined twice"),
+            ));
+        }
+        let parameters = match f.get("parameters") {
+            None | Some(Value::Null) => serde_json::json!({"type": "object"}),
+            Some(p @ Value::Object(_)) => p.clone(),
+            Some(_) => {
+                return Err(ApiError::invalid(
+                    field(".function.parameters"),
+                    "expected a JSON Schema object",
+                ));
+            }
+        };
+        specs.push(ToolSpec {
+            name: name.to_owned(),
+            parameters,
+        });
+    }
+    Ok((list.clone(), specs))
+}
+
+/// `tool_choice` against the tools given (unset: `auto` with tools, `none` without).
+fn tool_choice(v: Option<&Value>, specs: &[ToolSpec]) -> Result<ToolChoice, ApiError> {
+    let bad = |why: String| ApiError::invalid("tool_choice", why);
+    let choice = match v {
+        None | Some(Value::Null) if specs.is_empty() => ToolChoice::None,
+        None | Some(Value::Null) => ToolChoice::Auto,
+        Some(Value::String(s)) => match s.as_str() {
+            "none" => ToolChoice::None,
+            "auto" => ToolChoice::Auto,
+            "required" => ToolChoice::Required,
+            other => return Err(bad(format!("`{other}` is not one of none, auto, required"))),
+        },
+        Some(o @ Value::Object(_)) => {
+            let name = o
+                .pointer("/function/name")
+                .and_then(Value::as_str)
+                .filter(|_| o.get("type").and_then(Value::as_str) == Some("function"))
+                .ok_or_else(|| {
+                    bad("expected {\"type\": \"function\", \"function\": {\"name\": ...}}".into())
+                })?;
+            ToolChoice::Named(name.to_owned())
+        }
+        Some(_) => return Err(bad("expected a string or an object".into())),
+    };
+    match &choice {
+        ToolChoice::Required | ToolChoice::Named(_) if specs.is_empty() => {
+            Err(bad("forcing a call needs `tools`".into()))
+        }
+        ToolChoice::Named(n) if !specs.iter().any(|s| &s.name == n) => {
+            Err(bad(format!("names `{n}`, which is not among the tools")))
+        }
+        _ => Ok(choice),
+    }
 }
 
 /// One message as the template sees it: `role`, `content` as one string, and the tool fields
@@ -272,6 +394,7 @@ fn plan(c: &Common, requests: Vec<Request>, logprobs: Option<usize>) -> Result<P
         });
     Ok(Plan {
         constraint_via,
+        tools: None,
         n: requests.first().map_or(1, |r| r.n),
         requests,
         stream,

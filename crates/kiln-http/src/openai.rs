@@ -57,7 +57,10 @@ pub(crate) struct ChatRequest {
     pub top_logprobs: Option<u32>,
     /// vLLM: end the prompt with the assistant header (default true).
     pub add_generation_prompt: Option<bool>,
-    /// `none` and `auto` are served (the model may answer in text); a forced call is refused.
+    /// OpenAI function tools, passed to the chat template as transformers passes them.
+    pub tools: Option<Vec<Value>>,
+    /// `none`, `auto` (the default with tools), `required`, or
+    /// `{"type": "function", "function": {"name": ...}}`.
     pub tool_choice: Option<Value>,
 }
 
@@ -136,7 +139,28 @@ pub(crate) struct ChatChoice {
 #[derive(Debug, Serialize)]
 pub(crate) struct AssistantMessage {
     pub role: &'static str,
-    pub content: String,
+    /// `null` when the reply is only tool calls.
+    pub content: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<ToolCallOut>>,
+}
+
+/// One tool call of a message; in a stream delta it also carries `index`.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct ToolCallOut {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub index: Option<usize>,
+    pub id: String,
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    pub function: FunctionCall,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct FunctionCall {
+    pub name: String,
+    /// JSON text.
+    pub arguments: String,
 }
 
 /// `chat.completion.chunk`.
@@ -168,6 +192,8 @@ pub(crate) struct ChatDelta {
     pub role: Option<&'static str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub content: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<ToolCallOut>>,
 }
 
 /// Chat logprobs: one entry per generated token.

@@ -12,7 +12,7 @@ use axum::response::sse;
 use kiln_engine::{
     Delta, Event, FinishReason, Output, RequestStream, SeqOutput, TokenLogprobs, Usage,
 };
-use kiln_tokenizer::{DecodeOptions, Tokenizer};
+use kiln_tokenizer::{DecodeOptions, Tokenizer, ToolFormat};
 use serde::Serialize;
 use serde_json::{Map, Value};
 use tokio_stream::Stream;
@@ -21,7 +21,7 @@ use crate::error::{Api, ApiError};
 use crate::openai::{
     AssistantMessage, ChatChoice, ChatChunk, ChatChunkChoice, ChatCompletion, ChatDelta,
     ChatLogprobs, ChatTokenLogprob, ChatTopLogprob, Completion, CompletionChoice,
-    CompletionLogprobs,
+    CompletionLogprobs, FunctionCall, ToolCallOut,
 };
 
 /// Shown as `system_fingerprint`: which build answered.
@@ -38,6 +38,49 @@ pub(crate) struct Ctx {
     pub n: usize,
     pub logprobs: bool,
     pub tokenizer: Tokenizer,
+    /// Chat with tools on: outputs are read for calls in this syntax (streamed ones are held
+    /// until they end, then sent as one delta).
+    pub tools: Option<ToolFormat>,
+}
+
+/// A choice's text as a chat message: its tool calls read out when tools are on (the
+/// `finish_reason` becomes `tool_calls` when the output ended by itself with calls).
+fn assistant_text(
+    ctx: &Ctx,
+    text: &str,
+    finish_reason: Option<&'static str>,
+    streamed: bool,
+) -> (
+    Option<String>,
+    Option<Vec<ToolCallOut>>,
+    Option<&'static str>,
+) {
+    let Some(format) = ctx.tools else {
+        return (Some(text.to_owned()), None, finish_reason);
+    };
+    let parsed = format.parse(text);
+    if parsed.calls.is_empty() {
+        return (Some(text.to_owned()), None, finish_reason);
+    }
+    let calls = parsed
+        .calls
+        .into_iter()
+        .enumerate()
+        .map(|(index, c)| ToolCallOut {
+            index: streamed.then_some(index),
+            id: format!("call_{:024x}", rand::random::<u128>() >> 32),
+            kind: "function",
+            function: FunctionCall {
+                name: c.name,
+                arguments: c.arguments,
+            },
+        })
+        .collect();
+    let reason = match finish_reason {
+        Some("stop") => Some("tool_calls"),
+        other => other,
+    };
+    (parsed.content, Some(calls), reason)
 }
 
 /// OpenAI's `finish_reason` and vLLM's `stop_reason` (the stop string or token id).
@@ -141,11 +184,14 @@ pub(crate) fn total_usage(outs: &[Output]) -> Usage {
 /// A whole chat completion (chat has one prompt).
 pub(crate) fn chat_completion(ctx: &Ctx, outs: &[Output]) -> ChatCompletion {
     let (choices, usage) = choices(ctx, outs, |index, o, finish_reason, stop_reason| {
+        let (content, tool_calls, finish_reason) =
+            assistant_text(ctx, &o.text, finish_reason, false);
         ChatChoice {
             index,
             message: AssistantMessage {
                 role: "assistant",
-                content: o.text.clone(),
+                content,
+                tool_calls,
             },
             logprobs: ctx
                 .logprobs
@@ -214,6 +260,9 @@ pub(crate) struct EventStream {
     started: Vec<bool>,
     /// Per choice: bytes of text sent so far (completions' `text_offset`).
     offsets: Vec<usize>,
+    /// Per choice, tools on: text and logprobs held until the output ends.
+    held: Vec<String>,
+    held_logprobs: Vec<Vec<TokenLogprobs>>,
     done: bool,
     /// Called once with the summed usage when every request finished.
     on_finish: Option<OnFinish>,
@@ -245,6 +294,8 @@ impl EventStream {
             include_usage,
             started: vec![false; choices],
             offsets: vec![0; choices],
+            held: vec![String::new(); choices],
+            held_logprobs: vec![Vec::new(); choices],
             done: false,
             on_finish: Some(on_finish),
         }
@@ -269,6 +320,40 @@ impl EventStream {
             return;
         }
         let (reason, stop) = d.finish.as_ref().map(finish).unzip();
+        if self.ctx.api == Api::Chat && self.ctx.tools.is_some() {
+            // Tools on: the text is held until the output ends, then read for calls.
+            self.held[index].push_str(&d.text);
+            self.held_logprobs[index].extend(d.logprobs);
+            if d.finish.is_none() {
+                return;
+            }
+            let text = std::mem::take(&mut self.held[index]);
+            let lps = std::mem::take(&mut self.held_logprobs[index]);
+            let first = !std::mem::replace(&mut self.started[index], true);
+            let (ctx, usage) = (&self.ctx, self.usage_slot());
+            let (content, tool_calls, reason) = assistant_text(ctx, &text, reason, true);
+            let chunk = ChatChunk {
+                id: ctx.id.clone(),
+                object: "chat.completion.chunk",
+                created: ctx.created,
+                model: ctx.model.clone(),
+                system_fingerprint: FINGERPRINT,
+                choices: vec![ChatChunkChoice {
+                    index,
+                    delta: ChatDelta {
+                        role: first.then_some("assistant"),
+                        content,
+                        tool_calls,
+                    },
+                    logprobs: ctx.logprobs.then(|| chat_logprobs(&ctx.tokenizer, &lps)),
+                    finish_reason: reason,
+                    stop_reason: stop.flatten(),
+                }],
+                usage,
+            };
+            self.send(&chunk);
+            return;
+        }
         let first = !std::mem::replace(&mut self.started[index], true);
         let (ctx, usage) = (&self.ctx, self.usage_slot());
         match ctx.api {
@@ -284,6 +369,7 @@ impl EventStream {
                         delta: ChatDelta {
                             role: first.then_some("assistant"),
                             content: (first || !d.text.is_empty()).then(|| d.text.clone()),
+                            tool_calls: None,
                         },
                         logprobs: ctx
                             .logprobs

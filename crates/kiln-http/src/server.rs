@@ -351,6 +351,7 @@ async fn run(
         n: plan.n,
         logprobs: plan.logprobs.is_some(),
         tokenizer: engine.tokenizer().clone(),
+        tools: plan.tools,
     };
     // If a later prompt is refused, dropping the earlier streams aborts their requests.
     let requests = std::mem::take(&mut plan.requests);

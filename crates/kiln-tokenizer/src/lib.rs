@@ -10,6 +10,7 @@ mod pieces;
 mod pretok;
 mod stop;
 mod tokenizer;
+mod tools;
 
 use std::path::Path;
 
@@ -18,6 +19,7 @@ pub use detok::IncrementalDetokenizer;
 pub use error::{Result, TokenizerError};
 pub use stop::{StopHit, StopMatcher, StopOutput};
 pub use tokenizer::{DecodeOptions, EncodeOptions, Encoding, SpecialTokens, TokenBytes, Tokenizer};
+pub use tools::{ParsedOutput, ToolCall, ToolFormat, ToolSpec};
 
 impl Tokenizer {
     /// Loads a Hugging Face model folder.

@@ -272,9 +272,21 @@ impl Tokenizer {
         messages: &[M],
         options: &ChatOptions,
     ) -> Result<String> {
+        self.render_chat_with(template, messages, options, &serde_json::Map::new())
+    }
+
+    /// [`render_chat`](Self::render_chat) with more template variables, as the keyword
+    /// arguments of transformers' `apply_chat_template` (`{"tools": [...]}`, say).
+    pub fn render_chat_with<M: serde::Serialize, E: serde::Serialize>(
+        &self,
+        template: &ChatTemplate,
+        messages: &[M],
+        options: &ChatOptions,
+        extra: &E,
+    ) -> Result<String> {
         let bos = self.inner.specials.bos.and_then(|id| self.id_to_token(id));
         let eos = self.inner.specials.eos.and_then(|id| self.id_to_token(id));
-        template.render(messages, options, bos.as_deref(), eos.as_deref())
+        template.render_with(messages, options, extra, bos.as_deref(), eos.as_deref())
     }
 }
 
