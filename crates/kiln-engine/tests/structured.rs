@@ -148,6 +148,40 @@ fn schemas() -> Vec<(Value, Check)> {
     ]
 }
 
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig {
+        cases: 24,
+        ..proptest::prelude::ProptestConfig::default()
+    })]
+
+    /// Random seeds, temperatures and top-p over every schema: the output validates.
+    #[test]
+    fn sampled_outputs_validate_for_any_seed(
+        which in 0usize..3,
+        seed in proptest::prelude::any::<u64>(),
+        temperature in 0.2f32..2.0,
+        top_p in 0.5f32..=1.0,
+    ) {
+        static ENGINE: std::sync::OnceLock<EngineHandle> = std::sync::OnceLock::new();
+        let e = ENGINE.get_or_init(engine);
+        let (schema, valid) = schemas().swap_remove(which);
+        let params = SamplingParams { temperature, top_p, ..SamplingParams::default() };
+        let r = prompt()
+            .max_new_tokens(160)
+            .sampling(params, seed)
+            .constrain(Constraint::JsonSchema(schema.clone()));
+        let out = run(e, r);
+        let o = &out.outputs[0];
+        proptest::prop_assert!(
+            matches!(o.finish, Some(FinishReason::ConstraintComplete | FinishReason::EosToken)),
+            "ended {:?} after {:?}", o.finish, o.text
+        );
+        let v: Value = serde_json::from_str(&o.text)
+            .map_err(|err| proptest::test_runner::TestCaseError::fail(format!("{:?}: {err}", o.text)))?;
+        proptest::prop_assert!(valid(&v), "{schema}: {} does not match", o.text);
+    }
+}
+
 #[test]
 fn json_schema_outputs_validate_greedy_and_sampled() {
     let e = engine();
