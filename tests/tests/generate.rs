@@ -177,7 +177,9 @@ async fn output_options_request_ids_and_stop_strings() {
             messages: vec![pb::ChatMessage {
                 role: "user".into(),
                 content: "Say hello.".into(),
+                ..Default::default()
             }],
+            ..Default::default()
         })),
         ..greedy("", 8)
     };
@@ -408,5 +410,119 @@ async fn speculative_decoding_keeps_greedy_tokens_and_reports_its_figures() {
     assert!(m.contains("kiln_spec_decode_acceptance_ratio"), "{m}");
     let kv = t.wait_until_idle(Duration::from_secs(10)).await;
     assert_eq!(kv.used_blocks, 0);
+    t.shutdown().await;
+}
+
+/// Structured output and tool calls over gRPC: a JSON schema, a choice, a bad regex refused
+/// before queueing, and a forced tool call (unary and streamed) whose arguments parse and
+/// match the function's parameters; the call round-trips as history.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn constraints_and_tool_calls_over_grpc() {
+    use pb::generate_request::Constraint;
+    let t = TestServer::start(Options::default()).await;
+    let mut g = t.generation();
+
+    let schema = r#"{"type": "object", "properties": {"answer": {"enum": ["yes", "no"]}},
+                     "required": ["answer"], "additionalProperties": false}"#;
+    let mut r = greedy("Is the sky blue? Answer in JSON: ", 32);
+    r.constraint = Some(Constraint::JsonSchema(schema.into()));
+    let out = g.generate(r).await.unwrap().into_inner();
+    let o = &out.outputs[0];
+    let v: serde_json::Value = serde_json::from_str(&o.text).unwrap();
+    assert!(
+        ["yes", "no"].contains(&v["answer"].as_str().unwrap()),
+        "{}",
+        o.text
+    );
+    assert_eq!(reason(&o.finish), pb::FinishReason::ConstraintComplete);
+
+    let mut r = greedy("Pick a colour: ", 16);
+    r.constraint = Some(Constraint::Choice(pb::Choices {
+        choices: vec!["red".into(), "green".into()],
+    }));
+    let out = g.generate(r).await.unwrap().into_inner();
+    assert!(["red", "green"].contains(&out.outputs[0].text.as_str()));
+
+    let mut r = greedy("x", 4);
+    r.constraint = Some(Constraint::Regex("[a-".into()));
+    let err = g.generate(r).await.expect_err("a bad regex is refused");
+    assert_eq!(err.code(), Code::InvalidArgument);
+    assert!(
+        err.message().contains("constraint.regex"),
+        "{}",
+        err.message()
+    );
+
+    let params = r#"{"type": "object", "properties": {"city": {"type": "string", "maxLength": 20}},
+                     "required": ["city"], "additionalProperties": false}"#;
+    let chat = |messages: Vec<pb::ChatMessage>, mode: pb::tool_choice::Mode| pb::GenerateRequest {
+        prompt: Some(pb::generate_request::Prompt::Chat(pb::ChatMessages {
+            messages,
+            tools: vec![pb::Tool {
+                name: "get_weather".into(),
+                description: "Current weather in a city".into(),
+                parameters_json: params.into(),
+            }],
+            tool_choice: Some(pb::ToolChoice {
+                choice: Some(pb::tool_choice::Choice::Mode(mode.into())),
+            }),
+        })),
+        ..greedy("", 64)
+    };
+    let user = pb::ChatMessage {
+        role: "user".into(),
+        content: "What is the weather in Paris?".into(),
+        ..Default::default()
+    };
+    let req = chat(vec![user.clone()], pb::tool_choice::Mode::Required);
+    let out = g.generate(req.clone()).await.unwrap().into_inner();
+    let o = &out.outputs[0];
+    assert_eq!(reason(&o.finish), pb::FinishReason::ToolCalls, "{o:?}");
+    assert_eq!(o.tool_calls.len(), 1, "{o:?}");
+    let call = &o.tool_calls[0];
+    assert_eq!(call.name, "get_weather");
+    assert!(call.id.starts_with("call_"));
+    let args: serde_json::Value = serde_json::from_str(&call.arguments).unwrap();
+    assert!(
+        args["city"]
+            .as_str()
+            .is_some_and(|c| c.chars().count() <= 20),
+        "{args}"
+    );
+    assert_eq!(args.as_object().unwrap().len(), 1);
+
+    // Streamed: held, then the whole call on the last message.
+    let mut stream = g.generate_stream(req).await.unwrap().into_inner();
+    let mut calls = Vec::new();
+    while let Some(msg) = stream.message().await.unwrap() {
+        for o in msg.outputs {
+            calls.extend(o.tool_calls);
+        }
+    }
+    assert_eq!(calls.len(), 1);
+    assert_eq!(calls[0].arguments, call.arguments, "greedy: the same call");
+
+    // The call and its result as history; then an answer in text.
+    let history = vec![
+        user,
+        pb::ChatMessage {
+            role: "assistant".into(),
+            tool_calls: vec![call.clone()],
+            ..Default::default()
+        },
+        pb::ChatMessage {
+            role: "tool".into(),
+            content: r#"{"temperature": 18}"#.into(),
+            tool_call_id: call.id.clone(),
+            ..Default::default()
+        },
+    ];
+    let out = g
+        .generate(chat(history, pb::tool_choice::Mode::None))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(out.outputs[0].tool_calls.is_empty());
+    assert!(!out.outputs[0].text.is_empty());
     t.shutdown().await;
 }

@@ -93,8 +93,10 @@ async fn greedy_text_over_http_equals_grpc_and_follows_openais_schema() {
                     .map(|(role, content)| pb::ChatMessage {
                         role: (*role).into(),
                         content: (*content).into(),
+                        ..Default::default()
                     })
                     .collect(),
+                ..Default::default()
             })),
             ..greedy("", 16)
         })

@@ -45,7 +45,9 @@ async fn tokenize_and_detokenize_like_the_hf_tokenizer() {
                 messages: vec![pb::ChatMessage {
                     role: "user".into(),
                     content: "Hi".into(),
+                    ..Default::default()
                 }],
+                ..Default::default()
             })),
             return_tokens: false,
         })

@@ -5,7 +5,9 @@
 use kiln_engine::{
     Constraint, EngineInfo, OutputOptions, Prompt, Request, SamplingParams, StoppingCriteria,
 };
-use kiln_tokenizer::{ChatOptions, EncodeOptions, Tokenizer, ToolFormat, ToolSpec};
+use kiln_tokenizer::{
+    ChatOptions, EncodeOptions, Tokenizer, ToolChoice, ToolFormat, ToolSpec, push_tool,
+};
 use serde_json::{Map, Value};
 
 use crate::config::HttpConfig;
@@ -95,7 +97,7 @@ pub(crate) fn chat(
     let options = ChatOptions {
         add_generation_prompt: body.add_generation_prompt.unwrap_or(true),
     };
-    let tools_on = !specs.is_empty() && choice != ToolChoice::None;
+    let tools_on = choice.tools_on(&specs);
     let rendered = if tools_on {
         tok.render_chat_with(
             template,
@@ -131,11 +133,7 @@ pub(crate) fn chat(
     r.label = label.to_owned();
     // A forced call is generated under a grammar of the function's parameter schema, so its
     // arguments always parse and validate.
-    let forced: Vec<ToolSpec> = match &choice {
-        ToolChoice::Required => specs.clone(),
-        ToolChoice::Named(n) => specs.iter().filter(|s| &s.name == n).cloned().collect(),
-        ToolChoice::None | ToolChoice::Auto => Vec::new(),
-    };
+    let forced = choice.forced(&specs);
     if !forced.is_empty() {
         if r.constraint.is_some() {
             return Err(ApiError::invalid(
@@ -153,15 +151,6 @@ pub(crate) fn chat(
     Ok(plan)
 }
 
-/// What `tool_choice` asks for.
-#[derive(Debug, Clone, PartialEq)]
-enum ToolChoice {
-    None,
-    Auto,
-    Required,
-    Named(String),
-}
-
 /// `tools`: as sent (for the template) and as specs (name and parameter schema).
 fn tools(body: &ChatRequest) -> Result<(Vec<Value>, Vec<ToolSpec>), ApiError> {
     let Some(list) = &body.tools else {
@@ -176,40 +165,9 @@ fn tools(body: &ChatRequest) -> Result<(Vec<Value>, Vec<ToolSpec>), ApiError> {
         let f = t.get("function").filter(|f| f.is_object()).ok_or_else(|| {
             ApiError::invalid(field(".function"), "expected an object with `name`")
         })?;
-        let name = f
-            .get("name")
-            .and_then(Value::as_str)
-            .filter(|n| {
-                !n.is_empty()
-                    && n.chars()
-                        .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
-            })
-            .ok_or_else(|| {
-                ApiError::invalid(
-                    field(".function.name"),
-                    "expected a name of letters, digits, `_` and `-`",
-                )
-            })?;
-        if specs.iter().any(|s| s.name == name) {
-            return Err(ApiError::invalid(
-                field(".function.name"),
-                format!("`{name}` is defined twice"),
-            ));
-        }
-        let parameters = match f.get("parameters") {
-            None | Some(Value::Null) => serde_json::json!({"type": "object"}),
-            Some(p @ Value::Object(_)) => p.clone(),
-            Some(_) => {
-                return Err(ApiError::invalid(
-                    field(".function.parameters"),
-                    "expected a JSON Schema object",
-                ));
-            }
-        };
-        specs.push(ToolSpec {
-            name: name.to_owned(),
-            parameters,
-        });
+        let name = f.get("name").and_then(Value::as_str).unwrap_or_default();
+        push_tool(&mut specs, name, f.get("parameters").cloned())
+            .map_err(|(part, why)| ApiError::invalid(field(&format!(".function.{part}")), why))?;
     }
     Ok((list.clone(), specs))
 }
@@ -234,19 +192,12 @@ fn tool_choice(v: Option<&Value>, specs: &[ToolSpec]) -> Result<ToolChoice, ApiE
                 .ok_or_else(|| {
                     bad("expected {\"type\": \"function\", \"function\": {\"name\": ...}}".into())
                 })?;
-            ToolChoice::Named(name.to_owned())
+            ToolChoice::Function(name.to_owned())
         }
         Some(_) => return Err(bad("expected a string or an object".into())),
     };
-    match &choice {
-        ToolChoice::Required | ToolChoice::Named(_) if specs.is_empty() => {
-            Err(bad("forcing a call needs `tools`".into()))
-        }
-        ToolChoice::Named(n) if !specs.iter().any(|s| &s.name == n) => {
-            Err(bad(format!("names `{n}`, which is not among the tools")))
-        }
-        _ => Ok(choice),
-    }
+    choice.check(specs).map_err(bad)?;
+    Ok(choice)
 }
 
 /// One message as the template sees it: `role`, `content` as one string, and the tool fields

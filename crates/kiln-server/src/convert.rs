@@ -9,7 +9,8 @@ use kiln_engine::{
     Constraint, Delta, EngineInfo, FinishReason, OutputOptions, Prompt, Request, SamplingParams,
     SeqOutput, StoppingCriteria, Timing, TokenLogprobs, Usage,
 };
-use kiln_tokenizer::{ChatMessage, ChatOptions, Tokenizer};
+use kiln_tokenizer::{ChatOptions, Tokenizer, ToolChoice, ToolFormat, ToolSpec, push_tool};
+use serde_json::{Value, json};
 use tonic::Status;
 
 use crate::config::ServerConfig;
@@ -19,6 +20,9 @@ use crate::status::invalid;
 /// What the response side needs to know about the request.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct ReplyOptions {
+    /// Chat with tools on: replies are read for calls in this syntax (and a stream holds each
+    /// output until it ends).
+    pub tools: Option<ToolFormat>,
     pub token_ids: bool,
     pub logprobs: bool,
     /// Tokens per streamed message (at least 1).
@@ -32,30 +36,139 @@ pub(crate) fn max_new_tokens_limit(cfg: &ServerConfig, info: &EngineInfo) -> usi
         .min(info.max_model_len)
 }
 
+/// A rendered chat prompt and its tools.
+pub(crate) struct Chat {
+    pub text: String,
+    /// Tools on: the syntax replies are read in.
+    pub tools: Option<ToolFormat>,
+    /// The functions a forced call picks among (empty: not forced).
+    pub forced: Vec<ToolSpec>,
+}
+
 /// Renders with `--chat-template` when one was given, else the model's own (ChatML when the
-/// model has none).
-pub(crate) fn chat_text(
+/// model has none); with tools on, the tools go to the template as transformers passes
+/// OpenAI tools.
+pub(crate) fn chat(
     tok: &Tokenizer,
     chat: &pb::ChatMessages,
     field: &str,
     cfg: &ServerConfig,
-) -> Result<String, Status> {
+) -> Result<Chat, Status> {
     if chat.messages.is_empty() {
         return Err(invalid(field, "has no messages"));
     }
-    let messages: Vec<ChatMessage> = chat
+    let mut specs: Vec<ToolSpec> = Vec::with_capacity(chat.tools.len());
+    let mut tools_json = Vec::with_capacity(chat.tools.len());
+    for (i, t) in chat.tools.iter().enumerate() {
+        let at = |f: &str| format!("{field}.tools[{i}].{f}");
+        let parameters =
+            if t.parameters_json.trim().is_empty() {
+                None
+            } else {
+                Some(serde_json::from_str(&t.parameters_json).map_err(|e| {
+                    invalid(&at("parameters_json"), format!("is not valid JSON: {e}"))
+                })?)
+            };
+        push_tool(&mut specs, &t.name, parameters).map_err(|(part, why)| {
+            let part = if part == "parameters" {
+                "parameters_json"
+            } else {
+                part
+            };
+            invalid(&at(part), why)
+        })?;
+        let parameters = specs
+            .last()
+            .map(|s| s.parameters.clone())
+            .unwrap_or_default();
+        let mut function = json!({"name": t.name, "parameters": parameters});
+        if !t.description.is_empty() {
+            function["description"] = Value::String(t.description.clone());
+        }
+        tools_json.push(json!({"type": "function", "function": function}));
+    }
+    use pb::tool_choice::{Choice, Mode};
+    let choice = match chat.tool_choice.as_ref().and_then(|c| c.choice.as_ref()) {
+        None => {
+            if specs.is_empty() {
+                ToolChoice::None
+            } else {
+                ToolChoice::Auto
+            }
+        }
+        Some(Choice::Mode(m)) => match Mode::try_from(*m) {
+            Ok(Mode::None) => ToolChoice::None,
+            Ok(Mode::Auto | Mode::Unspecified) => ToolChoice::Auto,
+            Ok(Mode::Required) => ToolChoice::Required,
+            Err(_) => {
+                return Err(invalid(
+                    &format!("{field}.tool_choice.mode"),
+                    format!("unknown mode {m}"),
+                ));
+            }
+        },
+        Some(Choice::Function(name)) => ToolChoice::Function(name.clone()),
+    };
+    choice
+        .check(&specs)
+        .map_err(|e| invalid(&format!("{field}.tool_choice"), e))?;
+    let on = choice.tools_on(&specs);
+    let messages: Vec<Value> = chat
         .messages
         .iter()
-        .map(|m| ChatMessage::new(m.role.clone(), m.content.clone()))
+        .map(|m| {
+            let mut v = json!({"role": m.role, "content": m.content});
+            if !m.tool_call_id.is_empty() {
+                v["tool_call_id"] = Value::String(m.tool_call_id.clone());
+            }
+            if !m.tool_calls.is_empty() {
+                v["tool_calls"] = m
+                    .tool_calls
+                    .iter()
+                    .map(|c| {
+                        json!({"id": c.id, "type": "function",
+                               "function": {"name": c.name, "arguments": c.arguments}})
+                    })
+                    .collect();
+            }
+            v
+        })
         .collect();
     let options = ChatOptions {
         add_generation_prompt: true,
     };
-    match &cfg.chat_template {
-        Some(t) => tok.render_chat(t, &messages, &options),
-        None => tok.apply_chat_template(&messages, &options),
-    }
-    .map_err(|e| invalid(field, format!("chat template: {e}")))
+    let extra = if on {
+        json!({"tools": tools_json})
+    } else {
+        json!({})
+    };
+    let (text, source) = match &cfg.chat_template {
+        Some(t) => (
+            tok.render_chat_with(t, &messages, &options, &extra),
+            Some(t.source()),
+        ),
+        None => (
+            tok.apply_chat_template_with(&messages, &options, &extra),
+            tok.default_chat_template_source(),
+        ),
+    };
+    let text = text.map_err(|e| invalid(field, format!("chat template: {e}")))?;
+    let format = ToolFormat::for_template(source.unwrap_or_default());
+    Ok(Chat {
+        text,
+        tools: on.then_some(format),
+        forced: choice.forced(&specs),
+    })
+}
+
+/// [`chat`]'s text alone (Tokenize counts what a chat prompt costs).
+pub(crate) fn chat_text(
+    tok: &Tokenizer,
+    c: &pb::ChatMessages,
+    field: &str,
+    cfg: &ServerConfig,
+) -> Result<String, Status> {
+    chat(tok, c, field, cfg).map(|c| c.text)
 }
 
 /// Builds the engine request; `deadline` comes from `grpc-timeout`.
@@ -73,12 +186,17 @@ pub(crate) fn request(
             r.model, cfg.model_id
         )));
     }
+    let mut tools = None;
+    let mut forced = Vec::new();
     let prompt = match &r.prompt {
         None => return Err(invalid("prompt", "missing: set text, token_ids or chat")),
         Some(pb::generate_request::Prompt::Text(t)) => Prompt::Text(t.clone()),
         Some(pb::generate_request::Prompt::TokenIds(t)) => Prompt::TokenIds(t.ids.clone()),
         Some(pb::generate_request::Prompt::Chat(c)) => {
-            Prompt::Text(chat_text(tok, c, "prompt.chat", cfg)?)
+            let chat = chat(tok, c, "prompt.chat", cfg)?;
+            tools = chat.tools;
+            forced = chat.forced;
+            Prompt::Text(chat.text)
         }
     };
     let prompt = match r.truncate_prompt_tokens {
@@ -139,6 +257,7 @@ pub(crate) fn request(
         skip_special_tokens: o.skip_special_tokens.unwrap_or(true),
     };
     let reply = ReplyOptions {
+        tools,
         token_ids: o.return_token_ids,
         logprobs: o.logprobs || o.top_logprobs > 0,
         stream_interval: (o.stream_interval as usize).max(1),
@@ -158,6 +277,15 @@ pub(crate) fn request(
     req.deadline = deadline;
     req.speculate = r.speculative.unwrap_or(true);
     req.constraint = constraint(r.constraint.as_ref())?;
+    if let Some(format) = tools.filter(|_| !forced.is_empty()) {
+        if req.constraint.is_some() {
+            return Err(invalid(
+                "prompt.chat.tool_choice",
+                "a forced tool call cannot be combined with a constraint",
+            ));
+        }
+        req.constraint = Some(Constraint::Grammar(format.call_grammar(&forced)));
+    }
     Ok((req, reply))
 }
 
@@ -225,9 +353,38 @@ fn seq_output(
     finish_reason: Option<&FinishReason>,
     opts: ReplyOptions,
 ) -> pb::SequenceOutput {
+    let parsed = opts
+        .tools
+        .map(|f| f.parse(text))
+        .filter(|p| !p.calls.is_empty());
+    let mut finish = finish_reason.map(finish);
+    let (text, tool_calls) = match parsed {
+        None => (text.to_owned(), Vec::new()),
+        Some(p) => {
+            if let Some(f) = &mut finish
+                && matches!(
+                    finish_reason,
+                    Some(FinishReason::EosToken | FinishReason::ConstraintComplete)
+                )
+            {
+                f.reason = pb::FinishReason::ToolCalls.into();
+            }
+            let calls = p
+                .calls
+                .into_iter()
+                .map(|c| pb::ToolCall {
+                    id: format!("call_{:024x}", rand::random::<u128>() >> 32),
+                    name: c.name,
+                    arguments: c.arguments,
+                })
+                .collect();
+            (p.content.unwrap_or_default(), calls)
+        }
+    };
     pb::SequenceOutput {
         index: u32_sat(index),
-        text: text.to_owned(),
+        text,
+        tool_calls,
         token_ids: if opts.token_ids {
             token_ids.to_vec()
         } else {
@@ -238,7 +395,7 @@ fn seq_output(
         } else {
             Vec::new()
         },
-        finish: finish_reason.map(finish),
+        finish,
     }
 }
 

@@ -201,9 +201,11 @@ impl GenStream {
                 p.finish = d.finish;
             }
         }
-        let due = slot
-            .as_ref()
-            .is_some_and(|p| p.finish.is_some() || p.token_ids.len() >= self.reply.stream_interval);
+        // With tools on, an output is held until it ends, then read for calls.
+        let held = self.reply.tools.is_some();
+        let due = slot.as_ref().is_some_and(|p| {
+            p.finish.is_some() || (!held && p.token_ids.len() >= self.reply.stream_interval)
+        });
         if !due {
             return None;
         }

@@ -253,15 +253,39 @@ impl Tokenizer {
         messages: &[ChatMessage],
         options: &ChatOptions,
     ) -> Result<String> {
+        self.apply_chat_template_with(messages, options, &serde_json::Map::new())
+    }
+
+    /// [`apply_chat_template`](Self::apply_chat_template) with more template variables (see
+    /// [`render_chat_with`](Self::render_chat_with)); messages may be JSON objects that carry
+    /// tool fields.
+    pub fn apply_chat_template_with<M: serde::Serialize, E: serde::Serialize>(
+        &self,
+        messages: &[M],
+        options: &ChatOptions,
+        extra: &E,
+    ) -> Result<String> {
         match &self.inner.chat_template {
-            Some(template) => self.render_chat(template, messages, options),
-            None if self.token_to_id("<|im_start|>").is_some()
-                && self.token_to_id("<|im_end|>").is_some() =>
-            {
-                self.render_chat(&ChatTemplate::chatml()?, messages, options)
+            Some(template) => self.render_chat_with(template, messages, options, extra),
+            None if self.has_chatml() => {
+                self.render_chat_with(&ChatTemplate::chatml()?, messages, options, extra)
             }
             None => Err(TokenizerError::NoChatTemplate),
         }
+    }
+
+    /// The source of the template [`apply_chat_template`](Self::apply_chat_template) renders
+    /// with, if any.
+    pub fn default_chat_template_source(&self) -> Option<&str> {
+        match &self.inner.chat_template {
+            Some(t) => Some(t.source()),
+            None if self.has_chatml() => Some(crate::chat::CHATML_TEMPLATE),
+            None => None,
+        }
+    }
+
+    fn has_chatml(&self) -> bool {
+        self.token_to_id("<|im_start|>").is_some() && self.token_to_id("<|im_end|>").is_some()
     }
 
     /// Renders `messages` with `template` (say, one given on the command line), passing this

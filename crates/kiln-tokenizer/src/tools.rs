@@ -27,6 +27,82 @@ pub struct ToolSpec {
     pub parameters: Value,
 }
 
+/// What a request's `tool_choice` asks for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ToolChoice {
+    /// Answer in text; the tools are not shown to the template.
+    None,
+    /// The model decides (the default when tools are given).
+    Auto,
+    /// At least one call: generated under [`ToolFormat::call_grammar`] of every tool.
+    Required,
+    /// A call to this function, under its grammar.
+    Function(String),
+}
+
+impl ToolChoice {
+    /// Checks the choice against the tools given; `Err` says what is wrong.
+    pub fn check(&self, tools: &[ToolSpec]) -> Result<(), String> {
+        match self {
+            Self::Required | Self::Function(_) if tools.is_empty() => {
+                Err("forcing a call needs tools".into())
+            }
+            Self::Function(n) if !tools.iter().any(|t| &t.name == n) => {
+                Err(format!("names `{n}`, which is not among the tools"))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Whether replies are read for calls (tools given, choice not `none`).
+    pub fn tools_on(&self, tools: &[ToolSpec]) -> bool {
+        !tools.is_empty() && *self != Self::None
+    }
+
+    /// The tools a forced call picks among; empty when the call is not forced.
+    pub fn forced(&self, tools: &[ToolSpec]) -> Vec<ToolSpec> {
+        match self {
+            Self::Required => tools.to_vec(),
+            Self::Function(n) => tools.iter().filter(|t| &t.name == n).cloned().collect(),
+            Self::None | Self::Auto => Vec::new(),
+        }
+    }
+}
+
+/// Adds a tool to those given before it: a valid name (OpenAI's rule: 1 to 64 letters, digits,
+/// `_` and `-`) not used yet, and a JSON Schema object for its arguments (`None`: any object).
+/// `Err` names the part at fault (`name` or `parameters`) and why.
+pub fn push_tool(
+    tools: &mut Vec<ToolSpec>,
+    name: &str,
+    parameters: Option<Value>,
+) -> Result<(), (&'static str, String)> {
+    let valid = !name.is_empty()
+        && name.len() <= 64
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+    if !valid {
+        return Err((
+            "name",
+            "expected 1 to 64 letters, digits, `_` and `-`".into(),
+        ));
+    }
+    if tools.iter().any(|t| t.name == name) {
+        return Err(("name", format!("`{name}` is defined twice")));
+    }
+    let parameters = match parameters {
+        None | Some(Value::Null) => json!({"type": "object"}),
+        Some(p @ Value::Object(_)) => p,
+        Some(_) => return Err(("parameters", "expected a JSON Schema object".into())),
+    };
+    tools.push(ToolSpec {
+        name: name.to_owned(),
+        parameters,
+    });
+    Ok(())
+}
+
 /// One call read back from the output.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ToolCall {

@@ -6,7 +6,8 @@
 //! - Decode rate of a batch of 8 greedy chat streams with 0, 4 and 8 of them under a JSON
 //!   schema that cannot complete within the run (an array of at least 100 objects), so every
 //!   stream decodes exactly `new_tokens`; the runs alternate, twice each, and each
-//!   configuration's figure is the mean of its two.
+//!   configuration's figure is the mean of its two; with the mean mask time and the mean time
+//!   sampling waited for a mask per constrained token, from the engine's histograms.
 
 use std::time::Instant;
 
@@ -36,7 +37,27 @@ pub struct BatchRun {
     pub decode_tok_s: f64,
     /// Against the unconstrained batch of the same run.
     pub vs_unconstrained: f64,
+    /// Mean per constrained token over the runs, from the engine's histograms: computing the
+    /// mask (on a worker) and what sampling waited for it after the forward pass.
+    pub mask_compute_us: Option<f64>,
+    pub mask_wait_us: Option<f64>,
 }
+
+/// (sum, count) of a histogram in the engine's Prometheus text.
+fn histogram(e: &EngineHandle, name: &str) -> (f64, f64) {
+    let text = e.metrics().encode();
+    let value = |suffix: &str| {
+        let key = format!("{name}_{suffix} ");
+        text.lines()
+            .find_map(|l| l.strip_prefix(&key))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    (value("sum"), value("count"))
+}
+
+const MASK: &str = "kiln_structured_output_mask_seconds";
+const WAIT: &str = "kiln_structured_output_mask_wait_seconds";
 
 #[derive(Debug, Clone, Serialize)]
 pub struct Structured {
@@ -183,9 +204,14 @@ pub async fn run(e: &EngineHandle, new_tokens: usize) -> anyhow::Result<Structur
         "List products of a bike shop as JSON.",
         "List products of a music shop as JSON.",
     ];
-    let mut rates: Vec<(usize, Vec<f64>)> = [0, 4, 8].iter().map(|&k| (k, Vec::new())).collect();
+    // Per configuration: decode rates, and the histograms' (sum, count) growth.
+    let mut rates: Vec<(usize, Vec<f64>, [f64; 4])> = [0, 4, 8]
+        .iter()
+        .map(|&k| (k, Vec::new(), [0.0; 4]))
+        .collect();
     for _ in 0..2 {
-        for (k, got) in &mut rates {
+        for (k, got, hist) in &mut rates {
+            let (m0, w0) = (histogram(e, MASK), histogram(e, WAIT));
             let mut streams = Vec::with_capacity(STREAMS);
             for (i, p) in prompts.iter().enumerate() {
                 let mut r = Request::text(chat_text(e.tokenizer(), p)?).max_new_tokens(new_tokens);
@@ -214,17 +240,27 @@ pub async fn run(e: &EngineHandle, new_tokens: usize) -> anyhow::Result<Structur
             }
             let tokens: usize = samples.iter().map(|s| s.token_ids.len() - 1).sum();
             got.push(tokens as f64 / (*last - *first).as_secs_f64());
+            let (m1, w1) = (histogram(e, MASK), histogram(e, WAIT));
+            for (h, d) in hist
+                .iter_mut()
+                .zip([m1.0 - m0.0, m1.1 - m0.1, w1.0 - w0.0, w1.1 - w0.1])
+            {
+                *h += d;
+            }
         }
     }
     let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
     let base = mean(&rates[0].1);
+    let per = |sum: f64, count: f64| (count > 0.0).then(|| sum / count * 1e6);
     let batch = rates
         .iter()
-        .map(|(k, v)| BatchRun {
+        .map(|(k, v, h)| BatchRun {
             constrained: *k,
             streams: STREAMS,
             decode_tok_s: mean(v),
             vs_unconstrained: mean(v) / base,
+            mask_compute_us: per(h[0], h[1]),
+            mask_wait_us: per(h[2], h[3]),
         })
         .collect();
     Ok(Structured {
@@ -250,12 +286,18 @@ pub fn print(s: &Structured) {
         s.batch.first().map_or(0, |b| b.streams),
         s.new_tokens
     );
-    println!("| constrained | decode tok/s | vs unconstrained |");
-    println!("|---|---|---|");
+    println!("| constrained | decode tok/s | vs unconstrained | mask µs/token | waited µs/token |");
+    println!("|---|---|---|---|---|");
+    let us = |v: Option<f64>| v.map_or("-".to_owned(), |v| format!("{v:.0}"));
     for b in &s.batch {
         println!(
-            "| {} of {} | {:.1} | {:.2}x |",
-            b.constrained, b.streams, b.decode_tok_s, b.vs_unconstrained
+            "| {} of {} | {:.1} | {:.2}x | {} | {} |",
+            b.constrained,
+            b.streams,
+            b.decode_tok_s,
+            b.vs_unconstrained,
+            us(b.mask_compute_us),
+            us(b.mask_wait_us)
         );
     }
 }

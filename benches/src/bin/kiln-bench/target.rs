@@ -156,7 +156,9 @@ impl Target {
                         messages: vec![pb::ChatMessage {
                             role: "user".into(),
                             content: job.user.clone(),
+                            ..Default::default()
                         }],
+                        ..Default::default()
                     })),
                     stopping: Some(pb::StoppingCriteria {
                         max_new_tokens: Some(u32::try_from(job.new_tokens).unwrap_or(u32::MAX)),
