@@ -416,7 +416,7 @@ mod tests {
         // The scenario by name defaults to ngram; `all` keeps it either side.
         for list in ["all,speculative", "speculative,all"] {
             let a = p(&format!("--model m --scenarios {list}"));
-            assert_eq!(a.scenarios.names().len(), 7);
+            assert_eq!(a.scenarios.names().len(), 8);
             assert_eq!(a.speculative, Some(SpecChoice::Ngram));
         }
     }
