@@ -450,11 +450,30 @@ async fn bad_requests_get_openai_errors_naming_the_field() {
             json!("stream_options"),
         ),
         (
-            "structured output",
+            "an unknown response_format",
             "/v1/chat/completions",
-            chat(json!({"response_format": {"type": "json_object"}})).to_string().into_bytes(),
+            chat(json!({"response_format": {"type": "xml"}})).to_string().into_bytes(),
             400,
-            json!("response_format"),
+            json!("response_format.type"),
+        ),
+        (
+            "a schema llguidance refuses",
+            "/v1/chat/completions",
+            chat(json!({"response_format": {"type": "json_schema",
+                "json_schema": {"name": "x", "schema": {"type": "no-such-type"}}}}))
+            .to_string()
+            .into_bytes(),
+            400,
+            json!("response_format.json_schema.schema"),
+        ),
+        (
+            "a bad regex",
+            "/v1/completions",
+            json!({"prompt": "x", "structured_outputs": {"regex": "[a-"}})
+                .to_string()
+                .into_bytes(),
+            400,
+            json!("structured_outputs.regex"),
         ),
         (
             "a forced tool call",
