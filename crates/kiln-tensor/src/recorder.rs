@@ -62,6 +62,9 @@ pub struct Recorder {
     params: Vec<u8>,
     /// When the first launch of the pending submit was recorded (host time statistics).
     first_at: Option<Instant>,
+    /// The thread whose buffer pool entry this recording holds open while it has kernels
+    /// recorded and not submitted (see `BufferPool`).
+    open_on: Option<std::thread::ThreadId>,
 }
 
 impl std::fmt::Debug for Recorder {
@@ -72,6 +75,13 @@ impl std::fmt::Debug for Recorder {
             self.device,
             self.dispatches.len()
         )
+    }
+}
+
+impl Drop for Recorder {
+    /// Kernels recorded and never submitted never run: release what their thread held.
+    fn drop(&mut self) {
+        self.close();
     }
 }
 
@@ -114,6 +124,23 @@ impl Recorder {
             dispatches: Vec::new(),
             params: Vec::new(),
             first_at: None,
+            open_on: None,
+        }
+    }
+
+    /// Buffers the recording thread drops from now on are held for it until the submit.
+    fn open(&mut self) {
+        if let (None, Device::Wgpu(ctx)) = (self.open_on, &self.device) {
+            let me = std::thread::current().id();
+            ctx.pool.open_recording(me);
+            self.open_on = Some(me);
+        }
+    }
+
+    /// The recording is submitted or given up: what its thread held is free for every thread.
+    fn close(&mut self) {
+        if let (Some(thread), Device::Wgpu(ctx)) = (self.open_on.take(), &self.device) {
+            ctx.pool.close_recording(thread);
         }
     }
 
@@ -197,6 +224,7 @@ impl Recorder {
             })
             .collect::<Result<Vec<_>>>()?;
         let pipeline = ctx.pipeline(kernel, defines)?;
+        self.open();
         self.first_at.get_or_insert_with(Instant::now);
         let bytes = bytemuck::bytes_of(params);
         debug_assert!(bytes.len() as u64 <= PARAM_SLOT);
@@ -343,7 +371,7 @@ impl Recorder {
     /// Encode everything recorded into one command encoder and submit it once. Does not wait
     /// for the device; reading a tensor back waits.
     pub fn submit(&mut self) -> Result<()> {
-        let Device::Wgpu(ctx) = &self.device else {
+        let Device::Wgpu(ctx) = self.device.clone() else {
             return Ok(());
         };
         if self.dispatches.is_empty() {
@@ -376,7 +404,7 @@ impl Recorder {
             label: Some("kiln step"),
         });
         let timed = if ctx.profiling() {
-            Some(self.encode_timed(ctx, &mut enc, &groups)?)
+            Some(self.encode_timed(&ctx, &mut enc, &groups)?)
         } else {
             let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
                 label: Some("kiln step"),
@@ -391,6 +419,8 @@ impl Recorder {
         };
         ctx.queue.submit([enc.finish()]);
         cache.end_submit();
+        // Anything queued from now on runs after this submit.
+        self.close();
         let done = Instant::now();
         cache.stats.submits += 1;
         cache.stats.dispatches += self.dispatches.len() as u64;
@@ -398,7 +428,7 @@ impl Recorder {
         cache.stats.encode_ns += (done - started).as_nanos() as u64;
         drop(cache);
         if let Some((staging, kernels)) = timed {
-            let launches = read_timestamps(ctx, &staging, &kernels)?;
+            let launches = read_timestamps(&ctx, &staging, &kernels)?;
             ctx.record_profile(&launches);
         }
         let oom_err = pollster::block_on(oom.pop());

@@ -451,6 +451,78 @@ fn a_step_is_one_submit_and_pipelines_are_cached() {
     );
 }
 
+/// Two threads on one device (engines sharing it, or tests running in parallel): a buffer
+/// that thread A dropped while its recording was still open must not become thread B's
+/// output, or A's late submit overwrites what B already read (a CI run once read float bits
+/// back as a token id this way).
+#[test]
+fn a_buffer_dropped_during_an_open_recording_stays_with_its_thread() {
+    let Some(dev) = fresh_gpu() else { return };
+    let ramp: Vec<f32> = (0..64).map(|i| i as f32).collect();
+    let x = Tensor::from_f32(&dev, &[1, 64], &ramp).unwrap();
+    let mut a = Recorder::new(&dev);
+    // A 256-byte intermediate, dropped before A submits.
+    let mid = a.softmax(&x).unwrap();
+    let a_out = a.softmax(&mid).unwrap();
+    drop(mid);
+    // B: an argmax, whose output is in the same size class, submitted and read back.
+    let (ids, first) = std::thread::scope(|s| {
+        s.spawn(|| {
+            let rev: Vec<f32> = (0..64).map(|i| -(i as f32)).collect();
+            let y = Tensor::from_f32(&dev, &[1, 64], &rev).unwrap();
+            let mut b = Recorder::new(&dev);
+            let ids = b.argmax(&y).unwrap();
+            b.submit().unwrap();
+            let first = ids.to_u32_vec().unwrap();
+            (ids, first)
+        })
+        .join()
+        .unwrap()
+    });
+    assert_eq!(first, [0]);
+    a.submit().unwrap();
+    let want = {
+        let cpu = Device::cpu();
+        let mut rec = Recorder::new(&cpu);
+        let x = Tensor::from_f32(&cpu, &[1, 64], &ramp).unwrap();
+        let m = rec.softmax(&x).unwrap();
+        rec.softmax(&m).unwrap().to_f32_vec().unwrap()
+    };
+    let got = a_out.to_f32_vec().unwrap();
+    for (g, w) in got.iter().zip(&want) {
+        assert!(
+            (g - w).abs() <= 1e-6,
+            "A's result: {got:?} against {want:?}"
+        );
+    }
+    assert_eq!(
+        ids.to_u32_vec().unwrap(),
+        first,
+        "B's result changed after A's submit"
+    );
+    // Submitted, A's held buffer is free for B: B's next output takes it.
+    let Device::Wgpu(ctx) = &dev else {
+        unreachable!()
+    };
+    assert_eq!(ctx.idle_pooled_buffers(), 1);
+    let again = std::thread::scope(|s| {
+        s.spawn(|| {
+            let mut b = Recorder::new(&dev);
+            let ids = b.argmax(&x).unwrap();
+            b.submit().unwrap();
+            ids.to_u32_vec().unwrap()
+        })
+        .join()
+        .unwrap()
+    });
+    assert_eq!(again, [63]);
+    assert_eq!(
+        ctx.idle_pooled_buffers(),
+        1,
+        "B took the freed buffer and gave it back"
+    );
+}
+
 #[test]
 fn profiling_times_every_launch_by_kernel() {
     assert!(

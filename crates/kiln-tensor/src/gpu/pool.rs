@@ -2,6 +2,7 @@
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, Weak};
+use std::thread::{self, ThreadId};
 
 use super::lock;
 use crate::{Result, TensorError};
@@ -12,18 +13,56 @@ use crate::{Result, TensorError};
 const KEEP_PER_CLASS: usize = 32;
 const KEEP_BYTES_PER_CLASS: u64 = 256 << 20;
 
-/// Idle buffers per (size class, usage). A take returns the lowest-numbered one, so the same
+/// Idle buffers, per (size class, usage). A take returns the lowest-numbered one, so the same
 /// sequence of takes and drops (one decode step after another) gets the same buffers every
 /// time, whatever order they came back in: what lets submits reuse their bind groups.
+///
+/// A buffer dropped while its thread has a recording open (kernels recorded, not submitted)
+/// may still be bound by that recording, which writes it when it runs. It is held for that
+/// thread until the recording is submitted: the thread may reuse it in the same recording
+/// (later in the same command stream), but another thread taking it could submit, read its
+/// result back and then have it overwritten by this recording's late submit. After the
+/// submit, any later user's work is queued behind it. The rule is per thread: a buffer whose
+/// last handle is dropped on another thread than the one recording with it is not covered
+/// (kiln's step tensors live on the thread that records them).
 // `wgpu::Buffer` orders and hashes by its id, which never changes.
 #[allow(clippy::mutable_key_type)]
 #[derive(Debug, Default)]
 pub(crate) struct BufferPool {
-    free: Mutex<HashMap<(u64, u32), BTreeSet<wgpu::Buffer>>>,
+    lists: Mutex<Lists>,
+}
+
+type Idle = HashMap<(u64, u32), BTreeSet<wgpu::Buffer>>;
+
+#[allow(clippy::mutable_key_type)]
+#[derive(Debug, Default)]
+struct Lists {
+    free: Idle,
+    open: HashMap<ThreadId, Open>,
+}
+
+/// A thread's open recordings and the buffers it dropped meanwhile.
+#[allow(clippy::mutable_key_type)]
+#[derive(Debug, Default)]
+struct Open {
+    recordings: usize,
+    held: Idle,
 }
 
 fn size_class(bytes: u64) -> u64 {
     bytes.max(256).next_power_of_two()
+}
+
+/// Keep `buffer` idle in `idle` unless its class already holds its share.
+#[allow(clippy::mutable_key_type)]
+fn keep(idle: &mut Idle, buffer: wgpu::Buffer) {
+    let cap = (KEEP_BYTES_PER_CLASS / buffer.size()).clamp(2, KEEP_PER_CLASS as u64) as usize;
+    let list = idle
+        .entry((buffer.size(), buffer.usage().bits()))
+        .or_default();
+    if list.len() < cap {
+        list.insert(buffer);
+    }
 }
 
 impl BufferPool {
@@ -34,14 +73,32 @@ impl BufferPool {
         bytes: u64,
         usage: wgpu::BufferUsages,
     ) -> GpuBuffer {
-        let class = size_class(bytes);
-        let reused = lock(&self.free)
-            .get_mut(&(class, usage.bits()))
-            .and_then(BTreeSet::pop_first);
+        let key = (size_class(bytes), usage.bits());
+        let reused = {
+            let mut lists = lock(&self.lists);
+            let Lists { free, open } = &mut *lists;
+            let held = open
+                .get_mut(&thread::current().id())
+                .and_then(|o| o.held.get_mut(&key));
+            let free = free.get_mut(&key);
+            // The lowest-numbered of the free ones and this thread's held ones.
+            let held_first = match (
+                free.as_deref().and_then(BTreeSet::first),
+                held.as_deref().and_then(BTreeSet::first),
+            ) {
+                (Some(f), Some(h)) => h < f,
+                (f, h) => f.is_none() && h.is_some(),
+            };
+            if held_first {
+                held.and_then(BTreeSet::pop_first)
+            } else {
+                free.and_then(BTreeSet::pop_first)
+            }
+        };
         let buffer = reused.unwrap_or_else(|| {
             device.create_buffer(&wgpu::BufferDescriptor {
                 label: Some("kiln pooled"),
-                size: class,
+                size: key.0,
                 usage,
                 mapped_at_creation: false,
             })
@@ -55,20 +112,45 @@ impl BufferPool {
 
     #[allow(clippy::mutable_key_type)]
     fn give_back(&self, buffer: wgpu::Buffer) {
-        let keep = (KEEP_BYTES_PER_CLASS / buffer.size()).clamp(2, KEEP_PER_CLASS as u64) as usize;
-        let mut free = lock(&self.free);
-        let list = free
-            .entry((buffer.size(), buffer.usage().bits()))
-            .or_default();
-        if list.len() < keep {
-            list.insert(buffer);
+        let mut lists = lock(&self.lists);
+        let Lists { free, open } = &mut *lists;
+        match open.get_mut(&thread::current().id()) {
+            Some(o) => keep(&mut o.held, buffer),
+            None => keep(free, buffer),
         }
     }
 
-    /// Buffers currently idle in the pool.
+    /// `thread` has begun a recording: buffers it drops are held until it is submitted.
+    pub(crate) fn open_recording(&self, thread: ThreadId) {
+        lock(&self.lists).open.entry(thread).or_default().recordings += 1;
+    }
+
+    /// A recording `thread` opened was submitted (or dropped): when it was the thread's last
+    /// open one, what the thread held becomes free for every thread.
+    #[allow(clippy::mutable_key_type)]
+    pub(crate) fn close_recording(&self, thread: ThreadId) {
+        let mut lists = lock(&self.lists);
+        let Some(o) = lists.open.get_mut(&thread) else {
+            return;
+        };
+        o.recordings = o.recordings.saturating_sub(1);
+        if o.recordings > 0 {
+            return;
+        }
+        let Some(o) = lists.open.remove(&thread) else {
+            return;
+        };
+        for buffer in o.held.into_values().flatten() {
+            keep(&mut lists.free, buffer);
+        }
+    }
+
+    /// Buffers currently idle in the pool (free or held for a thread's open recording).
     #[allow(clippy::mutable_key_type)]
     pub(crate) fn idle(&self) -> usize {
-        lock(&self.free).values().map(BTreeSet::len).sum()
+        let lists = lock(&self.lists);
+        let count = |idle: &Idle| idle.values().map(BTreeSet::len).sum::<usize>();
+        count(&lists.free) + lists.open.values().map(|o| count(&o.held)).sum::<usize>()
     }
 }
 
