@@ -82,6 +82,10 @@ pub struct AttnBatch {
     pub(crate) tables: Vec<u32>,
     /// Per query token: the slot its K/V row is written to.
     slots: Vec<u32>,
+    /// Query groups of the rows kernel's shared form: (first token, tokens), each run of at
+    /// most [`SHARED_LANES`] consecutive query tokens of one sequence. On the device they
+    /// follow `info` in its buffer.
+    groups: Vec<[u32; 2]>,
     device: Option<[Tensor; 3]>,
 }
 
@@ -136,6 +140,8 @@ pub struct KvCache {
     device: Device,
     /// The device is a CPU-type wgpu adapter (picks the attention kernel).
     cpu_adapter: bool,
+    /// Every subgroup has the lanes the rows kernel's shared form broadcasts across.
+    shared_broadcast: bool,
     store: Store,
     /// `[layers, kv_heads, CENTRED_PAIRS]`: what an INT4 pool takes out of its keys (zero
     /// until [`KvCache::set_key_centres`]).
@@ -210,25 +216,51 @@ const ROWS_MAX_KEYS: usize = 65_000;
 /// The rows kernel's per-key work, unrolled over the head (`K_DOT`: the score `s` of K row
 /// `row` against `qv`; `V_ACC`: `acc` rescaled by `alpha` plus `pj` × V row `row`), for
 /// `per_read` elements per 16-byte read (at most 32: INT4's eight vec4s). An INT4 score also
-/// gets its key's centre terms back (`centre_term` of each of the [`CENTRED_PAIRS`]).
-fn rows_unrolled(head_dim: usize, per_read: usize) -> [(&'static str, String); 2] {
+/// gets its key's centre terms back (`centre_term` of each of the [`CENTRED_PAIRS`]). Under
+/// `broadcast` (the shared form with subgroups) lane c reads the row's words c, c + 8, ...
+/// and each word reaches every lane by `subgroupBroadcast`.
+fn rows_unrolled(head_dim: usize, per_read: usize, broadcast: bool) -> UnrolledCode {
     // Written out once per shape: a launch's recording costs a hash lookup and copies.
-    type Code = [(&'static str, String); 2];
-    static MEMO: OnceLock<Mutex<HashMap<(usize, usize), Code>>> = OnceLock::new();
+    type Memo = Mutex<HashMap<(usize, usize, bool), UnrolledCode>>;
+    static MEMO: OnceLock<Memo> = OnceLock::new();
     let memo = MEMO.get_or_init(Default::default);
     let mut memo = memo.lock().unwrap_or_else(PoisonError::into_inner);
-    memo.entry((head_dim, per_read))
-        .or_insert_with(|| write_unrolled(head_dim, per_read))
+    memo.entry((head_dim, per_read, broadcast))
+        .or_insert_with(|| write_unrolled(head_dim, per_read, broadcast))
         .clone()
 }
 
-fn write_unrolled(head_dim: usize, per_read: usize) -> [(&'static str, String); 2] {
+/// The `K_DOT` and `V_ACC` defines [`rows_unrolled`] hands to the shader's preprocessor.
+type UnrolledCode = [(&'static str, String); 2];
+
+fn write_unrolled(head_dim: usize, per_read: usize, broadcast: bool) -> UnrolledCode {
     const PARTS: [&str; 8] = ["a", "b", "c", "d", "e", "f", "g", "h"];
     let vec4s = per_read / 4;
+    let words = head_dim / per_read;
     let (mut k, mut v) = (String::new(), String::new());
-    for c in 0..head_dim / per_read {
-        k += &format!("        {{\n            let k = k_part(row, {c}u);\n");
-        v += &format!("        {{\n            let v = v_part(row, {c}u);\n");
+    if broadcast {
+        for r in 0..words.div_ceil(SHARED_LANES) {
+            let at = |pool: &str| {
+                format!(
+                    "        let {pool}r{r} = {pool}_pool[row * NL + min(lane + {}u, NL - 1u)];\n",
+                    r * SHARED_LANES
+                )
+            };
+            k += &at("k");
+            v += &at("v");
+        }
+    }
+    for c in 0..words {
+        let word = |pool: &str| {
+            if broadcast {
+                let (r, lane) = (c / SHARED_LANES, c % SHARED_LANES);
+                format!("{pool}_dec(subgroupBroadcast({pool}r{r}, {lane}u), row)")
+            } else {
+                format!("{pool}_part(row, {c}u)")
+            }
+        };
+        k += &format!("        {{\n            let k = {};\n", word("k"));
+        v += &format!("        {{\n            let v = {};\n", word("v"));
         for (j, part) in PARTS.iter().enumerate().take(vec4s) {
             let i = c * vec4s + j;
             k += &format!("            s += dot(qv[{i}], k.{part});\n");
@@ -264,7 +296,13 @@ struct AttnParams {
     window: u32,
     scale: f32,
     had_norm: f32,
+    groups: u32,
+    _pad: [u32; 3],
 }
+
+/// Query tokens of one sequence a workgroup of the rows kernel's shared form takes (its
+/// workgroup size, and the lanes a subgroup must have for its broadcast reads).
+const SHARED_LANES: usize = 8;
 
 fn dtype_define(d: KvDtype) -> (&'static str, String) {
     let name = match d {
@@ -359,6 +397,10 @@ impl KvCache {
             cfg,
             device: device.clone(),
             cpu_adapter: device.cpu_shaped_kernels(),
+            shared_broadcast: {
+                let i = device.info();
+                i.subgroups && i.subgroup_size.0 as usize >= SHARED_LANES
+            },
             store,
             centres: vec![KeyCentre::default(); cfg.layers * cfg.kv_heads * CENTRED_PAIRS],
         })
@@ -373,6 +415,7 @@ impl KvCache {
     pub fn batch(&self, seqs: &[SeqBatch<'_>]) -> Result<AttnBatch> {
         let bs = self.cfg.block_size;
         let (mut info, mut tables, mut slots) = (Vec::new(), Vec::new(), Vec::new());
+        let mut groups = Vec::new();
         for (i, s) in seqs.iter().enumerate() {
             if s.query_len == 0 || s.query_len > s.context_len {
                 return invalid(format!(
@@ -399,6 +442,13 @@ impl KvCache {
             }
             let offset = tables.len() as u32;
             tables.extend(s.block_table[..need].iter().map(|b| b.0));
+            let first = slots.len();
+            groups.extend((0..s.query_len).step_by(SHARED_LANES).map(|g| {
+                [
+                    (first + g) as u32,
+                    (s.query_len - g).min(SHARED_LANES) as u32,
+                ]
+            }));
             for pos in s.context_len - s.query_len..s.context_len {
                 let block = s.block_table[pos / bs];
                 if block.is_trimmed() {
@@ -417,7 +467,11 @@ impl KvCache {
         let device = match &self.device {
             Device::Cpu => None,
             d => Some([
-                Tensor::from_u32(d, &[info.len()], &info)?,
+                {
+                    let mut words = info.clone();
+                    words.extend(groups.iter().flatten());
+                    Tensor::from_u32(d, &[words.len()], &words)?
+                },
                 Tensor::from_u32(d, &[tables.len()], &tables)?,
                 Tensor::from_u32(d, &[tokens], &slots)?,
             ]),
@@ -427,6 +481,7 @@ impl KvCache {
             info,
             tables,
             slots,
+            groups,
             device,
         })
     }
@@ -565,6 +620,8 @@ impl KvCache {
                     window: window as u32,
                     scale: attn.scale,
                     had_norm: hadamard_norm(hd),
+                    groups: batch.groups.len() as u32,
+                    _pad: [0; 3],
                 };
                 // CPU-type adapters take the one-invocation-per-head kernel, whose 16-byte
                 // reads need the head size to be a whole number of them, while no query
@@ -584,16 +641,36 @@ impl KvCache {
                     .max()
                     .unwrap_or(0)
                     .min(attn.window.unwrap_or(usize::MAX));
-                if self.cpu_adapter && hd.is_multiple_of(per_read) && longest <= ROWS_MAX_KEYS {
-                    let work = batch.tokens * attn.heads;
-                    let groups = work.div_ceil(8) as u32;
-                    let [k_dot, v_acc] = rows_unrolled(hd, per_read);
+                // Its shared form, where a step's sequences bring two query tokens or more a
+                // group on average, walks a group's keys once for up to 8 tokens (a query
+                // reads at most SHARED_LANES - 1 keys more).
+                let shared = 2 * batch.groups.len() <= batch.tokens;
+                let reach = longest + if shared { SHARED_LANES } else { 0 };
+                if self.cpu_adapter && hd.is_multiple_of(per_read) && reach <= ROWS_MAX_KEYS {
+                    let sg = shared && self.shared_broadcast;
+                    let work = if shared {
+                        batch.groups.len() * attn.heads
+                    } else {
+                        (batch.tokens * attn.heads).div_ceil(8)
+                    };
+                    let [k_dot, v_acc] = rows_unrolled(hd, per_read, sg);
+                    let flag = |on: bool| if on { "1" } else { "0" }.to_string();
+                    let (sg_arg, sg_lane) = if sg {
+                        ("@builtin(subgroup_invocation_id) sg_lane: u32,", "sg_lane")
+                    } else {
+                        ("", "0u")
+                    };
                     let defines = [
                         dtype_define(self.cfg.dtype),
                         ("HEAD_DIM", hd.to_string()),
+                        ("SHARED", flag(shared)),
+                        ("SG", flag(sg)),
+                        ("SG_ARG", sg_arg.to_string()),
+                        ("SG_LANE", sg_lane.to_string()),
                         k_dot,
                         v_acc,
                     ];
+                    let groups = work as u32;
                     let def = variant([&ATTN_ROWS, &ATTN_ROWS_SCALED, &ATTN_ROWS_I4], extras);
                     rec.launch(def, &defines, &params, &bufs, groups)?;
                     return Ok(out);

@@ -20,7 +20,7 @@ use kiln_attention::{
     SeqBatch, contiguous_attention, key_centres,
 };
 use kiln_kv::{BlockCopy, BlockId, KvDtype};
-use kiln_tensor::{Device, Recorder, RopeConfig, RopeLayout, RopeScaling, Tensor};
+use kiln_tensor::{Device, DeviceOptions, Recorder, RopeConfig, RopeLayout, RopeScaling, Tensor};
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
@@ -102,6 +102,37 @@ fn random_case(
             q: randv(r, query * heads * head_dim),
         });
     }
+    Case {
+        kv_heads,
+        heads,
+        head_dim,
+        window,
+        seqs,
+    }
+}
+
+/// A case of sequences given as (context, query) lengths, with random K/V/Q in random blocks.
+fn case_of(
+    r: &mut StdRng,
+    kv_heads: usize,
+    heads: usize,
+    head_dim: usize,
+    window: Option<usize>,
+    lens: &[(usize, usize)],
+) -> Case {
+    let mut free: Vec<BlockId> = (0..BLOCKS as u32).map(BlockId).collect();
+    free.shuffle(r);
+    let seqs = lens
+        .iter()
+        .map(|&(context, query)| Seq {
+            table: free.drain(..context.div_ceil(BS)).collect(),
+            context,
+            query,
+            k: randv(r, context * kv_heads * head_dim),
+            v: randv(r, context * kv_heads * head_dim),
+            q: randv(r, query * heads * head_dim),
+        })
+        .collect();
     Case {
         kv_heads,
         heads,
@@ -378,27 +409,14 @@ fn long_windowed_prefill_matches_reference() {
     let mut r = StdRng::seed_from_u64(11);
     let (kv_heads, heads, head_dim) = (1, 4, 256);
     for window in [None, Some(512), Some(40)] {
-        let mut free: Vec<BlockId> = (0..BLOCKS as u32).map(BlockId).collect();
-        free.shuffle(&mut r);
-        let mut seqs = Vec::new();
-        for (context, query) in [(850, 850), (150, 1)] {
-            let table: Vec<BlockId> = free.drain(..usize::div_ceil(context, BS)).collect();
-            seqs.push(Seq {
-                table,
-                context,
-                query,
-                k: randv(&mut r, context * kv_heads * head_dim),
-                v: randv(&mut r, context * kv_heads * head_dim),
-                q: randv(&mut r, query * heads * head_dim),
-            });
-        }
-        let c = Case {
+        let c = case_of(
+            &mut r,
             kv_heads,
             heads,
             head_dim,
             window,
-            seqs,
-        };
+            &[(850, 850), (150, 1)],
+        );
         let exact = reference(&c, &exact);
         assert_close(
             &format!("cpu f32 window={window:?}"),
@@ -423,6 +441,58 @@ fn long_windowed_prefill_matches_reference() {
                 &cpu_i4,
                 1e-4,
             );
+        }
+    }
+}
+
+/// Steps whose sequences bring several query tokens each take the rows kernel's shared form
+/// (a workgroup walks the keys once for up to 8 consecutive query tokens of one sequence,
+/// each lane skipping the keys its token does not see): groups cut short at a chunk's end, a
+/// decode in its own group, windows shorter than a group, and K/V rows of 1 to 32 words.
+#[test]
+fn query_groups_match_reference() {
+    let mut r = StdRng::seed_from_u64(23);
+    // A chunk after a cached prefix, a decode, two whole prompts: 10 groups of 60 tokens
+    // (the shared form takes steps of at least two tokens a group).
+    let lens = [(33, 13), (60, 1), (37, 37), (9, 9)];
+    // With subgroups the lanes share a row's reads by broadcast; without, they read it at the
+    // same addresses.
+    let mut devices = gpus();
+    devices.extend(kiln_testkit::wgpu_device(DeviceOptions {
+        allow_subgroups: false,
+        ..DeviceOptions::default()
+    }));
+    for (kv_heads, heads, head_dim) in [(3, 9, 64), (1, 4, 128), (2, 2, 32)] {
+        for window in [None, Some(5), Some(20)] {
+            let c = case_of(&mut r, kv_heads, heads, head_dim, window, &lens);
+            let what = format!("kvh={kv_heads} heads={heads} d={head_dim} window={window:?}");
+            let exact = reference(&c, &exact);
+            let rounded = reference(&c, &round_f16);
+            let cpu_i8 = run(&Device::cpu(), &c, KvDtype::Int8);
+            let cpu_i4 = run(&Device::cpu(), &c, KvDtype::Int4);
+            for g in &devices {
+                let what = format!(
+                    "{what} cpu-shaped={} subgroups={}",
+                    g.cpu_shaped_kernels(),
+                    g.info().subgroups
+                );
+                assert_close(
+                    &format!("f32 {what}"),
+                    &run(g, &c, KvDtype::F32),
+                    &exact,
+                    2e-5,
+                );
+                assert_close(
+                    &format!("f16 {what}"),
+                    &run(g, &c, KvDtype::F16),
+                    &rounded,
+                    2e-4,
+                );
+                let i8 = run(g, &c, KvDtype::Int8);
+                assert_close(&format!("int8 {what}"), &i8, &cpu_i8, 1e-4);
+                let i4 = run(g, &c, KvDtype::Int4);
+                assert_close(&format!("int4 {what}"), &i4, &cpu_i4, 1e-4);
+            }
         }
     }
 }

@@ -17,6 +17,11 @@ struct Params {
     scale: f32,
     // 1/sqrt(the INT4 rotation's block size).
     had_norm: f32,
+    // Query groups of paged_attention_rows.wgsl's shared form (unused here).
+    groups: u32,
+    _pad0: u32,
+    _pad1: u32,
+    _pad2: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;

@@ -4,6 +4,15 @@
 // invocations as SIMD lanes and turn each storage read into a per-lane loop, so K and V rows
 // are read 16 bytes at a time and there are no workgroup barriers or shared-memory tiles.
 // A query reads at most 65,535 keys here (the launcher checks; llvmpipe's loop cap).
+//
+// SHARED: the form for steps whose sequences bring several query tokens (prefill chunks,
+// speculative verification). A workgroup takes one query head and up to 8 consecutive query
+// tokens of one sequence (a query group: `info` holds, after the per-token pairs, each group's
+// first token and token count), one token a lane, so the lanes walk the same keys and read
+// each K and V row once between them: with SG (subgroups of at least 8 lanes) lane c reads
+// the row's 16-byte word c (c + 8, ...) and the others take it by broadcast, one gather a
+// row instead of one a lane; without, the row's words at workgroup-uniform addresses. A lane
+// skips the keys its token does not see (past its position, before its window).
 
 struct Params {
     tokens: u32,
@@ -15,6 +24,11 @@ struct Params {
     scale: f32,
     // 1/sqrt(the INT4 rotation's block size).
     had_norm: f32,
+    // SHARED: query groups (after the 2·tokens words of `info`).
+    groups: u32,
+    _pad0: u32,
+    _pad1: u32,
+    _pad2: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -85,12 +99,14 @@ fn i8x4(x: u32) -> vec4<f32> {
     return vec4<f32>(bitcast<vec4<i32>>(vec4<u32>(x << 24u, x << 16u, x << 8u, x)) >> vec4<u32>(24u));
 }
 
+// `k_dec`/`v_dec` turn one 16-byte word of row `row` of the pool into its elements;
+// `k_part`/`v_part` read word l of the row and decode it.
 #if KV_F32
-fn k_part(row: u32, l: u32) -> Part {
-    return Part(k_pool[row * NL + l], vec4<f32>(), vec4<f32>(), vec4<f32>());
+fn k_dec(w: vec4<f32>, row: u32) -> Part {
+    return Part(w, vec4<f32>(), vec4<f32>(), vec4<f32>());
 }
-fn v_part(row: u32, l: u32) -> Part {
-    return Part(v_pool[row * NL + l], vec4<f32>(), vec4<f32>(), vec4<f32>());
+fn v_dec(w: vec4<f32>, row: u32) -> Part {
+    return Part(w, vec4<f32>(), vec4<f32>(), vec4<f32>());
 }
 #endif
 #if KV_F16
@@ -98,22 +114,22 @@ fn h8(v: vec4<u32>) -> Part {
     return Part(vec4<f32>(unpack2x16float(v.x), unpack2x16float(v.y)),
         vec4<f32>(unpack2x16float(v.z), unpack2x16float(v.w)), vec4<f32>(), vec4<f32>());
 }
-fn k_part(row: u32, l: u32) -> Part {
-    return h8(k_pool[row * NL + l]);
+fn k_dec(w: vec4<u32>, row: u32) -> Part {
+    return h8(w);
 }
-fn v_part(row: u32, l: u32) -> Part {
-    return h8(v_pool[row * NL + l]);
+fn v_dec(w: vec4<u32>, row: u32) -> Part {
+    return h8(w);
 }
 #endif
 #if KV_I8
 fn b16(v: vec4<u32>, s: f32) -> Part {
     return Part(i8x4(v.x) * s, i8x4(v.y) * s, i8x4(v.z) * s, i8x4(v.w) * s);
 }
-fn k_part(row: u32, l: u32) -> Part {
-    return b16(k_pool[row * NL + l], k_scale[row]);
+fn k_dec(w: vec4<u32>, row: u32) -> Part {
+    return b16(w, k_scale[row]);
 }
-fn v_part(row: u32, l: u32) -> Part {
-    return b16(v_pool[row * NL + l], v_scale[row]);
+fn v_dec(w: vec4<u32>, row: u32) -> Part {
+    return b16(w, v_scale[row]);
 }
 #endif
 #if KV_I4
@@ -131,8 +147,8 @@ fn b32(v: vec4<u32>, sz: u32) -> Part {
     let w = n8(v.w, s);
     return Part(x[0], x[1], y[0], y[1], z[0], z[1], w[0], w[1]);
 }
-fn k_part(row: u32, l: u32) -> Part {
-    return b32(k_pool[row * NL + l], k_scale[row]);
+fn k_dec(w: vec4<u32>, row: u32) -> Part {
+    return b32(w, k_scale[row]);
 }
 // `hadamard` on a head row held as vec4s.
 fn rotate(x: ptr<function, array<vec4<f32>, D4>>) {
@@ -147,25 +163,48 @@ fn rotate(x: ptr<function, array<vec4<f32>, D4>>) {
         (*x)[c] = vec4<f32>(r[4u * c], r[4u * c + 1u], r[4u * c + 2u], r[4u * c + 3u]);
     }
 }
-fn v_part(row: u32, l: u32) -> Part {
-    return b32(v_pool[row * NL + l], v_scale[row]);
+fn v_dec(w: vec4<u32>, row: u32) -> Part {
+    return b32(w, v_scale[row]);
 }
 #endif
+fn k_part(row: u32, l: u32) -> Part {
+    return k_dec(k_pool[row * NL + l], row);
+}
+fn v_part(row: u32, l: u32) -> Part {
+    return v_dec(v_pool[row * NL + l], row);
+}
 
 @compute @workgroup_size(WG)
 fn main(
     @builtin(workgroup_id) wid: vec3<u32>,
     @builtin(num_workgroups) nwg: vec3<u32>,
     @builtin(local_invocation_index) lid: u32,
+    {{SG_ARG}}
 ) {
+#if SHARED
+    // Workgroup-uniform: the group, its head, its sequence's table and the keys it walks.
+    let wgi = wid.x + wid.y * nwg.x;
+    let gi = wgi / p.heads;
+    if (gi >= p.groups) {
+        return;
+    }
+    let h = wgi % p.heads;
+    let g0 = info[2u * p.tokens + 2u * gi];
+    let n = info[2u * p.tokens + 2u * gi + 1u];
+    // Lanes past the group's tokens compute a copy of its last and do not write.
+    let t = g0 + min(lid, n - 1u);
+    let lane = {{SG_LANE}};
+    let table = info[2u * g0];
+#else
     let g = (wid.x + wid.y * nwg.x) * WG + lid;
     if (g >= p.tokens * p.heads) {
         return;
     }
     let t = g / p.heads;
     let h = g % p.heads;
-    let kvh = h / (p.heads / p.kv_heads);
     let table = info[2u * t];
+#endif
+    let kvh = h / (p.heads / p.kv_heads);
     let pos = info[2u * t + 1u];
     let qb = (t * p.heads + h) * D4;
     var qv: array<vec4<f32>, D4>;
@@ -189,9 +228,21 @@ fn main(
     if (p.window > 0u && pos + 1u > p.window) {
         first = pos + 1u - p.window;
     }
+#if SHARED
+    // From the group's first token's first key to its last token's position.
+    var start = 0u;
+    let pos0 = info[2u * g0 + 1u];
+    if (p.window > 0u && pos0 + 1u > p.window) {
+        start = pos0 + 1u - p.window;
+    }
+    let last = info[2u * (g0 + n - 1u) + 1u];
+#else
+    let start = first;
+    let last = pos;
+#endif
     var m = bitcast<f32>(0xff800000u);
     var l = 0.0;
-    for (var j = first; j <= pos; j++) {
+    for (var j = start; j <= last; j++) {
         let slot = tables[table + j / p.block_size] * p.block_size + j % p.block_size;
         let row = slot * p.kv_heads + kvh;
         var s = 0.0;
@@ -199,9 +250,17 @@ fn main(
         // caps the iterations of one outermost loop nest at 65,535, so per-dimension loops
         // inside this one would cut a query's keys short (at head_dim 256, after 499 keys).
 {{K_DOT}}        // exp(-inf) = 0 rescales nothing on the first key.
+#if SHARED
+        // A key this lane's token does not see changes nothing.
+        let live = j >= first && j <= pos;
+        let m_new = select(m, max(m, s), live);
+        let alpha = select(1.0, exp(m - m_new), live);
+        let pj = select(0.0, exp(s - m_new), live);
+#else
         let m_new = max(m, s);
         let alpha = exp(m - m_new);
         let pj = exp(s - m_new);
+#endif
         l = l * alpha + pj;
 {{V_ACC}}        m = m_new;
     }
@@ -212,6 +271,11 @@ fn main(
 #if KV_I4
     // The output mixes rotated V rows: rotate it back.
     rotate(&acc);
+#endif
+#if SHARED
+    if (lid >= n) {
+        return;
+    }
 #endif
     for (var c = 0u; c < D4; c++) {
         out[qb + c] = acc[c];
