@@ -4,7 +4,7 @@
 //! so after the first step its bind groups all come from here: on a real GPU making ~300 bind
 //! groups a step costs more host time than the step's kernels take on the device.
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap;
 
 use crate::device::HostStats;
 
@@ -26,7 +26,8 @@ pub(crate) struct BindKey {
 #[derive(Debug, Default)]
 pub(crate) struct BindCache {
     params: Option<wgpu::Buffer>,
-    groups: HashMap<BindKey, (wgpu::BindGroup, u64)>,
+    /// By buffer ids: FxHash, not SipHash (a decode step looks up ~200 of them).
+    groups: FxHashMap<BindKey, (wgpu::BindGroup, u64)>,
     submits: u64,
     pub stats: HostStats,
 }

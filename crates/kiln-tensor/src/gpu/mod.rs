@@ -23,6 +23,12 @@ pub(crate) const PARAM_SLOT: u64 = 256;
 
 /// Usage of every tensor buffer: storage for kernels, uniform for [`Access::Uniform`]
 /// bindings, copies for read-back and KV moves.
+/// A launch's keyed defines (as [`template::keyed`] gives them) and its pipeline.
+type KnownLaunch = (Vec<(String, String)>, Arc<Pipeline>);
+
+/// Uploads up to this size come from the buffer pool (see [`GpuContext::upload`]).
+const POOLED_UPLOAD: u64 = 64 << 10;
+
 const TENSOR_USAGE: wgpu::BufferUsages = wgpu::BufferUsages::STORAGE
     .union(wgpu::BufferUsages::UNIFORM)
     .union(wgpu::BufferUsages::COPY_SRC)
@@ -85,6 +91,11 @@ pub struct GpuContext {
     cpu_shaped: bool,
     pub(crate) pool: Arc<BufferPool>,
     pipelines: Mutex<HashMap<String, Arc<Pipeline>>>,
+    /// The same pipelines found without building their key: by a hash of the kernel and its
+    /// defines in the order a launch site gives them, checked against those defines (a
+    /// launch records ~15 of them; formatting and sorting a key cost more than the rest of
+    /// recording it).
+    recent: Mutex<rustc_hash::FxHashMap<u64, KnownLaunch>>,
     /// Per-kernel device time when profiling (timestamp queries available and asked for).
     profiler: Option<Mutex<Profiler>>,
     layouts: Mutex<HashMap<Vec<Access>, wgpu::BindGroupLayout>>,
@@ -209,6 +220,7 @@ impl GpuContext {
                 .unwrap_or(ainfo.device_type == wgpu::DeviceType::Cpu),
             pool: Arc::new(BufferPool::default()),
             pipelines: Mutex::default(),
+            recent: Mutex::default(),
             profiler: profile.then(Mutex::default),
             layouts: Mutex::default(),
             binds: Mutex::default(),
@@ -352,6 +364,22 @@ impl GpuContext {
         kernel: &KernelDef,
         defines: &[(&str, String)],
     ) -> Result<Arc<Pipeline>> {
+        let hash = template::launch_hash(kernel.name, defines);
+        if let Some((known, p)) = lock(&self.recent).get(&hash)
+            && template::same_defines(known, defines)
+        {
+            return Ok(p.clone());
+        }
+        let p = self.compiled(kernel, defines)?;
+        let known = template::keyed(defines)
+            .map(|(k, v)| (k.to_string(), v.clone()))
+            .collect();
+        lock(&self.recent).insert(hash, (known, p.clone()));
+        Ok(p)
+    }
+
+    /// [`GpuContext::pipeline`] by its full key: compiled on first use.
+    fn compiled(&self, kernel: &KernelDef, defines: &[(&str, String)]) -> Result<Arc<Pipeline>> {
         let key = template::cache_key(kernel.name, defines);
         if let Some(p) = lock(&self.pipelines).get(&key) {
             return Ok(p.clone());
@@ -433,9 +461,26 @@ impl GpuContext {
         Ok(())
     }
 
-    /// A new buffer holding `data` (uploaded through a mapping at creation: no staging copy).
+    /// A buffer holding `data`. Small ones (a step's token ids, positions, block tables) come
+    /// from the pool, written through the queue (ordered before the next submit's kernels),
+    /// so the same step shape binds the same buffers and reuses its bind groups; large ones
+    /// (weights) are new buffers filled through a mapping at creation: no staging copy.
     pub(crate) fn upload(&self, data: &[u8], what: &str) -> Result<GpuBuffer> {
         self.check_binding(data.len() as u64, what)?;
+        if data.len() as u64 <= POOLED_UPLOAD {
+            // Never one this thread's open recording still reads: the write lands before it.
+            let buf = self
+                .pool
+                .take_free(&self.device, data.len() as u64, TENSOR_USAGE);
+            let whole = data.len() - data.len() % 4;
+            self.queue.write_buffer(&buf.buffer, 0, &data[..whole]);
+            if whole < data.len() {
+                let mut tail = [0u8; 4];
+                tail[..data.len() - whole].copy_from_slice(&data[whole..]);
+                self.queue.write_buffer(&buf.buffer, whole as u64, &tail);
+            }
+            return Ok(buf);
+        }
         let buf = GpuBuffer::unpooled(&self.device, data.len() as u64, TENSOR_USAGE, true);
         buf.fill_mapped(data)?;
         Ok(buf)

@@ -66,12 +66,35 @@ fn keep(idle: &mut Idle, buffer: wgpu::Buffer) {
 }
 
 impl BufferPool {
-    #[allow(clippy::mutable_key_type)]
+    /// An output buffer: a free one, one this thread holds (its open recording reads it
+    /// earlier in the same command stream), or a new one.
     pub(crate) fn take(
         self: &Arc<Self>,
         device: &wgpu::Device,
         bytes: u64,
         usage: wgpu::BufferUsages,
+    ) -> GpuBuffer {
+        self.take_from(device, bytes, usage, true)
+    }
+
+    /// A buffer to write through the queue: never one this thread holds, since a queue write
+    /// lands before the kernels of the open recording that may still read it.
+    pub(crate) fn take_free(
+        self: &Arc<Self>,
+        device: &wgpu::Device,
+        bytes: u64,
+        usage: wgpu::BufferUsages,
+    ) -> GpuBuffer {
+        self.take_from(device, bytes, usage, false)
+    }
+
+    #[allow(clippy::mutable_key_type)]
+    fn take_from(
+        self: &Arc<Self>,
+        device: &wgpu::Device,
+        bytes: u64,
+        usage: wgpu::BufferUsages,
+        held_too: bool,
     ) -> GpuBuffer {
         let key = (size_class(bytes), usage.bits());
         let reused = {
@@ -79,6 +102,7 @@ impl BufferPool {
             let Lists { free, open } = &mut *lists;
             let held = open
                 .get_mut(&thread::current().id())
+                .filter(|_| held_too)
                 .and_then(|o| o.held.get_mut(&key));
             let free = free.get_mut(&key);
             // The lowest-numbered of the free ones and this thread's held ones.

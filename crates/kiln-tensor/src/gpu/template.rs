@@ -5,16 +5,43 @@
 //!   `SHADER_F16` enabled.
 //! - `{{NAME}}` is replaced by the define's value.
 
+use std::hash::{Hash, Hasher};
+
 /// Cache key naming the kernel and every specialisation axis. Defines whose value spans
 /// several lines are code the launcher generated from the other defines, so they are left out.
 pub(crate) fn cache_key(kernel: &str, defines: &[(&str, String)]) -> String {
-    let mut d: Vec<String> = defines
-        .iter()
-        .filter(|(_, v)| !v.contains('\n'))
-        .map(|(k, v)| format!("{k}={v}"))
-        .collect();
+    let mut d: Vec<String> = keyed(defines).map(|(k, v)| format!("{k}={v}")).collect();
     d.sort();
     format!("{kernel}[{}]", d.join(","))
+}
+
+/// The defines that name a specialisation: code blocks (multi-line values) follow from the
+/// others and are left out.
+pub(crate) fn keyed<'a>(
+    defines: &'a [(&'a str, String)],
+) -> impl Iterator<Item = &'a (&'a str, String)> {
+    defines.iter().filter(|(_, v)| !v.contains('\n'))
+}
+
+/// A hash of `kernel` and its [`keyed`] defines in the order given (a launch site gives them
+/// in the same order every time).
+pub(crate) fn launch_hash(kernel: &str, defines: &[(&str, String)]) -> u64 {
+    let mut h = rustc_hash::FxHasher::default();
+    kernel.hash(&mut h);
+    for (k, v) in keyed(defines) {
+        k.hash(&mut h);
+        v.hash(&mut h);
+    }
+    h.finish()
+}
+
+/// `known` (as stored) holds exactly `defines`' keyed ones, in the same order.
+pub(crate) fn same_defines(known: &[(String, String)], defines: &[(&str, String)]) -> bool {
+    let mut given = keyed(defines);
+    known
+        .iter()
+        .all(|(k, v)| given.next().is_some_and(|(gk, gv)| gk == k && gv == v))
+        && given.next().is_none()
 }
 
 /// Why a kernel template does not render.
@@ -80,6 +107,37 @@ pub(crate) fn render(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_launch_finds_its_pipeline_by_the_defines_it_gives() {
+        let d = |v: &[(&'static str, &str)]| -> Vec<(&'static str, String)> {
+            v.iter().map(|(k, v)| (*k, v.to_string())).collect()
+        };
+        let given = d(&[("A", "1"), ("B", "x"), ("CODE", "s += 1;\ns += 2;\n")]);
+        let known: Vec<(String, String)> = keyed(&given)
+            .map(|(k, v)| (k.to_string(), v.clone()))
+            .collect();
+        assert_eq!(known.len(), 2, "code blocks are not part of the key");
+        assert!(same_defines(&known, &given));
+        // The code block follows from the others: it changes neither the hash nor the match.
+        let other_code = d(&[("A", "1"), ("B", "x"), ("CODE", "t;\nu;\n")]);
+        assert!(same_defines(&known, &other_code));
+        assert_eq!(launch_hash("k", &given), launch_hash("k", &other_code));
+        for differs in [
+            d(&[("A", "1"), ("B", "y")]),
+            d(&[("A", "1")]),
+            d(&[("A", "1"), ("B", "x"), ("C", "0")]),
+            // Another order is another entry (the full key, sorted, still finds the pipeline).
+            d(&[("B", "x"), ("A", "1")]),
+        ] {
+            assert!(!same_defines(&known, &differs), "{differs:?}");
+        }
+        assert_ne!(launch_hash("k", &given), launch_hash("j", &given));
+        assert_eq!(
+            cache_key("k", &given),
+            cache_key("k", &d(&[("B", "x"), ("A", "1")]))
+        );
+    }
 
     #[test]
     fn conditionals_and_values() {
