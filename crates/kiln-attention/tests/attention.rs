@@ -343,6 +343,38 @@ fn assert_close(what: &str, got: &[f32], want: &[f32], tol: f32) {
     assert!(worst <= tol, "{what}: max |error| {worst} > {tol}");
 }
 
+/// What a case's device outputs are checked against: the exact and f16-rounded references
+/// and the CPU backend's own INT8 and INT4 outputs.
+struct Refs<'a> {
+    exact: &'a [f32],
+    rounded: &'a [f32],
+    cpu_i8: &'a [f32],
+    cpu_i4: &'a [f32],
+}
+
+/// `dev`'s output for every KV dtype against `refs`: f32 to the exact reference, f16 to the
+/// f16-rounded one, INT8 and INT4 to the CPU backend's (the same quantization), and INT8 to
+/// the exact reference within its quantization error.
+fn check_device(dev: &Device, c: &Case, refs: &Refs<'_>, what: &str) {
+    assert_close(
+        &format!("f32 {what}"),
+        &run(dev, c, KvDtype::F32),
+        refs.exact,
+        2e-5,
+    );
+    assert_close(
+        &format!("f16 {what}"),
+        &run(dev, c, KvDtype::F16),
+        refs.rounded,
+        2e-4,
+    );
+    let i8 = run(dev, c, KvDtype::Int8);
+    assert_close(&format!("int8 vs exact {what}"), &i8, refs.exact, 0.03);
+    assert_close(&format!("int8 vs cpu int8 {what}"), &i8, refs.cpu_i8, 1e-4);
+    let i4 = run(dev, c, KvDtype::Int4);
+    assert_close(&format!("int4 vs cpu int4 {what}"), &i4, refs.cpu_i4, 1e-4);
+}
+
 #[test]
 fn paged_attention_matches_contiguous_reference() {
     let mut r = StdRng::seed_from_u64(7);
@@ -368,32 +400,13 @@ fn paged_attention_matches_contiguous_reference() {
                 assert_close(&format!("cpu int4 vs exact {what}"), &cpu_i4, &exact, 0.25);
                 for g in &gpus {
                     let what = format!("{what} cpu-shaped={}", g.cpu_shaped_kernels());
-                    assert_close(
-                        &format!("wgpu f32 {what}"),
-                        &run(g, &c, KvDtype::F32),
-                        &exact,
-                        2e-5,
-                    );
-                    assert_close(
-                        &format!("wgpu f16 {what}"),
-                        &run(g, &c, KvDtype::F16),
-                        &rounded,
-                        2e-4,
-                    );
-                    let gpu_i8 = run(g, &c, KvDtype::Int8);
-                    assert_close(&format!("wgpu int8 vs exact {what}"), &gpu_i8, &exact, 0.03);
-                    assert_close(
-                        &format!("wgpu int8 vs cpu int8 {what}"),
-                        &gpu_i8,
-                        &cpu_i8,
-                        1e-4,
-                    );
-                    assert_close(
-                        &format!("wgpu int4 {what}"),
-                        &run(g, &c, KvDtype::Int4),
-                        &cpu_i4,
-                        1e-4,
-                    );
+                    let refs = Refs {
+                        exact: &exact,
+                        rounded: &rounded,
+                        cpu_i8: &cpu_i8,
+                        cpu_i4: &cpu_i4,
+                    };
+                    check_device(g, &c, &refs, &what);
                 }
             }
         }
@@ -476,22 +489,13 @@ fn query_groups_match_reference() {
                     g.cpu_shaped_kernels(),
                     g.info().subgroups
                 );
-                assert_close(
-                    &format!("f32 {what}"),
-                    &run(g, &c, KvDtype::F32),
-                    &exact,
-                    2e-5,
-                );
-                assert_close(
-                    &format!("f16 {what}"),
-                    &run(g, &c, KvDtype::F16),
-                    &rounded,
-                    2e-4,
-                );
-                let i8 = run(g, &c, KvDtype::Int8);
-                assert_close(&format!("int8 {what}"), &i8, &cpu_i8, 1e-4);
-                let i4 = run(g, &c, KvDtype::Int4);
-                assert_close(&format!("int4 {what}"), &i4, &cpu_i4, 1e-4);
+                let refs = Refs {
+                    exact: &exact,
+                    rounded: &rounded,
+                    cpu_i8: &cpu_i8,
+                    cpu_i4: &cpu_i4,
+                };
+                check_device(g, &c, &refs, &what);
             }
         }
     }
