@@ -147,18 +147,52 @@ impl std::fmt::Debug for ConstraintCompiler {
     }
 }
 
+/// Why constrained decoding is unavailable for a model, or failed for an output.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum ConstraintError {
+    #[error("the model has no EOS token to end a constrained output with")]
+    NoEos,
+    #[error(
+        "the tokenizer's decoder is neither byte-level nor SentencePiece, so its tokens have \
+         no bytes of their own"
+    )]
+    NoTokenBytes,
+    #[error("a vocabulary of {0} tokens does not fit llguidance's u32 token ids")]
+    VocabularyTooLarge(usize),
+    #[error("llguidance's parser factory")]
+    Factory(#[source] Cause),
+    #[error("the grammar refused token {token}")]
+    Refused {
+        token: u32,
+        #[source]
+        source: Cause,
+    },
+    #[error("computing the next token's mask")]
+    Mask(#[source] Cause),
+    /// A mask or token asked for after the grammar ended the output.
+    #[error("the output has ended")]
+    Ended,
+    /// The mask worker went away without its result (it panicked).
+    #[error("the structured-output worker was lost")]
+    WorkerLost,
+}
+
+/// llguidance's error, shared (a mask's error is kept and reported to each read of it).
+pub type Cause = Arc<dyn std::error::Error + Send + Sync>;
+
+fn cause(e: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> Cause {
+    Arc::from(e.into())
+}
+
 impl ConstraintCompiler {
     /// A compiler for `tokenizer`, whose first `eos` id is the one llguidance allows when a
     /// constraint may end. `Err` says why constrained decoding is unavailable (the tokenizer's
     /// tokens have no bytes of their own, or the model has no EOS).
-    pub fn new(tokenizer: &Tokenizer, eos: &[u32]) -> Result<Self, String> {
-        let &tok_eos = eos
-            .first()
-            .ok_or("the model has no EOS token to end a constrained output with")?;
-        let tokens = tokenizer.token_bytes().ok_or(
-            "the tokenizer's decoder is neither byte-level nor SentencePiece, so its tokens \
-             have no bytes of their own",
-        )?;
+    pub fn new(tokenizer: &Tokenizer, eos: &[u32]) -> Result<Self, ConstraintError> {
+        let &tok_eos = eos.first().ok_or(ConstraintError::NoEos)?;
+        let tokens = tokenizer
+            .token_bytes()
+            .ok_or(ConstraintError::NoTokenBytes)?;
         let words: Vec<Vec<u8>> = tokens
             .into_iter()
             .map(|t| {
@@ -171,13 +205,15 @@ impl ConstraintCompiler {
                 }
             })
             .collect();
-        let vocab = u32::try_from(words.len()).map_err(|_| "vocabulary too large")?;
+        let vocab = u32::try_from(words.len())
+            .map_err(|_| ConstraintError::VocabularyTooLarge(words.len()))?;
         let info = TokRxInfo::new(vocab, tok_eos);
         let env: TokEnv = Arc::new(KilnTokEnv {
             trie: TokTrie::from(&info, &words),
             tokenizer: tokenizer.clone(),
         });
-        let mut factory = ParserFactory::new_simple(&env).map_err(|e| e.to_string())?;
+        let mut factory =
+            ParserFactory::new_simple(&env).map_err(|e| ConstraintError::Factory(cause(e)))?;
         factory.quiet();
         Ok(Self {
             factory,
@@ -220,7 +256,7 @@ fn first_line(e: &str) -> String {
 /// A mask computed on a worker, and the matcher it was computed with.
 struct Computed {
     matcher: Box<Matcher>,
-    mask: Result<SimpleVob, String>,
+    mask: Result<SimpleVob, ConstraintError>,
     took: Duration,
 }
 
@@ -230,7 +266,7 @@ enum State {
     /// The mask for the next token is here.
     Ready {
         matcher: Box<Matcher>,
-        mask: Result<SimpleVob, String>,
+        mask: Result<SimpleVob, ConstraintError>,
     },
     /// The worker went away without its result (it panicked).
     Lost,
@@ -268,14 +304,14 @@ impl Guide {
 
     /// A copy at the same point of the grammar (for the other outputs of `n > 1`), computing
     /// its own mask.
-    pub fn fork(&mut self, metrics: &EngineMetrics) -> Result<Self, String> {
+    pub fn fork(&mut self, metrics: &EngineMetrics) -> Result<Self, ConstraintError> {
         self.wait(metrics);
         match &self.state {
             State::Ready { matcher, .. } => Ok(Self {
                 state: spawn(Box::new(matcher.deep_clone()), self.eos.clone()),
                 eos: self.eos.clone(),
             }),
-            _ => Err("the structured-output worker was lost".into()),
+            _ => Err(ConstraintError::WorkerLost),
         }
     }
 
@@ -298,39 +334,44 @@ impl Guide {
 
     /// The ids allowed next, one bit each (bit `id % 32` of word `id / 32`); every EOS id when
     /// the grammar allows EOS. Waits for the worker if it is still computing.
-    pub fn mask(&mut self, metrics: &EngineMetrics) -> Result<&[u32], String> {
+    pub fn mask(&mut self, metrics: &EngineMetrics) -> Result<&[u32], ConstraintError> {
         self.wait(metrics);
         match &mut self.state {
             State::Ready { mask: Ok(mask), .. } => Ok(mask.as_slice()),
             State::Ready { mask: Err(e), .. } => Err(e.clone()),
-            State::Computing(_) | State::Lost => {
-                Err("the structured-output worker was lost".into())
-            }
+            State::Computing(_) | State::Lost => Err(ConstraintError::WorkerLost),
         }
     }
 
     /// Tells the grammar the token sampling picked (from the mask) and starts the next mask.
-    pub fn commit(&mut self, token: u32, metrics: &EngineMetrics) -> Result<Committed, String> {
+    pub fn commit(
+        &mut self,
+        token: u32,
+        metrics: &EngineMetrics,
+    ) -> Result<Committed, ConstraintError> {
         self.wait(metrics);
         let State::Ready { mut matcher, .. } = std::mem::replace(&mut self.state, State::Lost)
         else {
-            return Err("the structured-output worker was lost".into());
+            return Err(ConstraintError::WorkerLost);
         };
         if self.eos.contains(&token) {
             // Only reachable when the grammar allowed its EOS: the output is complete.
             self.state = State::Ready {
                 matcher,
-                mask: Err("the output has ended".into()),
+                mask: Err(ConstraintError::Ended),
             };
             return Ok(Committed::Complete);
         }
         matcher
             .consume_token(token)
-            .map_err(|e| format!("the grammar refused token {token}: {e}"))?;
+            .map_err(|e| ConstraintError::Refused {
+                token,
+                source: cause(e),
+            })?;
         if matcher.is_stopped() {
             self.state = State::Ready {
                 matcher,
-                mask: Err("the output has ended".into()),
+                mask: Err(ConstraintError::Ended),
             };
             return Ok(Committed::Complete);
         }
@@ -348,7 +389,7 @@ fn spawn(matcher: Box<Matcher>, eos: Arc<[u32]>) -> State {
         let t = Instant::now();
         let mut mask = matcher
             .compute_mask()
-            .map_err(|e| first_line(&e.to_string()));
+            .map_err(|e| ConstraintError::Mask(cause(e)));
         if let Ok(m) = &mut mask
             && eos.first().is_some_and(|&e| m.is_allowed(e))
         {

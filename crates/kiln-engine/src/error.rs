@@ -131,9 +131,9 @@ pub enum InternalError {
     LostTokens(SeqId),
     #[error("sampling")]
     Sampling(#[source] SampleError),
-    /// The structured-output matcher failed (its message says how).
-    #[error("structured output: {0}")]
-    Constraint(String),
+    /// The structured-output matcher failed.
+    #[error("structured output")]
+    Constraint(#[source] crate::constraint::ConstraintError),
     #[error("detokenizing")]
     Detokenize(#[source] TokenizerError),
     /// Step-loop state that cannot disagree did (a bug in kiln-engine).

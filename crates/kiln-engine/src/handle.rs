@@ -12,7 +12,7 @@ use kiln_tokenizer::Tokenizer;
 use tokio::sync::{mpsc as tmpsc, oneshot};
 
 use crate::EngineError;
-use crate::constraint::{ConstraintCompiler, Guide};
+use crate::constraint::{ConstraintCompiler, ConstraintError, Guide};
 use crate::error::{InternalError, InvariantError};
 use crate::metrics::EngineMetrics;
 use crate::request::{Event, Output, OutputBuilder, Prompt, Request, RequestId};
@@ -100,7 +100,7 @@ pub(crate) struct Shared {
     pub metrics: Arc<EngineMetrics>,
     /// Structured output's compiler, built on the first constrained request (`Err`: why this
     /// model cannot have one).
-    pub grammars: OnceLock<Result<Arc<ConstraintCompiler>, String>>,
+    pub grammars: OnceLock<Result<Arc<ConstraintCompiler>, ConstraintError>>,
     pub thread: Mutex<Option<JoinHandle<()>>>,
 }
 
@@ -131,9 +131,13 @@ impl EngineHandle {
         let prompt_ids = self.validate(&request)?;
         let guide = match &request.constraint {
             Some(c) => {
-                let g = self
-                    .grammars()
-                    .map_err(|e| EngineError::invalid(c.field(), e))?;
+                let g = self.grammars().map_err(|e| {
+                    EngineError::invalid_because(
+                        c.field(),
+                        "structured output is not available for this model",
+                        e,
+                    )
+                })?;
                 Some(Guide::new(g.compile(c)?, g.eos()))
             }
             None => None,
@@ -256,14 +260,10 @@ impl EngineHandle {
     }
 
     /// The structured-output compiler, built on first use.
-    fn grammars(&self) -> Result<Arc<ConstraintCompiler>, String> {
+    fn grammars(&self) -> Result<Arc<ConstraintCompiler>, ConstraintError> {
         let s = &self.shared;
         s.grammars
-            .get_or_init(|| {
-                let g = ConstraintCompiler::new(&s.tokenizer, &s.info.eos_ids);
-                g.map(Arc::new)
-                    .map_err(|e| format!("structured output is not available for this model: {e}"))
-            })
+            .get_or_init(|| ConstraintCompiler::new(&s.tokenizer, &s.info.eos_ids).map(Arc::new))
             .clone()
     }
 

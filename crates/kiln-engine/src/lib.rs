@@ -15,7 +15,7 @@ mod start;
 mod step_loop;
 
 pub use builder::{BuildError, Built, Checkpoint, EngineOptions, KvSize, build};
-pub use constraint::{Constraint, ConstraintCompiler};
+pub use constraint::{Constraint, ConstraintCompiler, ConstraintError};
 pub use error::{Cause, EngineError, InternalError, InvariantError, StartError, error_chain};
 pub use handle::{EngineHandle, EngineInfo, EngineStats, RequestStream, ShutdownMode};
 /// The structured-output engine kiln drives (its `Matcher` is what

@@ -10,7 +10,8 @@ mod common;
 
 use common::{config, default_engine, tiny_engine};
 use kiln_engine::{
-    Constraint, EngineError, EngineHandle, FinishReason, Output, Request, SamplingParams,
+    Constraint, ConstraintCompiler, ConstraintError, EngineError, EngineHandle, FinishReason,
+    Output, Request, SamplingParams,
 };
 use kiln_tensor::Device;
 use serde_json::{Value, json};
@@ -307,6 +308,12 @@ fn bad_constraints_are_refused_before_queueing_naming_the_field() {
     let s = e.stats_blocking().unwrap();
     assert_eq!((s.requests, s.waiting, s.running), (0, 0, 0));
     s.invariants.unwrap();
+    // A model without an EOS cannot end a constrained output: a typed reason, not a string.
+    assert!(matches!(
+        ConstraintCompiler::new(e.tokenizer(), &[]),
+        Err(ConstraintError::NoEos)
+    ));
+    assert!(ConstraintCompiler::new(e.tokenizer(), &[EOS]).is_ok());
 }
 
 /// The default model's real byte-level BPE vocabulary (tokens that span several JSON

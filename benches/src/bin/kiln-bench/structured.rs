@@ -158,7 +158,6 @@ async fn generate(e: &EngineHandle, r: Request) -> anyhow::Result<Sample> {
 
 pub async fn run(e: &EngineHandle, new_tokens: usize) -> anyhow::Result<Structured> {
     let compiler = ConstraintCompiler::new(e.tokenizer(), &e.info().eos_ids)
-        .map_err(anyhow::Error::msg)
         .context("structured output is not available for this model")?;
     let eos = &e.info().eos_ids;
     let mut masks = Vec::new();
