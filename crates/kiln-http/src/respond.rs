@@ -43,6 +43,47 @@ pub(crate) struct Ctx {
     pub tools: Option<ToolFormat>,
 }
 
+impl Ctx {
+    /// A `chat.completion.chunk` of this response with `choices`.
+    fn chunk_of(
+        &self,
+        choices: Vec<ChatChunkChoice>,
+        usage: Option<Option<crate::openai::Usage>>,
+    ) -> ChatChunk {
+        ChatChunk {
+            id: self.id.clone(),
+            object: "chat.completion.chunk",
+            created: self.created,
+            model: self.model.clone(),
+            system_fingerprint: FINGERPRINT,
+            choices,
+            usage,
+        }
+    }
+
+    /// A chunk carrying one choice's `delta`, its tokens' logprobs when asked for, and
+    /// `end` (finish reason, stop reason) on its last.
+    fn chat_chunk(
+        &self,
+        index: usize,
+        delta: ChatDelta,
+        logprobs: &[TokenLogprobs],
+        end: (Option<&'static str>, Option<serde_json::Value>),
+        usage: Option<Option<crate::openai::Usage>>,
+    ) -> ChatChunk {
+        let choice = ChatChunkChoice {
+            index,
+            delta,
+            logprobs: self
+                .logprobs
+                .then(|| chat_logprobs(&self.tokenizer, logprobs)),
+            finish_reason: end.0,
+            stop_reason: end.1,
+        };
+        self.chunk_of(vec![choice], usage)
+    }
+}
+
 /// A choice's text as a chat message: its tool calls read out when tools are on (the
 /// `finish_reason` becomes `tool_calls` when the output ended by itself with calls).
 fn assistant_text(
@@ -332,25 +373,12 @@ impl EventStream {
             let first = !std::mem::replace(&mut self.started[index], true);
             let (ctx, usage) = (&self.ctx, self.usage_slot());
             let (content, tool_calls, reason) = assistant_text(ctx, &text, reason, true);
-            let chunk = ChatChunk {
-                id: ctx.id.clone(),
-                object: "chat.completion.chunk",
-                created: ctx.created,
-                model: ctx.model.clone(),
-                system_fingerprint: FINGERPRINT,
-                choices: vec![ChatChunkChoice {
-                    index,
-                    delta: ChatDelta {
-                        role: first.then_some("assistant"),
-                        content,
-                        tool_calls,
-                    },
-                    logprobs: ctx.logprobs.then(|| chat_logprobs(&ctx.tokenizer, &lps)),
-                    finish_reason: reason,
-                    stop_reason: stop.flatten(),
-                }],
-                usage,
+            let delta = ChatDelta {
+                role: first.then_some("assistant"),
+                content,
+                tool_calls,
             };
+            let chunk = ctx.chat_chunk(index, delta, &lps, (reason, stop.flatten()), usage);
             self.send(&chunk);
             return;
         }
@@ -358,27 +386,13 @@ impl EventStream {
         let (ctx, usage) = (&self.ctx, self.usage_slot());
         match ctx.api {
             Api::Chat => {
-                let chunk = ChatChunk {
-                    id: ctx.id.clone(),
-                    object: "chat.completion.chunk",
-                    created: ctx.created,
-                    model: ctx.model.clone(),
-                    system_fingerprint: FINGERPRINT,
-                    choices: vec![ChatChunkChoice {
-                        index,
-                        delta: ChatDelta {
-                            role: first.then_some("assistant"),
-                            content: (first || !d.text.is_empty()).then(|| d.text.clone()),
-                            tool_calls: None,
-                        },
-                        logprobs: ctx
-                            .logprobs
-                            .then(|| chat_logprobs(&ctx.tokenizer, &d.logprobs)),
-                        finish_reason: reason,
-                        stop_reason: stop.flatten(),
-                    }],
-                    usage,
+                let delta = ChatDelta {
+                    role: first.then_some("assistant"),
+                    content: (first || !d.text.is_empty()).then(|| d.text.clone()),
+                    tool_calls: None,
                 };
+                let end = (reason, stop.flatten());
+                let chunk = ctx.chat_chunk(index, delta, &d.logprobs, end, usage);
                 self.send(&chunk);
             }
             Api::Completions => {
@@ -416,15 +430,7 @@ impl EventStream {
             let usage = Some(Some(self.usage.into()));
             match ctx.api {
                 Api::Chat => {
-                    let chunk = ChatChunk {
-                        id: ctx.id.clone(),
-                        object: "chat.completion.chunk",
-                        created: ctx.created,
-                        model: ctx.model.clone(),
-                        system_fingerprint: FINGERPRINT,
-                        choices: Vec::new(),
-                        usage,
-                    };
+                    let chunk = ctx.chunk_of(Vec::new(), usage);
                     self.send(&chunk);
                 }
                 Api::Completions => {
