@@ -111,6 +111,19 @@ pub enum TokenizerError {
         /// The error, with line number.
         detail: String,
     },
+    /// Message content that spells special tokens is kept plain text by tokenizing it apart
+    /// from the template's own text; a template that rewrites that content (trims it, say)
+    /// leaves no faithful place to cut.
+    #[error(
+        "messages[{message}].content spells special tokens (such as `{token}`) and the chat \
+         template rewrites it, so it cannot be kept plain text: remove the control tokens"
+    )]
+    ContentRewritten {
+        /// The message's index.
+        message: usize,
+        /// One special token it spells.
+        token: String,
+    },
     /// A chat template failed while rendering, or called `raise_exception`.
     #[error("chat template `{name}` failed: {detail}")]
     TemplateRender {

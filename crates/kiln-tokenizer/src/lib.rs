@@ -2,6 +2,7 @@
 
 mod bytes;
 mod chat;
+mod content;
 mod detok;
 mod error;
 mod gguf;
@@ -15,6 +16,7 @@ mod tools;
 use std::path::Path;
 
 pub use chat::{CHATML_TEMPLATE, ChatMessage, ChatOptions, ChatTemplate};
+pub use content::RenderedChat;
 pub use detok::IncrementalDetokenizer;
 pub use error::{Result, TokenizerError};
 pub use stop::{StopHit, StopMatcher, StopOutput};

@@ -104,6 +104,17 @@ impl PieceTable {
         self.entry(id).is_some_and(|e| e.special)
     }
 
+    /// The most bytes one token stands for (at least 1).
+    pub(crate) fn longest(&self) -> usize {
+        self.entries
+            .iter()
+            .filter(|e| e.present)
+            .map(|e| if e.byte.is_some() { 1 } else { e.len as usize })
+            .max()
+            .unwrap_or(0)
+            .max(1)
+    }
+
     fn entry(&self, id: u32) -> Option<&Entry> {
         self.entries.get(usize::try_from(id).ok()?)
     }

@@ -1,7 +1,9 @@
 //! The `Tokenizer`: a loaded `tokenizers::Tokenizer` plus what the model says about its special
 //! tokens and chat template.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
+
+use aho_corasick::AhoCorasick;
 
 use crate::chat::{ChatMessage, ChatOptions, ChatTemplate};
 use crate::detok::IncrementalDetokenizer;
@@ -84,6 +86,11 @@ struct Inner {
     chat_template: Option<ChatTemplate>,
     pieces: PieceTable,
     vocab_size: u32,
+    longest_token: usize,
+    /// Finds special tokens' spellings in text (built on first use).
+    spellings: OnceLock<Option<AhoCorasick>>,
+    /// The tokenizer with special tokens read as plain text (built on first use).
+    plain: OnceLock<tokenizers::Tokenizer>,
 }
 
 impl Tokenizer {
@@ -100,6 +107,16 @@ impl Tokenizer {
             .transpose()?;
         let pieces = PieceTable::build(&tokenizer);
         let vocab_size = pieces.len();
+        // An unknown decoder has no byte table: its vocabulary's spellings bound it instead.
+        let longest_token = match pieces.scheme() {
+            Scheme::Generic => (0..vocab_size)
+                .filter_map(|id| tokenizer.id_to_token(id))
+                .map(|t| t.len())
+                .max()
+                .unwrap_or(1)
+                .max(1),
+            _ => pieces.longest(),
+        };
         let probe = tokenizer
             .encode_fast("", true)
             .map_err(|source| TokenizerError::Encode { source })?;
@@ -118,6 +135,9 @@ impl Tokenizer {
                 chat_template,
                 pieces,
                 vocab_size,
+                longest_token,
+                spellings: OnceLock::new(),
+                plain: OnceLock::new(),
             }),
         })
     }
@@ -135,6 +155,44 @@ impl Tokenizer {
     /// Ids run from 0 to this, exclusive (added tokens included).
     pub fn vocab_size(&self) -> u32 {
         self.inner.vocab_size
+    }
+
+    /// The most bytes of text one token stands for (special tokens included): a text of `n`
+    /// bytes needs at least `n / longest_token_bytes()` tokens (before normalization), which
+    /// bounds a prompt without tokenizing it.
+    pub fn longest_token_bytes(&self) -> usize {
+        self.inner.longest_token
+    }
+
+    /// The first special token `text` spells, if any (`<|im_start|>` in a user's message).
+    pub fn spelled_special(&self, text: &str) -> Option<String> {
+        let finder = self.inner.spellings.get_or_init(|| {
+            let spellings: Vec<String> = self
+                .inner
+                .tokenizer
+                .get_added_tokens_decoder()
+                .into_values()
+                .filter(|t| t.special && !t.content.is_empty())
+                .map(|t| t.content)
+                .collect();
+            AhoCorasick::new(&spellings).ok()
+        });
+        let m = finder.as_ref()?.find(text)?;
+        Some(text[m.range()].to_owned())
+    }
+
+    /// Token ids of `text` with special-token spellings read as the plain text they are,
+    /// nothing added.
+    pub fn encode_plain(&self, text: &str) -> Result<Vec<u32>> {
+        let plain = self.inner.plain.get_or_init(|| {
+            let mut t = self.inner.tokenizer.clone();
+            t.set_encode_special_tokens(true);
+            t
+        });
+        let enc = plain
+            .encode_fast(text, false)
+            .map_err(|source| TokenizerError::Encode { source })?;
+        Ok(enc.get_ids().to_vec())
     }
 
     /// The id of a token string (added tokens included).
