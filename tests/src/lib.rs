@@ -38,6 +38,8 @@ use kiln_server::{Server, ServerConfig, pb};
 use kiln_tensor::Device;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tonic::transport::Channel;
+use tonic_health::pb::HealthCheckRequest;
+use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
 
 /// How to start a test server.
@@ -196,6 +198,27 @@ impl TestServer {
     /// One drain, then both listeners close.
     pub async fn shutdown(&self) {
         tokio::join!(self.server.shutdown(), self.http.shutdown());
+    }
+}
+
+/// Polls gRPC health over `channel` until it reports `want`; panics after `within`.
+pub async fn wait_for_health(channel: &Channel, want: ServingStatus, within: Duration) {
+    let mut health = HealthClient::new(channel.clone());
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        let h = health
+            .check(HealthCheckRequest::default())
+            .await
+            .expect("health check")
+            .into_inner();
+        if h.status() == want {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "health never said {want:?} in {within:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
     }
 }
 

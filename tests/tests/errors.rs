@@ -286,8 +286,9 @@ async fn oversized_requests_are_refused_before_decoding() {
         .generate(greedy(&"word ".repeat(1000), 2))
         .await
         .expect_err("too large");
-    // tonic's code for a message over the limit.
-    assert_eq!(err.code(), Code::OutOfRange, "{err:?}");
+    // gRPC's code for a message over the limit (tonic's own is OUT_OF_RANGE).
+    assert_eq!(err.code(), Code::ResourceExhausted, "{err:?}");
+    assert!(err.message().contains("too large"), "{err:?}");
     assert!(g.generate(greedy("Hi", 2)).await.is_ok());
     t.shutdown().await;
 }
@@ -375,18 +376,12 @@ async fn shutdown_drains_requests_in_flight_and_refuses_new_ones() {
         let server = server.clone();
         tokio::spawn(async move { server.shutdown().await })
     };
-    let mut health = server.health();
-    loop {
-        let h = health
-            .check(HealthCheckRequest::default())
-            .await
-            .unwrap()
-            .into_inner();
-        if h.status() == ServingStatus::NotServing {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    kiln_tests::wait_for_health(
+        &server.channel,
+        ServingStatus::NotServing,
+        Duration::from_secs(30),
+    )
+    .await;
     let err = server
         .generation()
         .generate(greedy("Hi", 2))
@@ -404,4 +399,87 @@ async fn shutdown_drains_requests_in_flight_and_refuses_new_ones() {
         .expect("shutdown finishes")
         .unwrap();
     assert!(server.server.engine().unwrap().is_stopped());
+}
+
+/// Bytes that are not a `GenerateRequest`: what a `GenerateRequest` reader finds in a message
+/// whose field 1 (the request id, a string) holds invalid UTF-8, or whose field 2 (the prompt
+/// text) is a number.
+#[derive(Clone, PartialEq, prost::Message)]
+struct NotAGenerateRequest {
+    #[prost(bytes = "vec", tag = "1")]
+    request_id: Vec<u8>,
+    #[prost(uint64, optional, tag = "2")]
+    text: Option<u64>,
+}
+
+/// Sends `body` to `Generate` as if it were a `GenerateRequest`.
+async fn send_raw(t: &TestServer, body: NotAGenerateRequest) -> tonic::Status {
+    let mut grpc = tonic::client::Grpc::new(t.channel.clone());
+    grpc.ready().await.unwrap();
+    let codec = tonic_prost::ProstCodec::<NotAGenerateRequest, pb::GenerateResponse>::default();
+    let path = http::uri::PathAndQuery::from_static("/kiln.v1.Generation/Generate");
+    grpc.unary(tonic::Request::new(body), path, codec)
+        .await
+        .expect_err("not a GenerateRequest")
+}
+
+/// Undecodable protobuf and invalid UTF-8 are the client's fault: INVALID_ARGUMENT, not the
+/// INTERNAL tonic answers them with; the server keeps serving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn undecodable_messages_are_invalid_argument() {
+    let t = TestServer::start(Options::default()).await;
+    let utf8 = send_raw(
+        &t,
+        NotAGenerateRequest {
+            request_id: vec![b'a', 0xff, 0xfe],
+            text: None,
+        },
+    )
+    .await;
+    assert_eq!(utf8.code(), Code::InvalidArgument, "{utf8:?}");
+    assert!(utf8.message().contains("UTF-8"), "{utf8:?}");
+    let wire = send_raw(
+        &t,
+        NotAGenerateRequest {
+            request_id: b"ok".to_vec(),
+            text: Some(7),
+        },
+    )
+    .await;
+    assert_eq!(wire.code(), Code::InvalidArgument, "{wire:?}");
+    assert!(wire.message().contains("wire type"), "{wire:?}");
+    assert!(t.generation().generate(greedy("Hi", 2)).await.is_ok());
+    t.shutdown().await;
+}
+
+/// A body `request_id` is echoed in every streamed message and log line: bounded like the
+/// `x-request-id` header instead of being echoed megabytes at a time. An unknown model name
+/// comes back cut short.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn echoed_names_are_bounded() {
+    let t = TestServer::start(Options::default()).await;
+    let mut g = t.generation();
+    let huge = "x".repeat(1 << 20);
+    let err = g
+        .generate(with(greedy("Hi", 2), |r| r.request_id = huge.clone()))
+        .await
+        .expect_err("a 1 MiB request id");
+    assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
+    assert!(err.message().starts_with("request_id"), "{err:?}");
+    assert!(err.message().len() < 200, "{}", err.message().len());
+    let id = "r".repeat(128);
+    let out = g
+        .generate(with(greedy("Hi", 2), |r| r.request_id = id.clone()))
+        .await
+        .expect("128 characters are fine")
+        .into_inner();
+    assert_eq!(out.request_id, id);
+    let err = g
+        .generate(with(greedy("Hi", 2), |r| r.model = huge.clone()))
+        .await
+        .expect_err("unknown model");
+    assert_eq!(err.code(), Code::NotFound, "{err:?}");
+    assert!(err.message().len() < 300, "{}", err.message().len());
+    assert!(err.message().contains("xxxx…"), "{err:?}");
+    t.shutdown().await;
 }

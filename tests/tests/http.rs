@@ -408,6 +408,30 @@ async fn bad_requests_get_openai_errors_naming_the_field() {
             json!("prompt"),
         ),
         (
+            "prompt plus max_tokens over the context",
+            "/v1/completions",
+            json!({"prompt": vec![504; 2000], "max_tokens": 100}).to_string().into_bytes(),
+            400,
+            json!("max_tokens"),
+        ),
+        (
+            // Refused by its size, before the tokenizer spends seconds and gigabytes on it.
+            "prompt text too long for any tokenization to fit",
+            "/v1/completions",
+            json!({"prompt": "hello ".repeat(600_000)}).to_string().into_bytes(),
+            400,
+            json!("prompt"),
+        ),
+        (
+            "chat text too long for any tokenization to fit",
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "user", "content": "hello ".repeat(600_000)}]})
+                .to_string()
+                .into_bytes(),
+            400,
+            json!("messages"),
+        ),
+        (
             "token id outside the vocabulary",
             "/v1/completions",
             json!({"prompt": [504, 49152]}).to_string().into_bytes(),
@@ -507,6 +531,10 @@ async fn bad_requests_get_openai_errors_naming_the_field() {
         assert!(!msg.is_empty(), "{what}");
         if let Some(p) = param.as_str() {
             assert!(msg.contains(p), "{what}: {msg}");
+        }
+        if what.starts_with("prompt") || what.contains("too long") {
+            // The words clients and routers match on to tell a context overflow.
+            assert!(msg.contains("maximum context length"), "{what}: {msg}");
         }
         assert!(
             e.get("type").is_some() && e.get("code").is_some(),

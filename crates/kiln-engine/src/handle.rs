@@ -22,8 +22,12 @@ use crate::request::{Event, Output, OutputBuilder, Prompt, Request, RequestId};
 pub struct EngineInfo {
     /// Token ids run from 0 to this, exclusive.
     pub vocab_size: usize,
-    /// Prompt plus generated tokens of one sequence, at most.
+    /// Prompt plus generated tokens of one sequence, at most: the model's context (or the
+    /// configured `max_model_len`) within what one sequence can hold of the KV pool.
     pub max_model_len: usize,
+    /// Prompt text longer than this cannot fit `max_model_len` whatever its tokens, and is
+    /// refused before it is tokenized.
+    pub max_prompt_bytes: usize,
     pub bos: Option<u32>,
     /// Ids that end generation unless `ignore_eos`.
     pub eos_ids: Vec<u32>,
@@ -43,6 +47,30 @@ pub struct EngineInfo {
     pub usable_blocks: usize,
     /// The device the model runs on.
     pub device: String,
+}
+
+/// How much normalization can shrink text before it is split into tokens: NFKC turns a
+/// 3-byte full-width letter into 1 byte. A prompt's byte bound allows for it.
+pub(crate) const NORMALIZED_SHRINK: usize = 4;
+
+impl EngineInfo {
+    /// Refuses, before tokenizing, prompt text too long for the context whatever its tokens
+    /// (tokenizing megabytes costs seconds and gigabytes for a request that must fail).
+    pub fn check_prompt_text(&self, field: &str, text: &str) -> Result<(), EngineError> {
+        if text.len() > self.max_prompt_bytes {
+            return Err(EngineError::invalid(
+                field,
+                format!(
+                    "{} bytes of text cannot fit this model's maximum context length of {} \
+                     tokens (at most {} bytes)",
+                    text.len(),
+                    self.max_model_len,
+                    self.max_prompt_bytes
+                ),
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// A snapshot taken between steps.
@@ -95,6 +123,9 @@ pub(crate) struct Shared {
     pub info: EngineInfo,
     /// Requests submitted and not yet admitted (or ended): the overload check.
     pub queued: Arc<AtomicUsize>,
+    /// How many may be queued: `max_waiting` plus the free running slots, as the step loop
+    /// last saw them.
+    pub capacity: Arc<AtomicUsize>,
     pub closing: AtomicBool,
     pub next_id: AtomicU64,
     pub metrics: Arc<EngineMetrics>,
@@ -142,7 +173,7 @@ impl EngineHandle {
             }
             None => None,
         };
-        let limit = s.info.max_waiting;
+        let limit = s.capacity.load(Ordering::Acquire);
         let waiting = s.queued.fetch_add(1, Ordering::AcqRel);
         if waiting >= limit {
             s.queued.fetch_sub(1, Ordering::AcqRel);
@@ -276,6 +307,7 @@ impl EngineHandle {
                 if t.is_empty() {
                     return Err(EngineError::invalid("prompt", "is empty"));
                 }
+                info.check_prompt_text("prompt", t)?;
                 self.shared
                     .tokenizer
                     .encode(t)
@@ -296,20 +328,10 @@ impl EngineHandle {
             return Err(EngineError::invalid(
                 "prompt",
                 format!(
-                    "{} tokens leave no room to generate in a context of {}",
+                    "{} tokens leave no room to generate: this model's maximum context length \
+                     is {} tokens",
                     ids.len(),
                     info.max_model_len
-                ),
-            ));
-        }
-        let blocks = ids.len().div_ceil(info.block_size);
-        if blocks > info.usable_blocks {
-            return Err(EngineError::invalid(
-                "prompt",
-                format!(
-                    "{} tokens need {blocks} KV blocks; the pool has {} usable",
-                    ids.len(),
-                    info.usable_blocks
                 ),
             ));
         }
@@ -331,21 +353,26 @@ impl EngineHandle {
                     "must be at least 1",
                 ));
             }
-            if max > info.max_model_len {
+            // Accepted, it would end early or outgrow the KV pool: refuse it now, in the words
+            // clients and routers already match on ("maximum context length").
+            if max > room {
                 return Err(EngineError::invalid(
                     "stopping.max_new_tokens",
-                    format!("{max} exceeds the context length {}", info.max_model_len),
+                    format!(
+                        "this model's maximum context length is {} tokens; the request asks \
+                         for {} ({} in the prompt, {max} to generate)",
+                        info.max_model_len,
+                        ids.len() + max,
+                        ids.len()
+                    ),
                 ));
             }
         }
-        if st.min_new_tokens > st.max_new_tokens.unwrap_or(room) {
+        let max_new = st.max_new_tokens(room);
+        if st.min_new_tokens > max_new {
             return Err(EngineError::invalid(
                 "stopping.min_new_tokens",
-                format!(
-                    "{} exceeds max_new_tokens {}",
-                    st.min_new_tokens,
-                    st.max_new_tokens.unwrap_or(room)
-                ),
+                format!("{} exceeds max_new_tokens {max_new}", st.min_new_tokens),
             ));
         }
         if st.stop.len() > info.max_stop_strings {
@@ -366,6 +393,25 @@ impl EngineHandle {
                 "stopping.stop_token_ids",
                 format!("{bad} is outside the vocabulary (0..{vocab})"),
             ));
+        }
+        if st.min_new_tokens > 0 {
+            // Until min_new_tokens exist, EOS and the stop ids are banned: all of them at once
+            // would leave nothing to sample.
+            let mut banned: std::collections::HashSet<u32> =
+                st.stop_token_ids.iter().copied().collect();
+            if !st.ignore_eos {
+                banned.extend(&info.eos_ids);
+            }
+            if banned.len() >= vocab {
+                return Err(EngineError::invalid(
+                    "stopping.stop_token_ids",
+                    format!(
+                        "with min_new_tokens {} they and EOS ban all {vocab} tokens: nothing \
+                         could be generated",
+                        st.min_new_tokens
+                    ),
+                ));
+            }
         }
         if r.output.top_logprobs > info.max_top_logprobs {
             return Err(EngineError::invalid(

@@ -85,10 +85,11 @@ impl ReqState {
         let guide = sub.guide.take();
         let r = &sub.request;
         let room = info.max_model_len - sub.prompt_ids.len();
-        let (max_new, max_is_context) = match r.stopping.max_new_tokens {
-            Some(m) if m <= room => (m, false),
-            _ => (room, true),
-        };
+        let max_new = r.stopping.max_new_tokens(room);
+        // The context ended it, not a limit the request (or its front door) set.
+        let max_is_context = (r.stopping.max_new_tokens)
+            .or(r.stopping.default_max_new_tokens)
+            .is_none_or(|m| m > room);
         let mut state = Self {
             tx: sub.tx.clone(),
             prompt_len: sub.prompt_ids.len(),

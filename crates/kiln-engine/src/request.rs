@@ -21,8 +21,13 @@ pub enum Prompt {
 /// When a sequence stops.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct StoppingCriteria {
-    /// Tokens to generate at most; `None` means up to the context length.
+    /// Tokens to generate at most. A request whose prompt plus this exceeds the engine's
+    /// `max_model_len` is refused; `None` means `default_max_new_tokens`.
     pub max_new_tokens: Option<usize>,
+    /// A front door's default for an unset `max_new_tokens`: at most this many, fewer where
+    /// the context leaves less room (a default never makes a request fail); `None` means up to
+    /// the context length.
+    pub default_max_new_tokens: Option<usize>,
     /// EOS, stop tokens and stop strings are ignored until this many tokens exist.
     pub min_new_tokens: usize,
     /// Stop strings: generation ends when the text contains one; it is left out of the text
@@ -33,6 +38,15 @@ pub struct StoppingCriteria {
     pub include_stop_str_in_output: bool,
     /// Keep going past the model's EOS ids.
     pub ignore_eos: bool,
+}
+
+impl StoppingCriteria {
+    /// Tokens to generate at most, given `room` left in the context after the prompt.
+    pub fn max_new_tokens(&self, room: usize) -> usize {
+        self.max_new_tokens
+            .or(self.default_max_new_tokens)
+            .map_or(room, |m| m.min(room))
+    }
 }
 
 /// What each token event carries.

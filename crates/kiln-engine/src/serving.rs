@@ -22,6 +22,10 @@ pub struct ServingConfig {
     pub drain_timeout: Duration,
     /// A step running longer than this makes health report [`Health::Stuck`].
     pub stuck_after: Duration,
+    /// After the drain, how long open connections (a `Health.Watch` stream, an idle
+    /// keep-alive) get to close before they are dropped: a shutdown takes at most
+    /// `drain_timeout` plus this.
+    pub close_grace: Duration,
 }
 
 impl Default for ServingConfig {
@@ -30,6 +34,7 @@ impl Default for ServingConfig {
             drain_timeout: Duration::from_secs(30),
             // A long prefill on a slow device takes seconds; a minute means a hung device.
             stuck_after: Duration::from_secs(60),
+            close_grace: Duration::from_secs(1),
         }
     }
 }
@@ -113,6 +118,19 @@ impl Serving {
             drained: OnceCell::new(),
             registry,
             calls,
+        }
+    }
+
+    /// Waits up to [`ServingConfig::close_grace`] for a listener `task` told to stop, then
+    /// aborts it, dropping the connections still open (`what` names it in the log).
+    pub async fn close(&self, task: tokio::task::JoinHandle<()>, what: &str) {
+        let abort = task.abort_handle();
+        if tokio::time::timeout(self.cfg.close_grace, task)
+            .await
+            .is_err()
+        {
+            tracing::warn!("{what} connections still open after the drain; closing them");
+            abort.abort();
         }
     }
 
@@ -233,6 +251,26 @@ pub fn bearer_matches(authorization: Option<&[u8]>, key: &str) -> bool {
 /// ASCII characters.
 pub fn usable_request_id(id: &[u8]) -> bool {
     !id.is_empty() && id.len() <= 128 && id.iter().all(|c| c.is_ascii_graphic())
+}
+
+/// What error messages and logs echo of a name a caller sent: at most this many characters.
+pub const ECHO_CHARS: usize = 64;
+
+/// `s` as messages echo it: its first [`ECHO_CHARS`] characters, and `…` when it was longer (a
+/// 3 MiB name must not come back in every message and log line).
+pub fn echo(s: &str) -> std::borrow::Cow<'_, str> {
+    match s.char_indices().nth(ECHO_CHARS) {
+        Some((cut, _)) => format!("{}…", &s[..cut]).into(),
+        None => s.into(),
+    }
+}
+
+/// Why a call naming another model is refused, the same from every front door.
+pub fn model_not_served(asked: &str, served: &str) -> String {
+    format!(
+        "model `{}` is not served here (this server serves `{served}`)",
+        echo(asked)
+    )
 }
 
 /// A fresh request id (16 hex digits) for a call that brought none.

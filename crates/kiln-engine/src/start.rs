@@ -11,7 +11,7 @@ use kiln_model::{KV_CALIBRATION_TEXT, KvPoolConfig, Model, ModelRunner};
 use kiln_scheduler::{Scheduler, SchedulerConfig};
 use kiln_tokenizer::Tokenizer;
 
-use crate::handle::{EngineHandle, EngineInfo, Shared};
+use crate::handle::{EngineHandle, EngineInfo, NORMALIZED_SHRINK, Shared};
 use crate::metrics::EngineMetrics;
 use crate::speculative::{
     DraftModel, DraftProposer, NgramProposer, Proposer, Spec, SpecMethod, SpeculativeConfig,
@@ -76,12 +76,13 @@ impl Engine {
         draft: Option<DraftModel>,
     ) -> Result<EngineHandle, StartError> {
         let mcfg = model.config().clone();
-        let max_model_len = cfg.max_model_len.unwrap_or(mcfg.max_position);
-        if max_model_len < 2 || max_model_len > mcfg.max_position {
+        if let Some(len) = cfg.max_model_len
+            && (len < 2 || len > mcfg.max_position)
+        {
             return Err(StartError::Config {
                 field: "max_model_len",
                 reason: format!(
-                    "{max_model_len} must be in 2..={} (the model's context)",
+                    "{len} must be in 2..={} (the model's context)",
                     mcfg.max_position
                 ),
             });
@@ -100,6 +101,9 @@ impl Engine {
         scfg.sliding_window = mcfg.kv_window();
         let sched = Scheduler::new(scfg.clone())?;
         let blocks = &scfg.blocks;
+        let watermark = (f64::from(blocks.watermark) * f64::from(blocks.num_blocks)) as usize;
+        let usable_blocks = (blocks.num_blocks as usize).saturating_sub(watermark);
+        let max_model_len = sequence_limit(&cfg, &scfg, mcfg.max_position, usable_blocks)?;
         let pool = KvPoolConfig {
             block_size: blocks.block_size,
             num_blocks: blocks.num_blocks,
@@ -123,10 +127,12 @@ impl Engine {
         let runner =
             ModelRunner::calibrated(model, pool, &calibration).map_err(StartError::KvCache)?;
         let specials = tokenizer.special_tokens();
-        let watermark = (f64::from(blocks.watermark) * f64::from(blocks.num_blocks)) as usize;
         let info = EngineInfo {
             vocab_size: vocab,
             max_model_len,
+            max_prompt_bytes: max_model_len
+                .saturating_mul(tokenizer.longest_token_bytes())
+                .saturating_mul(NORMALIZED_SHRINK),
             bos: specials.bos,
             eos_ids: specials.stop_ids.clone(),
             max_n: cfg.max_n.min(scfg.max_num_seqs),
@@ -139,7 +145,7 @@ impl Engine {
             block_size: blocks.block_size as usize,
             kv_dtype: cfg.kv_dtype.name(),
             kv_bytes_per_token,
-            usable_blocks: (blocks.num_blocks as usize).saturating_sub(watermark),
+            usable_blocks,
             device,
         };
         let spec = speculation(
@@ -153,6 +159,7 @@ impl Engine {
         let metrics = Arc::new(EngineMetrics::new());
         metrics.kv_total_blocks.set(i64::from(blocks.num_blocks));
         let queued = Arc::new(AtomicUsize::new(0));
+        let capacity = Arc::new(AtomicUsize::new(sched.waiting_capacity()));
         let (tx, rx) = mpsc::channel();
         let lp = Loop {
             runner,
@@ -161,6 +168,7 @@ impl Engine {
             info: info.clone(),
             metrics: metrics.clone(),
             queued: queued.clone(),
+            capacity: capacity.clone(),
             requests: HashMap::new(),
             owner: HashMap::new(),
             next_seq: 0,
@@ -180,6 +188,7 @@ impl Engine {
                 tokenizer,
                 info,
                 queued,
+                capacity,
                 closing: AtomicBool::new(false),
                 next_id: AtomicU64::new(0),
                 metrics,
@@ -193,6 +202,63 @@ impl Engine {
 /// The proposer the speculative config asks for, checked against the draft model given (if
 /// any): the method must match, and a draft must share the target's tokenizer. Its KV pool has
 /// the target's blocks, so every running sequence fits.
+/// The longest sequence (prompt plus generated tokens) this engine can always finish: the
+/// model's context, or `cfg.max_model_len`, within what one sequence can hold of the KV pool
+/// (the blocks admission may use) and, without chunked prefill, within one step's token budget
+/// (a preempted sequence recomputes its prompt and output in one step). A longer sequence
+/// would be accepted only to fail when it outgrew the pool, losing its output. An explicit
+/// `max_model_len` beyond these is a config error; the model's own context is capped to them.
+fn sequence_limit(
+    cfg: &EngineConfig,
+    scfg: &SchedulerConfig,
+    context: usize,
+    usable_blocks: usize,
+) -> Result<usize, StartError> {
+    let pool = usable_blocks.saturating_mul(scfg.blocks.block_size as usize);
+    let (limit, why) = if !scfg.chunked_prefill && scfg.max_num_batched_tokens < pool {
+        (
+            scfg.max_num_batched_tokens,
+            format!(
+                "max_num_batched_tokens is {} and chunked prefill is off",
+                scfg.max_num_batched_tokens
+            ),
+        )
+    } else {
+        (
+            pool,
+            format!(
+                "the KV pool holds {pool} tokens of one sequence ({usable_blocks} usable blocks \
+                 of {})",
+                scfg.blocks.block_size
+            ),
+        )
+    };
+    match cfg.max_model_len {
+        Some(len) if len > limit => Err(StartError::Config {
+            field: "max_model_len",
+            reason: format!(
+                "{len} cannot be served: {why}; make the pool larger or max_model_len smaller"
+            ),
+        }),
+        Some(len) => Ok(len),
+        None if context > limit => {
+            if limit < 2 {
+                return Err(StartError::Config {
+                    field: "kv_size",
+                    reason: format!("no room for a sequence: {why}"),
+                });
+            }
+            tracing::info!(
+                context,
+                max_model_len = limit,
+                "max_model_len is below the model's context: {why}"
+            );
+            Ok(limit)
+        }
+        None => Ok(context),
+    }
+}
+
 fn speculation(
     cfg: Option<SpeculativeConfig>,
     draft: Option<DraftModel>,

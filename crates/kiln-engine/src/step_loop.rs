@@ -31,6 +31,8 @@ pub(crate) struct Loop {
     pub info: EngineInfo,
     pub metrics: Arc<EngineMetrics>,
     pub queued: Arc<AtomicUsize>,
+    /// The scheduler's waiting capacity after the last step, for the handle's overload check.
+    pub capacity: Arc<AtomicUsize>,
     pub requests: HashMap<RequestId, ReqState>,
     /// Which request and output index each sequence serves.
     pub owner: HashMap<SeqId, (RequestId, usize)>,
@@ -213,6 +215,9 @@ impl Loop {
     fn step(&mut self) -> bool {
         self.propose();
         let schedule = self.sched.schedule();
+        // Before the step's first tokens reach anyone: a caller who saw one must find the
+        // slot its request took already counted.
+        self.publish_capacity();
         self.steps += 1;
         let now = Instant::now();
         for &(seq, cached) in &schedule.admitted {
@@ -375,9 +380,16 @@ impl Loop {
         }
     }
 
+    /// How many requests may be queued now, for the handle's overload check.
+    fn publish_capacity(&self) {
+        self.capacity
+            .store(self.sched.waiting_capacity(), Ordering::Release);
+    }
+
     /// The gauges and counters of the metrics registry, after every step.
     fn publish(&self) {
         let s = self.sched.stats();
+        self.publish_capacity();
         let m = &self.metrics;
         m.running.set(s.running as i64);
         m.waiting.set(s.waiting as i64);

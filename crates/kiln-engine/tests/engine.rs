@@ -271,6 +271,16 @@ fn invalid_requests_name_the_field() {
     let mut r = prompt();
     r.output.top_logprobs = 21;
     assert_eq!(field(r), "output.top_logprobs");
+    // Until min_new_tokens exist, EOS and stop ids are banned: all 256 of them leave nothing
+    // to sample (this failed mid-request as INTERNAL before).
+    let mut r = prompt();
+    r.stopping.min_new_tokens = 2;
+    r.stopping.stop_token_ids = (0..255).collect();
+    assert_eq!(field(r.clone()), "stopping.stop_token_ids");
+    // With ignore_eos, EOS stays possible: the request runs on it.
+    r.stopping.ignore_eos = true;
+    let out = run(&e, r.max_new_tokens(3));
+    assert_eq!(&out.outputs[0].token_ids[..2], &[EOS, EOS]);
     // The engine keeps serving.
     assert_eq!(
         run(&e, prompt().max_new_tokens(2)).outputs[0]
@@ -300,6 +310,105 @@ fn a_full_queue_is_overloaded() {
     drop(first);
     for w in waiting {
         assert!(w.blocking_collect().is_ok());
+    }
+    assert_all_free(&e);
+}
+
+/// Only what the KV pool can hold is accepted. Before, a prompt plus `max_new_tokens` longer
+/// than the pool was accepted and failed once it outgrew the pool (INTERNAL, output lost).
+#[test]
+fn admission_keeps_its_promises() {
+    // 10 blocks of 4 tokens: one sequence holds at most 40, well inside the model's 256.
+    let e = tiny_engine(&Device::cpu(), EOS, config(10, 4, 32, 8));
+    assert_eq!(
+        e.info().max_model_len,
+        40,
+        "the limit that holds is the pool's"
+    );
+    // 7 + 34 = 41 tokens: refused up front, naming the limit.
+    match e.submit(prompt().max_new_tokens(34)) {
+        Err(EngineError::InvalidArgument { field, reason, .. }) => {
+            assert_eq!(field, "stopping.max_new_tokens");
+            assert!(
+                reason.contains("maximum context length is 40 tokens") && reason.contains("41"),
+                "{reason}"
+            );
+        }
+        other => panic!("expected INVALID_ARGUMENT, got {other:?}"),
+    }
+    // 7 + 33 = 40 fits exactly and runs to its end.
+    let mut r = prompt().max_new_tokens(33);
+    r.stopping.ignore_eos = true;
+    let out = run(&e, r);
+    assert_eq!(out.outputs[0].token_ids.len(), 33);
+    assert_eq!(out.outputs[0].finish, Some(FinishReason::Length));
+    // Unset: it generates up to the pool's limit and keeps its output.
+    let out = run(&e, prompt());
+    assert_eq!(out.outputs[0].token_ids.len(), 33);
+    assert_eq!(out.outputs[0].finish, Some(FinishReason::ContextLength));
+    // A front door's default never fails a request: it is cut to the room left.
+    let mut r = prompt();
+    r.stopping.default_max_new_tokens = Some(1000);
+    let out = run(&e, r);
+    assert_eq!(out.outputs[0].token_ids.len(), 33);
+    let mut r = prompt();
+    r.stopping.default_max_new_tokens = Some(5);
+    let out = run(&e, r);
+    assert_eq!(out.outputs[0].token_ids.len(), 5);
+    assert_eq!(out.outputs[0].finish, Some(FinishReason::Length));
+    // Several at once, each alone fitting: preemption lets all finish, none fails.
+    let streams: Vec<_> = (0..6)
+        .map(|i| {
+            let mut r = Request::tokens(vec![10 + i, 20, 30, 40, 50, 60, 70]).max_new_tokens(30);
+            r.stopping.ignore_eos = true;
+            e.submit(r).unwrap()
+        })
+        .collect();
+    for s in streams {
+        assert_eq!(s.blocking_collect().unwrap().outputs[0].token_ids.len(), 30);
+    }
+    assert!(e.stats_blocking().unwrap().preemptions > 0);
+    assert_all_free(&e);
+}
+
+/// An explicit `max_model_len` the pool cannot hold is a config error at start.
+#[test]
+fn a_max_model_len_beyond_the_pool_does_not_start() {
+    let mut cfg = config(10, 4, 32, 8);
+    cfg.max_model_len = Some(64);
+    let err = kiln_engine::Engine::start(
+        common::tiny_model(&Device::cpu(), "llama3"),
+        common::byte_tokenizer(EOS),
+        cfg,
+    )
+    .unwrap_err();
+    let msg = err.to_string();
+    assert!(
+        msg.contains("max_model_len") && msg.contains("40 tokens"),
+        "{msg}"
+    );
+}
+
+/// An idle engine takes `max_waiting` plus its free running slots in one burst: requests it
+/// can run at once are not "waiting".
+#[test]
+fn an_idle_engine_takes_a_burst_of_waiting_plus_free_slots() {
+    let mut cfg = config(64, 4, 32, 4);
+    cfg.scheduler.max_waiting = 2;
+    let e = tiny_engine(&Device::cpu(), EOS, cfg);
+    let mut r = prompt().max_new_tokens(100);
+    r.stopping.ignore_eos = true;
+    let accepted: Vec<_> = (0..6).map(|_| e.submit(r.clone()).unwrap()).collect();
+    let err = e.submit(r.clone()).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            EngineError::Overloaded { limit: 6, .. } | EngineError::Overloaded { limit: 2, .. }
+        ),
+        "{err}"
+    );
+    for s in accepted {
+        assert!(s.blocking_collect().is_ok());
     }
     assert_all_free(&e);
 }

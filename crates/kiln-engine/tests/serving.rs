@@ -17,6 +17,7 @@ fn serving(stuck_after: Duration) -> Serving {
     Serving::new(ServingConfig {
         drain_timeout: Duration::from_secs(10),
         stuck_after,
+        ..ServingConfig::default()
     })
 }
 

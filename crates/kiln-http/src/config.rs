@@ -22,6 +22,9 @@ pub struct HttpConfig {
     pub max_tokens: Option<usize>,
     /// Largest request body; larger ones get a 413 before they are parsed.
     pub max_body_bytes: usize,
+    /// Read special-token spellings in chat message content as control tokens (off: as the
+    /// plain text they are, so a user cannot forge a turn).
+    pub special_tokens_in_content: bool,
 }
 
 impl HttpConfig {
@@ -33,6 +36,7 @@ impl HttpConfig {
             default_max_tokens: None,
             max_tokens: None,
             max_body_bytes: 4 << 20,
+            special_tokens_in_content: false,
         }
     }
 }

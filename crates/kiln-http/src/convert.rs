@@ -5,13 +5,11 @@
 use kiln_engine::{
     Constraint, EngineInfo, OutputOptions, Prompt, Request, SamplingParams, StoppingCriteria,
 };
-use kiln_tokenizer::{
-    ChatOptions, EncodeOptions, Tokenizer, ToolChoice, ToolFormat, ToolSpec, push_tool,
-};
+use kiln_tokenizer::{ChatOptions, Tokenizer, ToolChoice, ToolFormat, ToolSpec, push_tool};
 use serde_json::{Map, Value};
 
 use crate::config::HttpConfig;
-use crate::error::ApiError;
+use crate::error::{Api, ApiError};
 use crate::openai::{ChatMessageIn, ChatRequest, Common, CompletionRequest};
 
 /// The legacy completions API's default `max_tokens` (OpenAI's and vLLM's).
@@ -98,28 +96,26 @@ pub(crate) fn chat(
         add_generation_prompt: body.add_generation_prompt.unwrap_or(true),
     };
     let tools_on = choice.tools_on(&specs);
-    let rendered = if tools_on {
-        tok.render_chat_with(
-            template,
+    let extra = if tools_on {
+        serde_json::json!({"tools": tools})
+    } else {
+        serde_json::json!({})
+    };
+    let rendered = tok
+        .render_chat_for_tokens(
+            Some(template),
             &messages,
             &options,
-            &serde_json::json!({"tools": tools}),
+            &extra,
+            cfg.special_tokens_in_content,
         )
-    } else {
-        tok.render_chat(template, &messages, &options)
-    };
-    let text = rendered.map_err(|e| ApiError::invalid("messages", e))?;
+        .map_err(|e| ApiError::invalid("messages", e))?;
+    info.check_prompt_text("messages", rendered.text())
+        .map_err(|e| ApiError::from_engine(&e, Api::Chat))?;
     let format = ToolFormat::for_template(template.source());
     let ids = tok
-        .encode_with(
-            &text,
-            EncodeOptions {
-                add_special_tokens: false,
-                offsets: false,
-            },
-        )
-        .map_err(|e| ApiError::invalid("messages", e))?
-        .ids;
+        .encode_chat(&rendered)
+        .map_err(|e| ApiError::invalid("messages", e))?;
     let logprobs = match (body.logprobs, body.top_logprobs) {
         (Some(true), top) => Some(top.unwrap_or(0) as usize),
         (_, Some(top)) if top > 0 => {
@@ -467,12 +463,7 @@ fn request(
                 format!("{m} exceeds the limit {limit}"),
             ));
         }
-        Some(m) => Some(m as usize),
-        // Unset: the server's default, else the endpoint's, else up to the context.
-        None => cfg
-            .default_max_tokens
-            .or(endpoint_default)
-            .map(|m| m.min(limit)),
+        m => m.map(|m| m as usize),
     };
     let mut r = Request::tokens(Vec::new());
     r.sampling = sampling;
@@ -481,6 +472,11 @@ fn request(
     r.n = c.n.map_or(1, |n| n as usize);
     r.stopping = StoppingCriteria {
         max_new_tokens,
+        // Unset: the server's default, else the endpoint's, else up to the context.
+        default_max_new_tokens: cfg
+            .default_max_tokens
+            .or(endpoint_default)
+            .map(|m| m.min(limit)),
         min_new_tokens: c.min_tokens.map_or(0, |m| m as usize),
         stop,
         stop_token_ids: c.stop_token_ids.clone().unwrap_or_default(),

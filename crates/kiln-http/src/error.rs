@@ -60,6 +60,14 @@ impl ApiError {
         }
     }
 
+    /// 500: kiln's own fault (logged where it happened).
+    pub(crate) fn internal(message: impl Into<String>) -> Self {
+        Self {
+            code: Some("internal_error"),
+            ..Self::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", message)
+        }
+    }
+
     /// 400 about the body as a whole (not JSON, not an object).
     pub(crate) fn bad_body(message: impl Into<String>) -> Self {
         Self::new(StatusCode::BAD_REQUEST, "invalid_request_error", message)
@@ -83,7 +91,7 @@ impl ApiError {
             ..Self::new(
                 StatusCode::NOT_FOUND,
                 "invalid_request_error",
-                format!("model `{asked}` is not served here (this server serves `{served}`)"),
+                kiln_engine::model_not_served(asked, served),
             )
         }
     }
@@ -155,10 +163,7 @@ impl ApiError {
                 ..Self::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", message)
             },
             // The engine logged it, with its chain, when it ended the request.
-            EngineError::Internal(_) => Self {
-                code: Some("internal_error"),
-                ..Self::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", message)
-            },
+            EngineError::Internal(_) => Self::internal(message),
         }
     }
 

@@ -14,8 +14,8 @@ use axum::routing::{get, post};
 use axum::serve::ListenerExt;
 use http::{HeaderValue, StatusCode, header};
 use kiln_engine::{
-    EngineError, EngineHandle, Health, Output, Serving, Usage, bearer_matches, new_request_id,
-    usable_request_id,
+    EngineError, EngineHandle, Health, Output, RequestStream, Serving, Usage, bearer_matches,
+    new_request_id, usable_request_id,
 };
 use serde::de::DeserializeOwned;
 use serde_json::Value;
@@ -32,9 +32,6 @@ use crate::respond::{self, Ctx, EventStream};
 
 /// The header a request id travels in (taken from the client or made here; echoed back).
 pub const REQUEST_ID: &str = "x-request-id";
-
-/// After the engine drained, how long open connections may take to close.
-const CLOSE_GRACE: Duration = Duration::from_secs(5);
 
 /// The routes counted in metrics under their own name; anything else counts as `other`.
 const ENDPOINTS: [&str; 7] = [
@@ -135,11 +132,7 @@ impl HttpServer {
         let _ = self.stop.send(true);
         let task = self.task.lock().ok().and_then(|mut t| t.take());
         if let Some(t) = task {
-            let abort = t.abort_handle();
-            if tokio::time::timeout(CLOSE_GRACE, t).await.is_err() {
-                tracing::warn!("HTTP connections still open after the drain; closing them");
-                abort.abort();
-            }
+            self.serving.close(t, "HTTP").await;
         }
     }
 }
@@ -307,42 +300,77 @@ fn json_error(e: serde_path_to_error::Error<serde_json::Error>) -> ApiError {
 async fn chat(State(app): State<Arc<App>>, req: Request) -> Result<Response, ApiError> {
     let v = body(req, app.cfg.max_body_bytes).await?;
     let (common, chat): (Common, ChatRequest) = (fields(&v)?, fields(&v)?);
-    let engine = app.serving.for_work().map_err(ApiError::not_serving)?;
+    let engine = app
+        .serving
+        .for_work()
+        .map_err(ApiError::not_serving)?
+        .clone();
     let id = format!("chatcmpl-{:032x}", rand::random::<u128>());
-    let plan = convert::chat(
-        &chat,
-        &common,
-        &id,
-        engine.tokenizer(),
-        engine.info(),
-        &app.cfg,
-    )?;
     log_start(&id, common.user.as_deref());
-    run(&app, engine, plan, id, Api::Chat).await
+    let submitted = off_the_workers(app.clone(), move |app| {
+        let (tok, info) = (engine.tokenizer(), engine.info());
+        let plan = convert::chat(&chat, &common, &id, tok, info, &app.cfg)?;
+        submit(app, &engine, plan, id, Api::Chat)
+    })
+    .await?;
+    respond(submitted).await
 }
 
 async fn completions(State(app): State<Arc<App>>, req: Request) -> Result<Response, ApiError> {
     let v = body(req, app.cfg.max_body_bytes).await?;
     let (common, completion): (Common, CompletionRequest) = (fields(&v)?, fields(&v)?);
-    let engine = app.serving.for_work().map_err(ApiError::not_serving)?;
+    let engine = app
+        .serving
+        .for_work()
+        .map_err(ApiError::not_serving)?
+        .clone();
     let id = format!("cmpl-{:032x}", rand::random::<u128>());
-    let plan = convert::completion(&completion, &common, &id, engine.info(), &app.cfg)?;
     log_start(&id, common.user.as_deref());
-    run(&app, engine, plan, id, Api::Completions).await
+    let submitted = off_the_workers(app.clone(), move |app| {
+        let plan = convert::completion(&completion, &common, &id, engine.info(), &app.cfg)?;
+        submit(app, &engine, plan, id, Api::Completions)
+    })
+    .await?;
+    respond(submitted).await
 }
 
 fn log_start(id: &str, user: Option<&str>) {
-    tracing::debug!(request_id = id, user, "request accepted");
+    let user = user.map(kiln_engine::echo);
+    tracing::debug!(request_id = id, user = user.as_deref(), "request accepted");
 }
 
-/// Submits every prompt's request, then answers whole or as a stream.
-async fn run(
+/// Runs `work` (rendering, tokenizing, submitting: CPU work that grows with the prompt) on
+/// tokio's blocking pool, so a long prompt never holds up the async workers that answer
+/// health probes and stream other requests' tokens.
+async fn off_the_workers<T: Send + 'static>(
+    app: Arc<App>,
+    work: impl FnOnce(&App) -> Result<T, ApiError> + Send + 'static,
+) -> Result<T, ApiError> {
+    tokio::task::spawn_blocking(move || work(&app))
+        .await
+        .map_err(|e| {
+            tracing::error!(error = %e, "preparing a request failed");
+            ApiError::internal("preparing the request failed")
+        })?
+}
+
+/// A call's requests, submitted, and how to answer it.
+struct Submitted {
+    ctx: Ctx,
+    streams: Vec<RequestStream>,
+    stream: bool,
+    include_usage: bool,
+}
+
+/// Submits every prompt's request (if a later one is refused, dropping the earlier streams
+/// aborts their requests).
+fn submit(
     app: &App,
     engine: &EngineHandle,
     mut plan: Plan,
     id: String,
     api: Api,
-) -> Result<Response, ApiError> {
+) -> Result<Submitted, ApiError> {
     let ctx = Ctx {
         id,
         created: unix_now(),
@@ -353,7 +381,6 @@ async fn run(
         tokenizer: engine.tokenizer().clone(),
         tools: plan.tools,
     };
-    // If a later prompt is refused, dropping the earlier streams aborts their requests.
     let requests = std::mem::take(&mut plan.requests);
     let refused = |e: EngineError| {
         let mut err = ApiError::from_engine(&e, api);
@@ -364,14 +391,31 @@ async fn run(
         }
         err
     };
-    let mut streams = Vec::with_capacity(plan.requests.len());
+    let mut streams = Vec::with_capacity(requests.len());
     for r in requests {
         streams.push(engine.submit(r).map_err(refused)?);
     }
-    if plan.stream {
+    Ok(Submitted {
+        ctx,
+        streams,
+        stream: plan.stream,
+        include_usage: plan.include_usage,
+    })
+}
+
+/// Answers whole or as a stream.
+async fn respond(s: Submitted) -> Result<Response, ApiError> {
+    let Submitted {
+        ctx,
+        streams,
+        stream,
+        include_usage,
+    } = s;
+    let api = ctx.api;
+    if stream {
         let log_id = ctx.id.clone();
         let on_finish = Box::new(move |u: &Usage| log_done(&log_id, u));
-        let events = EventStream::new(ctx, streams, plan.include_usage, on_finish);
+        let events = EventStream::new(ctx, streams, include_usage, on_finish);
         return Ok(Sse::new(events)
             .keep_alive(KeepAlive::default())
             .into_response());

@@ -103,10 +103,11 @@ impl Scheduler {
         if prompt.is_empty() {
             return Err(SchedulerError::EmptyPrompt(seq));
         }
-        if self.waiting.len() >= self.cfg.max_waiting {
+        let limit = self.waiting_capacity();
+        if self.waiting.len() >= limit {
             return Err(SchedulerError::Overloaded {
                 waiting: self.waiting.len(),
-                limit: self.cfg.max_waiting,
+                limit,
             });
         }
         self.check_fits(seq, &prompt)?;
@@ -379,6 +380,14 @@ impl Scheduler {
     }
 
     /// Running sequences plus the forks admitted ones will make.
+    /// Sequences that may wait for admission now: `max_waiting` plus the running slots no
+    /// running or preempted sequence holds, so an idle scheduler takes a burst of
+    /// `max_waiting + max_num_seqs` (those it can run at once need not count as waiting).
+    pub fn waiting_capacity(&self) -> usize {
+        let held = self.reserved_seqs() + self.preempted.len();
+        self.cfg.max_waiting + self.cfg.max_num_seqs.saturating_sub(held)
+    }
+
     fn reserved_seqs(&self) -> usize {
         self.running
             .iter()

@@ -28,6 +28,9 @@ pub struct ServerConfig {
     /// Largest request message: a context's worth of token ids or text is far below it, and
     /// anything larger is refused before it is decoded.
     pub max_request_bytes: usize,
+    /// Read special-token spellings in chat message content as control tokens (off: as the
+    /// plain text they are, so a user cannot forge a turn).
+    pub special_tokens_in_content: bool,
     /// Largest response message: a unary reply holds `n` whole outputs with logprobs.
     pub max_response_bytes: usize,
     /// How long a drain (SIGTERM) lets requests in flight finish before cancelling them.
@@ -49,6 +52,7 @@ impl ServerConfig {
             max_response_bytes: 64 << 20,
             drain_timeout: Duration::from_secs(30),
             chat_template: None,
+            special_tokens_in_content: false,
         }
     }
 }

@@ -9,13 +9,15 @@ use kiln_engine::{
     Constraint, Delta, EngineInfo, FinishReason, OutputOptions, Prompt, Request, SamplingParams,
     SeqOutput, StoppingCriteria, Timing, TokenLogprobs, Usage,
 };
-use kiln_tokenizer::{ChatOptions, Tokenizer, ToolChoice, ToolFormat, ToolSpec, push_tool};
+use kiln_tokenizer::{
+    ChatOptions, ChatTemplate, RenderedChat, Tokenizer, ToolChoice, ToolFormat, ToolSpec, push_tool,
+};
 use serde_json::{Value, json};
 use tonic::Status;
 
 use crate::config::ServerConfig;
 use crate::pb;
-use crate::status::invalid;
+use crate::status::{from_engine, invalid};
 
 /// What the response side needs to know about the request.
 #[derive(Debug, Clone, Copy)]
@@ -38,7 +40,7 @@ pub(crate) fn max_new_tokens_limit(cfg: &ServerConfig, info: &EngineInfo) -> usi
 
 /// A rendered chat prompt and its tools.
 pub(crate) struct Chat {
-    pub text: String,
+    pub rendered: RenderedChat,
     /// Tools on: the syntax replies are read in.
     pub tools: Option<ToolFormat>,
     /// The functions a forced call picks among (empty: not forced).
@@ -142,33 +144,37 @@ pub(crate) fn chat(
     } else {
         json!({})
     };
-    let (text, source) = match &cfg.chat_template {
-        Some(t) => (
-            tok.render_chat_with(t, &messages, &options, &extra),
-            Some(t.source()),
-        ),
-        None => (
-            tok.apply_chat_template_with(&messages, &options, &extra),
-            tok.default_chat_template_source(),
-        ),
-    };
-    let text = text.map_err(|e| invalid(field, format!("chat template: {e}")))?;
+    let template = cfg.chat_template.as_deref();
+    let rendered = tok
+        .render_chat_for_tokens(
+            template,
+            &messages,
+            &options,
+            &extra,
+            cfg.special_tokens_in_content,
+        )
+        .map_err(|e| invalid(field, format!("chat template: {e}")))?;
+    let source = template
+        .map(ChatTemplate::source)
+        .or_else(|| tok.default_chat_template_source());
     let format = ToolFormat::for_template(source.unwrap_or_default());
     Ok(Chat {
-        text,
+        rendered,
         tools: on.then_some(format),
         forced: choice.forced(&specs),
     })
 }
 
-/// [`chat`]'s text alone (Tokenize counts what a chat prompt costs).
-pub(crate) fn chat_text(
+/// A chat prompt's token ids, its rendering's size checked against the context first.
+pub(crate) fn chat_ids(
     tok: &Tokenizer,
-    c: &pb::ChatMessages,
+    info: &EngineInfo,
+    chat: &RenderedChat,
     field: &str,
-    cfg: &ServerConfig,
-) -> Result<String, Status> {
-    chat(tok, c, field, cfg).map(|c| c.text)
+) -> Result<Vec<u32>, Status> {
+    info.check_prompt_text(field, chat.text())
+        .map_err(from_engine)?;
+    tok.encode_chat(chat).map_err(|e| invalid(field, e))
 }
 
 /// Builds the engine request; `deadline` comes from `grpc-timeout`.
@@ -181,9 +187,9 @@ pub(crate) fn request(
     deadline: Option<Instant>,
 ) -> Result<(Request, ReplyOptions), Status> {
     if !r.model.is_empty() && r.model != cfg.model_id {
-        return Err(Status::not_found(format!(
-            "model `{}` is not served here (this server serves `{}`)",
-            r.model, cfg.model_id
+        return Err(Status::not_found(kiln_engine::model_not_served(
+            &r.model,
+            &cfg.model_id,
         )));
     }
     let mut tools = None;
@@ -196,7 +202,7 @@ pub(crate) fn request(
             let chat = chat(tok, c, "prompt.chat", cfg)?;
             tools = chat.tools;
             forced = chat.forced;
-            Prompt::Text(chat.text)
+            Prompt::TokenIds(chat_ids(tok, info, &chat.rendered, "prompt.chat")?)
         }
     };
     let prompt = match r.truncate_prompt_tokens {
@@ -232,17 +238,17 @@ pub(crate) fn request(
     let st = r.stopping.clone().unwrap_or_default();
     let limit = max_new_tokens_limit(cfg, info);
     let max_new = match st.max_new_tokens {
-        None => cfg.default_max_new_tokens.min(limit),
         Some(m) if m as usize > limit => {
             return Err(invalid(
                 "stopping.max_new_tokens",
                 format!("{m} exceeds the limit {limit}"),
             ));
         }
-        Some(m) => m as usize,
+        m => m.map(|m| m as usize),
     };
     let stopping = StoppingCriteria {
-        max_new_tokens: Some(max_new),
+        max_new_tokens: max_new,
+        default_max_new_tokens: Some(cfg.default_max_new_tokens.min(limit)),
         min_new_tokens: st.min_new_tokens.unwrap_or(0) as usize,
         stop: st.stop,
         stop_token_ids: st.stop_token_ids,

@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use http::HeaderValue;
 use kiln_engine::{bearer_matches, usable_request_id};
-use tonic::Status;
 use tonic::body::Body;
+use tonic::{Code, Status};
 use tower::{Layer, Service};
 
 /// The metadata key of the request id.
@@ -91,11 +91,32 @@ where
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
         Box::pin(async move {
-            let mut resp = inner.call(req).await?;
+            let mut resp = client_caused(inner.call(req).await?);
             resp.headers_mut().insert(REQUEST_ID, id);
             Ok(resp)
         })
     }
+}
+
+/// tonic refuses a request message before any service sees it with codes that blame the
+/// server: INTERNAL for bytes that are not the method's protobuf message (invalid UTF-8 in a
+/// string field included) and OUT_OF_RANGE for a message over the size limit. Both are the
+/// client's doing: INVALID_ARGUMENT, and RESOURCE_EXHAUSTED as gRPC's status-code table has it
+/// for a message larger than the configured limit. Such answers are trailers-only (the status
+/// in the headers, no body), so the response is remade with the right code and the same text.
+fn client_caused(resp: http::Response<Body>) -> http::Response<Body> {
+    const UNDECODABLE: &str = "failed to decode Protobuf message";
+    const TOO_LARGE: &str = "Error, decoded message length too large";
+    let Some(status) = Status::from_header_map(resp.headers()) else {
+        return resp;
+    };
+    let code = match status.code() {
+        Code::Internal if status.message().starts_with(UNDECODABLE) => Code::InvalidArgument,
+        Code::OutOfRange if status.message().starts_with(TOO_LARGE) => Code::ResourceExhausted,
+        _ => return resp,
+    };
+    let message = format!("the request message: {}", status.message());
+    Status::new(code, message).into_http::<Body>()
 }
 
 fn new_request_id() -> HeaderValue {

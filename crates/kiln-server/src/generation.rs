@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use kiln_engine::{Delta, EngineError, Event, Output, RequestStream, Summary};
+use kiln_engine::{Delta, EngineError, Event, Output, RequestStream, Summary, usable_request_id};
 use tokio_stream::Stream;
 use tonic::{Code, Request, Response, Status};
 
@@ -39,8 +39,21 @@ struct Call {
 }
 
 impl GenerationService {
-    fn start(&self, req: &Request<pb::GenerateRequest>) -> Result<Call, Status> {
-        let engine = self.state.engine()?;
+    /// Validates, renders, tokenizes and submits the call on tokio's blocking pool: CPU work
+    /// that grows with the prompt must not hold up the async workers that answer health
+    /// probes and stream other calls' tokens.
+    async fn start(&self, req: Request<pb::GenerateRequest>) -> Result<Call, Status> {
+        let state = self.state.clone();
+        tokio::task::spawn_blocking(move || Self::prepare(&state, &req))
+            .await
+            .map_err(|e| {
+                tracing::error!(error = %e, "preparing a request failed");
+                Status::internal("preparing the request failed")
+            })?
+    }
+
+    fn prepare(state: &State, req: &Request<pb::GenerateRequest>) -> Result<Call, Status> {
+        let engine = state.engine()?;
         let body = req.get_ref();
         let request_id = if body.request_id.is_empty() {
             req.metadata()
@@ -48,8 +61,17 @@ impl GenerationService {
                 .and_then(|v| v.to_str().ok())
                 .unwrap_or_default()
                 .to_owned()
-        } else {
+        } else if usable_request_id(body.request_id.as_bytes()) {
             body.request_id.clone()
+        } else {
+            // Echoed in every streamed message and log line: bounded like `x-request-id`.
+            return Err(invalid(
+                "request_id",
+                format!(
+                    "is {} bytes; expected 1 to 128 printable ASCII characters",
+                    body.request_id.len()
+                ),
+            ));
         };
         let deadline = match req.metadata().get("grpc-timeout") {
             None => None,
@@ -66,7 +88,7 @@ impl GenerationService {
             request_id.clone(),
             engine.tokenizer(),
             engine.info(),
-            &self.state.cfg,
+            &state.cfg,
             deadline,
         )?;
         let events = engine.submit(request).map_err(from_engine)?;
@@ -82,7 +104,7 @@ impl GenerationService {
         &self,
         req: Request<pb::GenerateRequest>,
     ) -> Result<pb::GenerateResponse, Status> {
-        let call = self.start(&req)?;
+        let call = self.start(req).await?;
         let collect = call.events.collect();
         let out = match call.deadline {
             None => collect.await,
@@ -142,7 +164,7 @@ impl pb::generation_server::Generation for GenerationService {
         &self,
         request: Request<pb::GenerateRequest>,
     ) -> Result<Response<Self::GenerateStreamStream>, Status> {
-        let call = match self.start(&request) {
+        let call = match self.start(request).await {
             Ok(c) => c,
             Err(s) => {
                 self.state.record(GENERATE_STREAM, Some(&s));

@@ -20,14 +20,17 @@ impl TokenizationService {
     fn tokenize(&self, r: &pb::TokenizeRequest) -> Result<pb::TokenizeResponse, Status> {
         let engine = self.state.loaded()?;
         let tok = engine.tokenizer();
-        let text = match &r.input {
+        let token_ids = match &r.input {
             None => return Err(invalid("input", "missing: set text or chat")),
-            Some(pb::tokenize_request::Input::Text(t)) => t.clone(),
+            Some(pb::tokenize_request::Input::Text(t)) => {
+                tok.encode(t).map_err(|e| invalid("text", e))?
+            }
+            // As Generate tokenizes it.
             Some(pb::tokenize_request::Input::Chat(c)) => {
-                convert::chat_text(tok, c, "chat", &self.state.cfg)?
+                let chat = convert::chat(tok, c, "chat", &self.state.cfg)?;
+                convert::chat_ids(tok, engine.info(), &chat.rendered, "chat")?
             }
         };
-        let token_ids = tok.encode(&text).map_err(|e| invalid("text", e))?;
         let tokens = if r.return_tokens {
             token_ids
                 .iter()
@@ -93,9 +96,9 @@ impl ModelsService {
     async fn info(&self, r: &pb::GetModelInfoRequest) -> Result<pb::ModelInfo, Status> {
         let cfg = &self.state.cfg;
         if !r.model_id.is_empty() && r.model_id != cfg.model_id {
-            return Err(Status::not_found(format!(
-                "model `{}` is not served here (this server serves `{}`)",
-                r.model_id, cfg.model_id
+            return Err(Status::not_found(kiln_engine::model_not_served(
+                &r.model_id,
+                &cfg.model_id,
             )));
         }
         let engine = self.state.loaded()?;

@@ -4,7 +4,6 @@
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use kiln_engine::{AttachError, EngineHandle, NotServing, Serving, ServingConfig};
 use tokio::net::TcpListener;
@@ -28,10 +27,6 @@ const HEALTH_NAMES: [&str; 4] = [
     "kiln.v1.Tokenization",
     "kiln.v1.Models",
 ];
-
-/// After the engine drained, how long open connections (say, health watchers) may take to
-/// close before the listener task is dropped.
-const CLOSE_GRACE: Duration = Duration::from_secs(5);
 
 /// What the services share.
 #[derive(Debug)]
@@ -265,11 +260,7 @@ impl Server {
             .map(|mut t| t.drain(..).collect())
             .unwrap_or_default();
         for t in tasks {
-            let abort = t.abort_handle();
-            if tokio::time::timeout(CLOSE_GRACE, t).await.is_err() {
-                tracing::warn!("connections still open after the drain; closing them");
-                abort.abort();
-            }
+            self.state.serving.close(t, "gRPC").await;
         }
         tracing::info!("server stopped");
     }

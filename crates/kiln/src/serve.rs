@@ -1,6 +1,7 @@
 //! `kiln serve`: bind the gRPC server and the OpenAI-compatible HTTP one at once (health
 //! NOT_SERVING / 503), load the model and start the engine, warm up, serve both from the same
-//! engine; SIGTERM or Ctrl-C drains and exits 0.
+//! engine; SIGTERM or Ctrl-C drains and exits 0 (a second one during the drain exits at once,
+//! non-zero).
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -53,6 +54,10 @@ pub struct ServeArgs {
     /// with a `chat_template` field (as transformers reads them)
     #[arg(long, value_name = "FILE")]
     pub chat_template: Option<PathBuf>,
+    /// Read special-token spellings (`<|im_start|>`) inside chat message content as control
+    /// tokens; by default they stay the plain text the user typed, so no one can forge a turn
+    #[arg(long)]
+    pub allow_special_tokens_in_content: bool,
     /// Every kiln.v1 and /v1/ call must carry `authorization: Bearer KEY` (empty: no key)
     #[arg(
         long,
@@ -144,9 +149,11 @@ fn plan(args: &ServeArgs) -> Result<Plan, String> {
     let mut server = ServerConfig::new(model_id.clone());
     server.api_key = args.api_key.clone().filter(|k| !k.is_empty());
     server.chat_template = chat_template.clone();
+    server.special_tokens_in_content = args.allow_special_tokens_in_content;
     let mut http_cfg = HttpConfig::new(model_id);
     http_cfg.api_key = server.api_key.clone();
     http_cfg.chat_template = chat_template;
+    http_cfg.special_tokens_in_content = args.allow_special_tokens_in_content;
     http_cfg.max_tokens = args.max_new_tokens;
     http_cfg.default_max_tokens = args.default_max_new_tokens;
     if let Some(n) = args.max_new_tokens {
@@ -191,28 +198,29 @@ impl FrontDoors {
     }
 }
 
-/// Resolves on SIGTERM or SIGINT (Ctrl-C).
-async fn stop_signal() {
+/// Resolves on SIGTERM or SIGINT (Ctrl-C), with the signal's name.
+async fn stop_signal() -> &'static str {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{SignalKind, signal};
         match signal(SignalKind::terminate()) {
             Ok(mut term) => {
                 tokio::select! {
-                    _ = term.recv() => tracing::info!("SIGTERM: draining"),
-                    _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: draining"),
+                    _ = term.recv() => "SIGTERM",
+                    _ = tokio::signal::ctrl_c() => "SIGINT",
                 }
             }
             Err(e) => {
                 tracing::warn!(error = %e, "cannot watch SIGTERM; only Ctrl-C stops the server");
                 let _ = tokio::signal::ctrl_c().await;
+                "SIGINT"
             }
         }
     }
     #[cfg(not(unix))]
     {
         let _ = tokio::signal::ctrl_c().await;
-        tracing::info!("Ctrl-C: draining");
+        "Ctrl-C"
     }
 }
 
@@ -268,7 +276,8 @@ pub fn run(args: &ServeArgs) -> Result<(), String> {
         });
         let engine = tokio::select! {
             r = load => r.map_err(|e| format!("model loading stopped: {e}")).and_then(|r| r),
-            () = stop_signal() => {
+            signal = stop_signal() => {
+                tracing::info!("{signal}: draining");
                 front.shutdown().await;
                 return Ok(());
             }
@@ -284,9 +293,16 @@ pub fn run(args: &ServeArgs) -> Result<(), String> {
             front.shutdown().await;
             return Err(error_chain(&e));
         }
-        stop_signal().await;
-        front.shutdown().await;
-        Ok(())
+        let signal = stop_signal().await;
+        tracing::info!("{signal}: draining");
+        // A second signal during the drain means now: what is still running is dropped.
+        tokio::select! {
+            () = front.shutdown() => Ok(()),
+            signal = stop_signal() => {
+                tracing::warn!("{signal} again: stopping without finishing the drain");
+                Err(format!("{signal} during the drain: stopped without finishing it"))
+            }
+        }
     });
     // A model still loading when a signal came is not waited for.
     rt.shutdown_timeout(Duration::from_secs(1));
