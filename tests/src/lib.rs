@@ -27,7 +27,8 @@ pub mod http;
 use std::sync::Arc;
 
 use kiln_engine::{
-    Checkpoint, EngineHandle, EngineOptions, KvSize, Serving, ServingConfig, SpeculativeConfig,
+    Checkpoint, EngineHandle, EngineOptions, FaultPlan, KvSize, Serving, ServingConfig,
+    SpeculativeConfig,
 };
 use kiln_http::{HttpConfig, HttpServer};
 use kiln_model::LoadOptions;
@@ -55,6 +56,10 @@ pub struct Options {
     pub max_model_len: Option<usize>,
     /// Speculative decoding (n-gram lookup only: the harness loads one model).
     pub speculative: Option<SpeculativeConfig>,
+    /// Faults to inject into the engine.
+    pub faults: FaultPlan,
+    /// How long without progress, holding work, before health says stuck.
+    pub stuck_after: Duration,
     pub server: ServerConfig,
     /// The HTTP front door's settings (model id and API key as the gRPC server's).
     pub http: HttpConfig,
@@ -73,6 +78,8 @@ impl Default for Options {
             max_num_batched_tokens: 256,
             max_model_len: Some(2048),
             speculative: None,
+            faults: FaultPlan::default(),
+            stuck_after: ServingConfig::default().stuck_after,
             server,
             http: HttpConfig::new(model_id),
         }
@@ -92,6 +99,7 @@ pub fn start_engine(opts: &Options) -> EngineHandle {
         max_num_batched_tokens: Some(opts.max_num_batched_tokens),
         max_model_len: opts.max_model_len,
         speculative: opts.speculative,
+        faults: opts.faults,
         ..EngineOptions::new(opts.device.clone())
     };
     kiln_engine::build(checkpoint, &engine, &mut |_, _| {})
@@ -110,7 +118,12 @@ pub struct TestServer {
 impl TestServer {
     /// Binds, loads the default model, warms up and serves.
     pub async fn start(opts: Options) -> Self {
-        let t = Self::bind_both(opts.server.clone(), opts.http.clone()).await;
+        let serving = ServingConfig {
+            drain_timeout: opts.server.drain_timeout,
+            stuck_after: opts.stuck_after,
+            ..ServingConfig::default()
+        };
+        let t = Self::bind_serving(opts.server.clone(), opts.http.clone(), serving).await;
         let engine = tokio::task::spawn_blocking(move || start_engine(&opts))
             .await
             .expect("engine start-up task");
@@ -126,11 +139,17 @@ impl TestServer {
 
     /// Binds both front doors over one `Serving`, without a model.
     pub async fn bind_both(cfg: ServerConfig, http: HttpConfig) -> Self {
-        let localhost: SocketAddr = "127.0.0.1:0".parse().expect("address");
-        let serving = Arc::new(Serving::new(ServingConfig {
+        let serving = ServingConfig {
             drain_timeout: cfg.drain_timeout,
             ..ServingConfig::default()
-        }));
+        };
+        Self::bind_serving(cfg, http, serving).await
+    }
+
+    /// [`bind_both`](Self::bind_both) with the shared serving settings given.
+    pub async fn bind_serving(cfg: ServerConfig, http: HttpConfig, serving: ServingConfig) -> Self {
+        let localhost: SocketAddr = "127.0.0.1:0".parse().expect("address");
+        let serving = Arc::new(Serving::new(serving));
         let server = Server::bind_with(localhost, Some(localhost), cfg, serving.clone())
             .await
             .expect("bind 127.0.0.1:0");

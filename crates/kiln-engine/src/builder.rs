@@ -14,7 +14,9 @@ use kiln_scheduler::SchedulerConfig;
 use kiln_tensor::Device;
 use kiln_tokenizer::{Tokenizer, TokenizerError};
 
-use crate::{DraftModel, Engine, EngineConfig, EngineHandle, SpeculativeConfig, StartError};
+use crate::{
+    DraftModel, Engine, EngineConfig, EngineHandle, FaultPlan, SpeculativeConfig, StartError,
+};
 
 /// A model path opened: its config and tokenizer read, its weights not yet loaded.
 #[derive(Debug)]
@@ -122,6 +124,8 @@ pub struct EngineOptions {
     pub speculative: Option<SpeculativeConfig>,
     /// The draft model of `SpecMethod::Draft`, loaded onto `device` beside the target.
     pub draft_model: Option<PathBuf>,
+    /// Faults to inject (tests only).
+    pub faults: FaultPlan,
 }
 
 impl EngineOptions {
@@ -144,6 +148,7 @@ impl EngineOptions {
             max_model_len: None,
             speculative: None,
             draft_model: None,
+            faults: FaultPlan::default(),
         }
     }
 
@@ -201,6 +206,7 @@ impl EngineOptions {
         cfg.kv_dtype = self.kv_dtype;
         cfg.max_model_len = self.max_model_len;
         cfg.speculative = self.speculative;
+        cfg.faults = self.faults;
         cfg
     }
 }

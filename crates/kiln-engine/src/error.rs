@@ -139,6 +139,9 @@ pub enum InternalError {
     /// Step-loop state that cannot disagree did (a bug in kiln-engine).
     #[error("engine state: {0}")]
     State(&'static str),
+    /// A fault a test asked for ([`FaultPlan`](crate::FaultPlan)), standing for a lost device.
+    #[error("injected fault at step {0}")]
+    Injected(u64),
     /// The step loop dropped a request's stream without its final event.
     #[error("the engine closed the stream without a final event")]
     StreamClosed,

@@ -281,6 +281,12 @@ impl EngineHandle {
         self.shared.metrics.step_clock.running_for()
     }
 
+    /// How long the step loop has gone without turning while it holds work (a step running,
+    /// requests waiting); `None` while it waits idle. What a watchdog reads.
+    pub fn stalled_for(&self) -> Option<std::time::Duration> {
+        self.shared.metrics.step_clock.stalled_for()
+    }
+
     fn send(&self, cmd: Command) -> Result<(), EngineError> {
         let tx = self
             .shared

@@ -39,3 +39,4 @@ pub use speculative::{
     SpeculativeConfig, TokenizerMismatch, check_same_tokenizer,
 };
 pub use start::{Engine, EngineConfig};
+pub use step_loop::FaultPlan;

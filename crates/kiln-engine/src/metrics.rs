@@ -52,11 +52,13 @@ pub struct EngineMetrics {
     pub(crate) step_clock: StepClock,
 }
 
-/// When the running step began, as microseconds since the engine started (0: between steps).
+/// When the running step began, as microseconds since the engine started (0: between steps),
+/// and when the step loop last turned (0: it waits idle, holding no work).
 #[derive(Debug)]
 pub(crate) struct StepClock {
     epoch: Instant,
     started_us: AtomicU64,
+    turned_us: AtomicU64,
 }
 
 impl StepClock {
@@ -64,12 +66,44 @@ impl StepClock {
         Self {
             epoch: Instant::now(),
             started_us: AtomicU64::new(0),
+            turned_us: AtomicU64::new(0),
+        }
+    }
+
+    fn now_us(&self) -> u64 {
+        (self.epoch.elapsed().as_micros() as u64).max(1)
+    }
+
+    /// The loop goes round (it holds work, or is about to look for some).
+    pub(crate) fn turn(&self) {
+        self.turned_us.store(self.now_us(), Ordering::Release);
+    }
+
+    /// The loop waits for a command with nothing in flight: no progress is owed.
+    pub(crate) fn idle(&self) {
+        self.turned_us.store(0, Ordering::Release);
+    }
+
+    /// How long since the loop last went round while holding work; `None` while it waits
+    /// idle. A hung step, or a loop that stopped turning, shows here.
+    pub(crate) fn stalled_for(&self) -> Option<Duration> {
+        self.since(&self.turned_us)
+    }
+
+    /// Time since the instant `mark` holds; `None` while it holds 0 (not set).
+    fn since(&self, mark: &AtomicU64) -> Option<Duration> {
+        match mark.load(Ordering::Acquire) {
+            0 => None,
+            us => Some(
+                self.epoch
+                    .elapsed()
+                    .saturating_sub(Duration::from_micros(us)),
+            ),
         }
     }
 
     pub(crate) fn start(&self) {
-        let us = self.epoch.elapsed().as_micros() as u64;
-        self.started_us.store(us.max(1), Ordering::Release);
+        self.started_us.store(self.now_us(), Ordering::Release);
     }
 
     pub(crate) fn stop(&self) {
@@ -78,14 +112,7 @@ impl StepClock {
 
     /// How long the running step has taken so far; `None` between steps.
     pub(crate) fn running_for(&self) -> Option<Duration> {
-        match self.started_us.load(Ordering::Acquire) {
-            0 => None,
-            us => Some(
-                self.epoch
-                    .elapsed()
-                    .saturating_sub(Duration::from_micros(us)),
-            ),
-        }
+        self.since(&self.started_us)
     }
 }
 

@@ -176,16 +176,30 @@ impl Serving {
         if self.is_draining() {
             return Health::Draining;
         }
-        let Some(engine) = self.engine.get() else {
+        if self.engine.get().is_none() {
             return Health::Loading;
-        };
-        let hung = engine
-            .step_running_for()
-            .is_some_and(|t| t > self.cfg.stuck_after);
-        if engine.is_stopped() || hung {
+        }
+        if self.stuck_reason().is_some() {
             Health::Stuck
         } else {
             Health::Serving
+        }
+    }
+
+    /// Why the engine is stuck, when it is: its step loop has stopped (steps kept failing),
+    /// or it has gone [`ServingConfig::stuck_after`] without progress while holding work (a
+    /// hung step, or nothing schedulable).
+    pub fn stuck_reason(&self) -> Option<String> {
+        let engine = self.engine.get()?;
+        if engine.is_stopped() {
+            return Some("the engine's step loop has stopped".into());
+        }
+        match engine.stalled_for() {
+            Some(t) if t > self.cfg.stuck_after => Some(format!(
+                "no progress for {:.1} s with requests in flight",
+                t.as_secs_f64()
+            )),
+            _ => None,
         }
     }
 

@@ -17,7 +17,7 @@ use crate::speculative::{
     DraftModel, DraftProposer, NgramProposer, Proposer, Spec, SpecMethod, SpeculativeConfig,
     check_same_tokenizer,
 };
-use crate::step_loop::Loop;
+use crate::step_loop::{FaultPlan, Loop};
 use crate::{StartError, speculative};
 
 /// Engine limits. The scheduler's config holds the batch limits and the KV pool.
@@ -34,6 +34,8 @@ pub struct EngineConfig {
     pub max_top_logprobs: usize,
     /// Speculative decoding (`None`: off).
     pub speculative: Option<SpeculativeConfig>,
+    /// Faults to inject (tests only; none by default).
+    pub faults: FaultPlan,
 }
 
 impl EngineConfig {
@@ -47,6 +49,7 @@ impl EngineConfig {
             max_stop_strings: 16,
             max_top_logprobs: 20,
             speculative: None,
+            faults: FaultPlan::default(),
         }
     }
 }
@@ -177,6 +180,8 @@ impl Engine {
             shutdown: None,
             waiters: Vec::new(),
             spec,
+            faults: cfg.faults,
+            failed_steps: 0,
         };
         let thread = std::thread::Builder::new()
             .name("kiln-engine".into())

@@ -43,6 +43,22 @@ pub(crate) struct Loop {
     pub waiters: Vec<oneshot::Sender<()>>,
     /// Speculative decoding, when configured.
     pub spec: Option<Spec>,
+    /// Faults to inject (tests).
+    pub faults: FaultPlan,
+    /// Steps failed in a row.
+    pub failed_steps: u32,
+}
+
+/// Steps that may fail in a row before the engine gives up (a lost device fails them all).
+const MAX_FAILED_STEPS: u32 = 3;
+
+/// Faults to inject, for tests of what serving does when the device fails or hangs: every
+/// step from `fail_from_step` on fails as a lost device's would, and step `stall_step.0`
+/// (counted from 1) pauses `stall_step.1` before it runs, as a hung one would.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FaultPlan {
+    pub fail_from_step: Option<u64>,
+    pub stall_step: Option<(u64, Duration)>,
 }
 
 /// How a request ended early.
@@ -59,7 +75,10 @@ impl Loop {
                 if self.shutdown.is_some() {
                     break;
                 }
-                match self.rx.recv() {
+                self.metrics.step_clock.idle();
+                let cmd = self.rx.recv();
+                self.metrics.step_clock.turn();
+                match cmd {
                     Ok(cmd) => self.command(cmd),
                     Err(_) => break, // every handle dropped, nothing in flight
                 }
@@ -91,6 +110,9 @@ impl Loop {
             self.metrics.step_clock.start();
             let ran = self.step();
             self.metrics.step_clock.stop();
+            if ran {
+                self.metrics.step_clock.turn();
+            }
             self.publish();
             if !ran {
                 // Nothing could be scheduled (waiting on memory held by nobody should not
@@ -266,15 +288,40 @@ impl Loop {
         self.metrics
             .step_tokens
             .observe(schedule.num_tokens() as f64);
-        let out = self.forward(&schedule).and_then(|out| {
+        if let Some((at, pause)) = self.faults.stall_step
+            && self.steps == at
+        {
+            std::thread::sleep(pause);
+        }
+        let out = match self.faults.fail_from_step {
+            Some(from) if self.steps >= from => Err(InternalError::Injected(self.steps)),
+            _ => self.forward(&schedule),
+        }
+        .and_then(|out| {
             self.sched
                 .complete(&schedule)
                 .map_err(InternalError::Scheduler)?;
             Ok(out)
         });
         match out {
-            Ok(out) => self.sample_all(&schedule, &out),
-            Err(e) => self.fail_batch(&schedule, e),
+            Ok(out) => {
+                self.failed_steps = 0;
+                self.sample_all(&schedule, &out);
+            }
+            Err(e) => {
+                self.failed_steps += 1;
+                if self.failed_steps >= MAX_FAILED_STEPS {
+                    // A device lost or out of memory fails every step: stop, so health says
+                    // so and the server exits for an orchestrator to restart it.
+                    tracing::error!(
+                        steps = self.failed_steps,
+                        error = %error_chain(&e),
+                        "steps keep failing: the engine stops"
+                    );
+                    self.shutdown = Some(ShutdownMode::Cancel);
+                }
+                self.fail_batch(&schedule, e);
+            }
         }
         true
     }

@@ -10,7 +10,7 @@ mod common;
 use std::time::Duration;
 
 use common::{config, tiny_engine};
-use kiln_engine::{Health, NotServing, Request, Serving, ServingConfig};
+use kiln_engine::{EngineError, FaultPlan, Health, NotServing, Request, Serving, ServingConfig};
 use kiln_tensor::Device;
 
 fn serving(stuck_after: Duration) -> Serving {
@@ -71,12 +71,12 @@ async fn a_step_running_past_the_limit_is_stuck() {
     let engine = s.engine().unwrap().clone();
     // The warm-up's last step may still be closing (its events go out before it ends).
     for _ in 0..1000 {
-        if engine.step_running_for().is_none() {
+        if engine.stalled_for().is_none() {
             break;
         }
         std::thread::sleep(Duration::from_millis(1));
     }
-    assert_eq!(engine.step_running_for(), None, "idle between requests");
+    assert_eq!(engine.stalled_for(), None, "idle between requests");
     assert_eq!(s.health(), Health::Serving);
     let mut long = Request::tokens(vec![1, 2, 3]).max_new_tokens(200);
     long.stopping.ignore_eos = true;
@@ -91,4 +91,69 @@ async fn a_step_running_past_the_limit_is_stuck() {
     }
     assert!(seen, "never caught a step in flight");
     drop(stream);
+}
+
+/// A step that hangs (an injected stall) makes health Stuck, saying why, while the step loop
+/// holds work; once it moves again health is Serving and the request finishes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_step_is_stuck_until_it_moves_again() {
+    let mut cfg = config(64, 4, 32, 8);
+    // The warm-up takes a few steps; step 12 is the request's.
+    cfg.faults = FaultPlan {
+        stall_step: Some((12, Duration::from_millis(1500))),
+        ..FaultPlan::default()
+    };
+    let s = serving(Duration::from_millis(300));
+    s.attach(tiny_engine(&Device::cpu(), 255, cfg))
+        .await
+        .unwrap();
+    let engine = s.engine().unwrap().clone();
+    let mut long = Request::tokens(vec![1, 2, 3]).max_new_tokens(40);
+    long.stopping.ignore_eos = true;
+    let stream = engine.submit(long).unwrap();
+    let waited = tokio::time::Instant::now();
+    while s.health() != Health::Stuck {
+        assert!(waited.elapsed() < Duration::from_secs(20), "never stuck");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let why = s.stuck_reason().unwrap();
+    assert!(why.contains("no progress"), "{why}");
+    let out = stream.collect().await.unwrap();
+    assert_eq!(out.outputs[0].token_ids.len(), 40);
+    assert_eq!(s.health(), Health::Serving);
+}
+
+/// Steps that keep failing (a lost device, injected) fail their requests with INTERNAL; after
+/// three in a row the engine stops, health says why, and new work is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn steps_that_keep_failing_stop_the_engine() {
+    let mut cfg = config(64, 4, 32, 8);
+    cfg.faults = FaultPlan {
+        fail_from_step: Some(1),
+        ..FaultPlan::default()
+    };
+    let engine = tiny_engine(&Device::cpu(), 255, cfg);
+    for _ in 0..3 {
+        match engine.submit(Request::tokens(vec![1, 2, 3]).max_new_tokens(4)) {
+            Ok(stream) => match stream.collect().await {
+                Err(EngineError::Internal(e)) => {
+                    assert!(e.to_string().contains("injected fault"), "{e}");
+                }
+                other => panic!("expected INTERNAL, got {other:?}"),
+            },
+            Err(e) => panic!("refused before three failures: {e}"),
+        }
+    }
+    let waited = tokio::time::Instant::now();
+    while !engine.is_stopped() {
+        assert!(waited.elapsed() < Duration::from_secs(10), "still running");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(matches!(
+        engine.submit(Request::tokens(vec![1, 2, 3])),
+        Err(EngineError::ShuttingDown)
+    ));
+    let s = serving(Duration::from_secs(60));
+    // A stopped engine cannot warm up: attach fails, and the process would exit.
+    assert!(s.attach(engine).await.is_err());
 }

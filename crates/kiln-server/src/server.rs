@@ -4,6 +4,7 @@
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use kiln_engine::{AttachError, EngineHandle, NotServing, Serving, ServingConfig};
 use tokio::net::TcpListener;
@@ -232,12 +233,12 @@ impl Server {
         let serving = &self.state.serving;
         serving.attach(engine).await.map_err(ServerError::Attach)?;
         if !serving.is_draining() {
-            for name in HEALTH_NAMES {
-                self.health
-                    .set_service_status(name, ServingStatus::Serving)
-                    .await;
-            }
+            set_health(&self.health, ServingStatus::Serving).await;
             tracing::info!(addr = %self.addr, model = %self.state.cfg.model_id, "serving");
+            let watchdog = tokio::spawn(watchdog(serving.clone(), self.health.clone()));
+            if let Ok(mut tasks) = self.tasks.lock() {
+                tasks.push(watchdog);
+            }
         }
         Ok(())
     }
@@ -247,11 +248,7 @@ impl Server {
     /// close. Resolves when all of that is done. The drain is shared: every front door on the
     /// same [`Serving`] refuses new work from its start.
     pub async fn shutdown(&self) {
-        for name in HEALTH_NAMES {
-            self.health
-                .set_service_status(name, ServingStatus::NotServing)
-                .await;
-        }
+        set_health(&self.health, ServingStatus::NotServing).await;
         self.state.serving.drain().await;
         let _ = self.stop.send(true);
         let tasks: Vec<_> = self
@@ -263,6 +260,43 @@ impl Server {
             self.state.serving.close(t, "gRPC").await;
         }
         tracing::info!("server stopped");
+    }
+}
+
+/// Every health name at once.
+async fn set_health(health: &HealthReporter, status: ServingStatus) {
+    for name in HEALTH_NAMES {
+        health.set_service_status(name, status).await;
+    }
+}
+
+/// How often the watchdog looks at the engine.
+const WATCH_EVERY: Duration = Duration::from_millis(250);
+
+/// Keeps gRPC health truthful while serving: NOT_SERVING (with a log line saying why) while
+/// the engine is stuck, SERVING again once it progresses; it ends with the drain, which sets
+/// health itself.
+async fn watchdog(serving: Arc<Serving>, health: HealthReporter) {
+    let mut stuck = false;
+    let mut tick = tokio::time::interval(WATCH_EVERY);
+    loop {
+        tick.tick().await;
+        if serving.is_draining() {
+            return;
+        }
+        match (serving.stuck_reason(), stuck) {
+            (Some(why), false) => {
+                tracing::error!(reason = %why, "engine stuck: health NOT_SERVING");
+                set_health(&health, ServingStatus::NotServing).await;
+                stuck = true;
+            }
+            (None, true) if !serving.is_draining() => {
+                tracing::warn!("engine progressing again: health SERVING");
+                set_health(&health, ServingStatus::Serving).await;
+                stuck = false;
+            }
+            _ => {}
+        }
     }
 }
 

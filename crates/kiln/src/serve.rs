@@ -293,7 +293,21 @@ pub fn run(args: &ServeArgs) -> Result<(), String> {
             front.shutdown().await;
             return Err(error_chain(&e));
         }
-        let signal = stop_signal().await;
+        // An engine that stops on its own (its steps kept failing: a lost device) ends the
+        // process non-zero, so an orchestrator restarts it.
+        let engine_stopped = async {
+            while front.server.engine().is_some_and(|e| !e.is_stopped()) {
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+        };
+        let signal = tokio::select! {
+            signal = stop_signal() => signal,
+            () = engine_stopped => {
+                tracing::error!("the engine stopped on its own: exiting");
+                front.shutdown().await;
+                return Err("the engine stopped (see the log): exiting for a restart".to_owned());
+            }
+        };
         tracing::info!("{signal}: draining");
         // A second signal during the drain means now: what is still running is dropped.
         tokio::select! {
