@@ -265,17 +265,35 @@ fn admission_respects_the_watermark() {
     assert!(matches!(err, SchedulerError::TooLarge { .. }), "{err}");
 }
 
+/// The waiting queue holds `max_waiting` plus the running slots no sequence holds: an idle
+/// scheduler takes a burst of `max_waiting + max_num_seqs`, a full one `max_waiting` more.
 #[test]
 fn a_full_waiting_queue_reports_overload() {
     let mut cfg = config(16, 4, 64, 8);
     cfg.max_waiting = 3;
     let mut s = Scheduler::new(cfg).unwrap();
-    for i in 0..3 {
+    assert_eq!(s.waiting_capacity(), 3 + 8);
+    for i in 0..11 {
         s.add(SeqId(i), prompt(i as u32, 4), SeqParams::default())
             .unwrap();
     }
     let err = s
-        .add(SeqId(3), prompt(3, 4), SeqParams::default())
+        .add(SeqId(11), prompt(11, 4), SeqParams::default())
+        .unwrap_err();
+    assert_eq!(
+        err,
+        SchedulerError::Overloaded {
+            waiting: 11,
+            limit: 11
+        }
+    );
+    assert!(s.status(SeqId(11)).is_none());
+    // Admission fills the eight slots; the three left waiting are the limit now.
+    let step = s.schedule();
+    assert_eq!(step.admitted.len(), 8);
+    assert_eq!(s.waiting_capacity(), 3);
+    let err = s
+        .add(SeqId(11), prompt(11, 4), SeqParams::default())
         .unwrap_err();
     assert_eq!(
         err,
@@ -284,11 +302,6 @@ fn a_full_waiting_queue_reports_overload() {
             limit: 3
         }
     );
-    assert!(s.status(SeqId(3)).is_none());
-    // Admission drains the queue and makes room again.
-    let step = s.schedule();
-    assert_eq!(step.admitted.len(), 3);
-    s.add(SeqId(3), prompt(3, 4), SeqParams::default()).unwrap();
 }
 
 #[test]
