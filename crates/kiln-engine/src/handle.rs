@@ -275,12 +275,6 @@ impl EngineHandle {
         &self.shared.metrics
     }
 
-    /// How long the step now running has taken so far; `None` between steps. A step that
-    /// never ends (a hung device) shows here while every other call still answers.
-    pub fn step_running_for(&self) -> Option<std::time::Duration> {
-        self.shared.metrics.step_clock.running_for()
-    }
-
     /// How long the step loop has gone without turning while it holds work (a step running,
     /// requests waiting); `None` while it waits idle. What a watchdog reads.
     pub fn stalled_for(&self) -> Option<std::time::Duration> {

@@ -48,16 +48,15 @@ pub struct EngineMetrics {
     /// Structured output: computing one allowed-token mask, and what sampling waited for it.
     pub(crate) mask_compute: Histogram,
     pub(crate) mask_wait: Histogram,
-    /// When the step now running began (health checks read it to see a stuck step).
+    /// When the step loop last turned holding work (health reads it to see a stuck engine).
     pub(crate) step_clock: StepClock,
 }
 
-/// When the running step began, as microseconds since the engine started (0: between steps),
-/// and when the step loop last turned (0: it waits idle, holding no work).
+/// When the step loop last turned while holding work, as microseconds since the engine
+/// started (0: it waits idle).
 #[derive(Debug)]
 pub(crate) struct StepClock {
     epoch: Instant,
-    started_us: AtomicU64,
     turned_us: AtomicU64,
 }
 
@@ -65,18 +64,14 @@ impl StepClock {
     fn new() -> Self {
         Self {
             epoch: Instant::now(),
-            started_us: AtomicU64::new(0),
             turned_us: AtomicU64::new(0),
         }
     }
 
-    fn now_us(&self) -> u64 {
-        (self.epoch.elapsed().as_micros() as u64).max(1)
-    }
-
     /// The loop goes round (it holds work, or is about to look for some).
     pub(crate) fn turn(&self) {
-        self.turned_us.store(self.now_us(), Ordering::Release);
+        let us = (self.epoch.elapsed().as_micros() as u64).max(1);
+        self.turned_us.store(us, Ordering::Release);
     }
 
     /// The loop waits for a command with nothing in flight: no progress is owed.
@@ -87,12 +82,7 @@ impl StepClock {
     /// How long since the loop last went round while holding work; `None` while it waits
     /// idle. A hung step, or a loop that stopped turning, shows here.
     pub(crate) fn stalled_for(&self) -> Option<Duration> {
-        self.since(&self.turned_us)
-    }
-
-    /// Time since the instant `mark` holds; `None` while it holds 0 (not set).
-    fn since(&self, mark: &AtomicU64) -> Option<Duration> {
-        match mark.load(Ordering::Acquire) {
+        match self.turned_us.load(Ordering::Acquire) {
             0 => None,
             us => Some(
                 self.epoch
@@ -100,19 +90,6 @@ impl StepClock {
                     .saturating_sub(Duration::from_micros(us)),
             ),
         }
-    }
-
-    pub(crate) fn start(&self) {
-        self.started_us.store(self.now_us(), Ordering::Release);
-    }
-
-    pub(crate) fn stop(&self) {
-        self.started_us.store(0, Ordering::Release);
-    }
-
-    /// How long the running step has taken so far; `None` between steps.
-    pub(crate) fn running_for(&self) -> Option<Duration> {
-        self.since(&self.started_us)
     }
 }
 

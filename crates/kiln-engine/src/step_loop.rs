@@ -107,9 +107,7 @@ impl Loop {
                 self.publish();
                 continue;
             }
-            self.metrics.step_clock.start();
             let ran = self.step();
-            self.metrics.step_clock.stop();
             if ran {
                 self.metrics.step_clock.turn();
             }
