@@ -3,7 +3,11 @@
 //!   the weight bytes read, so criterion's rate is the achieved weight bandwidth;
 //! - `matmul/*`: prefill-shaped, m = 128; throughput in "elements" is FLOPs (2·m·n·k);
 //! - `dispatch/*`: the cost of one kernel launch (100 tiny launches in one submit) and of one
-//!   submit-and-wait round trip.
+//!   submit-and-wait round trip;
+//! - `sampling/*`: picking one token from each of 1 or 16 rows of 49152 logits with
+//!   temperature 0.8, top-k 50 and top-p 0.95, on the device (`Recorder::sample`, reading back
+//!   the ids) against reading the rows back and sampling them on the host (the same
+//!   definition's CPU reference).
 //!
 //! Shapes: SmolLM2-135M's projections (576×1536, 1536×576), its LM head (49152×576), Gemma 3
 //! 270M's down projection (640×2048), and a 7B MLP projection (11008×4096); a format runs on
@@ -192,5 +196,55 @@ fn dispatch(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, dispatch, matvec, matmul);
+fn sampling(c: &mut Criterion) {
+    use kiln_tensor::sample::{RowSampling, pick, process};
+    let dev = device();
+    let vocab = 49152;
+    let mut g = c.benchmark_group("sampling");
+    g.sample_size(10)
+        .warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_secs(3));
+    for rows in [1usize, 16] {
+        // Logit-like rows: a fixed hash spread over about ±8.
+        let x: Vec<f32> = (0..rows * vocab)
+            .map(|i| ((i as u32).wrapping_mul(2_654_435_761) >> 8) as f32 / (1 << 24) as f32)
+            .map(|u| (u - 0.5) * 16.0)
+            .collect();
+        let logits =
+            Tensor::from_f32(&dev, &[rows, vocab], &x).unwrap_or_else(|e| panic_free_exit(&e));
+        let how: Vec<RowSampling> = (0..rows as u64)
+            .map(|seed| RowSampling {
+                temperature: 0.8,
+                top_k: 50,
+                top_p: 0.95,
+                seed,
+                ..RowSampling::greedy()
+            })
+            .collect();
+        let picks: Vec<(usize, &RowSampling)> = how.iter().enumerate().collect();
+        g.throughput(Throughput::Elements(rows as u64));
+        g.bench_function(BenchmarkId::new("device", rows), |b| {
+            b.iter(|| {
+                let mut rec = Recorder::new(&dev);
+                let ids = rec
+                    .sample(&logits, &picks)
+                    .unwrap_or_else(|e| panic_free_exit(&e));
+                rec.submit().unwrap_or_else(|e| panic_free_exit(&e));
+                ids.to_u32_vec().unwrap_or_else(|e| panic_free_exit(&e))
+            })
+        });
+        g.bench_function(BenchmarkId::new("read_back_and_host", rows), |b| {
+            b.iter(|| {
+                let host = logits.to_f32_vec().unwrap_or_else(|e| panic_free_exit(&e));
+                host.chunks_exact(vocab)
+                    .zip(&how)
+                    .map(|(row, h)| pick(process(row, h), h))
+                    .collect::<Vec<_>>()
+            })
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(benches, dispatch, matvec, matmul, sampling);
 criterion_main!(benches);

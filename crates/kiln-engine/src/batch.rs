@@ -8,9 +8,10 @@ use std::time::Instant;
 use kiln_kv::SeqId;
 use kiln_model::{StepOutput, StepSeq};
 use kiln_scheduler::Schedule;
+use kiln_tensor::sample::RowSampling;
 
 use crate::error::InternalError;
-use crate::output::{ReqState, TokenOutcome};
+use crate::output::{DevicePick, ReqState, TokenOutcome};
 use crate::step_loop::{Ending, Loop};
 
 impl Loop {
@@ -29,9 +30,29 @@ impl Loop {
             t.extend_from_slice(self.sched.verifying(s.seq));
             with_drafts.push(t);
         }
+        // The rows the device samples, per scheduled sequence.
+        let vocab = self.runner.config().vocab;
+        let device_rows: Vec<Option<Vec<RowSampling>>> = schedule
+            .seqs
+            .iter()
+            .map(|s| {
+                if !(self.device_sampling && s.samples) {
+                    return None;
+                }
+                let (rid, idx) = self.owner.get(&s.seq)?;
+                let drafts = if s.draft > 0 {
+                    self.sched.verifying(s.seq)
+                } else {
+                    &[]
+                };
+                self.requests.get(rid)?.device_rows(*idx, drafts, vocab)
+            })
+            .collect();
+        self.device_sampled_rows +=
+            device_rows.iter().flatten().map(Vec::len).sum::<usize>() as u64;
         let mut drafted = with_drafts.iter();
         let mut batch = Vec::with_capacity(schedule.seqs.len());
-        for s in &schedule.seqs {
+        for (s, device) in schedule.seqs.iter().zip(&device_rows) {
             let tokens = if s.draft > 0 {
                 drafted.next().map(Vec::as_slice)
             } else {
@@ -51,7 +72,8 @@ impl Loop {
                 context_len: s.end(),
                 // One row per sequence, plus one per draft token it verifies.
                 logits_rows: 1 + s.draft,
-                read_logits: s.samples && self.needs_row(s.seq),
+                read_logits: s.samples && device.is_none() && self.needs_row(s.seq),
+                sample: device.as_deref(),
             });
         }
         self.runner
@@ -107,7 +129,11 @@ impl Loop {
                 let outcome = r.on_row(
                     i,
                     out.logits(row, 0),
-                    out.argmax(row, 0),
+                    DevicePick {
+                        argmax: out.argmax(row, 0),
+                        // Only output `idx`'s own row was sampled on the device.
+                        sampled: out.sampled(row, 0).filter(|_| i == idx),
+                    },
                     now,
                     &self.metrics,
                 );

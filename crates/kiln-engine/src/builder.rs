@@ -15,7 +15,8 @@ use kiln_tensor::Device;
 use kiln_tokenizer::{Tokenizer, TokenizerError};
 
 use crate::{
-    DraftModel, Engine, EngineConfig, EngineHandle, FaultPlan, SpeculativeConfig, StartError,
+    DeviceSampling, DraftModel, Engine, EngineConfig, EngineHandle, FaultPlan, SpeculativeConfig,
+    StartError,
 };
 
 /// A model path opened: its config and tokenizer read, its weights not yet loaded.
@@ -124,6 +125,8 @@ pub struct EngineOptions {
     pub speculative: Option<SpeculativeConfig>,
     /// The draft model of `SpecMethod::Draft`, loaded onto `device` beside the target.
     pub draft_model: Option<PathBuf>,
+    /// Where rows that need more than an argmax are sampled.
+    pub device_sampling: DeviceSampling,
     /// Faults to inject (tests only).
     pub faults: FaultPlan,
 }
@@ -148,6 +151,7 @@ impl EngineOptions {
             max_model_len: None,
             speculative: None,
             draft_model: None,
+            device_sampling: DeviceSampling::Auto,
             faults: FaultPlan::default(),
         }
     }
@@ -206,6 +210,7 @@ impl EngineOptions {
         cfg.kv_dtype = self.kv_dtype;
         cfg.max_model_len = self.max_model_len;
         cfg.speculative = self.speculative;
+        cfg.device_sampling = self.device_sampling;
         cfg.faults = self.faults;
         cfg
     }

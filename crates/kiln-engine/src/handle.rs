@@ -83,6 +83,8 @@ pub struct EngineStats {
     pub preempted: usize,
     pub preemptions: u64,
     pub steps: u64,
+    /// Logits rows sampled on the device ([`crate::DeviceSampling`]) so far.
+    pub device_sampled_rows: u64,
     pub kv: KvMetrics,
     /// The draft model's own KV pool (speculative decoding with a draft model).
     pub draft_kv: Option<KvMetrics>,

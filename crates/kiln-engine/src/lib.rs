@@ -38,5 +38,5 @@ pub use speculative::{
     DraftModel, DraftProposer, NgramProposer, ProposeError, ProposeInput, Proposer, SpecMethod,
     SpeculativeConfig, TokenizerMismatch, check_same_tokenizer,
 };
-pub use start::{Engine, EngineConfig};
+pub use start::{DeviceSampling, Engine, EngineConfig};
 pub use step_loop::FaultPlan;

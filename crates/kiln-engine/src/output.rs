@@ -15,7 +15,16 @@ use crate::metrics::EngineMetrics;
 use crate::request::{
     Delta, Event, FinishReason, OutputOptions, SpecStats, StoppingCriteria, TokenLogprobs,
 };
-use crate::sampling::{LogprobRequest, Sampler, SamplingParams, TokenHistory};
+use crate::sampling::{LogprobRequest, SampleError, Sampler, SamplingParams, TokenHistory};
+use kiln_tensor::sample::{NO_TOKEN, RowSampling};
+
+/// What the device computed for one logits row: its argmax, and the device sampler's pick
+/// when the row was sampled there.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct DevicePick {
+    pub argmax: Option<u32>,
+    pub sampled: Option<u32>,
+}
 
 /// What one sampled token did to its sequence.
 pub(crate) enum TokenOutcome {
@@ -164,9 +173,10 @@ impl ReqState {
         self.outs.len() == self.n && self.outs.iter().all(|o| o.finish.is_some())
     }
 
-    /// Ids banned for output `idx` now: EOS and stop ids until `min_new_tokens` exist.
-    fn suppressed(&self, idx: usize) -> Vec<u32> {
-        let generated = self.outs.get(idx).map_or(0, |o| o.generated.len());
+    /// Ids banned for output `idx` `ahead` tokens from now: EOS and stop ids until
+    /// `min_new_tokens` exist.
+    fn suppressed(&self, idx: usize, ahead: usize) -> Vec<u32> {
+        let generated = self.outs.get(idx).map_or(0, |o| o.generated.len()) + ahead;
         if generated >= self.stopping.min_new_tokens {
             return Vec::new();
         }
@@ -191,6 +201,43 @@ impl ReqState {
             || suppressing
     }
 
+    /// How the device samples output `idx`'s rows this step: one [`RowSampling`] for its next
+    /// token and one after each of `drafts` (each as if the drafts before it were accepted,
+    /// which is when its pick is used). `None` when the rows come back to the host instead
+    /// (logprobs, a grammar's mask, which is computed while the step runs) or a plain device
+    /// argmax is the pick.
+    pub fn device_rows(
+        &self,
+        idx: usize,
+        drafts: &[u32],
+        vocab: usize,
+    ) -> Option<Vec<RowSampling>> {
+        let o = self.outs.get(idx)?;
+        // The first token of n > 1 outputs is sampled n times from output 0's row.
+        let fanning_out = self.n > 1 && self.first_token.is_none();
+        if !self.needs_row(idx)
+            || fanning_out
+            || o.guide.is_some()
+            || self.output.logprobs
+            || self.output.top_logprobs > 0
+        {
+            return None;
+        }
+        let mut history = std::borrow::Cow::Borrowed(&o.history);
+        let mut rows = Vec::with_capacity(drafts.len() + 1);
+        for j in 0..=drafts.len() {
+            if j > 0 {
+                history.to_mut().push_output(drafts[j - 1]);
+            }
+            let suppress = self.suppressed(idx, j);
+            rows.push(
+                o.sampler
+                    .row_sampling(&history, &suppress, None, vocab, j as u64),
+            );
+        }
+        Some(rows)
+    }
+
     /// Draft tokens output `idx` may verify in one step: its verification yields up to one
     /// token more than it drafts, so one less than it may still generate (0: do not draft).
     /// After verifying steps that accepted nothing, an output backs off: it decodes 1, 2, 4,
@@ -211,24 +258,24 @@ impl ReqState {
         }
     }
 
-    /// Picks output `idx`'s next token from its row (or the device argmax), applies the stop
-    /// rules and queues the delta.
+    /// Picks output `idx`'s next token from its row (or what the device picked), applies the
+    /// stop rules and queues the delta.
     pub fn on_row(
         &mut self,
         idx: usize,
         row: Option<&[f32]>,
-        argmax: Option<u32>,
+        device: DevicePick,
         now: Instant,
         metrics: &EngineMetrics,
     ) -> Result<TokenOutcome, EngineError> {
-        let (token, logprobs, _) = self.pick(idx, row, argmax, None, metrics)?;
+        let (token, logprobs, _) = self.pick(idx, row, device, None, metrics)?;
         if let Some(o) = self.outs.get_mut(idx) {
             o.spec_skip = o.spec_skip.saturating_sub(1);
         }
         self.apply(idx, token, logprobs, now, metrics)
     }
 
-    /// Verifies output `idx`'s drafts against the target's rows (`row(j)` / `argmax(j)` at
+    /// Verifies output `idx`'s drafts against the target's rows (`row(j)` / `device(j)` at
     /// draft position `j`, `j = draft.len()` the one after the last draft): takes each draft
     /// token the target accepts, then the target's own token, stopping early if the output
     /// finishes. Returns the last outcome and how many drafts were accepted.
@@ -237,7 +284,7 @@ impl ReqState {
         idx: usize,
         draft: &[u32],
         row: impl Fn(usize) -> Option<&'r [f32]>,
-        argmax: impl Fn(usize) -> Option<u32>,
+        device: impl Fn(usize) -> DevicePick,
         now: Instant,
         metrics: &EngineMetrics,
     ) -> Result<(TokenOutcome, usize), EngineError> {
@@ -245,7 +292,7 @@ impl ReqState {
         let mut outcome = TokenOutcome::Finished;
         for j in 0..=draft.len() {
             let (token, logprobs, ok) =
-                self.pick(idx, row(j), argmax(j), draft.get(j).copied(), metrics)?;
+                self.pick(idx, row(j), device(j), draft.get(j).copied(), metrics)?;
             accepted += usize::from(ok);
             outcome = self.apply(idx, token, logprobs, now, metrics)?;
             if !ok || matches!(outcome, TokenOutcome::Finished) {
@@ -266,17 +313,28 @@ impl ReqState {
         Ok((outcome, accepted))
     }
 
-    /// Output `idx`'s token from a row (or the device argmax), checked against `draft` when
-    /// one was proposed here; returns the token, its logprobs and whether it is the draft.
+    /// Output `idx`'s token from the device sampler, a row, or the device argmax, checked
+    /// against `draft` when one was proposed here; returns the token, its logprobs and
+    /// whether it is the draft.
     fn pick(
         &mut self,
         idx: usize,
         row: Option<&[f32]>,
-        argmax: Option<u32>,
+        device: DevicePick,
         draft: Option<u32>,
         metrics: &EngineMetrics,
     ) -> Result<(u32, Option<TokenLogprobs>, bool), EngineError> {
-        let mut suppress = self.suppressed(idx);
+        if let Some(token) = device.sampled {
+            let Some(o) = self.outs.get_mut(idx) else {
+                return Err(InternalError::State("output index out of range").into());
+            };
+            if token == NO_TOKEN {
+                return Err(InternalError::Sampling(SampleError::NoCandidates).into());
+            }
+            o.sampler.took();
+            return Ok((token, None, draft == Some(token)));
+        }
+        let mut suppress = self.suppressed(idx, 0);
         let needs_row = self.needs_row(idx);
         let want = LogprobRequest {
             logprobs: self.output.logprobs,
@@ -309,7 +367,9 @@ impl ReqState {
             });
             Ok((s.token, lp, ok))
         } else {
-            let token = argmax.ok_or_else(|| internal("argmax was not read back"))?;
+            let token = device
+                .argmax
+                .ok_or_else(|| internal("argmax was not read back"))?;
             Ok((token, None, draft == Some(token)))
         }
     }

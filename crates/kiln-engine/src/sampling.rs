@@ -4,9 +4,9 @@
 //! Each sequence owns its [`Sampler`] and RNG, so its tokens depend only on its seed and its own
 //! logits, never on what else shares the batch.
 
-use std::cmp::Ordering;
 use std::collections::{BTreeMap, HashMap, HashSet};
 
+use kiln_tensor::sample::{LogitEdit, RowSampling, by_logit_desc, pick, sanitize};
 use rand::Rng;
 
 /// Per-request sampling settings (engine-level, plain Rust; the gRPC layer converts to it).
@@ -201,22 +201,6 @@ pub struct Sampler {
     draws: u64,
 }
 
-/// splitmix64's finaliser: a well-mixed 64-bit hash.
-fn mix(mut z: u64) -> u64 {
-    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
-
-/// Standard Gumbel noise for token `id` in draw `draw` of `seed`.
-fn gumbel(seed: u64, draw: u64, id: u32) -> f64 {
-    let bits = mix(seed ^ mix(draw ^ mix(u64::from(id))));
-    // A uniform in (0, 1): 53 bits, centred in their cell, so never 0 or 1.
-    let u = ((bits >> 11) as f64 + 0.5) * (1.0 / (1u64 << 53) as f64);
-    -(-u.ln()).ln()
-}
-
 impl Sampler {
     pub fn new(params: SamplingParams, seed: u64) -> Self {
         Self {
@@ -262,13 +246,44 @@ impl Sampler {
         if logits.is_empty() {
             return Err(SampleError::EmptyLogits);
         }
-        let processed = process(logits, &self.params, history, suppress, allowed);
-        let token = if self.params.is_greedy() {
-            argmax(&processed).ok_or(SampleError::NoCandidates)?
-        } else {
-            self.draw(processed)?
-        };
+        let how = self.row_sampling(history, suppress, allowed, logits.len(), 0);
+        let processed = kiln_tensor::sample::process(logits, &how);
+        let token = pick(processed, &how).ok_or(SampleError::NoCandidates)?;
+        self.took();
         Ok(with_logprobs(logits, token, want))
+    }
+
+    /// How the row of this sequence's draw `ahead` draws from now is sampled, on the device
+    /// ([`kiln_tensor::Recorder::sample`]) or here: the knobs, the draw's identity, the
+    /// suppression, bias and penalties merged per id into [`LogitEdit`]s (ids at or past
+    /// `vocab` dropped), and the mask.
+    pub fn row_sampling(
+        &self,
+        history: &TokenHistory,
+        suppress: &[u32],
+        allowed: Option<&[u32]>,
+        vocab: usize,
+        ahead: u64,
+    ) -> RowSampling {
+        let p = &self.params;
+        RowSampling {
+            temperature: p.temperature,
+            top_k: u32::try_from(p.top_k).unwrap_or(u32::MAX),
+            top_p: p.top_p,
+            min_p: p.min_p,
+            seed: self.seed,
+            draw: self.draws + ahead,
+            edits: edits(p, history, suppress, vocab),
+            allowed: allowed.map(<[u32]>::to_vec),
+        }
+    }
+
+    /// Records that a row was sampled (here or on the device): a draw when not greedy, so
+    /// the next draw is the next index.
+    pub fn took(&mut self) {
+        if !self.params.is_greedy() {
+            self.draws += 1;
+        }
     }
 
     /// Speculative decoding's check of one draft token against this row (the target model's
@@ -314,73 +329,6 @@ impl Sampler {
         let s = self.sample_masked(logits, history, suppress, allowed, want)?;
         let accepted = s.token == draft;
         Ok((s, accepted))
-    }
-
-    /// Temperature, top-k, top-p and min-p over the processed row, then one draw.
-    fn draw(&mut self, processed: Vec<f32>) -> Result<u32, SampleError> {
-        let w = self.candidates(processed)?;
-        let draw = self.draws;
-        self.draws += 1;
-        let mut pick: Option<(u32, f64)> = None;
-        for &(id, wi) in &w {
-            if wi > 0.0 {
-                let key = wi.ln() + gumbel(self.seed, draw, id);
-                if pick.is_none_or(|(_, best)| key > best) {
-                    pick = Some((id, key));
-                }
-            }
-        }
-        pick.map(|(id, _)| id).ok_or(SampleError::NoCandidates)
-    }
-
-    /// The distribution a draw picks from: candidate ids with unnormalised weights (zero for
-    /// what min-p dropped), after temperature, top-k, top-p and min-p.
-    fn candidates(&self, processed: Vec<f32>) -> Result<Vec<(u32, f64)>, SampleError> {
-        let p = &self.params;
-        let mut cand: Vec<(u32, f32)> = processed
-            .into_iter()
-            .enumerate()
-            .filter(|&(_, v)| v > f32::NEG_INFINITY)
-            .map(|(i, v)| (i as u32, v))
-            .collect();
-        if cand.is_empty() {
-            return Err(SampleError::NoCandidates);
-        }
-        if p.top_k > 0 && p.top_k < cand.len() {
-            // Partition instead of sorting the whole vocabulary; only the kept part is sorted.
-            cand.select_nth_unstable_by(p.top_k - 1, by_logit_desc);
-            cand.truncate(p.top_k);
-            cand.sort_unstable_by(by_logit_desc);
-        } else if p.top_k > 0 || p.top_p < 1.0 {
-            cand.sort_unstable_by(by_logit_desc);
-        }
-        // Unnormalised weights relative to the best candidate, which therefore weighs exactly 1
-        // and survives every filter below (top_p keeps >= 1 token, min_p <= 1).
-        let max = cand.iter().fold(f32::NEG_INFINITY, |m, c| m.max(c.1));
-        let (m, t) = (f64::from(max), f64::from(p.temperature));
-        let mut w: Vec<f64> = cand
-            .iter()
-            .map(|c| ((f64::from(c.1) - m) / t).exp())
-            .collect();
-        if p.top_p < 1.0 {
-            let target = f64::from(p.top_p) * w.iter().sum::<f64>();
-            let mut mass = 0.0;
-            let keep = w
-                .iter()
-                .position(|wi| {
-                    mass += wi;
-                    mass >= target
-                })
-                .map_or(w.len(), |n| n + 1);
-            w.truncate(keep);
-        }
-        if p.min_p > 0.0 {
-            let floor = f64::from(p.min_p);
-            w.iter_mut()
-                .filter(|wi| **wi < floor)
-                .for_each(|wi| *wi = 0.0);
-        }
-        Ok(cand.iter().zip(w).map(|(c, wi)| (c.0, wi)).collect())
     }
 }
 
@@ -528,8 +476,45 @@ fn log_sum_exp(logits: &[f32]) -> (f64, f64) {
     (m, sum.ln())
 }
 
-/// Copy of the row with the mask, suppression, bias and penalties applied, in the
-/// documented order.
+/// Suppression, bias and penalties as one edit per id, in the documented order: suppressed
+/// ids go to -inf; others get their bias, then the repetition penalty when seen in the prompt
+/// or output, then `frequency · count + presence` off when in the output.
+fn edits(
+    params: &SamplingParams,
+    history: &TokenHistory,
+    suppress: &[u32],
+    vocab: usize,
+) -> Vec<LogitEdit> {
+    fn at(by_id: &mut BTreeMap<u32, LogitEdit>, id: u32) -> &mut LogitEdit {
+        by_id.entry(id).or_insert_with(|| LogitEdit::none(id))
+    }
+    let mut by_id: BTreeMap<u32, LogitEdit> = BTreeMap::new();
+    for &id in suppress {
+        at(&mut by_id, id).add = f32::NEG_INFINITY;
+    }
+    for (&id, &bias) in &params.logit_bias {
+        at(&mut by_id, id).add += bias;
+    }
+    let rp = params.repetition_penalty;
+    if rp != 1.0 {
+        for &id in &history.seen {
+            at(&mut by_id, id).rep = rp;
+        }
+    }
+    let (presence, frequency) = (params.presence_penalty, params.frequency_penalty);
+    if presence != 0.0 || frequency != 0.0 {
+        for (&id, &count) in &history.output_counts {
+            at(&mut by_id, id).sub = frequency * count as f32 + presence;
+        }
+    }
+    by_id
+        .into_values()
+        .filter(|e| (e.id as usize) < vocab)
+        .collect()
+}
+
+/// The row as sampling sees it (tests): the mask, then the edits.
+#[cfg(test)]
 fn process(
     logits: &[f32],
     params: &SamplingParams,
@@ -537,72 +522,9 @@ fn process(
     suppress: &[u32],
     allowed: Option<&[u32]>,
 ) -> Vec<f32> {
-    let mut x = logits.to_vec();
-    if let Some(mask) = allowed {
-        for (i, v) in x.iter_mut().enumerate() {
-            let word = mask.get(i / 32).copied().unwrap_or(0);
-            if word >> (i % 32) & 1 == 0 {
-                *v = f32::NEG_INFINITY;
-            }
-        }
-    }
-    for &id in suppress {
-        if let Some(v) = x.get_mut(id as usize) {
-            *v = f32::NEG_INFINITY;
-        }
-    }
-    for (&id, &bias) in &params.logit_bias {
-        if let Some(v) = x.get_mut(id as usize) {
-            *v += bias;
-        }
-    }
-    let rp = params.repetition_penalty;
-    if rp != 1.0 {
-        for &id in &history.seen {
-            if let Some(v) = x.get_mut(id as usize) {
-                *v = if *v > 0.0 { *v / rp } else { *v * rp };
-            }
-        }
-    }
-    let (presence, frequency) = (params.presence_penalty, params.frequency_penalty);
-    if presence != 0.0 || frequency != 0.0 {
-        for (&id, &count) in &history.output_counts {
-            if let Some(v) = x.get_mut(id as usize) {
-                *v -= frequency * count as f32;
-                *v -= presence;
-            }
-        }
-    }
-    // Last, so NaN or +inf produced or carried through any step above is normalised once.
-    x.iter_mut().for_each(|v| *v = sanitize(*v));
-    x
-}
-
-/// NaN → -inf (never picked); +inf → `f32::MAX` (keeps max-subtraction free of inf - inf).
-fn sanitize(v: f32) -> f32 {
-    if v.is_nan() {
-        f32::NEG_INFINITY
-    } else if v == f32::INFINITY {
-        f32::MAX
-    } else {
-        v
-    }
-}
-
-/// First index of the largest finite-or-MAX value; `None` when every entry is -inf.
-fn argmax(x: &[f32]) -> Option<u32> {
-    let mut best: Option<(usize, f32)> = None;
-    for (i, &v) in x.iter().enumerate() {
-        if v > f32::NEG_INFINITY && best.is_none_or(|(_, b)| v > b) {
-            best = Some((i, v));
-        }
-    }
-    best.map(|(i, _)| i as u32)
-}
-
-/// Descending logit, ties by lower id: a total order, so partitions and sorts are deterministic.
-fn by_logit_desc(a: &(u32, f32), b: &(u32, f32)) -> Ordering {
-    b.1.total_cmp(&a.1).then(a.0.cmp(&b.0))
+    let how =
+        Sampler::new(params.clone(), 0).row_sampling(history, suppress, allowed, logits.len(), 0);
+    kiln_tensor::sample::process(logits, &how)
 }
 
 #[cfg(test)]

@@ -34,8 +34,34 @@ pub struct EngineConfig {
     pub max_top_logprobs: usize,
     /// Speculative decoding (`None`: off).
     pub speculative: Option<SpeculativeConfig>,
+    /// Where rows that need more than an argmax are sampled.
+    pub device_sampling: DeviceSampling,
     /// Faults to inject (tests only; none by default).
     pub faults: FaultPlan,
+}
+
+/// Where the engine samples a row that needs more than an argmax (temperature, top-k/p,
+/// min-p, penalties, bias, `min_new_tokens`): on the device, reading back one id, or on the
+/// host from the row read back. Rows with logprobs or a grammar's mask always come back.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum DeviceSampling {
+    /// On the device for GPU adapters; on the host for the CPU backend and CPU-type adapters
+    /// (lavapipe), where a row read back costs a copy and the host samples faster.
+    #[default]
+    Auto,
+    On,
+    Off,
+}
+
+impl DeviceSampling {
+    /// Whether rows are sampled on `device`.
+    pub fn resolve(self, device: &kiln_tensor::Device) -> bool {
+        match self {
+            DeviceSampling::On => !device.is_cpu(),
+            DeviceSampling::Off => false,
+            DeviceSampling::Auto => !device.is_cpu() && device.info().device_type != "cpu",
+        }
+    }
 }
 
 impl EngineConfig {
@@ -49,6 +75,7 @@ impl EngineConfig {
             max_stop_strings: 16,
             max_top_logprobs: 20,
             speculative: None,
+            device_sampling: DeviceSampling::Auto,
             faults: FaultPlan::default(),
         }
     }
@@ -129,6 +156,7 @@ impl Engine {
         };
         let runner =
             ModelRunner::calibrated(model, pool, &calibration).map_err(StartError::KvCache)?;
+        let device_sampling = cfg.device_sampling.resolve(runner.device());
         let specials = tokenizer.special_tokens();
         let info = EngineInfo {
             vocab_size: vocab,
@@ -180,6 +208,8 @@ impl Engine {
             shutdown: None,
             waiters: Vec::new(),
             spec,
+            device_sampling,
+            device_sampled_rows: 0,
             faults: cfg.faults,
             failed_steps: 0,
         };

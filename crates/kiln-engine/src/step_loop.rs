@@ -43,6 +43,10 @@ pub(crate) struct Loop {
     pub waiters: Vec<oneshot::Sender<()>>,
     /// Speculative decoding, when configured.
     pub spec: Option<Spec>,
+    /// Rows that need more than an argmax are sampled on the device.
+    pub device_sampling: bool,
+    /// Logits rows sampled on the device so far.
+    pub device_sampled_rows: u64,
     /// Faults to inject (tests).
     pub faults: FaultPlan,
     /// Steps failed in a row.
@@ -402,6 +406,7 @@ impl Loop {
             preempted: s.preempted,
             preemptions: s.preemptions,
             steps: self.steps,
+            device_sampled_rows: self.device_sampled_rows,
             kv: s.kv,
             draft_kv: self.spec.as_ref().and_then(|p| p.proposer.kv_metrics()),
             invariants: self

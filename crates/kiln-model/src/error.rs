@@ -68,8 +68,11 @@ pub enum ModelError {
     #[error("kv calibration: {0}")]
     Calibration(String),
     /// The device returned fewer results than the step computed.
-    #[error("read back {got} argmax ids for {want} logits rows")]
+    #[error("read back {got} token ids for {want} logits rows")]
     Readback { got: usize, want: usize },
+    /// A step's sequence gave a device sampling for each of a different number of rows.
+    #[error("{got} row samplings given for {want} logits rows")]
+    SampleRows { got: usize, want: usize },
 }
 
 pub type Result<T, E = ModelError> = std::result::Result<T, E>;

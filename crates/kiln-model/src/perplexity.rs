@@ -167,6 +167,7 @@ pub fn score_window(
                 context_len: hi,
                 logits_rows: tail,
                 read_logits: wanted > 0,
+                sample: None,
             }],
             &[],
         )?;

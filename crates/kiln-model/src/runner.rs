@@ -8,6 +8,7 @@
 
 use kiln_attention::{KvCache, KvCacheConfig, key_centres};
 use kiln_kv::{BlockCopy, BlockId, KvDtype};
+use kiln_tensor::sample::RowSampling;
 use kiln_tensor::{Device, Recorder};
 
 use crate::model::{LogitsAt, Model, SeqInput};
@@ -48,6 +49,9 @@ pub struct StepSeq<'a> {
     /// Read those rows' logits back to the host (CPU sampling, logprobs). The device argmax
     /// of every row comes back either way.
     pub read_logits: bool,
+    /// Sample these rows on the device, one [`RowSampling`] a logits row (`logits_rows` of
+    /// them), reading back only the picks ([`StepOutput::sampled`]).
+    pub sample: Option<&'a [RowSampling]>,
 }
 
 /// What a step read back.
@@ -55,6 +59,8 @@ pub struct StepSeq<'a> {
 pub struct StepOutput {
     /// The device argmax of every logits row, sequences in order.
     argmax: Vec<u32>,
+    /// The device sampler's pick of each logits row its sequence asked it for.
+    sampled: Vec<Option<u32>>,
     /// The logits rows read back, `[read rows, vocab]`.
     logits: Vec<f32>,
     /// For each logits row, its place in `logits` (if read back).
@@ -68,6 +74,15 @@ impl StepOutput {
     /// The argmax of logits row `row` (0-based among its `logits_rows`) of sequence `seq`.
     pub fn argmax(&self, seq: usize, row: usize) -> Option<u32> {
         self.argmax.get(self.first.get(seq)? + row).copied()
+    }
+
+    /// The device sampler's pick for logits row `row` of sequence `seq`, if that sequence
+    /// asked for it ([`kiln_tensor::sample::NO_TOKEN`] when nothing was possible).
+    pub fn sampled(&self, seq: usize, row: usize) -> Option<u32> {
+        self.sampled
+            .get(self.first.get(seq)? + row)
+            .copied()
+            .flatten()
     }
 
     /// The argmax of every logits row, sequences in order (one per sequence when each asked
@@ -214,6 +229,18 @@ impl ModelRunner {
             .filter(|(s, _)| s.read_logits)
             .flat_map(|(s, &f)| (f..f + s.logits_rows).map(|r| r as u32))
             .collect();
+        let mut sample_rows = Vec::new();
+        for (s, &f) in seqs.iter().zip(&first) {
+            if let Some(how) = s.sample {
+                if how.len() != s.logits_rows {
+                    return Err(ModelError::SampleRows {
+                        got: how.len(),
+                        want: s.logits_rows,
+                    });
+                }
+                sample_rows.extend(how.iter().enumerate().map(|(j, h)| (f + j, h)));
+            }
+        }
         let mut rec = Recorder::new(self.model.device());
         self.cache.copy_blocks(&mut rec, copies)?;
         // `forward` checks every sequence's rows against its tokens.
@@ -221,6 +248,10 @@ impl ModelRunner {
             self.model
                 .forward(&mut rec, &mut self.cache, &inputs, LogitsAt::Tail(&tails))?;
         let best = rec.argmax(&logits)?;
+        let drawn = match sample_rows.len() {
+            0 => None,
+            _ => Some(rec.sample(&logits, &sample_rows)?),
+        };
         let picked = match need.len() {
             0 => None,
             n if n == total => Some(logits),
@@ -239,12 +270,26 @@ impl ModelRunner {
             Some(t) => t.to_f32_vec()?,
             None => Vec::new(),
         };
+        let mut sampled = vec![None; total];
+        if let Some(t) = drawn {
+            let picks = t.to_u32_vec()?;
+            if picks.len() != sample_rows.len() {
+                return Err(ModelError::Readback {
+                    got: picks.len(),
+                    want: sample_rows.len(),
+                });
+            }
+            for (&(row, _), pick) in sample_rows.iter().zip(picks) {
+                sampled[row] = Some(pick);
+            }
+        }
         let mut slot = vec![None; total];
         for (k, &i) in need.iter().enumerate() {
             slot[i as usize] = Some(k);
         }
         Ok(StepOutput {
             argmax,
+            sampled,
             logits,
             slot,
             first,

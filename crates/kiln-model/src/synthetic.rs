@@ -181,6 +181,7 @@ mod tests {
                     context_len: 3,
                     logits_rows: 1,
                     read_logits: true,
+                    sample: None,
                 }],
                 &[],
             )

@@ -54,6 +54,7 @@ fn a_step_reads_back_the_rows_each_sequence_asks_for() {
                         context_len: a.len(),
                         logits_rows: 2,
                         read_logits: true,
+                        sample: None,
                     },
                     StepSeq {
                         tokens: &b,
@@ -61,6 +62,7 @@ fn a_step_reads_back_the_rows_each_sequence_asks_for() {
                         context_len: b.len(),
                         logits_rows: 1,
                         read_logits: false,
+                        sample: None,
                     },
                 ],
                 &[],
@@ -119,6 +121,7 @@ fn block_copies_run_before_the_step() {
                         context_len: 3,
                         logits_rows: 1,
                         read_logits: false,
+                        sample: None,
                     }],
                     &[],
                 )
@@ -132,6 +135,7 @@ fn block_copies_run_before_the_step() {
                         context_len: 4,
                         logits_rows: 1,
                         read_logits: true,
+                        sample: None,
                     }],
                     copies,
                 )
@@ -163,6 +167,7 @@ fn bad_steps_are_errors() {
         context_len: 2,
         logits_rows: rows,
         read_logits: true,
+        sample: None,
     };
     for rows in [0, 3] {
         let e = runner.step(&[seq(rows)], &[]).unwrap_err();

@@ -15,6 +15,7 @@ pub use device::{
 pub use dtype::{DType, QK, QK_K};
 pub use error::{Result, TensorError};
 pub use gpu::{Access, GpuContext, KernelDef, TemplateError};
+pub use ops::sample;
 pub use ops::{
     Activation, ColumnIndex, LinearOps, RmsNorm, RopeConfig, RopeLayout, RopePositions,
     RopeScaling, RopeTable,

@@ -1,10 +1,13 @@
-// Workgroup-wide reductions for 64-thread workgroups. Every invocation must call them (they
-// contain barriers) and every invocation gets the result. With SUBGROUPS each subgroup reduces
-// in registers and claims a slot through an atomic counter, so nothing assumes how invocations
-// map onto subgroups or how large subgroups are.
+// Workgroup-wide reductions for workgroups of RED_WG invocations (a power of two, at most
+// 256). Every invocation must call them (they contain barriers) and every invocation gets the
+// result. With SUBGROUPS each subgroup reduces in registers and claims a slot through an
+// atomic counter, so nothing assumes how invocations map onto subgroups or how large
+// subgroups are.
 
-var<workgroup> red_buf: array<f32, 64>;
-var<workgroup> red_idx: array<u32, 64>;
+const RED_WG: u32 = {{RED_WG}}u;
+
+var<workgroup> red_buf: array<f32, RED_WG>;
+var<workgroup> red_idx: array<u32, RED_WG>;
 
 #if SUBGROUPS
 var<workgroup> red_slots: atomic<u32>;
@@ -75,7 +78,7 @@ fn wg_argmax(v: f32, idx: u32, lid: u32, sg_lane: u32) -> u32 {
 fn wg_sum(v: f32, lid: u32, sg_lane: u32) -> f32 {
     red_buf[lid] = v;
     workgroupBarrier();
-    for (var s = 32u; s > 0u; s >>= 1u) {
+    for (var s = RED_WG / 2u; s > 0u; s >>= 1u) {
         if (lid < s) {
             red_buf[lid] += red_buf[lid + s];
         }
@@ -89,7 +92,7 @@ fn wg_sum(v: f32, lid: u32, sg_lane: u32) -> f32 {
 fn wg_max(v: f32, lid: u32, sg_lane: u32) -> f32 {
     red_buf[lid] = v;
     workgroupBarrier();
-    for (var s = 32u; s > 0u; s >>= 1u) {
+    for (var s = RED_WG / 2u; s > 0u; s >>= 1u) {
         if (lid < s) {
             red_buf[lid] = max(red_buf[lid], red_buf[lid + s]);
         }
@@ -104,7 +107,7 @@ fn wg_argmax(v: f32, idx: u32, lid: u32, sg_lane: u32) -> u32 {
     red_buf[lid] = v;
     red_idx[lid] = idx;
     workgroupBarrier();
-    for (var s = 32u; s > 0u; s >>= 1u) {
+    for (var s = RED_WG / 2u; s > 0u; s >>= 1u) {
         if (lid < s) {
             let ov = red_buf[lid + s];
             let oi = red_idx[lid + s];

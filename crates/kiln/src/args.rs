@@ -2,7 +2,7 @@
 //! (`#[command(flatten)]`) into every command that takes it.
 
 use clap::{Args, ValueEnum};
-use kiln_engine::{EngineOptions, KvSize};
+use kiln_engine::{DeviceSampling, EngineOptions, KvSize};
 use kiln_kv::KvDtype;
 use std::str::FromStr;
 
@@ -85,6 +85,18 @@ pub struct EngineArgs {
     /// Longest sequence, prompt and output [default: the model's context]
     #[arg(long, value_name = "N")]
     pub max_model_len: Option<usize>,
+    /// Where rows that need more than an argmax (temperature, top-k/p, min-p, penalties) are
+    /// sampled: `auto` is the device on GPU adapters, the host on CPU-type ones
+    #[arg(long, value_enum, value_name = "auto|on|off", default_value = "auto")]
+    pub device_sampling: DeviceSamplingArg,
+}
+
+/// `--device-sampling`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum DeviceSamplingArg {
+    Auto,
+    On,
+    Off,
 }
 
 impl EngineArgs {
@@ -97,6 +109,11 @@ impl EngineArgs {
         opts.max_num_batched_tokens = self.max_num_batched_tokens;
         opts.max_waiting = self.max_waiting;
         opts.max_model_len = self.max_model_len;
+        opts.device_sampling = match self.device_sampling {
+            DeviceSamplingArg::Auto => DeviceSampling::Auto,
+            DeviceSamplingArg::On => DeviceSampling::On,
+            DeviceSamplingArg::Off => DeviceSampling::Off,
+        };
     }
 }
 

@@ -227,7 +227,8 @@ mod tests {
         };
         assert_eq!((g.prompt.as_str(), g.sampling.temperature), ("-5", -1.0));
         let Command::Serve(s) = parse(&argv(
-            "serve --model dir/m.gguf --metrics-listen off --listen 0.0.0.0:1 --kv-dtype int8",
+            "serve --model dir/m.gguf --metrics-listen off --listen 0.0.0.0:1 --kv-dtype int8 \
+             --device-sampling on",
         ))
         .unwrap()
         .command
@@ -241,6 +242,9 @@ mod tests {
             Some("127.0.0.1:8000")
         );
         assert_eq!(s.engine.kv_dtype, kiln_kv::KvDtype::Int8);
+        let mut opts = kiln_engine::EngineOptions::new(kiln_tensor::Device::cpu());
+        s.engine.apply(&mut opts);
+        assert_eq!(opts.device_sampling, kiln_engine::DeviceSampling::On);
         assert_eq!(s.engine.kv_cache_memory, 512 << 20);
     }
 

@@ -508,6 +508,7 @@ fn measure_shape(
             context_len: ctx_len,
             logits_rows: 1,
             read_logits: false,
+            sample: None,
         }
     }
     step(&mut runner, &[one(&prompt, &t, pp)])?; // warm-up: pipelines compile
@@ -539,6 +540,7 @@ fn measure_shape(
                     context_len: ctx,
                     logits_rows: 1,
                     read_logits: false,
+                    sample: None,
                 })
                 .collect();
             step(&mut runner, &seqs)?;
@@ -553,6 +555,7 @@ fn measure_shape(
                         context_len: ctx + from + s + 1,
                         logits_rows: 1,
                         read_logits: false,
+                        sample: None,
                     })
                     .collect();
                 step(&mut runner, &seqs)?;

@@ -203,6 +203,7 @@ impl DraftProposer {
                 context_len: *ctx,
                 logits_rows: 1,
                 read_logits: false,
+                sample: None,
             });
         }
         // One logits row per sequence: the argmax of each, in order.

@@ -10,7 +10,7 @@ use kiln_scheduler::ScheduledSeq;
 
 use super::{ProposeInput, Proposer, SpeculativeConfig};
 use crate::error::{InternalError, error_chain};
-use crate::output::TokenOutcome;
+use crate::output::{DevicePick, TokenOutcome};
 use crate::request::RequestId;
 use crate::step_loop::{Ending, Loop};
 
@@ -105,7 +105,10 @@ impl Loop {
             idx,
             &draft,
             |j| out.logits(row, j),
-            |j| out.argmax(row, j),
+            |j| DevicePick {
+                argmax: out.argmax(row, j),
+                sampled: out.sampled(row, j),
+            },
             now,
             &self.metrics,
         );

@@ -130,6 +130,7 @@ pub fn run_cases(
             context_len: c.ids.len(),
             logits_rows: rows(c),
             read_logits: true,
+            sample: None,
         })
         .collect();
     let out = runner.step(&batch, &[]).unwrap();
@@ -204,6 +205,7 @@ pub fn run_cases(
                 context_len: lens[i],
                 logits_rows: 1,
                 read_logits: true,
+                sample: None,
             })
             .collect();
         let out = runner.step(&batch, &[]).unwrap();

@@ -7,6 +7,7 @@ mod embedding;
 mod matmul;
 mod rope;
 mod rows;
+pub mod sample;
 
 pub use embedding::ColumnIndex;
 pub use matmul::{Activation, LinearOps, RmsNorm};
@@ -21,8 +22,16 @@ pub(crate) const R1W: &[Access] = &[Access::Read, Access::ReadWrite];
 pub(crate) const R2W: &[Access] = &[Access::Read, Access::Read, Access::ReadWrite];
 pub(crate) const R3W: &[Access] = &[Access::Read, Access::Read, Access::Read, Access::ReadWrite];
 
-/// Defines naming the subgroup specialisation of kernels that use `reduce.wgsl`.
-pub(crate) fn subgroup_defines(subgroups: bool) -> Vec<(&'static str, String)> {
+/// Defines naming the subgroup specialisation of kernels that use `reduce.wgsl`, for
+/// workgroups of `wg` invocations (a power of two, at most 256).
+pub(crate) fn subgroup_defines(subgroups: bool, wg: u32) -> Vec<(&'static str, String)> {
+    debug_assert!(wg.is_power_of_two() && wg <= 256);
+    let mut d = subgroup_switch(subgroups);
+    d.push(("RED_WG", wg.to_string()));
+    d
+}
+
+fn subgroup_switch(subgroups: bool) -> Vec<(&'static str, String)> {
     if subgroups {
         vec![
             ("SUBGROUPS", "1".into()),

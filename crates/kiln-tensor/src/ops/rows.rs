@@ -46,7 +46,7 @@ impl Recorder {
         eps: f32,
     ) -> Result<()> {
         let sub = self.device().info().subgroups;
-        let mut defines = subgroup_defines(sub);
+        let mut defines = subgroup_defines(sub, 64);
         defines.push((switch, "1".into()));
         let params = Params {
             rows: x.rows() as u32,
