@@ -8,6 +8,7 @@ const RED_WG: u32 = {{RED_WG}}u;
 
 var<workgroup> red_buf: array<f32, RED_WG>;
 var<workgroup> red_idx: array<u32, RED_WG>;
+var<workgroup> red_buf4: array<vec4<f32>, RED_WG>;
 
 #if SUBGROUPS
 var<workgroup> red_slots: atomic<u32>;
@@ -30,6 +31,22 @@ fn wg_sum(v: f32, lid: u32, sg_lane: u32) -> f32 {
     var t = 0.0;
     for (var i = 0u; i < n; i++) {
         t += red_buf[i];
+    }
+    workgroupBarrier();
+    return t;
+}
+
+fn wg_sum4(v: vec4<f32>, lid: u32, sg_lane: u32) -> vec4<f32> {
+    red_begin(lid);
+    let s = subgroupAdd(v);
+    if (sg_lane == 0u) {
+        red_buf4[atomicAdd(&red_slots, 1u)] = s;
+    }
+    workgroupBarrier();
+    let n = atomicLoad(&red_slots);
+    var t = vec4<f32>(0.0);
+    for (var i = 0u; i < n; i++) {
+        t += red_buf4[i];
     }
     workgroupBarrier();
     return t;
@@ -85,6 +102,20 @@ fn wg_sum(v: f32, lid: u32, sg_lane: u32) -> f32 {
         workgroupBarrier();
     }
     let t = red_buf[0];
+    workgroupBarrier();
+    return t;
+}
+
+fn wg_sum4(v: vec4<f32>, lid: u32, sg_lane: u32) -> vec4<f32> {
+    red_buf4[lid] = v;
+    workgroupBarrier();
+    for (var s = RED_WG / 2u; s > 0u; s >>= 1u) {
+        if (lid < s) {
+            red_buf4[lid] += red_buf4[lid + s];
+        }
+        workgroupBarrier();
+    }
+    let t = red_buf4[0];
     workgroupBarrier();
     return t;
 }

@@ -3,9 +3,10 @@
 // the row's edits applied there, then:
 // - greedy: the first index of the largest value;
 // - otherwise: top-k and top-p as thresholds on an order-preserving integer key of the value,
-//   each found bit by bit (32 counting passes over the row), ties at a threshold kept by lowest
-//   id (another bit-by-bit search over ids, only when there are more ties than places); min-p;
-//   then the Gumbel-max draw, argmax of (v − max) / T + G(seed, draw, id).
+//   each found four bits a pass (8 passes over the row, each a 16-bin histogram of counts or
+//   mass per invocation, reduced), ties at a threshold kept by lowest id (a bit-by-bit search
+//   over ids, only when there are more ties than places); min-p; then the Gumbel-max draw,
+//   argmax of (v − max) / T + G(seed, draw, id).
 // Loops that hold a barrier run a fixed number of times or under workgroupUniformLoad'ed
 // conditions, so control flow around barriers is uniform.
 
@@ -114,6 +115,60 @@ fn gumbel(seed: vec2<u32>, draw: vec2<u32>, id: u32) -> f32 {
     return -log(-log(u));
 }
 
+// 16 bins of a histogram, per invocation.
+struct Bins {
+    b0: vec4<f32>,
+    b1: vec4<f32>,
+    b2: vec4<f32>,
+    b3: vec4<f32>,
+}
+
+fn bin_add(h: ptr<function, Bins>, q: u32, w: f32) {
+    let qv = vec4<u32>(q);
+    let z = vec4<f32>(0.0);
+    let wv = vec4<f32>(w);
+    (*h).b0 += select(z, wv, qv == vec4<u32>(0u, 1u, 2u, 3u));
+    (*h).b1 += select(z, wv, qv == vec4<u32>(4u, 5u, 6u, 7u));
+    (*h).b2 += select(z, wv, qv == vec4<u32>(8u, 9u, 10u, 11u));
+    (*h).b3 += select(z, wv, qv == vec4<u32>(12u, 13u, 14u, 15u));
+}
+
+// The largest key t such that the candidates (tk, ti) keeps with key >= t number (or, under
+// `mass`, weigh) at least `goal`, given that all of them do: four bits a pass, from the top.
+fn search(dst: u32, goal: f32, mass: bool, tk: u32, ti: u32, m: f32, temp: f32, lid: u32, lane: u32) -> u32 {
+    var t = 0u;
+    for (var nibble = 0u; nibble < 8u; nibble++) {
+        let s = 28u - 4u * nibble;
+        var h = Bins(vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0));
+        for (var i = lid; i < p.vocab; i += RED_WG) {
+            let v = work[dst + i];
+            let k = okey(v);
+            if (k > NEG_KEY && k >= t && above(k, i, tk, ti)) {
+                // Keys past this pass's 16 steps count in every bin's suffix.
+                let q = min((k - t) >> s, 15u);
+                bin_add(&h, q, select(1.0, exp((v - m) / temp), mass));
+            }
+        }
+        let b0 = wg_sum4(h.b0, lid, lane);
+        let b1 = wg_sum4(h.b1, lid, lane);
+        let b2 = wg_sum4(h.b2, lid, lane);
+        let b3 = wg_sum4(h.b3, lid, lane);
+        let bins = array<f32, 16>(b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w,
+            b2.x, b2.y, b2.z, b2.w, b3.x, b3.y, b3.z, b3.w);
+        // Suffix sums from the top: the largest digit whose keys reach the goal.
+        var acc = 0.0;
+        var digit = 0u;
+        for (var j = 15u; j > 0u; j--) {
+            acc += bins[j];
+            if (digit == 0u && acc >= goal) {
+                digit = j;
+            }
+        }
+        t = t | (digit << s);
+    }
+    return t;
+}
+
 // The id of the `need`-th candidate, in id order, with key t that (tk, ti) keeps: the largest
 // c0 with fewer than `need` such ids below it.
 fn tie_cut(dst: u32, t: u32, need: f32, tk: u32, ti: u32, lid: u32, lane: u32) -> u32 {
@@ -220,20 +275,7 @@ fn main(
     var k_id = NONE;
     let kf = f32(top_k);
     if (uniform_u32(u32(top_k > 0u && kf < n_cand), lid) == 1u) {
-        var t = 0u;
-        for (var bit = 0u; bit < 32u; bit++) {
-            let c = t | (0x80000000u >> bit);
-            var cnt = 0.0;
-            for (var i = lid; i < vocab; i += RED_WG) {
-                let k = okey(work[dst + i]);
-                if (k > NEG_KEY && k >= c) {
-                    cnt += 1.0;
-                }
-            }
-            if (wg_sum(cnt, lid, lane) >= kf) {
-                t = c;
-            }
-        }
+        let t = search(dst, kf, false, 0u, NONE, m, temp, lid, lane);
         var gt = 0.0;
         var eq = 0.0;
         for (var i = lid; i < vocab; i += RED_WG) {
@@ -262,21 +304,7 @@ fn main(
             }
         }
         let goal = top_p * wg_sum(tot, lid, lane);
-        var t = 0u;
-        for (var bit = 0u; bit < 32u; bit++) {
-            let c = t | (0x80000000u >> bit);
-            var mass = 0.0;
-            for (var i = lid; i < vocab; i += RED_WG) {
-                let v = work[dst + i];
-                let k = okey(v);
-                if (k > NEG_KEY && above(k, i, k_key, k_id) && k >= c) {
-                    mass += exp((v - m) / temp);
-                }
-            }
-            if (wg_sum(mass, lid, lane) >= goal) {
-                t = c;
-            }
-        }
+        let t = search(dst, goal, true, k_key, k_id, m, temp, lid, lane);
         var gt = 0.0;
         var eq = 0.0;
         for (var i = lid; i < vocab; i += RED_WG) {
