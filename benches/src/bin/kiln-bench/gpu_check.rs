@@ -4,8 +4,10 @@
 //! 1. the adapter: none, or a CPU-type one (a software Vulkan driver on many cores is not a
 //!    GPU result), is refused with the reason and a non-zero exit;
 //! 2. the GPU kernel family against the CPU reference compiled into the same binary: every
-//!    weight dtype through `linear` (plain, norm + gated, residual) at 1, 5 and 40 rows, and a
-//!    layer's K/V write and paged attention for every KV dtype;
+//!    weight dtype through `linear` (plain, norm + gated, residual) at 1, 5 and 40 rows, a
+//!    layer's K/V write and paged attention for every KV dtype, and the device sampler's picks
+//!    over 48 rows of a 49152 vocabulary (greedy, temperature, top-k/p, min-p, edits, masks),
+//!    with its time for 16 rows against reading them back and sampling on the host;
 //! 3. the roofline microbenchmarks (copy bandwidth, launch cost, matmul rate);
 //! 4. models of real shapes with weights made from a seed (`SyntheticSource`: nothing to
 //!    carry), SmolLM2-135M- and 7B-shaped: decode steps at batch 1, 16 and 64 with the bytes
@@ -22,6 +24,7 @@ use clap::Parser;
 use kiln_attention::{AttnConfig, KvCache, KvCacheConfig, QkPrep, QkvRows, SeqBatch};
 use kiln_kv::{BlockId, KvDtype};
 use kiln_model::{KvPoolConfig, Model, ModelConfig, ModelRunner, StepSeq, SyntheticSource};
+use kiln_tensor::sample::{self, LogitEdit, RowSampling};
 use kiln_tensor::{
     Activation, BackendChoice, DType, Device, DeviceOptions, LinearOps, Recorder, RmsNorm,
     RopeConfig, RopeLayout, RopeScaling, RopeTable, Tensor,
@@ -85,6 +88,9 @@ struct Report {
     driver: String,
     gpu_result: bool,
     checks: Vec<Check>,
+    /// Picking a token from each of 16 rows of 49152 logits (temperature, top-k, top-p): on
+    /// the device, and read back and sampled on the host; milliseconds, median of 9.
+    sampling_16_rows_ms: (f64, f64),
     ceilings: crate::roofline::Ceilings,
     shapes: Vec<ShapeRun>,
 }
@@ -138,6 +144,8 @@ fn run(cli: &Cli) -> anyhow::Result<ExitCode> {
         println!("gpu-check: --allow-cpu-adapter: NOT A GPU RESULT");
     }
     let mut checks = kernel_checks(&dev, cli.seed)?;
+    checks.push(sampling_check(&dev, cli.seed)?);
+    let sampling_16_rows_ms = sampling_times(&dev, cli.seed)?;
     for c in &checks {
         println!(
             "  {} {:<60} max |error| {:.3e} (bound {:.1e})",
@@ -184,6 +192,7 @@ fn run(cli: &Cli) -> anyhow::Result<ExitCode> {
         driver: info.driver.clone(),
         gpu_result: gpu,
         checks,
+        sampling_16_rows_ms,
         ceilings,
         shapes,
     };
@@ -251,6 +260,120 @@ fn max_error(a: &[f32], b: &[f32]) -> f32 {
             0.0,
             |m, e| if e.is_nan() { f32::INFINITY } else { m.max(e) },
         )
+}
+
+/// Sampling settings of the check: row `i`'s.
+fn row_sampling(i: usize, seed: u64, vocab: usize) -> RowSampling {
+    let knobs = [
+        (0.0, 0, 1.0, 0.0),
+        (1.0, 0, 1.0, 0.0),
+        (0.7, 40, 1.0, 0.0),
+        (1.0, 0, 0.9, 0.0),
+        (1.0, 0, 1.0, 0.05),
+        (0.8, 50, 0.95, 0.02),
+    ];
+    let (temperature, top_k, top_p, min_p) = knobs[i % knobs.len()];
+    let mut how = RowSampling {
+        temperature,
+        top_k,
+        top_p,
+        min_p,
+        seed: seed ^ (i as u64) << 32,
+        draw: i as u64 * 7,
+        ..RowSampling::greedy()
+    };
+    if i % 3 == 1 {
+        how.edits = (0..8u32)
+            .map(|e| LogitEdit {
+                id: (e * 6007 + i as u32) % vocab as u32,
+                add: if e == 0 { f32::NEG_INFINITY } else { 1.5 },
+                rep: 1.3,
+                sub: 0.4,
+            })
+            .collect();
+    }
+    if i % 4 == 2 {
+        let bits = values(seed + i as u64, vocab.div_ceil(32));
+        how.allowed = Some(bits.iter().map(|v| v.to_bits() | 1).collect());
+    }
+    how
+}
+
+/// The device sampler's picks against the reference's: the count of rows that differ.
+fn sampling_check(dev: &Device, seed: u64) -> anyhow::Result<Check> {
+    let (rows, vocab) = (48usize, 49152usize);
+    let logits: Vec<f32> = values(seed + 77, rows * vocab)
+        .iter()
+        .map(|v| v * 12.0)
+        .collect();
+    let how: Vec<RowSampling> = (0..rows).map(|i| row_sampling(i, seed, vocab)).collect();
+    let pairs: Vec<(usize, &RowSampling)> = how.iter().enumerate().collect();
+    let want: Vec<u32> = pairs
+        .iter()
+        .map(|&(r, h)| {
+            let row = &logits[r * vocab..(r + 1) * vocab];
+            sample::pick(sample::process(row, h), h).unwrap_or(sample::NO_TOKEN)
+        })
+        .collect();
+    let t = Tensor::from_f32(dev, &[rows, vocab], &logits)?;
+    let mut rec = Recorder::new(dev);
+    let got = rec.sample(&t, &pairs)?;
+    rec.submit()?;
+    let got = got.to_u32_vec()?;
+    let differ = got.iter().zip(&want).filter(|(g, w)| g != w).count();
+    Ok(Check {
+        what: format!("sample: rows of {rows} whose pick differs from the reference's"),
+        max_error: differ as f32,
+        bound: 0.0,
+        ok: differ == 0,
+    })
+}
+
+/// Milliseconds to pick a token from each of 16 rows on the device and by reading them back
+/// and sampling on the host (median of 9 each, after one warm-up).
+fn sampling_times(dev: &Device, seed: u64) -> anyhow::Result<(f64, f64)> {
+    let (rows, vocab) = (16usize, 49152usize);
+    let logits: Vec<f32> = values(seed + 78, rows * vocab)
+        .iter()
+        .map(|v| v * 12.0)
+        .collect();
+    let t = Tensor::from_f32(dev, &[rows, vocab], &logits)?;
+    let how: Vec<RowSampling> = (0..rows as u64)
+        .map(|s| RowSampling {
+            temperature: 0.8,
+            top_k: 50,
+            top_p: 0.95,
+            seed: s,
+            ..RowSampling::greedy()
+        })
+        .collect();
+    let pairs: Vec<(usize, &RowSampling)> = how.iter().enumerate().collect();
+    let median = |f: &mut dyn FnMut() -> anyhow::Result<()>| -> anyhow::Result<f64> {
+        f()?;
+        let mut ms = Vec::new();
+        for _ in 0..9 {
+            let t0 = Instant::now();
+            f()?;
+            ms.push(t0.elapsed().as_secs_f64() * 1e3);
+        }
+        ms.sort_by(f64::total_cmp);
+        Ok(ms[4])
+    };
+    let device = median(&mut || {
+        let mut rec = Recorder::new(dev);
+        let ids = rec.sample(&t, &pairs)?;
+        rec.submit()?;
+        ids.to_u32_vec()?;
+        Ok(())
+    })?;
+    let host = median(&mut || {
+        let x = t.to_f32_vec()?;
+        for (row, h) in x.chunks_exact(vocab).zip(&how) {
+            sample::pick(sample::process(row, h), h);
+        }
+        Ok(())
+    })?;
+    Ok((device, host))
 }
 
 /// The GPU kernel family against the CPU reference.
@@ -605,6 +728,11 @@ fn print_table(r: &Report) {
         r.ceilings.matmul_gflop_s,
         r.checks.iter().filter(|c| c.ok).count(),
         r.checks.len()
+    );
+    println!(
+        "sampling 16 rows of 49152 (temperature 0.8, top-k 50, top-p 0.95): device {:.2} ms, \
+         read back + host {:.2} ms",
+        r.sampling_16_rows_ms.0, r.sampling_16_rows_ms.1
     );
     println!("| shape | weights | test | t/s | ms/step | share of copy bandwidth |");
     println!("| --- | ---: | --- | ---: | ---: | ---: |");
