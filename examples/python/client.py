@@ -14,7 +14,7 @@ from kiln.v1 import tokenize_pb2, tokenize_pb2_grpc
 
 TIMEOUT = 300  # seconds per call: a hung server fails instead of hanging
 
-# What each model's own tokenizer and transformers' greedy decoding give (DESIGN.md §4; the
+# What each model's own tokenizer and transformers' greedy decoding give (the
 # golden fixtures): ids of "The capital of France is", and the greedy continuation of
 # "Once upon a time".
 EXPECTED = {
