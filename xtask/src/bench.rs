@@ -1,4 +1,4 @@
-//! `cargo xtask bench [FLAGS]`: the serving benchmarks (issue 8). Fetches the default model
+//! `cargo xtask bench [FLAGS]`: the serving benchmarks. Fetches the default model
 //! when no `--model` is given and it is missing, then runs the `kiln-bench` binary of
 //! `kiln-benches` from a release build; xtask itself stays free of the engine crates.
 

@@ -159,7 +159,7 @@ fn bad_flags_and_files_are_one_line_naming_them() {
     }
 }
 
-/// What the quantized KV caches cost, as the issue bounds it: INT8 under 0.5% and INT4 under
+/// What the quantized KV caches may cost: INT8 under 0.5% and INT4 under
 /// 3% more perplexity than F16 (measured here on the first 1024 tokens at context 128: INT8
 /// +0.1%, INT4 +2.2% with its keys centred; over the whole text at context 512 INT4 costs
 /// +2.04%, see the README).
