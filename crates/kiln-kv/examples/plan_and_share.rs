@@ -4,7 +4,8 @@
 //! `cargo run -p kiln-kv --example plan_and_share`
 
 use kiln_kv::{
-    BlockManager, KvBudget, KvDtype, KvError, KvPlan, KvPlanConfig, KvShape, SeqConfig, SeqId,
+    Allocation, BlockManager, KvBudget, KvDtype, KvError, KvPlan, KvPlanConfig, KvShape, SeqConfig,
+    SeqId,
 };
 
 fn main() -> Result<(), KvError> {
@@ -32,13 +33,7 @@ fn main() -> Result<(), KvError> {
     let prompt_b: Vec<u32> = system.iter().copied().chain(3000..3008).collect();
 
     let a = SeqId(1);
-    let got = kv.allocate(a, &prompt_a, SeqConfig::default())?;
-    println!(
-        "A: {} tokens, {} cached, {} new blocks",
-        prompt_a.len(),
-        got.cached_tokens,
-        got.new_blocks
-    );
+    let got = admit(&mut kv, a, "A", &prompt_a)?;
     assert_eq!(got.cached_tokens, 0);
     // The model writes K/V for every prompt position at these slots, then commits them, which
     // registers the full blocks in the prefix cache.
@@ -47,13 +42,7 @@ fn main() -> Result<(), KvError> {
     kv.commit(a, &prompt_a)?;
 
     let b = SeqId(2);
-    let got = kv.allocate(b, &prompt_b, SeqConfig::default())?;
-    println!(
-        "B: {} tokens, {} cached, {} new blocks",
-        prompt_b.len(),
-        got.cached_tokens,
-        got.new_blocks
-    );
+    let got = admit(&mut kv, b, "B", &prompt_b)?;
     // The system prompt's two full blocks (32 of its 40 tokens) come from A's.
     assert_eq!(got.cached_tokens, (system.len() / block) * block);
     assert_eq!(kv.block_table(a)?[..2], kv.block_table(b)?[..2]);
@@ -82,4 +71,22 @@ fn main() -> Result<(), KvError> {
     assert_eq!(m.used_blocks, 0);
     assert!(m.evictable_blocks > 0);
     Ok(())
+}
+
+/// Admission: a block table for every prompt position, with the full blocks found in the
+/// prefix cache shared rather than computed again.
+fn admit(
+    kv: &mut BlockManager,
+    seq: SeqId,
+    name: &str,
+    prompt: &[u32],
+) -> Result<Allocation, KvError> {
+    let got = kv.allocate(seq, prompt, SeqConfig::default())?;
+    println!(
+        "{name}: {} tokens, {} cached, {} new blocks",
+        prompt.len(),
+        got.cached_tokens,
+        got.new_blocks
+    );
+    Ok(got)
 }
