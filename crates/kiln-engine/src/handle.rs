@@ -175,8 +175,11 @@ impl EngineHandle {
             }
             None => None,
         };
-        let limit = s.capacity.load(Ordering::Acquire);
+        // Count ourselves in first, then read the limit: the step loop lowers the capacity
+        // before it takes admitted requests off `queued`, so a count that already lacks them
+        // is always read with the capacity that lacks their slots (never a stale, larger one).
         let waiting = s.queued.fetch_add(1, Ordering::AcqRel);
+        let limit = s.capacity.load(Ordering::Acquire);
         if waiting >= limit {
             s.queued.fetch_sub(1, Ordering::AcqRel);
             return Err(EngineError::Overloaded { waiting, limit });

@@ -399,11 +399,13 @@ fn an_idle_engine_takes_a_burst_of_waiting_plus_free_slots() {
     let mut r = prompt().max_new_tokens(100);
     r.stopping.ignore_eos = true;
     let accepted: Vec<_> = (0..6).map(|_| e.submit(r.clone()).unwrap()).collect();
+    // The seventh is refused however many of the six the step loop has started by now:
+    // each one it starts takes a free slot off the limit and itself off the waiting count.
     let err = e.submit(r.clone()).unwrap_err();
     assert!(
         matches!(
             err,
-            EngineError::Overloaded { limit: 6, .. } | EngineError::Overloaded { limit: 2, .. }
+            EngineError::Overloaded { waiting, limit } if waiting == limit && (2..=6).contains(&limit)
         ),
         "{err}"
     );
