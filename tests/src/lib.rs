@@ -27,8 +27,8 @@ pub mod http;
 use std::sync::Arc;
 
 use kiln_engine::{
-    Checkpoint, EngineHandle, EngineOptions, FaultPlan, KvSize, Serving, ServingConfig,
-    SpeculativeConfig,
+    Checkpoint, EngineHandle, EngineOptions, FaultPlan, KvSize, MetricsCompat, Serving,
+    ServingConfig, SpeculativeConfig,
 };
 use kiln_http::{HttpConfig, HttpServer};
 use kiln_model::LoadOptions;
@@ -107,6 +107,18 @@ pub fn start_engine(opts: &Options) -> EngineHandle {
         .engine
 }
 
+/// What `kiln serve` shares between its front doors by default: the server's drain timeout
+/// and vLLM's metric names besides kiln's.
+pub fn serving_config(cfg: &ServerConfig) -> ServingConfig {
+    ServingConfig {
+        drain_timeout: cfg.drain_timeout,
+        metrics_compat: MetricsCompat::Vllm {
+            model_name: cfg.model_id.clone(),
+        },
+        ..ServingConfig::default()
+    }
+}
+
 /// A real server on loopback (gRPC and HTTP over one engine), with a channel to it.
 #[derive(Debug)]
 pub struct TestServer {
@@ -121,7 +133,7 @@ impl TestServer {
         let serving = ServingConfig {
             drain_timeout: opts.server.drain_timeout,
             stuck_after: opts.stuck_after,
-            ..ServingConfig::default()
+            ..serving_config(&opts.server)
         };
         let t = Self::bind_serving(opts.server.clone(), opts.http.clone(), serving).await;
         let engine = tokio::task::spawn_blocking(move || start_engine(&opts))
@@ -139,10 +151,7 @@ impl TestServer {
 
     /// Binds both front doors over one `Serving`, without a model.
     pub async fn bind_both(cfg: ServerConfig, http: HttpConfig) -> Self {
-        let serving = ServingConfig {
-            drain_timeout: cfg.drain_timeout,
-            ..ServingConfig::default()
-        };
+        let serving = serving_config(&cfg);
         Self::bind_serving(cfg, http, serving).await
     }
 
@@ -239,6 +248,24 @@ pub async fn wait_for_health(channel: &Channel, want: ServingStatus, within: Dur
         );
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
+}
+
+/// The value of the sample of family `name` whose labels include every one of `labels`, in a
+/// Prometheus text exposition (`name{a="x",b="y"} value` lines); `None` when there is none.
+pub fn sample(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .find_map(|line| {
+            let (series, value) = line.rsplit_once(' ')?;
+            let (n, rest) = match series.split_once('{') {
+                Some((n, rest)) => (n, rest.strip_suffix('}')?),
+                None => (series, ""),
+            };
+            let has_all = labels
+                .iter()
+                .all(|(k, v)| rest.split(',').any(|kv| kv == format!("{k}=\"{v}\"")));
+            (n == name && has_all).then(|| value.parse().ok())?
+        })
 }
 
 /// A plain HTTP/1.1 GET: (status code, body).

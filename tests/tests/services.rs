@@ -2,8 +2,10 @@
 //! product path: the same server on the wgpu device (lavapipe in CI).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+use std::time::Duration;
+
 use kiln_server::pb;
-use kiln_tests::{Options, TestServer, greedy, http_get};
+use kiln_tests::{Options, TestServer, greedy, http_get, sample};
 use tonic::Code;
 use tonic_reflection::pb::v1::ServerReflectionRequest;
 use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
@@ -237,6 +239,133 @@ async fn metrics_endpoint_serves_engine_and_grpc_metrics() {
     assert!(body.ends_with("# EOF\n"));
     assert_eq!(body.matches("# EOF").count(), 1);
     assert_eq!(http_get(addr, "/other").await.0, 404);
+    t.shutdown().await;
+}
+
+/// vLLM's metric names, as routers and dashboards scrape them from the HTTP port: read while
+/// requests run, and afterwards equal to kiln's own figures. Idle, the pool reads empty to a
+/// router although the prefix cache still holds the shared system prompt's blocks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn vllm_metric_names_track_kiln_s_under_load() {
+    let t = TestServer::start(Options::default()).await;
+    let http = t.http_addr();
+    let model = [
+        ("model_name", "SmolLM2-135M-Instruct.Q4_1"),
+        ("engine", "0"),
+    ];
+    let system = "You are a careful assistant. Answer in one short sentence, name your sources, \
+                  and never invent facts you cannot check. ";
+    // One request fills the prefix cache with the system prompt's blocks; five run after it.
+    let first = t
+        .generation()
+        .generate(greedy(&format!("{system}Tell me about Paris."), 24))
+        .await
+        .unwrap()
+        .into_inner()
+        .usage
+        .unwrap();
+    let calls: Vec<_> = ["Rome", "Oslo", "Lima", "Kyiv", "Hanoi"]
+        .into_iter()
+        .map(|city| {
+            let mut g = t.generation();
+            tokio::spawn(async move {
+                g.generate(greedy(&format!("{system}Tell me about {city}."), 24))
+                    .await
+                    .map(|r| r.into_inner())
+            })
+        })
+        .collect();
+    let (mut most_running, mut most_usage) = (0.0f64, 0.0f64);
+    while !calls.iter().all(|c| c.is_finished()) {
+        let text = http_get(http, "/metrics").await.1;
+        most_running =
+            most_running.max(sample(&text, "vllm:num_requests_running", &model).unwrap());
+        most_usage = most_usage.max(sample(&text, "vllm:kv_cache_usage_perc", &model).unwrap());
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let (mut generated, mut cached) = (first.completion_tokens, first.cached_prompt_tokens);
+    for c in calls {
+        let usage = c.await.unwrap().unwrap().usage.unwrap();
+        generated += usage.completion_tokens;
+        cached += usage.cached_prompt_tokens;
+    }
+    assert!(most_running >= 1.0, "no running request seen");
+    assert!(most_usage > 0.0, "no KV usage seen");
+
+    let kv = t.wait_until_idle(Duration::from_secs(10)).await;
+    assert!(
+        kv.cached_blocks > 0,
+        "the shared prefix stays cached: {kv:?}"
+    );
+    let text = http_get(http, "/metrics").await.1;
+    let vllm = |name: &str| {
+        sample(&text, name, &model).unwrap_or_else(|| panic!("{name} missing from\n{text}"))
+    };
+    let kiln = |name: &str| sample(&text, name, &[]).unwrap_or_else(|| panic!("{name} missing"));
+    assert_eq!(vllm("vllm:num_requests_running"), 0.0);
+    assert_eq!(vllm("vllm:num_requests_waiting"), 0.0);
+    // Evictable prefix-cache blocks count as free.
+    assert_eq!(vllm("vllm:kv_cache_usage_perc"), 0.0);
+    assert_eq!(vllm("vllm:gpu_cache_usage_perc"), 0.0);
+    let config = [("block_size", "16"), ("num_gpu_blocks", "512")];
+    assert_eq!(
+        sample(
+            &text,
+            "vllm:cache_config_info",
+            &[&model[..], &config[..]].concat()
+        ),
+        Some(1.0),
+        "{text}"
+    );
+    for (ours, theirs) in [
+        ("kiln_prompt_tokens_total", "vllm:prompt_tokens_total"),
+        (
+            "kiln_generation_tokens_total",
+            "vllm:generation_tokens_total",
+        ),
+        (
+            "kiln_prefix_cache_query_tokens_total",
+            "vllm:prefix_cache_queries_total",
+        ),
+        (
+            "kiln_prefix_cache_hit_tokens_total",
+            "vllm:prefix_cache_hits_total",
+        ),
+        ("kiln_preemptions_total", "vllm:num_preemptions_total"),
+        (
+            "kiln_time_to_first_token_seconds_count",
+            "vllm:time_to_first_token_seconds_count",
+        ),
+        (
+            "kiln_inter_token_latency_seconds_count",
+            "vllm:inter_token_latency_seconds_count",
+        ),
+        (
+            "kiln_e2e_request_latency_seconds_sum",
+            "vllm:e2e_request_latency_seconds_sum",
+        ),
+        (
+            "kiln_queue_time_seconds_count",
+            "vllm:request_queue_time_seconds_count",
+        ),
+        (
+            "kiln_spec_decode_proposed_tokens_total",
+            "vllm:spec_decode_num_draft_tokens_total",
+        ),
+    ] {
+        assert_eq!(kiln(ours), vllm(theirs), "{ours} vs {theirs}");
+    }
+    // The warm-up (2 tokens from an uncached prompt) and the six requests, as their usage says.
+    assert_eq!(vllm("vllm:time_to_first_token_seconds_count"), 7.0);
+    assert_eq!(
+        vllm("vllm:generation_tokens_total"),
+        f64::from(generated + 2)
+    );
+    assert_eq!(vllm("vllm:prefix_cache_hits_total"), f64::from(cached));
+    // The five after the first found the system prompt's full blocks cached.
+    assert!(cached >= 5 * 16, "{cached} cached prompt tokens");
+    // The metrics port serves the same families.
+    assert!(t.metrics().await.contains("vllm:cache_config_info{"));
     t.shutdown().await;
 }
 

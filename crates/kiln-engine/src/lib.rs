@@ -31,8 +31,8 @@ pub use sampling::{
     TokenLogprob, raw_logprobs, rejection_sample,
 };
 pub use serving::{
-    AttachError, ECHO_CHARS, Health, NotServing, Serving, ServingConfig, bearer_matches, echo,
-    model_not_served, new_request_id, usable_request_id,
+    AttachError, ECHO_CHARS, Health, MetricsCompat, NotServing, Serving, ServingConfig,
+    bearer_matches, echo, model_not_served, new_request_id, usable_request_id,
 };
 pub use speculative::{
     DraftModel, DraftProposer, NgramProposer, ProposeError, ProposeInput, Proposer, SpecMethod,

@@ -1,6 +1,7 @@
 //! What LLM operators diagnose with: TTFT (prefill), ITL (decode), queue and end-to-end
 //! latency, queue depths, KV usage, prefix-cache hits and token counts, as Prometheus metrics.
 
+use std::borrow::Cow;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
@@ -19,6 +20,13 @@ pub struct FinishLabel {
     pub reason: String,
 }
 
+/// The labels of `vllm:cache_config_info`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CacheConfigLabels {
+    block_size: String,
+    num_gpu_blocks: String,
+}
+
 /// The engine's metrics; the handle shares them, the step loop records them.
 #[derive(Debug)]
 pub struct EngineMetrics {
@@ -31,6 +39,8 @@ pub struct EngineMetrics {
     pub(crate) running: Gauge,
     pub(crate) waiting: Gauge,
     pub(crate) preempted: Gauge,
+    /// Waiting for admission, preempted ones included (vLLM's `num_requests_waiting`).
+    pub(crate) queued: Gauge,
     pub(crate) kv_usage: Gauge<f64, AtomicU64>,
     pub(crate) kv_used_blocks: Gauge,
     pub(crate) kv_total_blocks: Gauge,
@@ -108,6 +118,7 @@ impl EngineMetrics {
             running: Gauge::default(),
             waiting: Gauge::default(),
             preempted: Gauge::default(),
+            queued: Gauge::default(),
             kv_usage: Gauge::default(),
             kv_used_blocks: Gauge::default(),
             kv_total_blocks: Gauge::default(),
@@ -249,6 +260,131 @@ impl EngineMetrics {
             m.mask_wait.clone(),
         );
         Self { registry, ..m }
+    }
+
+    /// The same figures under the names vLLM exports (`vllm:num_requests_running`, ...), for
+    /// routers, autoscalers and dashboards built for vLLM: the metric objects are shared, so
+    /// both names always read alike. Every sample carries `model_name` and `engine="0"` as
+    /// vLLM's do; `vllm:cache_config_info` is 1 with the pool's `block_size` and
+    /// `num_gpu_blocks`.
+    pub fn vllm_registry(&self, model_name: &str, block_size: usize) -> Registry {
+        let labels = [
+            (
+                Cow::Borrowed("model_name"),
+                Cow::Owned(model_name.to_owned()),
+            ),
+            (Cow::Borrowed("engine"), Cow::Borrowed("0")),
+        ];
+        let mut r = Registry::with_labels(labels.into_iter());
+        let gauges: [(&str, &str, &Gauge); 2] = [
+            (
+                "vllm:num_requests_running",
+                "Sequences in the running batch (holding KV blocks)",
+                &self.running,
+            ),
+            (
+                "vllm:num_requests_waiting",
+                "Sequences waiting for admission, preempted ones included",
+                &self.queued,
+            ),
+        ];
+        for (name, help, g) in gauges {
+            r.register(name, help, g.clone());
+        }
+        // Evictable prefix-cache blocks count as free: a router must not see a full server
+        // that is only keeping old prefixes around.
+        r.register(
+            "vllm:kv_cache_usage_perc",
+            "KV-cache usage, 1 = 100% (evictable prefix-cache blocks count as free)",
+            self.kv_usage.clone(),
+        );
+        r.register(
+            "vllm:gpu_cache_usage_perc",
+            "KV-cache usage, 1 = 100% (the older name of vllm:kv_cache_usage_perc)",
+            self.kv_usage.clone(),
+        );
+        let info = Family::<CacheConfigLabels, Gauge>::default();
+        info.get_or_create(&CacheConfigLabels {
+            block_size: block_size.to_string(),
+            num_gpu_blocks: self.kv_total_blocks.get().to_string(),
+        })
+        .set(1);
+        r.register(
+            "vllm:cache_config_info",
+            "Information of the KV cache config",
+            info,
+        );
+        let counters: [(&str, &str, &Counter); 8] = [
+            (
+                "vllm:prefix_cache_queries",
+                "Prompt tokens looked up in the prefix cache",
+                &self.prefix_query_tokens,
+            ),
+            (
+                "vllm:prefix_cache_hits",
+                "Prompt tokens served from the prefix cache",
+                &self.prefix_hit_tokens,
+            ),
+            (
+                "vllm:prompt_tokens",
+                "Prompt tokens of admitted requests",
+                &self.prompt_tokens,
+            ),
+            (
+                "vllm:generation_tokens",
+                "Tokens generated",
+                &self.generation_tokens,
+            ),
+            (
+                "vllm:num_preemptions",
+                "Sequences preempted for KV memory",
+                &self.preemptions,
+            ),
+            (
+                "vllm:spec_decode_num_drafts",
+                "Sequence steps that verified a draft",
+                &self.spec_steps,
+            ),
+            (
+                "vllm:spec_decode_num_draft_tokens",
+                "Draft tokens proposed for verification",
+                &self.spec_proposed,
+            ),
+            (
+                "vllm:spec_decode_num_accepted_tokens",
+                "Draft tokens the target model accepted",
+                &self.spec_accepted,
+            ),
+        ];
+        for (name, help, c) in counters {
+            r.register(name, help, c.clone());
+        }
+        let histograms: [(&str, &str, &Histogram); 4] = [
+            (
+                "vllm:time_to_first_token_seconds",
+                "Submission to first token, seconds",
+                &self.ttft,
+            ),
+            (
+                "vllm:inter_token_latency_seconds",
+                "Gap between consecutive tokens of a sequence, seconds",
+                &self.itl,
+            ),
+            (
+                "vllm:e2e_request_latency_seconds",
+                "Submission to the last event, seconds",
+                &self.e2e,
+            ),
+            (
+                "vllm:request_queue_time_seconds",
+                "Submission to first admission, seconds",
+                &self.queue_time,
+            ),
+        ];
+        for (name, help, h) in histograms {
+            r.register(name, help, h.clone());
+        }
+        r
     }
 
     /// Counts one sequence's verification of `proposed` draft tokens of which `accepted` held.

@@ -15,8 +15,19 @@ use tokio::sync::OnceCell;
 
 use crate::{EngineError, EngineHandle, Request, ShutdownMode};
 
+/// Which names besides kiln's own the metrics exposition carries.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum MetricsCompat {
+    /// kiln's names only.
+    #[default]
+    Off,
+    /// Also vLLM's (`vllm:num_requests_waiting`, `vllm:kv_cache_usage_perc`, ...), labelled
+    /// with this `model_name`, for routers and dashboards built for vLLM.
+    Vllm { model_name: String },
+}
+
 /// How the front doors drain and when they call the engine stuck.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ServingConfig {
     /// How long a drain lets requests in flight finish before cancelling them.
     pub drain_timeout: Duration,
@@ -26,6 +37,8 @@ pub struct ServingConfig {
     /// keep-alive) get to close before they are dropped: a shutdown takes at most
     /// `drain_timeout` plus this.
     pub close_grace: Duration,
+    /// Metric names exported besides kiln's own.
+    pub metrics_compat: MetricsCompat,
 }
 
 impl Default for ServingConfig {
@@ -35,6 +48,7 @@ impl Default for ServingConfig {
             // A long prefill on a slow device takes seconds; a minute means a hung device.
             stuck_after: Duration::from_secs(60),
             close_grace: Duration::from_secs(1),
+            metrics_compat: MetricsCompat::Off,
         }
     }
 }
@@ -99,6 +113,8 @@ pub struct Serving {
     draining: AtomicBool,
     drained: OnceCell<()>,
     registry: Registry,
+    /// The engine's metrics under other projects' names, made when the engine attaches.
+    compat: OnceLock<Registry>,
     calls: Family<CallLabels, Counter>,
 }
 
@@ -117,6 +133,7 @@ impl Serving {
             draining: AtomicBool::new(false),
             drained: OnceCell::new(),
             registry,
+            compat: OnceLock::new(),
             calls,
         }
     }
@@ -166,6 +183,12 @@ impl Serving {
             return Err(AttachError::AlreadyAttached);
         }
         warm_up(&engine).await.map_err(AttachError::Warmup)?;
+        if let MetricsCompat::Vllm { model_name } = &self.cfg.metrics_compat {
+            let r = engine
+                .metrics()
+                .vllm_registry(model_name, engine.info().block_size);
+            let _ = self.compat.set(r);
+        }
         self.engine
             .set(engine)
             .map_err(|_| AttachError::AlreadyAttached)
@@ -238,11 +261,15 @@ impl Serving {
             .inc();
     }
 
-    /// The whole Prometheus exposition: the engine's metrics (once attached), then the calls.
+    /// The whole Prometheus exposition: the engine's metrics (once attached, and under vLLM's
+    /// names too when [`ServingConfig::metrics_compat`] asks), then the calls.
     pub fn metrics_text(&self) -> String {
         let mut out = String::new();
         if let Some(engine) = self.engine.get() {
             engine.metrics().encode_metrics(&mut out);
+        }
+        if let Some(compat) = self.compat.get() {
+            let _ = encode_registry(&mut out, compat);
         }
         // Writing into a String cannot fail.
         let _ = encode_registry(&mut out, &self.registry);

@@ -444,6 +444,7 @@ impl Loop {
         m.running.set(s.running as i64);
         m.waiting.set(s.waiting as i64);
         m.preempted.set(s.preempted as i64);
+        m.queued.set((s.waiting + s.preempted) as i64);
         m.kv_usage.set(s.kv.usage());
         m.kv_used_blocks.set(s.kv.used_blocks as i64);
         let hits = m.prefix_hit_tokens.get();

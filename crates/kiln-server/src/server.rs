@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use kiln_engine::{AttachError, EngineHandle, NotServing, Serving, ServingConfig};
+use kiln_engine::{AttachError, EngineHandle, MetricsCompat, NotServing, Serving, ServingConfig};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -109,6 +109,9 @@ impl Server {
     ) -> Result<Self, ServerError> {
         let serving = Arc::new(Serving::new(ServingConfig {
             drain_timeout: cfg.drain_timeout,
+            metrics_compat: MetricsCompat::Vllm {
+                model_name: cfg.model_id.clone(),
+            },
             ..ServingConfig::default()
         }));
         Self::bind_with(listen, metrics_listen, cfg, serving).await

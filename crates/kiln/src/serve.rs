@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use kiln_engine::{EngineOptions, Serving, ServingConfig, error_chain};
+use kiln_engine::{EngineOptions, MetricsCompat, Serving, ServingConfig, error_chain};
 use kiln_http::{HttpConfig, HttpServer};
 use kiln_server::{Server, ServerConfig};
 use kiln_tensor::Device;
@@ -50,6 +50,10 @@ pub struct ServeArgs {
         value_parser = http_addr
     )]
     pub http_listen: MaybeAddr,
+    /// Metric names exported besides kiln's own: `vllm` adds vLLM's (`vllm:num_requests_waiting`,
+    /// `vllm:kv_cache_usage_perc`, ...) for routers and dashboards built for vLLM
+    #[arg(long, value_name = "vllm|off", default_value = "vllm", value_parser = metrics_compat)]
+    pub metrics_compat: Compat,
     /// Chat template for chat requests, over the model's own: a Jinja file, or a JSON file
     /// with a `chat_template` field (as transformers reads them)
     #[arg(long, value_name = "FILE")]
@@ -115,6 +119,21 @@ fn http_addr(v: &str) -> Result<MaybeAddr, String> {
     addr(v, DEFAULT_HTTP).map(|a| MaybeAddr(Some(a)))
 }
 
+/// `--metrics-compat`: whether vLLM's metric names are exported too.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Compat {
+    Off,
+    Vllm,
+}
+
+fn metrics_compat(v: &str) -> Result<Compat, String> {
+    match v {
+        "vllm" => Ok(Compat::Vllm),
+        "off" => Ok(Compat::Off),
+        _ => Err("expected vllm or off".into()),
+    }
+}
+
 fn seconds(v: &str) -> Result<Duration, String> {
     let s = v.parse::<f64>().map_err(|e| e.to_string())?;
     Duration::try_from_secs_f64(s).map_err(|e| format!("expected seconds >= 0 ({e})"))
@@ -129,6 +148,7 @@ struct Plan {
     server: ServerConfig,
     http_cfg: HttpConfig,
     engine: EngineOptions,
+    serving: ServingConfig,
 }
 
 fn plan(args: &ServeArgs) -> Result<Plan, String> {
@@ -145,6 +165,12 @@ fn plan(args: &ServeArgs) -> Result<Plan, String> {
         Some(path) => Some(Arc::new(ChatTemplate::from_file(path).map_err(|e| {
             format!("--chat-template {}: {}", path.display(), error_chain(&e))
         })?)),
+    };
+    let metrics_compat = match args.metrics_compat {
+        Compat::Off => MetricsCompat::Off,
+        Compat::Vllm => MetricsCompat::Vllm {
+            model_name: model_id.clone(),
+        },
     };
     let mut server = ServerConfig::new(model_id.clone());
     server.api_key = args.api_key.clone().filter(|k| !k.is_empty());
@@ -169,7 +195,13 @@ fn plan(args: &ServeArgs) -> Result<Plan, String> {
     let mut engine = EngineOptions::new(Device::Cpu);
     args.engine.apply(&mut engine);
     crate::speculative::apply(&args.speculative, &mut engine)?;
+    let serving = ServingConfig {
+        drain_timeout: server.drain_timeout,
+        metrics_compat,
+        ..ServingConfig::default()
+    };
     Ok(Plan {
+        serving,
         listen: args.listen,
         metrics: args.metrics_listen.0,
         http: args.http_listen.0,
@@ -237,10 +269,7 @@ pub fn run(args: &ServeArgs) -> Result<(), String> {
         .build()
         .map_err(|e| format!("cannot start the async runtime: {e}"))?;
     let result = rt.block_on(async move {
-        let serving = Arc::new(Serving::new(ServingConfig {
-            drain_timeout: p.server.drain_timeout,
-            ..ServingConfig::default()
-        }));
+        let serving = Arc::new(Serving::new(p.serving));
         let server = Server::bind_with(p.listen, p.metrics, p.server.clone(), serving.clone())
             .await
             .map_err(|e| error_chain(&e))?;
