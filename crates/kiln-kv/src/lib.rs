@@ -1,6 +1,7 @@
 #![doc = include_str!("../README.md")]
 
 mod error;
+mod events;
 mod hash;
 mod ids;
 mod manager;
@@ -10,6 +11,7 @@ mod pool;
 mod prefix;
 
 pub use error::{KvError, Result};
+pub use events::CacheEvent;
 pub use ids::{BlockCopy, BlockId, SeqId};
 pub use manager::{Admission, Allocation, BlockManager, BlockManagerConfig, SeqConfig};
 pub use metrics::KvMetrics;

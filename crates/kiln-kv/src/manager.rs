@@ -366,6 +366,17 @@ impl BlockManager {
         Ok(())
     }
 
+    /// Starts (or stops) recording what changes in the prefix cache, for
+    /// [`take_cache_events`](Self::take_cache_events). Off by default: nothing is kept.
+    pub fn record_cache_events(&mut self, on: bool) {
+        self.pool.cache.events.set_on(on);
+    }
+
+    /// The prefix-cache changes since the last call, in order (empty unless recording).
+    pub fn take_cache_events(&mut self) -> Vec<crate::CacheEvent> {
+        self.pool.cache.events.take()
+    }
+
     /// Forgets the prefix cache; evictable blocks become free. Returns how many did.
     pub fn clear_prefix_cache(&mut self) -> usize {
         self.pool.clear_cache()

@@ -4,7 +4,8 @@
 use std::collections::{BTreeMap, HashMap};
 
 use crate::BlockId;
-use crate::hash::block_hash;
+use crate::events::EventLog;
+use crate::hash::{ROOT_HASH, block_hash};
 
 /// What the cache remembers about one registered block.
 #[derive(Debug)]
@@ -24,6 +25,7 @@ pub(crate) struct PrefixCache {
     /// Evictable blocks by the tick they became unreferenced: the first entry is evicted first.
     lru: BTreeMap<u64, BlockId>,
     tick: u64,
+    pub(crate) events: EventLog,
 }
 
 impl PrefixCache {
@@ -33,6 +35,7 @@ impl PrefixCache {
             blocks: (0..num_blocks).map(|_| None).collect(),
             lru: BTreeMap::new(),
             tick: 0,
+            events: EventLog::default(),
         }
     }
 
@@ -60,6 +63,8 @@ impl PrefixCache {
                     lru_tick: None,
                 });
             }
+            self.events
+                .stored(hash, (parent != ROOT_HASH).then_some(parent), tokens);
         }
         hash
     }
@@ -112,6 +117,7 @@ impl PrefixCache {
         let evictable: Vec<BlockId> = std::mem::take(&mut self.lru).into_values().collect();
         self.by_hash.clear();
         self.blocks.iter_mut().for_each(|b| *b = None);
+        self.events.cleared();
         evictable
     }
 
@@ -120,6 +126,7 @@ impl PrefixCache {
             && let Some(meta) = slot.take()
         {
             self.by_hash.remove(&meta.hash);
+            self.events.removed(meta.hash);
         }
     }
 

@@ -4,7 +4,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use kiln_kv::{
-    Admission, BlockCopy, BlockId, BlockManager, BlockManagerConfig, KvError, SeqConfig, SeqId,
+    Admission, BlockCopy, BlockId, BlockManager, BlockManagerConfig, CacheEvent, KvError,
+    SeqConfig, SeqId,
 };
 
 fn manager(num_blocks: u32, block_size: u32) -> BlockManager {
@@ -509,4 +510,122 @@ fn truncating_gives_back_rejected_draft_slots_without_caching_them() {
     kv.free(SeqId(1)).unwrap();
     assert_eq!(kv.metrics().used_blocks, 0);
     kv.check_invariants().unwrap();
+}
+
+/// A router's view of one replica, built from the cache events alone as llm-d's indexer builds
+/// it: each stored block keyed by its parent and its own tokens (the consumer's keys, not the
+/// cache's hash function).
+#[derive(Default)]
+struct EventIndex {
+    /// (parent hash, the block's tokens) → the block's hash.
+    blocks: std::collections::HashMap<(Option<u64>, Vec<u32>), u64>,
+}
+
+impl EventIndex {
+    fn apply(&mut self, events: Vec<CacheEvent>, block_size: usize) {
+        for e in events {
+            match e {
+                CacheEvent::Stored {
+                    hashes,
+                    parent,
+                    token_ids,
+                } => {
+                    assert_eq!(token_ids.len(), hashes.len() * block_size);
+                    let mut parent = parent;
+                    for (h, chunk) in hashes.iter().zip(token_ids.chunks(block_size)) {
+                        self.blocks.insert((parent, chunk.to_vec()), *h);
+                        parent = Some(*h);
+                    }
+                }
+                CacheEvent::Removed { hashes } => {
+                    let before = self.blocks.len();
+                    self.blocks.retain(|_, h| !hashes.contains(h));
+                    assert_eq!(before - self.blocks.len(), hashes.len(), "removed unknown");
+                }
+                CacheEvent::AllCleared => self.blocks.clear(),
+            }
+        }
+    }
+
+    /// Leading tokens of `prompt` the replica holds, as the router predicts it.
+    fn cached_tokens(&self, prompt: &[u32], block_size: usize) -> usize {
+        let mut parent = None;
+        let mut n = 0;
+        for chunk in prompt.chunks_exact(block_size) {
+            match self.blocks.get(&(parent, chunk.to_vec())) {
+                Some(h) => {
+                    parent = Some(*h);
+                    n += block_size;
+                }
+                None => break,
+            }
+        }
+        n
+    }
+}
+
+/// Random prefills, frees, evictions and clears over a small vocabulary (so prefixes are
+/// shared): after every operation, the index rebuilt from the events alone predicts exactly
+/// the cached prefix the block manager finds for any prompt.
+#[test]
+fn cache_events_rebuild_the_prefix_index() {
+    use rand::rngs::StdRng;
+    use rand::{Rng, SeedableRng};
+    let bs = 2;
+    let mut kv = manager(12, bs as u32);
+    kv.record_cache_events(true);
+    let mut index = EventIndex::default();
+    let mut rng = StdRng::seed_from_u64(7);
+    let prompt = |rng: &mut StdRng| -> Vec<u32> {
+        let len = rng.random_range(1..=9);
+        (0..len).map(|_| rng.random_range(1..=2)).collect()
+    };
+    let mut live: Vec<u64> = Vec::new();
+    let (mut stored, mut cleared) = (0, 0);
+    for step in 0..400u64 {
+        match rng.random_range(0..10) {
+            0..=4 => {
+                let p = prompt(&mut rng);
+                if kv.can_allocate(&p) == Admission::Ok {
+                    prefill(&mut kv, step, &p);
+                    live.push(step);
+                }
+            }
+            5..=8 if !live.is_empty() => {
+                let seq = live.swap_remove(rng.random_range(0..live.len()));
+                kv.free(SeqId(seq)).unwrap();
+            }
+            _ => {}
+        }
+        if step % 97 == 96 {
+            kv.clear_prefix_cache();
+        }
+        let events = kv.take_cache_events();
+        cleared += events
+            .iter()
+            .filter(|e| matches!(e, CacheEvent::AllCleared))
+            .count();
+        stored += events
+            .iter()
+            .filter(|e| matches!(e, CacheEvent::Stored { .. }))
+            .count();
+        index.apply(events, bs);
+        for _ in 0..8 {
+            let mut probe = prompt(&mut rng);
+            probe.push(9);
+            assert_eq!(
+                index.cached_tokens(&probe, bs),
+                kv.cached_prefix_tokens(&probe),
+                "step {step}, probe {probe:?}"
+            );
+        }
+        kv.check_invariants().unwrap();
+    }
+    assert!(stored > 20, "{stored} stored events");
+    assert_eq!(cleared, 4);
+    assert!(kv.metrics().evictions > 0, "no eviction exercised");
+    // Off: nothing is kept.
+    kv.record_cache_events(false);
+    prefill(&mut kv, 1000, &[2, 1, 2, 1, 2]);
+    assert!(kv.take_cache_events().is_empty());
 }
