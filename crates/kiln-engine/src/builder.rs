@@ -129,6 +129,8 @@ pub struct EngineOptions {
     pub device_sampling: DeviceSampling,
     /// Faults to inject (tests only).
     pub faults: FaultPlan,
+    /// Record prefix-cache changes for [`EngineHandle::kv_events`](crate::EngineHandle::kv_events).
+    pub kv_events: bool,
 }
 
 impl EngineOptions {
@@ -153,6 +155,7 @@ impl EngineOptions {
             draft_model: None,
             device_sampling: DeviceSampling::Auto,
             faults: FaultPlan::default(),
+            kv_events: false,
         }
     }
 
@@ -212,6 +215,7 @@ impl EngineOptions {
         cfg.speculative = self.speculative;
         cfg.device_sampling = self.device_sampling;
         cfg.faults = self.faults;
+        cfg.kv_events = self.kv_events;
         cfg
     }
 }

@@ -135,6 +135,16 @@ pub(crate) struct Shared {
     /// model cannot have one).
     pub grammars: OnceLock<Result<Arc<ConstraintCompiler>, ConstraintError>>,
     pub thread: Mutex<Option<JoinHandle<()>>>,
+    /// The prefix-cache changes, until [`EngineHandle::kv_events`] takes them.
+    pub kv_events: Mutex<Option<tmpsc::UnboundedReceiver<KvEventBatch>>>,
+}
+
+/// The prefix-cache changes of one engine step, in order.
+#[derive(Debug, Clone, PartialEq)]
+pub struct KvEventBatch {
+    /// When the step ended, in seconds since the Unix epoch.
+    pub ts: f64,
+    pub events: Vec<kiln_kv::CacheEvent>,
 }
 
 /// A cheap, cloneable, thread-safe handle to a running engine. Dropping the last one stops
@@ -201,6 +211,17 @@ impl EngineHandle {
             return Err(EngineError::ShuttingDown);
         }
         Ok(RequestStream { id, rx })
+    }
+
+    /// The engine's prefix-cache changes, one batch per step that changed anything, for a
+    /// publisher to send on (see `kiln_server::KvEventPublisher`). `Some` once, and only when
+    /// the engine was started with `kv_events`; the channel closes when the engine stops.
+    pub fn kv_events(&self) -> Option<tmpsc::UnboundedReceiver<KvEventBatch>> {
+        self.shared
+            .kv_events
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take()
     }
 
     /// Ends a request: its stream gets `Cancelled` and its KV blocks are freed before the next

@@ -17,7 +17,10 @@ mod step_loop;
 pub use builder::{BuildError, Built, Checkpoint, EngineOptions, KvSize, build};
 pub use constraint::{Constraint, ConstraintCompiler, ConstraintError};
 pub use error::{Cause, EngineError, InternalError, InvariantError, StartError, error_chain};
-pub use handle::{EngineHandle, EngineInfo, EngineStats, RequestStream, ShutdownMode};
+pub use handle::{
+    EngineHandle, EngineInfo, EngineStats, KvEventBatch, RequestStream, ShutdownMode,
+};
+pub use kiln_kv::CacheEvent;
 /// The structured-output engine kiln drives (its `Matcher` is what
 /// [`ConstraintCompiler::compile`] returns).
 pub use llguidance;

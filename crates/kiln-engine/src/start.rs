@@ -38,6 +38,9 @@ pub struct EngineConfig {
     pub device_sampling: DeviceSampling,
     /// Faults to inject (tests only; none by default).
     pub faults: FaultPlan,
+    /// Record prefix-cache changes for [`EngineHandle::kv_events`] (routers that index which
+    /// replica caches which prefix read them).
+    pub kv_events: bool,
 }
 
 /// Where the engine samples a row that needs more than an argmax (temperature, top-k/p,
@@ -77,6 +80,7 @@ impl EngineConfig {
             speculative: None,
             device_sampling: DeviceSampling::Auto,
             faults: FaultPlan::default(),
+            kv_events: false,
         }
     }
 }
@@ -129,7 +133,15 @@ impl Engine {
         }
         let mut scfg = cfg.scheduler.clone();
         scfg.sliding_window = mcfg.kv_window();
-        let sched = Scheduler::new(scfg.clone())?;
+        let mut sched = Scheduler::new(scfg.clone())?;
+        sched.record_cache_events(cfg.kv_events);
+        let (kv_tx, kv_rx) = match cfg.kv_events {
+            true => {
+                let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+                (Some(tx), Some(rx))
+            }
+            false => (None, None),
+        };
         let blocks = &scfg.blocks;
         let watermark = (f64::from(blocks.watermark) * f64::from(blocks.num_blocks)) as usize;
         let usable_blocks = (blocks.num_blocks as usize).saturating_sub(watermark);
@@ -212,6 +224,7 @@ impl Engine {
             device_sampled_rows: 0,
             faults: cfg.faults,
             failed_steps: 0,
+            kv_events: kv_tx,
         };
         let thread = std::thread::Builder::new()
             .name("kiln-engine".into())
@@ -229,6 +242,7 @@ impl Engine {
                 metrics,
                 grammars: std::sync::OnceLock::new(),
                 thread: Mutex::new(Some(thread)),
+                kv_events: Mutex::new(kv_rx),
             }),
         })
     }

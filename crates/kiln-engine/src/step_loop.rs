@@ -17,7 +17,7 @@ use tokio::sync::oneshot;
 
 use crate::EngineError;
 use crate::error::{InternalError, InvariantError, error_chain};
-use crate::handle::{Command, EngineInfo, EngineStats, ShutdownMode, Submission};
+use crate::handle::{Command, EngineInfo, EngineStats, KvEventBatch, ShutdownMode, Submission};
 use crate::metrics::EngineMetrics;
 use crate::output::ReqState;
 use crate::request::{Event, RequestId, Summary, Timing, Usage};
@@ -51,6 +51,8 @@ pub(crate) struct Loop {
     pub faults: FaultPlan,
     /// Steps failed in a row.
     pub failed_steps: u32,
+    /// Where prefix-cache changes go, when recorded.
+    pub kv_events: Option<tokio::sync::mpsc::UnboundedSender<KvEventBatch>>,
 }
 
 /// Steps that may fail in a row before the engine gives up (a lost device fails them all).
@@ -430,6 +432,25 @@ impl Loop {
         }
     }
 
+    /// The step's prefix-cache changes, to whoever takes [`EngineHandle::kv_events`]. A
+    /// receiver that went away stops the recording.
+    fn send_kv_events(&mut self) {
+        let Some(tx) = &self.kv_events else {
+            return;
+        };
+        let events = self.sched.take_cache_events();
+        if events.is_empty() {
+            return;
+        }
+        let ts = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0.0, |d| d.as_secs_f64());
+        if tx.send(KvEventBatch { ts, events }).is_err() {
+            self.kv_events = None;
+            self.sched.record_cache_events(false);
+        }
+    }
+
     /// How many requests may be queued now, for the handle's overload check.
     fn publish_capacity(&self) {
         self.capacity
@@ -437,7 +458,8 @@ impl Loop {
     }
 
     /// The gauges and counters of the metrics registry, after every step.
-    fn publish(&self) {
+    fn publish(&mut self) {
+        self.send_kv_events();
         let s = self.sched.stats();
         self.publish_capacity();
         let m = &self.metrics;

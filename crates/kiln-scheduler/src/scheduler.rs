@@ -93,6 +93,16 @@ impl Scheduler {
         &self.kv
     }
 
+    /// Starts recording prefix-cache changes for [`take_cache_events`](Self::take_cache_events).
+    pub fn record_cache_events(&mut self, on: bool) {
+        self.kv.record_cache_events(on);
+    }
+
+    /// The prefix-cache changes since the last call, in order (empty unless recording).
+    pub fn take_cache_events(&mut self) -> Vec<kiln_kv::CacheEvent> {
+        self.kv.take_cache_events()
+    }
+
     /// Queues a new sequence. Refused when the waiting queue is full
     /// ([`SchedulerError::Overloaded`]) or when the prompt could never fit the pool or, with
     /// chunked prefill off, one step.

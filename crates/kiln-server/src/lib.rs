@@ -5,6 +5,7 @@ mod convert;
 mod edge;
 mod generation;
 mod info;
+mod kv_events;
 mod metrics;
 pub mod pb;
 mod server;
@@ -12,4 +13,5 @@ mod status;
 
 pub use config::ServerConfig;
 pub use edge::REQUEST_ID;
+pub use kv_events::{KvEventPublisher, KvEventsConfig, KvEventsError, encode_batch};
 pub use server::{Server, ServerError};

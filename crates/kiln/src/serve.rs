@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use kiln_engine::{EngineOptions, MetricsCompat, Serving, ServingConfig, error_chain};
 use kiln_http::{HttpConfig, HttpServer};
-use kiln_server::{Server, ServerConfig};
+use kiln_server::{KvEventPublisher, KvEventsConfig, Server, ServerConfig};
 use kiln_tensor::Device;
 use kiln_tokenizer::ChatTemplate;
 
@@ -54,6 +54,23 @@ pub struct ServeArgs {
     /// `vllm:kv_cache_usage_perc`, ...) for routers and dashboards built for vLLM
     #[arg(long, value_name = "vllm|off", default_value = "vllm", value_parser = metrics_compat)]
     pub metrics_compat: Compat,
+    /// Publish prefix-cache events (vLLM's ZMQ format) for KV-aware routers: `tcp://*:PORT`
+    /// binds, `tcp://HOST:PORT` connects (llm-d's scheduler binds; engine pods connect). The
+    /// router's block size must equal `--block-size`
+    #[arg(long, value_name = "tcp://HOST:PORT")]
+    pub kv_events_endpoint: Option<String>,
+    /// Answer replay requests for missed KV-event messages here (`tcp://*:PORT`, a ROUTER
+    /// socket) [default: no replay]
+    #[arg(long, value_name = "tcp://*:PORT", requires = "kv_events_endpoint")]
+    pub kv_events_replay_endpoint: Option<String>,
+    /// First frame of every KV-event message (llm-d reads `kv@POD_IP@MODEL`) [default: empty]
+    #[arg(
+        long,
+        value_name = "TOPIC",
+        default_value = "",
+        requires = "kv_events_endpoint"
+    )]
+    pub kv_events_topic: String,
     /// Chat template for chat requests, over the model's own: a Jinja file, or a JSON file
     /// with a `chat_template` field (as transformers reads them)
     #[arg(long, value_name = "FILE")]
@@ -194,7 +211,15 @@ fn plan(args: &ServeArgs) -> Result<Plan, String> {
     // The device is opened once the model's files check out (see `run`).
     let mut engine = EngineOptions::new(Device::Cpu);
     args.engine.apply(&mut engine);
+    engine.kv_events = args.kv_events_endpoint.is_some();
     crate::speculative::apply(&args.speculative, &mut engine)?;
+    if let Some(endpoint) = &args.kv_events_endpoint {
+        let cfg = KvEventsConfig {
+            replay_endpoint: args.kv_events_replay_endpoint.clone(),
+            ..KvEventsConfig::new(endpoint.clone(), 0)
+        };
+        cfg.check().map_err(|e| error_chain(&e))?;
+    }
     let serving = ServingConfig {
         drain_timeout: server.drain_timeout,
         metrics_compat,
@@ -318,6 +343,24 @@ pub fn run(args: &ServeArgs) -> Result<(), String> {
                 return Err(e);
             }
         };
+        // Before the warm-up, so a router hears of every block from the first.
+        let kv_events = match (&args.kv_events_endpoint, engine.kv_events()) {
+            (Some(endpoint), Some(events)) => {
+                let cfg = KvEventsConfig {
+                    replay_endpoint: args.kv_events_replay_endpoint.clone(),
+                    topic: args.kv_events_topic.clone(),
+                    ..KvEventsConfig::new(endpoint.clone(), engine.info().block_size)
+                };
+                match KvEventPublisher::start(cfg, events).await {
+                    Ok(p) => Some(p),
+                    Err(e) => {
+                        front.shutdown().await;
+                        return Err(error_chain(&e));
+                    }
+                }
+            }
+            _ => None,
+        };
         if let Err(e) = front.server.attach(engine).await {
             front.shutdown().await;
             return Err(error_chain(&e));
@@ -339,13 +382,18 @@ pub fn run(args: &ServeArgs) -> Result<(), String> {
         };
         tracing::info!("{signal}: draining");
         // A second signal during the drain means now: what is still running is dropped.
-        tokio::select! {
+        let drained = tokio::select! {
             () = front.shutdown() => Ok(()),
             signal = stop_signal() => {
                 tracing::warn!("{signal} again: stopping without finishing the drain");
                 Err(format!("{signal} during the drain: stopped without finishing it"))
             }
+        };
+        // The engine has stopped: the publisher sends what it still holds, then ends.
+        if let Some(p) = kv_events {
+            let _ = tokio::time::timeout(Duration::from_secs(1), p.finished()).await;
         }
+        drained
     });
     // A model still loading when a signal came is not waited for.
     rt.shutdown_timeout(Duration::from_secs(1));
