@@ -9,7 +9,8 @@ use std::time::{Duration, Instant};
 
 use common::{config, tiny_engine};
 use kiln_engine::{
-    EngineError, EngineHandle, Event, FinishReason, Output, Request, SamplingParams, ShutdownMode,
+    CacheEvent, EngineError, EngineHandle, Event, FinishReason, Output, Request, SamplingParams,
+    ShutdownMode,
 };
 use kiln_tensor::Device;
 
@@ -514,4 +515,56 @@ fn runs_on_the_gpu_too() {
         assert_eq!(out.outputs[0].token_ids.len(), 6, "{name}");
         assert_all_free(&e);
     }
+}
+
+/// With `kv_events`, each step's prefix-cache changes reach the one receiver: the prompt's
+/// full blocks as they are cached (chained, with their tokens), in step order; the channel
+/// closes when the engine stops. Without it there is nothing to take.
+#[test]
+fn kv_events_carry_the_blocks_the_cache_stores() {
+    let mut cfg = config(64, 4, 32, 4);
+    cfg.kv_events = true;
+    let e = tiny_engine(&Device::cpu(), EOS, cfg);
+    let mut rx = e.kv_events().expect("the receiver");
+    assert!(e.kv_events().is_none(), "taken once");
+    let mut r = Request::tokens((1..=10).collect()).max_new_tokens(3);
+    r.stopping.ignore_eos = true;
+    e.submit(r).unwrap().blocking_collect().unwrap();
+    wait_idle(&e);
+    let mut stored = Vec::new();
+    let mut last_ts = 0.0;
+    while let Ok(batch) = rx.try_recv() {
+        assert!(batch.ts >= last_ts && batch.ts > 1.6e9, "{}", batch.ts);
+        last_ts = batch.ts;
+        stored.extend(batch.events);
+    }
+    // Prompt and generated tokens: 10 + 3 = 13, of which 12 fill three blocks of 4 (the last
+    // token's K/V is never computed).
+    let mut hashes = Vec::new();
+    let mut tokens = Vec::new();
+    let mut parent = None;
+    for ev in stored {
+        let CacheEvent::Stored {
+            hashes: h,
+            parent: p,
+            token_ids,
+        } = ev
+        else {
+            panic!("only stores expected: {ev:?}");
+        };
+        assert_eq!(p, parent, "each store continues the chain");
+        parent = h.last().copied();
+        hashes.extend(h);
+        tokens.extend(token_ids);
+    }
+    assert_eq!(hashes.len(), 3);
+    assert_eq!(&tokens[..10], &(1..=10).collect::<Vec<u32>>()[..]);
+    assert_eq!(tokens.len(), 12);
+    drop(e);
+    assert!(
+        rx.blocking_recv().is_none(),
+        "the channel closes with the engine"
+    );
+    let plain = engine();
+    assert!(plain.kv_events().is_none());
 }
