@@ -125,11 +125,14 @@ impl HttpServer {
         self.addr
     }
 
-    /// Drains (shared with every front door on the same [`Serving`]: new work is refused,
-    /// requests in flight finish), then closes the listener.
+    /// Closes the listener (and idle keep-alive connections), then drains (shared with every
+    /// front door on the same [`Serving`]: new work still reaching it is refused with 503,
+    /// requests in flight finish).
     pub async fn shutdown(&self) {
-        self.serving.drain().await;
+        // The listener closes first and idle keep-alive connections with it: a load balancer
+        // sends new work to another replica while the requests in flight finish here.
         let _ = self.stop.send(true);
+        self.serving.drain().await;
         let task = self.task.lock().ok().and_then(|mut t| t.take());
         if let Some(t) = task {
             self.serving.close(t, "HTTP").await;

@@ -88,6 +88,8 @@ pub struct Server {
     addr: SocketAddr,
     metrics_addr: Option<SocketAddr>,
     stop: watch::Sender<bool>,
+    /// The metrics listener stops after the drain (its figures are read while it runs).
+    metrics_stop: watch::Sender<bool>,
     tasks: Mutex<Vec<JoinHandle<()>>>,
 }
 
@@ -167,8 +169,8 @@ impl Server {
         .max_decoding_message_size(max_in)
         .max_encoding_message_size(max_out);
 
-        let (stop, stop_rx) = watch::channel(false);
-        let mut grpc_stop = stop_rx.clone();
+        let (stop, mut grpc_stop) = watch::channel(false);
+        let (metrics_stop, metrics_stop_rx) = watch::channel(false);
         let router = tonic::transport::Server::builder()
             .layer(EdgeLayer { api_key })
             .add_service(health_service)
@@ -191,7 +193,7 @@ impl Server {
             tasks.push(tokio::spawn(crate::metrics::serve(
                 l,
                 state.clone(),
-                stop_rx,
+                metrics_stop_rx,
             )));
         }
         tracing::info!(%addr, metrics = ?metrics_addr, "listening (not serving until the model is ready)");
@@ -201,6 +203,7 @@ impl Server {
             addr,
             metrics_addr,
             stop,
+            metrics_stop,
             tasks: Mutex::new(tasks),
         })
     }
@@ -246,14 +249,18 @@ impl Server {
         Ok(())
     }
 
-    /// Drains: health turns NOT_SERVING, new generation is UNAVAILABLE, requests in flight
-    /// finish (those still running after the drain timeout are cancelled), then the listeners
-    /// close. Resolves when all of that is done. The drain is shared: every front door on the
-    /// same [`Serving`] refuses new work from its start.
+    /// Drains: health turns NOT_SERVING, the gRPC listener closes and every open connection
+    /// gets an HTTP/2 GOAWAY (a load balancer sends new work to another replica: it cannot
+    /// connect here, and a GOAWAY'd connection takes no new stream), new generation still
+    /// reaching this server is UNAVAILABLE, requests in flight finish (those still running
+    /// after the drain timeout are cancelled), then the metrics listener closes. Resolves
+    /// when all of that is done. The drain is shared: every front door on the same
+    /// [`Serving`] refuses new work from its start.
     pub async fn shutdown(&self) {
         set_health(&self.health, ServingStatus::NotServing).await;
-        self.state.serving.drain().await;
         let _ = self.stop.send(true);
+        self.state.serving.drain().await;
+        let _ = self.metrics_stop.send(true);
         let tasks: Vec<_> = self
             .tasks
             .lock()
@@ -308,5 +315,6 @@ impl Drop for Server {
     /// engine then cancels whatever was in flight when its last handle goes.
     fn drop(&mut self) {
         let _ = self.stop.send(true);
+        let _ = self.metrics_stop.send(true);
     }
 }
