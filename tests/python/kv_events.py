@@ -33,19 +33,6 @@ else:
     sys.exit(f"unknown mode {mode}")
 
 
-def wait_until_serving(within=120):
-    deadline = time.time() + within
-    while True:
-        try:
-            with urllib.request.urlopen(f"http://{http}/health", timeout=5) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            pass
-        assert time.time() < deadline, f"kiln at {http} not serving after {within} s"
-        time.sleep(0.5)
-
-
 def complete(prompt, max_tokens=1):
     body = json.dumps({"prompt": prompt, "max_tokens": max_tokens, "temperature": 0}).encode()
     req = urllib.request.Request(
@@ -72,7 +59,6 @@ def drain(quiet=0.15):
         take(sub.recv_multipart())
 
 
-wait_until_serving()
 # Until the subscription holds (and, connecting, until kiln has reached us), requests are made
 # and messages may be missed: replay fills the gap.
 deadline = time.time() + 30
