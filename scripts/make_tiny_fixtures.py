@@ -22,7 +22,7 @@ from transformers import (AutoModelForCausalLM, Gemma3TextConfig, LlamaConfig, M
                           Qwen2Config, Qwen3Config)
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-OUT = ROOT / "crates/kiln-model/tests/fixtures/tiny"
+OUT = ROOT / "crates/kiln-testkit/fixtures/tiny"
 SEQ = 40
 
 COMMON = dict(

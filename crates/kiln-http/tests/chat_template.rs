@@ -18,11 +18,8 @@ use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 async fn server(template: Option<&str>) -> (HttpServer, Arc<Serving>) {
-    let dir = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../kiln-model/tests/fixtures/tiny/llama3"
-    );
-    let files = ModelFiles::open(dir.as_ref(), LoadOptions::default()).unwrap();
+    let dir = kiln_testkit::tiny_model_dir("llama3");
+    let files = ModelFiles::open(&dir, LoadOptions::default()).unwrap();
     let model = Model::load(&Device::Cpu, files.config().clone(), files.weights()).unwrap();
     let tokenizer = Tokenizer::byte_level(SpecialTokens {
         eos: Some(2),

@@ -20,9 +20,7 @@ use kiln_model::{Arch, KvPoolConfig, LoadOptions, LogitsAt, Model, ModelFiles, S
 use kiln_tensor::{Recorder, RopeScaling};
 
 fn fixture(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures/tiny")
-        .join(name)
+    kiln_testkit::tiny_model_dir(name)
 }
 
 fn check(name: &str) -> ModelFiles {

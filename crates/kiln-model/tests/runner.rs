@@ -6,8 +6,6 @@
 
 mod common;
 
-use std::path::PathBuf;
-
 use kiln_attention::{KvCache, key_centres};
 use kiln_kv::{BlockCopy, BlockId, KvDtype};
 use kiln_model::{
@@ -23,7 +21,7 @@ const POOL: KvPoolConfig = KvPoolConfig {
 };
 
 fn tiny(dev: &Device) -> Model {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny/llama3");
+    let dir = kiln_testkit::tiny_model_dir("llama3");
     let files = ModelFiles::open(&dir, LoadOptions::default()).unwrap();
     Model::load(dev, files.config().clone(), files.weights()).unwrap()
 }

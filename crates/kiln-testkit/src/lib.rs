@@ -13,6 +13,16 @@ pub const DEFAULT_GGUF: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
 /// gemma-3-270m`; DESIGN.md §4).
 pub const GEMMA3_GGUF: &str = "gemma-3-270m-q4_k_m.gguf";
 
+/// A tiny random-weight checkpoint (an HF folder: `config.json`, safetensors and
+/// `reference.json`, the logits `transformers` computes for its token ids), one per
+/// architecture: `llama3`, `mistral`, `qwen2`, `qwen3`, `gemma3`. Made by
+/// `scripts/make_tiny_fixtures.py`; the crates that test models on it share it from here.
+pub fn tiny_model_dir(arch: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("fixtures/tiny")
+        .join(arch)
+}
+
 /// Where `cargo xtask fetch-model` puts models: `$KILN_MODEL_DIR` or `<workspace>/models`.
 pub fn model_dir() -> PathBuf {
     std::env::var_os("KILN_MODEL_DIR")

@@ -15,7 +15,7 @@ use kiln_tokenizer::{SpecialTokens, Tokenizer};
 pub use kiln_testkit::devices;
 
 pub fn tiny_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../kiln-model/tests/fixtures/tiny/llama3")
+    kiln_testkit::tiny_model_dir("llama3")
 }
 
 /// An engine config: `blocks` blocks of `block_size`, a token budget and a sequence cap.

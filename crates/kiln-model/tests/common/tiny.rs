@@ -1,4 +1,4 @@
-//! The tiny random-weight fixtures' references (`reference.json` of `tests/fixtures/tiny` and
+//! The tiny random-weight fixtures' references (`reference.json` of kiln-testkit's `fixtures/tiny` and
 //! `tests/fixtures/int4`): token ids and float32 logits from `transformers`, compared with
 //! 2e-5 + 2e-5·|reference| (the same f32 values, summed in another order).
 
