@@ -93,8 +93,6 @@ fn parse_endpoint(endpoint: &str) -> Result<(String, bool), KvEventsError> {
 #[derive(Debug)]
 pub struct KvEventPublisher {
     task: tokio::task::JoinHandle<()>,
-    /// The replay socket's bound address, when there is one.
-    pub replay_endpoint: Option<String>,
 }
 
 impl KvEventPublisher {
@@ -118,18 +116,16 @@ impl KvEventPublisher {
                 })?;
         }
         let mut replay = None;
-        let mut replay_endpoint = None;
         if let Some(r) = &cfg.replay_endpoint {
             let (local, _) = parse_endpoint(r)?;
             let mut socket = RouterSocket::new();
-            let bound = socket
+            socket
                 .bind(&local)
                 .await
                 .map_err(|source| KvEventsError::Bind {
                     endpoint: r.clone(),
                     source,
                 })?;
-            replay_endpoint = Some(bound.to_string());
             replay = Some(socket);
         }
         tracing::info!(
@@ -146,10 +142,7 @@ impl KvEventPublisher {
             replay,
             events,
         ));
-        Ok(Self {
-            task,
-            replay_endpoint,
-        })
+        Ok(Self { task })
     }
 
     /// Waits until the engine's events end and the last batch is sent.
@@ -271,7 +264,7 @@ async fn answer_replay(
 }
 
 /// One batch as vLLM's msgpack payload: `[ts, [event, ...], 0]`.
-pub fn encode_batch(batch: &KvEventBatch, block_size: usize) -> Vec<u8> {
+fn encode_batch(batch: &KvEventBatch, block_size: usize) -> Vec<u8> {
     use rmp::encode as mp;
     let mut out = Vec::new();
     // Writing into a Vec cannot fail.

@@ -13,5 +13,5 @@ mod status;
 
 pub use config::ServerConfig;
 pub use edge::REQUEST_ID;
-pub use kv_events::{KvEventPublisher, KvEventsConfig, KvEventsError, encode_batch};
+pub use kv_events::{KvEventPublisher, KvEventsConfig, KvEventsError};
 pub use server::{Server, ServerError};

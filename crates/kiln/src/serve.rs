@@ -166,6 +166,8 @@ struct Plan {
     http_cfg: HttpConfig,
     engine: EngineOptions,
     serving: ServingConfig,
+    /// Where prefix-cache events go (`--kv-events-endpoint`), when anywhere.
+    kv_events: Option<KvEventsConfig>,
 }
 
 fn plan(args: &ServeArgs) -> Result<Plan, String> {
@@ -211,15 +213,21 @@ fn plan(args: &ServeArgs) -> Result<Plan, String> {
     // The device is opened once the model's files check out (see `run`).
     let mut engine = EngineOptions::new(Device::Cpu);
     args.engine.apply(&mut engine);
-    engine.kv_events = args.kv_events_endpoint.is_some();
     crate::speculative::apply(&args.speculative, &mut engine)?;
-    if let Some(endpoint) = &args.kv_events_endpoint {
-        let cfg = KvEventsConfig {
-            replay_endpoint: args.kv_events_replay_endpoint.clone(),
-            ..KvEventsConfig::new(endpoint.clone(), 0)
-        };
-        cfg.check().map_err(|e| error_chain(&e))?;
-    }
+    let kv_events = match &args.kv_events_endpoint {
+        None => None,
+        Some(endpoint) => {
+            let cfg = KvEventsConfig {
+                replay_endpoint: args.kv_events_replay_endpoint.clone(),
+                topic: args.kv_events_topic.clone(),
+                ..KvEventsConfig::new(endpoint.clone(), engine.block_size as usize)
+            };
+            // A malformed endpoint fails now, before the model loads.
+            cfg.check().map_err(|e| error_chain(&e))?;
+            Some(cfg)
+        }
+    };
+    engine.kv_events = kv_events.is_some();
     let serving = ServingConfig {
         drain_timeout: server.drain_timeout,
         metrics_compat,
@@ -227,6 +235,7 @@ fn plan(args: &ServeArgs) -> Result<Plan, String> {
     };
     Ok(Plan {
         serving,
+        kv_events,
         listen: args.listen,
         metrics: args.metrics_listen.0,
         http: args.http_listen.0,
@@ -293,6 +302,7 @@ pub fn run(args: &ServeArgs) -> Result<(), String> {
         .thread_name("kiln-server")
         .build()
         .map_err(|e| format!("cannot start the async runtime: {e}"))?;
+    let kv_events = p.kv_events.take();
     let result = rt.block_on(async move {
         let serving = Arc::new(Serving::new(p.serving));
         let server = Server::bind_with(p.listen, p.metrics, p.server.clone(), serving.clone())
@@ -344,21 +354,14 @@ pub fn run(args: &ServeArgs) -> Result<(), String> {
             }
         };
         // Before the warm-up, so a router hears of every block from the first.
-        let kv_events = match (&args.kv_events_endpoint, engine.kv_events()) {
-            (Some(endpoint), Some(events)) => {
-                let cfg = KvEventsConfig {
-                    replay_endpoint: args.kv_events_replay_endpoint.clone(),
-                    topic: args.kv_events_topic.clone(),
-                    ..KvEventsConfig::new(endpoint.clone(), engine.info().block_size)
-                };
-                match KvEventPublisher::start(cfg, events).await {
-                    Ok(p) => Some(p),
-                    Err(e) => {
-                        front.shutdown().await;
-                        return Err(error_chain(&e));
-                    }
+        let kv_events = match (kv_events, engine.kv_events()) {
+            (Some(cfg), Some(events)) => match KvEventPublisher::start(cfg, events).await {
+                Ok(p) => Some(p),
+                Err(e) => {
+                    front.shutdown().await;
+                    return Err(error_chain(&e));
                 }
-            }
+            },
             _ => None,
         };
         if let Err(e) = front.server.attach(engine).await {
