@@ -47,7 +47,7 @@ async fn greedy_text_matches_the_transformers_reference() {
         .expect("Generate")
         .into_inner();
     let o = &out.outputs[0];
-    // DESIGN.md §4: HF transformers (float32) continues the prompt this way.
+    // HF transformers (float32) continues the prompt this way.
     assert!(
         o.text.starts_with(", the city of Nova Haven"),
         "got {:?}",

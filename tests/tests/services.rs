@@ -26,7 +26,7 @@ async fn tokenize_and_detokenize_like_the_hf_tokenizer() {
         .await
         .unwrap()
         .into_inner();
-    // The HF tokenizer's ids (DESIGN.md §4).
+    // The HF tokenizer's ids (the golden fixture's).
     assert_eq!(out.token_ids, [504, 3575, 282, 4649, 314]);
     assert_eq!(out.tokens, ["The", "Ġcapital", "Ġof", "ĠFrance", "Ġis"]);
     let text = tok

@@ -24,22 +24,16 @@ pub use kiln_kv::CacheEvent;
 /// The structured-output engine kiln drives (its `Matcher` is what
 /// [`ConstraintCompiler::compile`] returns).
 pub use llguidance;
-pub use metrics::{EngineMetrics, FinishLabel};
+pub use metrics::EngineMetrics;
 pub use request::{
     Delta, Event, FinishReason, Output, OutputOptions, Prompt, Request, RequestId, SeqOutput,
     SpecStats, StoppingCriteria, Summary, Timing, TokenLogprobs, Usage,
 };
-pub use sampling::{
-    LogprobRequest, ParamError, SampleError, Sampled, Sampler, SamplingParams, TokenHistory,
-    TokenLogprob, raw_logprobs, rejection_sample,
-};
+pub use sampling::{ParamError, SamplingParams, TokenLogprob};
 pub use serving::{
-    AttachError, ECHO_CHARS, Health, MetricsCompat, NotServing, Serving, ServingConfig,
-    bearer_matches, echo, model_not_served, new_request_id, usable_request_id,
+    AttachError, Health, MetricsCompat, NotServing, Serving, ServingConfig, bearer_matches, echo,
+    model_not_served, new_request_id, usable_request_id,
 };
-pub use speculative::{
-    DraftModel, DraftProposer, NgramProposer, ProposeError, ProposeInput, Proposer, SpecMethod,
-    SpeculativeConfig, TokenizerMismatch, check_same_tokenizer,
-};
+pub use speculative::{DraftModel, SpecMethod, SpeculativeConfig, TokenizerMismatch};
 pub use start::{DeviceSampling, Engine, EngineConfig};
 pub use step_loop::FaultPlan;

@@ -7,7 +7,6 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use kiln_tensor::sample::{LogitEdit, RowSampling, by_logit_desc, pick, sanitize};
-use rand::Rng;
 
 /// Per-request sampling settings (engine-level, plain Rust; the gRPC layer converts to it).
 #[derive(Debug, Clone, PartialEq)]
@@ -145,6 +144,7 @@ impl TokenHistory {
         self.output_len += 1;
     }
 
+    #[cfg(test)]
     pub fn output_len(&self) -> usize {
         self.output_len
     }
@@ -210,19 +210,8 @@ impl Sampler {
         }
     }
 
-    pub fn params(&self) -> &SamplingParams {
-        &self.params
-    }
-
-    /// Picks the next token from one row of logits (length = vocab). Expects validated params;
-    /// invalid ones never panic but may yield `NoCandidates`.
-    ///
-    /// Order: suppress (for min_new_tokens; under a mask, see
-    /// [`sample_masked`](Self::sample_masked)) → logit_bias → repetition penalty →
-    /// presence/frequency → greedy argmax (first index on ties), or temperature → top_k → top_p →
-    /// min_p → one draw. A non-greedy call that succeeds makes exactly one draw, even if one
-    /// candidate is left, so a sequence's draw count depends only on its own steps; greedy makes
-    /// none. NaN logits count as -inf and +inf as `f32::MAX` (so ties at +inf share the mass).
+    /// [`sample_masked`](Self::sample_masked) without a mask (tests).
+    #[cfg(test)]
     pub fn sample(
         &mut self,
         logits: &[f32],
@@ -233,8 +222,16 @@ impl Sampler {
         self.sample_masked(logits, history, suppress, None, want)
     }
 
-    /// [`sample`](Self::sample) among the ids `allowed` sets (bit `id % 32` of word `id / 32`;
-    /// ids past its end are not allowed), before anything else: structured output's mask.
+    /// Picks the next token from one row of logits (length = vocab), among the ids `allowed`
+    /// sets (bit `id % 32` of word `id / 32`; ids past its end are not allowed) before
+    /// anything else, when there is a mask: structured output's. Expects validated params;
+    /// invalid ones never panic but may yield `NoCandidates`.
+    ///
+    /// Order: suppress (for min_new_tokens) → logit_bias → repetition penalty →
+    /// presence/frequency → greedy argmax (first index on ties), or temperature → top_k → top_p →
+    /// min_p → one draw. A non-greedy call that succeeds makes exactly one draw, even if one
+    /// candidate is left, so a sequence's draw count depends only on its own steps; greedy makes
+    /// none. NaN logits count as -inf and +inf as `f32::MAX` (so ties at +inf share the mass).
     pub fn sample_masked(
         &mut self,
         logits: &[f32],
@@ -286,17 +283,8 @@ impl Sampler {
         }
     }
 
-    /// Speculative decoding's check of one draft token against this row (the target model's
-    /// logits at the draft's position): the token is exactly what [`sample`](Self::sample)
-    /// would pick here, and the draft is accepted when it is that token. Greedy, that is the
-    /// longest-agreeing-prefix rule. Sampling, the drafts of kiln's proposers are point masses
-    /// (n-gram lookup, a greedy draft model), for which the rejection rule of
-    /// [`rejection_sample`] reads: accept with probability p(draft), else draw from p without
-    /// the draft. The Gumbel-max draw realises exactly that rule (the draft is the pick with
-    /// probability p(draft); given it is not, the pick follows p without it) while coupling it
-    /// to plain sampling, so outputs do not depend on whether, or how much, a step speculated.
-    /// `draft: None` is a plain `sample` (the bonus token after a fully accepted draft).
-    /// Returns the token and whether it is the accepted draft.
+    /// [`verify_masked`](Self::verify_masked) without a mask (tests).
+    #[cfg(test)]
     pub fn verify(
         &mut self,
         logits: &[f32],
@@ -308,8 +296,19 @@ impl Sampler {
         self.verify_masked(logits, history, suppress, None, draft, want)
     }
 
-    /// [`verify`](Self::verify) under an allowed-token mask (see
-    /// [`sample_masked`](Self::sample_masked)).
+    /// Speculative decoding's check of one draft token against this row (the target model's
+    /// logits at the draft's position): the token is exactly what
+    /// [`sample_masked`](Self::sample_masked) would pick here, and the draft is accepted when it is that token. Greedy, that is the
+    /// longest-agreeing-prefix rule. Sampling, the drafts of kiln's proposers are point masses
+    /// (n-gram lookup, a greedy draft model), for which the rejection rule of speculative
+    /// sampling (Leviathan et al. 2023; the general form is the reference in this module's
+    /// distribution tests) reads: accept with probability p(draft), else draw from p without
+    /// the draft. The Gumbel-max draw realises exactly that rule (the draft is the pick with
+    /// probability p(draft); given it is not, the pick follows p without it) while coupling it
+    /// to plain sampling, so outputs do not depend on whether, or how much, a step speculated.
+    /// `draft: None` is a plain `sample_masked` (the bonus token after a fully accepted draft).
+    /// `allowed` is structured output's mask. Returns the token and whether it is the
+    /// accepted draft.
     pub fn verify_masked(
         &mut self,
         logits: &[f32],
@@ -345,77 +344,6 @@ fn with_logprobs(logits: &[f32], token: u32, want: LogprobRequest) -> Sampled {
         logprob,
         top,
     }
-}
-
-/// One step of speculative sampling (Leviathan et al. 2023; Chen et al. 2023). `target` is the
-/// target model's distribution p and `proposal` the draft's q, both as (id, unnormalised
-/// weight) lists; `None` means q is a point mass on `draft` (a deterministic proposer). The
-/// draft is accepted with probability min(1, p(draft) / q(draft)); otherwise the token comes
-/// from the normalised residual max(0, p − q). The token returned is distributed exactly as p
-/// when `draft` was drawn from q. Makes one RNG draw, plus one on rejection. Returns the token
-/// and whether it is the draft.
-pub fn rejection_sample<R: Rng + ?Sized>(
-    target: &[(u32, f64)],
-    proposal: Option<&[(u32, f64)]>,
-    draft: u32,
-    rng: &mut R,
-) -> (u32, bool) {
-    let total = |d: &[(u32, f64)]| d.iter().map(|c| c.1.max(0.0)).sum::<f64>();
-    let p_total = total(target);
-    if p_total <= 0.0 {
-        return (draft, false); // no distribution at all: validated rows never get here
-    }
-    let p_draft = target
-        .iter()
-        .filter(|c| c.0 == draft)
-        .map(|c| c.1.max(0.0))
-        .sum::<f64>()
-        / p_total;
-    // q as normalised probabilities by id (a point mass on the draft when `None`).
-    let q: HashMap<u32, f64> = match proposal {
-        None => HashMap::from([(draft, 1.0)]),
-        Some(q) => {
-            let q_total = total(q);
-            let mut m = HashMap::new();
-            if q_total > 0.0 {
-                for &(id, w) in q {
-                    *m.entry(id).or_insert(0.0) += w.max(0.0) / q_total;
-                }
-            }
-            m
-        }
-    };
-    let q_draft = q.get(&draft).copied().unwrap_or(0.0);
-    let u = rng.random::<f64>();
-    // q(draft) = 0 cannot happen for a draft drawn from q; then only p decides.
-    if p_draft > 0.0 && (q_draft <= 0.0 || u * q_draft < p_draft) {
-        return (draft, true);
-    }
-    // The residual max(0, p - q) over p's support.
-    let residual: Vec<(u32, f64)> = target
-        .iter()
-        .map(|&(id, w)| {
-            let qi = q.get(&id).copied().unwrap_or(0.0);
-            (id, (w.max(0.0) / p_total - qi).max(0.0))
-        })
-        .collect();
-    let mass: f64 = residual.iter().map(|c| c.1).sum();
-    if mass <= 0.0 {
-        // p == q up to rounding: the acceptance test could only fail by rounding.
-        return (draft, p_draft > 0.0);
-    }
-    let mut u = rng.random::<f64>() * mass;
-    let mut pick = draft;
-    for &(id, w) in &residual {
-        if w > 0.0 {
-            pick = id;
-            if u < w {
-                break;
-            }
-            u -= w;
-        }
-    }
-    (pick, false)
 }
 
 /// The log-softmax of raw logits at `token` plus the `top_n` best (best first, ties by lower id).
@@ -528,13 +456,16 @@ fn process(
 }
 
 #[cfg(test)]
+mod distribution;
+
+#[cfg(test)]
 mod tests {
     use super::*;
     use proptest::prelude::{
         Just, Strategy, any, prop_assert, prop_assert_eq, prop_oneof, proptest,
     };
-    use rand::SeedableRng;
     use rand::rngs::StdRng;
+    use rand::{Rng, SeedableRng};
 
     const NONE: LogprobRequest = LogprobRequest {
         logprobs: false,

@@ -295,9 +295,9 @@ pub fn usable_request_id(id: &[u8]) -> bool {
 }
 
 /// What error messages and logs echo of a name a caller sent: at most this many characters.
-pub const ECHO_CHARS: usize = 64;
+pub(crate) const ECHO_CHARS: usize = 64;
 
-/// `s` as messages echo it: its first [`ECHO_CHARS`] characters, and `…` when it was longer (a
+/// `s` as messages echo it: its first 64 characters, and `…` when it was longer (a
 /// 3 MiB name must not come back in every message and log line).
 pub fn echo(s: &str) -> std::borrow::Cow<'_, str> {
     match s.char_indices().nth(ECHO_CHARS) {

@@ -1,4 +1,4 @@
-//! Engine errors as gRPC statuses (DESIGN.md §5): never in-band. The one place that maps an
+//! Engine errors as gRPC statuses (the README's "Talking to the server"): never in-band. The one place that maps an
 //! error kind to a status code; the message is the error with its whole chain of causes.
 
 use kiln_engine::{EngineError, error_chain};

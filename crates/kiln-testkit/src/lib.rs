@@ -6,11 +6,11 @@ use std::sync::OnceLock;
 
 use kiln_tensor::{BackendChoice, Device, DeviceOptions};
 
-/// The default model's file name (DESIGN.md §4).
+/// The default model's file name (what `cargo xtask fetch-model` fetches).
 pub const DEFAULT_GGUF: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
 
 /// The second model's file name: Gemma 3 270M, Q4_K_M (`cargo xtask fetch-model
-/// gemma-3-270m`; DESIGN.md §4).
+/// gemma-3-270m`).
 pub const GEMMA3_GGUF: &str = "gemma-3-270m-q4_k_m.gguf";
 
 /// A tiny random-weight checkpoint (an HF folder: `config.json`, safetensors and

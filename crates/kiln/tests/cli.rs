@@ -65,7 +65,7 @@ fn generate_greedy_matches_the_reference_on_both_backends() {
             "--json",
         ]);
         let v: serde_json::Value = serde_json::from_str(stdout(&o).trim()).unwrap();
-        // transformers' greedy continuation (DESIGN.md §4 and the model fixtures).
+        // transformers' greedy continuation (the model fixtures, `scripts/`).
         assert_eq!(
             v["text"], ", the city of Nova Haven was a thriving metropolis, with",
             "{backend}"

@@ -125,7 +125,8 @@ fn kv_blocks_needed(a: &Args, max_level: usize, warm_batch: usize, spec_tokens: 
             0
         },
         if s.serve {
-            a.serve_concurrency * blocks(a.serve_prompt_tokens + a.serve_output_tokens)
+            // The paired pass runs `serve_concurrency` streams through each of two doors.
+            2 * a.serve_concurrency * blocks(a.serve_prompt_tokens + a.serve_output_tokens)
         } else {
             0
         },
@@ -273,7 +274,7 @@ async fn bench(a: Args) -> anyhow::Result<()> {
                     .unwrap_or_else(|| kv_blocks_needed(&a, max_level, warm_batch, spec_tokens)),
                 max_num_seqs: a.max_num_seqs.unwrap_or(max_level.max(64).max(
                     if a.scenarios.serve {
-                        a.serve_concurrency
+                        2 * a.serve_concurrency
                     } else {
                         1
                     },
@@ -358,6 +359,7 @@ async fn bench(a: Args) -> anyhow::Result<()> {
         llama_cpp: None,
         table: Vec::new(),
         serve: Vec::new(),
+        serve_paired: None,
         structured: None,
         notes: Vec::new(),
     };
@@ -539,6 +541,9 @@ async fn run_scenarios(
     if a.scenarios.serve {
         r.serve = serve_doors(a, target, is_gguf, &mut prompts, r).await?;
         serve::print(&r.serve);
+        if let Some(p) = &r.serve_paired {
+            serve::print_paired(p);
+        }
     }
 
     if a.compare == Some(Compare::LlamaCpp) {
@@ -683,6 +688,20 @@ async fn serve_doors(
             eprintln!("kiln-bench: serving workload over gRPC, then the OpenAI HTTP API");
             out.push(serve::run(&fronts.grpc_door(), "kiln gRPC", &w, prompts).await);
             out.push(serve::run(&fronts.http_door(), "kiln HTTP", &w, prompts).await);
+            eprintln!("kiln-bench: the paired pass (gRPC and HTTP streams in one batch)");
+            match serve::paired(
+                &fronts.grpc_door(),
+                &fronts.http_door(),
+                a.serve_concurrency,
+                a.serve_prompt_tokens,
+                a.serve_output_tokens,
+                prompts,
+            )
+            .await
+            {
+                Ok(p) => r.serve_paired = Some(p),
+                Err(e) => r.note(format!("serve: the paired pass failed: {e:#}")),
+            }
             fronts.close().await;
         }
     }

@@ -77,6 +77,8 @@ pub struct Report {
     pub table: Vec<crate::table::Row>,
     /// The serve scenario, one summary per front door.
     pub serve: Vec<crate::serve::Summary>,
+    /// The serve scenario's paired pass (kiln's two doors in one batch), in-process only.
+    pub serve_paired: Option<crate::serve::Paired>,
     /// The structured scenario: mask times and constrained batches.
     pub structured: Option<crate::structured::Structured>,
     pub notes: Vec<String>,

@@ -5,6 +5,13 @@
 //! flight, arriving as a Poisson process at `rate` requests/s (all at once without one).
 //! Summaries in `vllm bench serve`'s terms: TTFT to the first streamed token, TPOT = (E2EL −
 //! TTFT) / (output tokens − 1), ITL between streamed chunks, E2EL to the last.
+//!
+//! Then, with both of kiln's doors in this process, the paired pass ([`paired`]): the doors
+//! measured one after the other share the machine's noise only statistically, and on a CPU
+//! backend a step's time drifts by more than an HTTP layer could cost. So `n` gRPC and `n`
+//! HTTP streams run together in one batch: every decode step hands a token to both sides at
+//! the same moment, and the difference between the HTTP and the gRPC arrival of one step's
+//! tokens is what the HTTP layer (JSON chunks, SSE framing, HTTP/1.1) adds per token.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -46,6 +53,16 @@ pub enum Door {
         addr: SocketAddr,
         model: String,
     },
+}
+
+impl Door {
+    /// One streamed request of `ids`, `out` tokens, greedy, EOS ignored.
+    async fn one(self, ids: Vec<u32>, out: usize) -> anyhow::Result<Trace> {
+        match self {
+            Door::Grpc(c) => grpc_one(c, ids, out).await,
+            Door::Http { addr, model } => http_one(addr, &model, ids, out).await,
+        }
+    }
 }
 
 /// Mean, median and 99th percentile (nearest rank), in ms.
@@ -242,10 +259,7 @@ pub async fn run(door: &Door, name: &str, w: &Workload, prompts: &mut Prompts) -
         let (door, out) = (door.clone(), w.output_tokens);
         set.spawn(async move {
             let _permit = permit;
-            match door {
-                Door::Grpc(c) => grpc_one(c, ids, out).await,
-                Door::Http { addr, model } => http_one(addr, &model, ids, out).await,
-            }
+            door.one(ids, out).await
         });
     }
     let mut traces = Vec::new();
@@ -367,5 +381,161 @@ pub fn print(s: &[Summary]) {
             println!("  {}: {} failed, the first: {e}", x.door, x.failed);
         }
     }
+    println!();
+}
+
+/// Spread of a per-step figure, in ms: mean, median, 10th and 90th percentiles (nearest rank).
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct Spread {
+    pub mean: f64,
+    pub median: f64,
+    pub p10: f64,
+    pub p90: f64,
+}
+
+impl Spread {
+    fn of(mut v: Vec<f64>) -> Option<Self> {
+        if v.is_empty() {
+            return None;
+        }
+        v.sort_by(f64::total_cmp);
+        let at = |p: usize| v[(v.len() * p).div_ceil(100).clamp(1, v.len()) - 1];
+        Some(Self {
+            mean: v.iter().sum::<f64>() / v.len() as f64,
+            median: at(50),
+            p10: at(10),
+            p90: at(90),
+        })
+    }
+}
+
+/// The paired pass: `streams` gRPC and `streams` HTTP requests in one batch.
+#[derive(Debug, Clone, Serialize)]
+pub struct Paired {
+    pub streams_per_door: usize,
+    pub prompt_tokens: usize,
+    pub output_tokens: usize,
+    /// Decode steps that reached both doors.
+    pub steps: usize,
+    /// Per such step: the mean HTTP arrival of its tokens minus the mean gRPC arrival.
+    pub http_minus_grpc_ms: Option<Spread>,
+    /// Gaps between streamed chunks once every stream had its first (pure decode steps of the
+    /// whole batch), per door: gRPC, then HTTP.
+    pub decode_itl_ms: [Dist; 2],
+}
+
+/// Runs the paired pass through kiln's two doors (see the module's notes). Steps are told
+/// apart by time: the arrivals after every stream had its first token, sorted, split wherever
+/// two are more than half a median decode gap apart or a stream would appear twice (a step
+/// gives each stream one token). Steps that reached only one door are left out (a step whose
+/// token completes no text sends no HTTP chunk).
+pub async fn paired(
+    grpc: &Door,
+    http: &Door,
+    streams: usize,
+    prompt_tokens: usize,
+    output_tokens: usize,
+    prompts: &mut Prompts,
+) -> anyhow::Result<Paired> {
+    let mut set = JoinSet::new();
+    for i in 0..2 * streams {
+        let door = if i % 2 == 0 { grpc } else { http }.clone();
+        let ids = prompts.fresh(prompt_tokens);
+        set.spawn(async move { (i % 2, door.one(ids, output_tokens).await) });
+    }
+    let mut traces: Vec<(usize, Trace)> = Vec::with_capacity(2 * streams);
+    while let Some(j) = set.join_next().await {
+        let (side, t) = j.context("a paired request task failed")?;
+        let t = t.with_context(|| format!("a paired {} request", ["gRPC", "HTTP"][side]))?;
+        if t.chunks.is_empty() {
+            bail!(
+                "a paired {} request streamed no tokens",
+                ["gRPC", "HTTP"][side]
+            );
+        }
+        traces.push((side, t));
+    }
+    let all_started = traces
+        .iter()
+        .map(|(_, t)| t.chunks[0].0)
+        .max()
+        .context("no paired streams")?;
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    let mut itl: [Vec<f64>; 2] = [Vec::new(), Vec::new()];
+    for (side, t) in &traces {
+        itl[*side].extend(
+            t.chunks
+                .windows(2)
+                .filter(|w| w[0].0 >= all_started)
+                .map(|w| ms(w[1].0 - w[0].0)),
+        );
+    }
+    let mut gaps: Vec<f64> = itl.concat();
+    gaps.sort_by(f64::total_cmp);
+    let half_step = gaps.get(gaps.len() / 2).map_or(0.0, |m| m / 2.0);
+    // (arrival in ms after all_started, door, stream).
+    let mut arrivals: Vec<(f64, usize, usize)> = traces
+        .iter()
+        .enumerate()
+        .flat_map(|(i, (side, t))| {
+            t.chunks
+                .iter()
+                .filter(|c| c.0 >= all_started)
+                .map(move |c| (ms(c.0 - all_started), *side, i))
+        })
+        .collect();
+    arrivals.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let mut offsets = Vec::new();
+    let mut step: Vec<(f64, usize, usize)> = Vec::new();
+    let mut close = |step: &mut Vec<(f64, usize, usize)>| {
+        let mean = |side: usize| {
+            let v: Vec<f64> = step.iter().filter(|a| a.1 == side).map(|a| a.0).collect();
+            (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64)
+        };
+        if let (Some(g), Some(h)) = (mean(0), mean(1)) {
+            offsets.push(h - g);
+        }
+        step.clear();
+    };
+    for a in arrivals {
+        let next =
+            step.last().is_some_and(|l| a.0 - l.0 > half_step) || step.iter().any(|s| s.2 == a.2);
+        if next {
+            close(&mut step);
+        }
+        step.push(a);
+    }
+    close(&mut step);
+    let [g, h] = itl;
+    Ok(Paired {
+        streams_per_door: streams,
+        prompt_tokens,
+        output_tokens,
+        steps: offsets.len(),
+        http_minus_grpc_ms: Spread::of(offsets),
+        decode_itl_ms: [Dist::of(g), Dist::of(h)],
+    })
+}
+
+/// Prints the paired pass.
+pub fn print_paired(p: &Paired) {
+    println!(
+        "paired pass: {n} gRPC + {n} HTTP streams in one batch ({} prompt tokens -> {} output tokens each)",
+        p.prompt_tokens,
+        p.output_tokens,
+        n = p.streams_per_door
+    );
+    match p.http_minus_grpc_ms {
+        Some(o) => println!(
+            "  HTTP minus gRPC arrival of a decode step's tokens (ms): median {:+.2}  mean {:+.2}  p10 {:+.2}  p90 {:+.2}  ({} steps)",
+            o.median, o.mean, o.p10, o.p90, p.steps
+        ),
+        None => println!("  no decode step reached both doors"),
+    }
+    let [g, h] = p.decode_itl_ms;
+    println!(
+        "  decode-only ITL (ms): gRPC median {:.2} mean {:.2} p99 {:.2}; HTTP median {:.2} mean {:.2} p99 {:.2}",
+        g.median, g.mean, g.p99, h.median, h.mean, h.p99
+    );
     println!();
 }

@@ -3,10 +3,10 @@
 //! them in the same forward pass, and sampling keeps the longest prefix the target agrees with
 //! plus one token of the target's own. Greedy, "agrees" means equal to its argmax. Sampling,
 //! the drafts are point masses, for which the rejection rule (accept with min(1, p/q), else
-//! draw from the normalised max(0, p − q); see [`rejection_sample`](crate::rejection_sample))
+//! draw from the normalised max(0, p − q); the sampler's distribution tests hold a reference)
 //! reduces to "accept with probability p(draft), else draw from p without the draft"; the
 //! sampler realises it by checking the draft against its own seeded Gumbel-max draw
-//! ([`Sampler::verify`](crate::Sampler::verify)), so speculation never changes a seeded
+//! ([`Sampler::verify_masked`](crate::sampling::Sampler::verify_masked)), so speculation never changes a seeded
 //! request's tokens. Accepted tokens cost one weight read for several tokens, which is what a
 //! memory-bound decode lacks.
 //!
@@ -19,8 +19,9 @@ mod draft;
 mod ngram;
 mod verify;
 
-pub use draft::{DraftModel, DraftProposer, TokenizerMismatch, check_same_tokenizer};
-pub use ngram::NgramProposer;
+pub use draft::{DraftModel, TokenizerMismatch};
+pub(crate) use draft::{DraftProposer, check_same_tokenizer};
+pub(crate) use ngram::NgramProposer;
 pub(crate) use verify::Spec;
 
 use kiln_kv::{KvError, KvMetrics, SeqId};

@@ -1,6 +1,6 @@
 //! Encode throughput of `kiln-tokenizer` against calling `tokenizers` directly, on the default
 //! model's tokenizer (the committed `tokenizer.json` fixture) and a mixed corpus (prose, code,
-//! CJK, emoji, special tokens). Run with `cargo bench -p kiln-benches --bench tokenizer_encode`.
+//! CJK, emoji, special tokens). Run with `cargo bench -p kiln-tokenizer --bench tokenizer_encode`.
 
 use std::hint::black_box;
 use std::path::PathBuf;
@@ -10,8 +10,7 @@ use criterion::{Criterion, Throughput};
 use kiln_tokenizer::{EncodeOptions, Tokenizer};
 
 fn corpus() -> anyhow::Result<Vec<String>> {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../crates/kiln-tokenizer/tests/fixtures/smollm2_golden.json");
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/smollm2_golden.json");
     let golden: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path)?)?;
     let texts: Vec<String> = golden["cases"]
         .as_array()
@@ -33,8 +32,7 @@ fn corpus() -> anyhow::Result<Vec<String>> {
 }
 
 fn tokenizer() -> anyhow::Result<Tokenizer> {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../crates/kiln-tokenizer/tests/fixtures/smollm2");
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/smollm2");
     Ok(Tokenizer::from_hf_dir(dir)?)
 }
 

@@ -18,7 +18,7 @@
 //! (Q5_0, Q5_1, K-quants) from random blocks with small finite scales (speed does not depend
 //! on the values).
 //!
-//! Run: `cargo bench -p kiln-benches --bench kernels` (filter with e.g. `-- matvec/Q4_1`).
+//! Run: `cargo bench -p kiln-tensor --bench kernels` (filter with e.g. `-- matvec/Q4_1`).
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use kiln_tensor::{BackendChoice, DType, Device, DeviceOptions, Recorder, Tensor};
