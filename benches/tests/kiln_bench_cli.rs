@@ -69,3 +69,49 @@ fn bad_flags_and_a_bad_kiln_backend_exit_2() {
         assert!(!err.contains("panicked"), "{err}");
     }
 }
+
+/// The profile on wgpu's no-op backend (`WGPU_BACKEND=noop WGPU_NOOP_BACKEND=1`): every step
+/// is recorded, encoded and submitted and nothing runs, so what it reports is kiln's and wgpu's
+/// host time with no driver's. Checks that the path stays open and reports that time.
+#[test]
+fn the_profile_runs_on_the_no_op_backend_and_reports_host_time() {
+    let model = kiln_testkit::default_model();
+    let out = std::env::temp_dir().join(format!("kiln-bench-noop-{}", std::process::id()));
+    let o = Command::new(env!("CARGO_BIN_EXE_kiln-bench"))
+        .args(["--model", model.to_str().unwrap(), "--backend", "wgpu"])
+        .args(["--scenarios", "profile", "--prompt-tokens", "32", "--out"])
+        .arg(&out)
+        .env("WGPU_BACKEND", "noop")
+        .env("WGPU_NOOP_BACKEND", "1")
+        .env_remove("KILN_BACKEND")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("latest.json")).unwrap()).unwrap();
+    std::fs::remove_dir_all(&out).ok();
+    assert_eq!(report["device"]["backend"], "noop", "{stdout}");
+    let decode = report["profile"]["decode"].as_array().unwrap();
+    let batches: Vec<u64> = decode
+        .iter()
+        .map(|s| s["batch"].as_u64().unwrap())
+        .collect();
+    assert_eq!(batches, [1, 16, 64], "{stdout}");
+    for s in decode {
+        let launches: f64 = s["kernels"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|k| k["launches_per_step"].as_f64().unwrap())
+            .sum();
+        assert!(launches >= 100.0, "{s}");
+        for f in ["host_record_ms_per_step", "host_encode_ms_per_step"] {
+            assert!(s[f].as_f64().unwrap() > 0.0, "{f}: {s}");
+        }
+    }
+}

@@ -172,17 +172,17 @@ impl Tensor {
                 rows_per_chunk.min(rows - row0)
             };
             let part = &bytes[row0 * row_bytes..(row0 + nrows) * row_bytes];
-            let what = format!("tensor {shape:?} {dtype:?} rows {row0}..{}", row0 + nrows);
+            let what = || format!("tensor {shape:?} {dtype:?} rows {row0}..{}", row0 + nrows);
             let (buf, qs_offset) = if dtype.is_quantized() {
                 let nb = nrows * cols / dtype.block_elems();
                 let words = quant::to_device(dtype, part);
                 let layout = quant::device_layout(dtype, nb);
                 (
-                    ctx.upload(bytemuck::cast_slice(&words), &what)?,
+                    ctx.upload(bytemuck::cast_slice(&words), what)?,
                     layout.qs_offset as u32,
                 )
             } else {
-                (ctx.upload(part, &what)?, 0)
+                (ctx.upload(part, what)?, 0)
             };
             chunks.push(Chunk {
                 buf,
@@ -268,7 +268,7 @@ impl Tensor {
     ) -> Result<Self> {
         let n: usize = shape.iter().product();
         let bytes = dtype.bytes_for(n).unwrap_or(0) as u64;
-        let buf = ctx.output_buffer(bytes, &format!("{op} output {shape:?} {dtype:?}"))?;
+        let buf = ctx.output_buffer(bytes, || format!("{op} output {shape:?} {dtype:?}"))?;
         let rows = if shape.is_empty() {
             1
         } else {

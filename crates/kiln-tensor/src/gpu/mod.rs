@@ -444,15 +444,22 @@ impl GpuContext {
     }
 
     /// A pooled storage buffer of at least `bytes` (rounded up to 4) for an op's output.
-    pub(crate) fn output_buffer(&self, bytes: u64, what: &str) -> Result<GpuBuffer> {
+    /// A pooled buffer of `bytes` for a kernel's output. `what` names it in the error, and is
+    /// only called then (formatting a name per launch costs more than the rest of taking a
+    /// pooled buffer).
+    pub(crate) fn output_buffer(
+        &self,
+        bytes: u64,
+        what: impl FnOnce() -> String,
+    ) -> Result<GpuBuffer> {
         self.check_binding(bytes, what)?;
         Ok(self.pool.take(&self.device, bytes, TENSOR_USAGE))
     }
 
-    pub(crate) fn check_binding(&self, bytes: u64, what: &str) -> Result<()> {
+    pub(crate) fn check_binding(&self, bytes: u64, what: impl FnOnce() -> String) -> Result<()> {
         if bytes > self.max_binding {
             return Err(TensorError::TooLarge {
-                what: what.to_string(),
+                what: what(),
                 bytes,
                 limit: self.max_binding,
                 limit_name: "max_storage_buffer_binding_size",
@@ -465,7 +472,7 @@ impl GpuContext {
     /// from the pool, written through the queue (ordered before the next submit's kernels),
     /// so the same step shape binds the same buffers and reuses its bind groups; large ones
     /// (weights) are new buffers filled through a mapping at creation: no staging copy.
-    pub(crate) fn upload(&self, data: &[u8], what: &str) -> Result<GpuBuffer> {
+    pub(crate) fn upload(&self, data: &[u8], what: impl FnOnce() -> String) -> Result<GpuBuffer> {
         self.check_binding(data.len() as u64, what)?;
         if data.len() as u64 <= POOLED_UPLOAD {
             // Never one this thread's open recording still reads: the write lands before it.
