@@ -177,10 +177,10 @@ impl Recorder {
     }
 
     /// Record one kernel launch of `groups` workgroups.
-    pub(crate) fn dispatch<P: bytemuck::Pod>(
+    pub(crate) fn dispatch<P: bytemuck::Pod, V: AsRef<str>>(
         &mut self,
         kernel: &KernelDef,
-        defines: &[(&str, String)],
+        defines: &[(&str, V)],
         params: &P,
         bindings: Vec<(Tensor, usize)>,
         groups: u32,
@@ -190,10 +190,10 @@ impl Recorder {
     }
 
     /// [`Recorder::dispatch`] with byte ranges for some bindings.
-    pub(crate) fn dispatch_binds<P: bytemuck::Pod>(
+    pub(crate) fn dispatch_binds<P: bytemuck::Pod, V: AsRef<str>>(
         &mut self,
         kernel: &KernelDef,
-        defines: &[(&str, String)],
+        defines: &[(&str, V)],
         params: &P,
         bindings: Vec<Bind>,
         groups: u32,

@@ -359,10 +359,10 @@ impl GpuContext {
 
     /// The pipeline for `kernel` specialised by `defines`, compiled once and cached under a key
     /// naming every specialisation axis.
-    pub(crate) fn pipeline(
+    pub(crate) fn pipeline<V: AsRef<str>>(
         &self,
         kernel: &KernelDef,
-        defines: &[(&str, String)],
+        defines: &[(&str, V)],
     ) -> Result<Arc<Pipeline>> {
         let hash = template::launch_hash(kernel.name, defines);
         if let Some((known, p)) = lock(&self.recent).get(&hash)
@@ -372,14 +372,18 @@ impl GpuContext {
         }
         let p = self.compiled(kernel, defines)?;
         let known = template::keyed(defines)
-            .map(|(k, v)| (k.to_string(), v.clone()))
+            .map(|(k, v)| (k.to_string(), v.as_ref().to_owned()))
             .collect();
         lock(&self.recent).insert(hash, (known, p.clone()));
         Ok(p)
     }
 
     /// [`GpuContext::pipeline`] by its full key: compiled on first use.
-    fn compiled(&self, kernel: &KernelDef, defines: &[(&str, String)]) -> Result<Arc<Pipeline>> {
+    fn compiled<V: AsRef<str>>(
+        &self,
+        kernel: &KernelDef,
+        defines: &[(&str, V)],
+    ) -> Result<Arc<Pipeline>> {
         let key = template::cache_key(kernel.name, defines);
         if let Some(p) = lock(&self.pipelines).get(&key) {
             return Ok(p.clone());

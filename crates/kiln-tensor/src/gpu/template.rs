@@ -9,39 +9,45 @@ use std::hash::{Hash, Hasher};
 
 /// Cache key naming the kernel and every specialisation axis. Defines whose value spans
 /// several lines are code the launcher generated from the other defines, so they are left out.
-pub(crate) fn cache_key(kernel: &str, defines: &[(&str, String)]) -> String {
-    let mut d: Vec<String> = keyed(defines).map(|(k, v)| format!("{k}={v}")).collect();
+pub(crate) fn cache_key<V: AsRef<str>>(kernel: &str, defines: &[(&str, V)]) -> String {
+    let mut d: Vec<String> = keyed(defines)
+        .map(|(k, v)| format!("{k}={}", v.as_ref()))
+        .collect();
     d.sort();
     format!("{kernel}[{}]", d.join(","))
 }
 
 /// The defines that name a specialisation: code blocks (multi-line values) follow from the
 /// others and are left out.
-pub(crate) fn keyed<'a>(
-    defines: &'a [(&'a str, String)],
-) -> impl Iterator<Item = &'a (&'a str, String)> {
-    defines.iter().filter(|(_, v)| !v.contains('\n'))
+pub(crate) fn keyed<'a, V: AsRef<str>>(
+    defines: &'a [(&'a str, V)],
+) -> impl Iterator<Item = &'a (&'a str, V)> {
+    defines.iter().filter(|(_, v)| !v.as_ref().contains('\n'))
 }
 
 /// A hash of `kernel` and its [`keyed`] defines in the order given (a launch site gives them
 /// in the same order every time).
-pub(crate) fn launch_hash(kernel: &str, defines: &[(&str, String)]) -> u64 {
+pub(crate) fn launch_hash<V: AsRef<str>>(kernel: &str, defines: &[(&str, V)]) -> u64 {
     let mut h = rustc_hash::FxHasher::default();
     kernel.hash(&mut h);
     for (k, v) in keyed(defines) {
         k.hash(&mut h);
-        v.hash(&mut h);
+        v.as_ref().hash(&mut h);
     }
     h.finish()
 }
 
 /// `known` (as stored) holds exactly `defines`' keyed ones, in the same order.
-pub(crate) fn same_defines(known: &[(String, String)], defines: &[(&str, String)]) -> bool {
+pub(crate) fn same_defines<V: AsRef<str>>(
+    known: &[(String, String)],
+    defines: &[(&str, V)],
+) -> bool {
     let mut given = keyed(defines);
-    known
-        .iter()
-        .all(|(k, v)| given.next().is_some_and(|(gk, gv)| gk == k && gv == v))
-        && given.next().is_none()
+    known.iter().all(|(k, v)| {
+        given
+            .next()
+            .is_some_and(|(gk, gv)| gk == k && gv.as_ref() == v)
+    }) && given.next().is_none()
 }
 
 /// Why a kernel template does not render.
@@ -57,16 +63,16 @@ pub enum TemplateError {
     Undefined(String),
 }
 
-pub(crate) fn render(
+pub(crate) fn render<V: AsRef<str>>(
     src: &str,
-    defines: &[(&str, String)],
+    defines: &[(&str, V)],
     f16: bool,
 ) -> Result<String, TemplateError> {
     let truthy = |name: &str| {
         if name == "F16" {
             return f16;
         }
-        defines.iter().any(|(k, v)| *k == name && v != "0")
+        defines.iter().any(|(k, v)| *k == name && v.as_ref() != "0")
     };
     let mut out = String::with_capacity(src.len() + 64);
     if f16 {
@@ -95,7 +101,7 @@ pub(crate) fn render(
         return Err(TemplateError::Unterminated);
     }
     for (k, v) in defines {
-        out = out.replace(&format!("{{{{{k}}}}}"), v);
+        out = out.replace(&format!("{{{{{k}}}}}"), v.as_ref());
     }
     if let Some(at) = out.find("{{") {
         let end = out[at..].find("}}").map_or(out.len(), |e| at + e + 2);
@@ -146,20 +152,17 @@ mod tests {
         let d = [("X", "1".to_string()), ("N", "7".to_string())];
         assert_eq!(render(src, &d, false).unwrap(), "a\nb 7\nd\n");
         assert_eq!(
-            render(src, &[("N", "1".into())], true).unwrap(),
+            render(src, &[("N", "1")], true).unwrap(),
             "enable f16;\na\ne\nh\n"
         );
-        assert!(render("#if X\n", &[], false).is_err());
-        assert!(render("#endif\n", &[], false).is_err());
+        assert!(render::<&str>("#if X\n", &[], false).is_err());
+        assert!(render::<&str>("#endif\n", &[], false).is_err());
         assert!(
-            render("{{Q}}", &[], false)
+            render::<&str>("{{Q}}", &[], false)
                 .unwrap_err()
                 .to_string()
                 .contains("{{Q}}")
         );
-        assert_eq!(
-            cache_key("k", &[("B", "2".into()), ("A", "1".into())]),
-            "k[A=1,B=2]"
-        );
+        assert_eq!(cache_key("k", &[("B", "2"), ("A", "1")]), "k[A=1,B=2]");
     }
 }

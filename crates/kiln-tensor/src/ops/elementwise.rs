@@ -90,7 +90,7 @@ impl Recorder {
         };
         self.dispatch(
             kernel,
-            &[(switch, "1".into())],
+            &[(switch, String::from("1"))],
             &params,
             vec![(a.clone(), 0), (b.clone(), 0), (out.clone(), 0)],
             n.div_ceil(64) as u32,
@@ -130,7 +130,7 @@ impl Recorder {
         };
         self.dispatch(
             kernel,
-            &[(switch, "1".into()), ("UNARY", "1".into())],
+            &[(switch, String::from("1")), ("UNARY", String::from("1"))],
             &params,
             vec![(a.clone(), 0), (out.clone(), 0)],
             n.div_ceil(64) as u32,

@@ -9,6 +9,7 @@
 //! everything fused. A weight split into several chunks (bigger than one binding) is launched
 //! chunk by chunk into column ranges of Y.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock, PoisonError};
 
@@ -16,7 +17,9 @@ use bytemuck::{Pod, Zeroable};
 
 use super::elementwise::glu_ref;
 use super::rows::rms_norm_ref;
-use super::{WEIGHT_DTYPES, dot, host_f32, host_row, require_dtype, weight_defines};
+use super::{
+    Define, WEIGHT_DTYPES, dot, flag, host_f32, host_row, number, require_dtype, weight_defines,
+};
 use crate::gpu::{Access, GpuContext, KernelDef};
 use crate::recorder::Bind;
 use crate::tensor::Storage;
@@ -435,8 +438,8 @@ impl Recorder {
         let n_total = y.cols();
         let mut defines = weight_defines(w.dtype(), 2);
         epilogue_defines(&mut defines, epi, norm.is_some());
-        defines.push(("MV_M", m.to_string()));
-        defines.push(("K8", u32::from(k.is_multiple_of(8)).to_string()));
+        defines.push(("MV_M", number(m)));
+        defines.push(("K8", flag(k.is_multiple_of(8))));
         let kernel = &MATMUL_VEC[epi.index()][usize::from(norm.is_some())];
         for (ci, c) in chunks.iter().enumerate() {
             let rows = if gated { c.rows / 2 } else { c.rows };
@@ -476,7 +479,7 @@ impl Recorder {
         };
         let (m, k, n) = (x.rows(), x.cols(), w.rows());
         let mut defines = weight_defines(w.dtype(), 2);
-        defines.push(("BIAS", u32::from(bias.is_some()).to_string()));
+        defines.push(("BIAS", flag(bias.is_some())));
         let kernel = if bias.is_some() {
             &MATMUL_TILED_BIAS
         } else {
@@ -529,11 +532,11 @@ impl Recorder {
                 let mg = group.min(m - i0);
                 let mut defines = weight_defines(w.dtype(), 2);
                 epilogue_defines(&mut defines, epi, norm.is_some());
-                defines.push(("MV_M", mg.to_string()));
-                defines.push(("R", ROWS_R.to_string()));
-                defines.push(("WG", ROWS_WG.to_string()));
-                defines.push(("XV", (mg * k / 4).to_string()));
-                defines.push(("GV", (k / 4).to_string()));
+                defines.push(("MV_M", number(mg)));
+                defines.push(("R", number(ROWS_R)));
+                defines.push(("WG", number(ROWS_WG)));
+                defines.push(("XV", number(mg * k / 4)));
+                defines.push(("GV", number(k / 4)));
                 defines.extend(rows_accumulators(mg, ROWS_R, gated, norm.is_some()));
                 defines.extend(sg_x.iter().cloned());
                 let params = RowsParams {
@@ -575,15 +578,15 @@ impl Recorder {
 
 /// The epilogue's switches (`BIAS`, `RES`, `GATED`, `GELU`) and the norm's (`NORM`, and
 /// `G_BINDING`, its weights' binding: after the epilogue's operand).
-fn epilogue_defines(d: &mut Vec<(&'static str, String)>, epi: Epilogue<'_>, norm: bool) {
+fn epilogue_defines(d: &mut Vec<Define>, epi: Epilogue<'_>, norm: bool) {
     for f in ["BIAS", "RES", "GATED"] {
-        d.push((f, u32::from(epi.switch() == Some(f)).to_string()));
+        d.push((f, flag(epi.switch() == Some(f))));
     }
     let gelu = matches!(epi, Epilogue::Gated(Activation::GeluTanh));
-    d.push(("GELU", u32::from(gelu).to_string()));
-    d.push(("NORM", u32::from(norm).to_string()));
+    d.push(("GELU", flag(gelu)));
+    d.push(("NORM", flag(norm)));
     let operand = matches!(epi, Epilogue::Bias(_) | Epilogue::Residual(_));
-    d.push(("G_BINDING", if operand { "5" } else { "4" }.to_string()));
+    d.push(("G_BINDING", number(if operand { 5 } else { 4 })));
 }
 
 /// CPU reference of [`Recorder::linear`]: the norm, the matmul (each weight row dequantized
@@ -636,7 +639,7 @@ const ROWS_R: usize = 8;
 
 /// Defines of the X reads of `matmul_rows.wgsl`: by subgroup broadcast where every subgroup
 /// has at least the 8 lanes one block of X needs.
-fn rows_x_broadcast(info: Option<&crate::DeviceInfo>) -> Vec<(&'static str, String)> {
+fn rows_x_broadcast(info: Option<&crate::DeviceInfo>) -> Vec<Define> {
     let sg = info.is_some_and(|i| i.subgroups && i.subgroup_size.0 >= 8);
     if sg {
         vec![
@@ -650,7 +653,7 @@ fn rows_x_broadcast(info: Option<&crate::DeviceInfo>) -> Vec<(&'static str, Stri
     } else {
         vec![
             ("SG_X", "0".into()),
-            ("SG_ARG", String::new()),
+            ("SG_ARG", "".into()),
             ("SG_LANE", "0u".into()),
         ]
     }
@@ -661,16 +664,18 @@ fn rows_x_broadcast(info: Option<&crate::DeviceInfo>) -> Vec<(&'static str, Stri
 /// weight blocks are decoded once and each X block is read once per block and used for all
 /// of them. Under `norm` each X block is scaled by the norm's weights `g` as it is read, and
 /// its squares summed for the row's scale, applied at the store.
-fn rows_accumulators(m: usize, r: usize, gated: bool, norm: bool) -> [(&'static str, String); 3] {
-    // Written out once per shape: a launch's recording costs a hash lookup and copies.
-    type Code = [(&'static str, String); 3];
+fn rows_accumulators(m: usize, r: usize, gated: bool, norm: bool) -> [Define; 3] {
+    // Written out once per shape and kept for the process (a few shapes: `m` is at most a
+    // group of rows, `r` is ROWS_R), so a launch's recording costs a hash lookup, no copy.
+    type Code = [(&'static str, &'static str); 3];
     type Memo = Mutex<HashMap<(usize, usize, bool, bool), Code>>;
     static MEMO: OnceLock<Memo> = OnceLock::new();
     let memo = MEMO.get_or_init(Default::default);
     let mut memo = memo.lock().unwrap_or_else(PoisonError::into_inner);
-    memo.entry((m, r, gated, norm))
-        .or_insert_with(|| write_accumulators(m, r, gated, norm))
-        .clone()
+    let code = *memo.entry((m, r, gated, norm)).or_insert_with(|| {
+        write_accumulators(m, r, gated, norm).map(|(k, v)| (k, &*Box::leak(v.into_boxed_str())))
+    });
+    code.map(|(k, v)| (k, Cow::Borrowed(v)))
 }
 
 fn write_accumulators(m: usize, r: usize, gated: bool, norm: bool) -> [(&'static str, String); 3] {

@@ -13,6 +13,8 @@ pub use embedding::ColumnIndex;
 pub use matmul::{Activation, LinearOps, RmsNorm};
 pub use rope::{RopeConfig, RopeLayout, RopePositions, RopeScaling, RopeTable};
 
+use std::borrow::Cow;
+
 use crate::gpu::Access;
 use crate::tensor::Storage;
 use crate::{DType, Result, Tensor, TensorError};
@@ -22,16 +24,35 @@ pub(crate) const R1W: &[Access] = &[Access::Read, Access::ReadWrite];
 pub(crate) const R2W: &[Access] = &[Access::Read, Access::Read, Access::ReadWrite];
 pub(crate) const R3W: &[Access] = &[Access::Read, Access::Read, Access::Read, Access::ReadWrite];
 
+/// A kernel define: its name and value, the value borrowed where it is fixed, so recording a
+/// launch allocates no string for it.
+pub(crate) type Define = (&'static str, Cow<'static, str>);
+
+/// A `0`/`1` switch's value.
+pub(crate) fn flag(on: bool) -> Cow<'static, str> {
+    Cow::Borrowed(if on { "1" } else { "0" })
+}
+
+/// A number's value (borrowed for the small ones launches give most).
+pub(crate) fn number(n: usize) -> Cow<'static, str> {
+    const SMALL: [&str; 17] = [
+        "0", "1", "2", "3", "4", "5", "6", "7", "8", "9", "10", "11", "12", "13", "14", "15", "16",
+    ];
+    SMALL
+        .get(n)
+        .map_or_else(|| Cow::Owned(n.to_string()), |s| Cow::Borrowed(*s))
+}
+
 /// Defines naming the subgroup specialisation of kernels that use `reduce.wgsl`, for
 /// workgroups of `wg` invocations (a power of two, at most 256).
-pub(crate) fn subgroup_defines(subgroups: bool, wg: u32) -> Vec<(&'static str, String)> {
+pub(crate) fn subgroup_defines(subgroups: bool, wg: u32) -> Vec<Define> {
     debug_assert!(wg.is_power_of_two() && wg <= 256);
     let mut d = subgroup_switch(subgroups);
-    d.push(("RED_WG", wg.to_string()));
+    d.push(("RED_WG", number(wg as usize)));
     d
 }
 
-fn subgroup_switch(subgroups: bool) -> Vec<(&'static str, String)> {
+fn subgroup_switch(subgroups: bool) -> Vec<Define> {
     if subgroups {
         vec![
             ("SUBGROUPS", "1".into()),
@@ -44,7 +65,7 @@ fn subgroup_switch(subgroups: bool) -> Vec<(&'static str, String)> {
     } else {
         vec![
             ("SUBGROUPS", "0".into()),
-            ("SG_ARG", String::new()),
+            ("SG_ARG", "".into()),
             ("SG_LANE", "0u".into()),
         ]
     }
@@ -58,7 +79,7 @@ pub(crate) const WEIGHT_DTYPES: &[DType] = DType::WEIGHTS;
 /// `W_SUB` for the formats decoded four elements at a time, `W_Q45_K`, `W_ZP` for the
 /// zero-point formats, `W_Q4_DM` for the nibble formats with a `d|m` or `d|z` head word a
 /// block), and `RD3`/`RD4`, how many 16-byte reads `matmul_rows.wgsl` makes a block.
-pub(crate) fn weight_defines(dtype: DType, binding: u32) -> Vec<(&'static str, String)> {
+pub(crate) fn weight_defines(dtype: DType, binding: u32) -> Vec<Define> {
     let (name, reads) = match dtype {
         DType::F32 => ("W_F32", 0),
         DType::F16 => ("W_F16", 0),
@@ -78,7 +99,9 @@ pub(crate) fn weight_defines(dtype: DType, binding: u32) -> Vec<(&'static str, S
         // Rejected by the ops' dtype checks before any launch.
         DType::U32 | DType::I32 => ("W_F32", 0),
     };
-    let mut d = vec![(name, "1".to_string()), ("W_BINDING", binding.to_string())];
+    let mut d = Vec::with_capacity(32);
+    d.push((name, flag(true)));
+    d.push(("W_BINDING", number(binding as usize)));
     if dtype.is_quantized() {
         d.push(("W_QUANT", "1".into()));
     } else {
@@ -97,8 +120,8 @@ pub(crate) fn weight_defines(dtype: DType, binding: u32) -> Vec<(&'static str, S
     if matches!(dtype, DType::Q4_1 | DType::Q4_Z) {
         d.push(("W_Q4_DM", "1".into()));
     }
-    d.push(("RD3", u32::from(reads >= 3).to_string()));
-    d.push(("RD4", u32::from(reads >= 4).to_string()));
+    d.push(("RD3", flag(reads >= 3)));
+    d.push(("RD4", flag(reads >= 4)));
     d
 }
 

@@ -271,7 +271,7 @@ impl Recorder {
         ];
         self.dispatch(
             &ROPE,
-            &[],
+            &[] as &[(&str, String)],
             &params,
             bind,
             x.elem_count().div_ceil(64) as u32,
