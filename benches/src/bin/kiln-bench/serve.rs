@@ -31,7 +31,7 @@ use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 use tonic::transport::Channel;
 
-use crate::stats::Prompts;
+use crate::stats::{Prompts, ms};
 
 /// What every door is sent.
 #[derive(Debug, Clone, Copy, Serialize)]
@@ -79,13 +79,17 @@ impl Dist {
             return Self::default();
         }
         v.sort_by(f64::total_cmp);
-        let at = |p: f64| v[((p / 100.0 * v.len() as f64).ceil() as usize).clamp(1, v.len()) - 1];
         Self {
             mean: v.iter().sum::<f64>() / v.len() as f64,
-            median: at(50.0),
-            p99: at(99.0),
+            median: nearest_rank(&v, 50),
+            p99: nearest_rank(&v, 99),
         }
     }
+}
+
+/// The `p`th percentile of non-empty `sorted`, nearest rank.
+fn nearest_rank(sorted: &[f64], p: usize) -> f64 {
+    sorted[(sorted.len() * p).div_ceil(100).clamp(1, sorted.len()) - 1]
 }
 
 /// One door's results, as `vllm bench serve` reports them.
@@ -273,7 +277,6 @@ pub async fn run(door: &Door, name: &str, w: &Workload, prompts: &mut Prompts) -
         }
     }
     let duration = began.elapsed().as_secs_f64();
-    let ms = |d: Duration| d.as_secs_f64() * 1e3;
     let output: usize = traces
         .iter()
         .map(|t| t.chunks.iter().map(|c| c.1).sum::<usize>())
@@ -399,12 +402,11 @@ impl Spread {
             return None;
         }
         v.sort_by(f64::total_cmp);
-        let at = |p: usize| v[(v.len() * p).div_ceil(100).clamp(1, v.len()) - 1];
         Some(Self {
             mean: v.iter().sum::<f64>() / v.len() as f64,
-            median: at(50),
-            p10: at(10),
-            p90: at(90),
+            median: nearest_rank(&v, 50),
+            p10: nearest_rank(&v, 10),
+            p90: nearest_rank(&v, 90),
         })
     }
 }
@@ -460,7 +462,6 @@ pub async fn paired(
         .map(|(_, t)| t.chunks[0].0)
         .max()
         .context("no paired streams")?;
-    let ms = |d: Duration| d.as_secs_f64() * 1e3;
     let mut itl: [Vec<f64>; 2] = [Vec::new(), Vec::new()];
     for (side, t) in &traces {
         itl[*side].extend(

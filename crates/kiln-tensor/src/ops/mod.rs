@@ -5,6 +5,7 @@
 mod elementwise;
 mod embedding;
 mod matmul;
+mod matmul_code;
 mod rope;
 mod rows;
 pub mod sample;
