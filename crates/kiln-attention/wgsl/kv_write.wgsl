@@ -12,7 +12,7 @@
 // dimensions past `rot` pass through; rot = 0 rotates nothing.
 //
 // Pool formats:
-// KV_F32, KV_F16: the values (f16 packed two per word).
+// KV_F32, KV_F16: the values (f16 packed two per word, rounded to nearest even: `f16_bits`).
 // KV_I8:  scale = max|x| / 127, four i8 per word, the scale stored per (slot, head).
 // KV_I4:  the row rotated by `hadamard`, then asymmetric: scale = range / 15 and zero = its
 //         low end, for the range of the rotated row shrunk around its midpoint by the clip
@@ -61,6 +61,45 @@ struct Params {
 @group(0) @binding(10) var<storage, read_write> k_pool: array<u32>;
 @group(0) @binding(11) var<storage, read_write> v_pool: array<u32>;
 #endif
+// f32 to f16 bits, rounded to nearest, ties to even, as the host's `half::f16::from_f32`
+// rounds. WGSL leaves `pack2x16float`'s rounding to the driver (some truncate), and an f16
+// that differs by one unit from the host's moves an INT4 row's levels, so every f16 the cache
+// stores is rounded here. Finite values past the f16 range become infinities, NaN stays NaN.
+fn f16_bits(x: f32) -> u32 {
+    let b = bitcast<u32>(x);
+    let sign = (b >> 16u) & 0x8000u;
+    let a = b & 0x7fffffffu;
+    if (a > 0x7f800000u) {
+        return sign | 0x7e00u;
+    }
+    if (a >= 0x477ff000u) {
+        // At or past 65520, halfway from 65504 to the next power of two: infinity.
+        return sign | 0x7c00u;
+    }
+    if (a >= 0x38800000u) {
+        // Normal: rebias the exponent (127 to 15), round the 13 dropped mantissa bits.
+        let m = a - 0x38000000u;
+        return sign | ((m + 0xfffu + ((m >> 13u) & 1u)) >> 13u);
+    }
+    let e = a >> 23u;
+    if (e < 102u) {
+        // Below 2^-25, half the least subnormal: zero.
+        return sign;
+    }
+    // Subnormal: the significand in units of 2^-24, rounded.
+    let mant = (a & 0x7fffffu) | 0x800000u;
+    let shift = 126u - e;
+    let q = mant >> shift;
+    let rem = mant & ((1u << shift) - 1u);
+    let half = 1u << (shift - 1u);
+    let up = rem > half || (rem == half && (q & 1u) == 1u);
+    return sign | (q + select(0u, 1u, up));
+}
+
+fn pack_f16(v: vec2<f32>) -> u32 {
+    return f16_bits(v.x) | (f16_bits(v.y) << 16u);
+}
+
 #if KV_I8
 @group(0) @binding(12) var<storage, read_write> k_scale: array<f32>;
 @group(0) @binding(13) var<storage, read_write> v_scale: array<f32>;
@@ -98,7 +137,7 @@ fn i4_params(r: ptr<function, array<f32, 256>>, n: u32) -> vec2<f32> {
     for (var c = 0u; c < 6u; c++) {
         let clip = CLIPS[c];
         let raw = vec2<f32>(2.0 * half_range * clip / 15.0, mid - half_range * clip);
-        let sz = unpack2x16float(pack2x16float(clamp(raw, vec2<f32>(-F16_MAX), vec2<f32>(F16_MAX))));
+        let sz = unpack2x16float(pack_f16(clamp(raw, vec2<f32>(-F16_MAX), vec2<f32>(F16_MAX))));
         let inv = select(0.0, 1.0 / sz.x, sz.x > 0.0);
         var err = 0.0;
         for (var d = 0u; d < n; d++) {
@@ -169,7 +208,7 @@ fn store(r: ptr<function, array<f32, 256>>, slot: u32, h: u32, key: bool, pos: u
 #if KV_F16
     let dst = (slot * p.kv_heads + h) * n / 2u;
     for (var w = 0u; w < n / 2u; w++) {
-        let v = pack2x16float(vec2<f32>((*r)[2u * w], (*r)[2u * w + 1u]));
+        let v = pack_f16(vec2<f32>((*r)[2u * w], (*r)[2u * w + 1u]));
         if (key) {
             k_pool[dst + w] = v;
         } else {
@@ -217,9 +256,9 @@ fn store(r: ptr<function, array<f32, 256>>, slot: u32, h: u32, key: bool, pos: u
     let inv = select(0.0, 1.0 / sz.x, sz.x > 0.0);
     let sh = slot * p.kv_heads + h;
     if (key) {
-        k_scale[sh] = pack2x16float(sz);
+        k_scale[sh] = pack_f16(sz);
     } else {
-        v_scale[sh] = pack2x16float(sz);
+        v_scale[sh] = pack_f16(sz);
     }
     let dst = sh * n / 8u;
     for (var w = 0u; w < n / 8u; w++) {
