@@ -11,7 +11,9 @@
 //! 3. the roofline microbenchmarks (copy bandwidth, launch cost, matmul rate);
 //! 4. models of real shapes with weights made from a seed (`SyntheticSource`: nothing to
 //!    carry), SmolLM2-135M- and 7B-shaped: decode steps at batch 1, 16 and 64 with the bytes
-//!    each reads as a share of the copy bandwidth, and pp512 / tg128.
+//!    each reads as a share of the copy bandwidth, pp512 / tg128, the first step's time (its
+//!    pipelines compiled: a cold start), and, on a second device with timestamp queries, the
+//!    kernels of a decode step at batch 1 and 64 with their device time.
 //!
 //! It prints a report (a Markdown table for the README) and writes it as JSON to `--out`.
 
@@ -77,7 +79,11 @@ struct ShapeRun {
     tg_tokens: usize,
     pp_tokens_per_s: f64,
     tg_tokens_per_s: f64,
+    /// The first pp step, its pipelines compiled: what a cold start costs.
+    first_step_s: f64,
     load_s: f64,
+    /// Kernel profiles of decode steps (when the adapter has timestamp queries).
+    kernels: Vec<KernelProfile>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -92,6 +98,9 @@ struct Report {
     /// the device, and read back and sampled on the host; milliseconds, median of 9.
     sampling_16_rows_ms: (f64, f64),
     ceilings: crate::roofline::Ceilings,
+    /// One 7B MLP weight (Q4_1, 11008 × 4096) times m rows, for the m each kernel is chosen
+    /// at: `(m, microseconds, weight GB/s)`.
+    matmul_sweep: Vec<(usize, f64, f64)>,
     shapes: Vec<ShapeRun>,
 }
 
@@ -122,7 +131,10 @@ fn run(cli: &Cli) -> anyhow::Result<ExitCode> {
     }) {
         Ok(d) => d,
         Err(e) => {
-            eprintln!("gpu-check: refusing to report: no GPU adapter ({e})");
+            eprintln!(
+                "gpu-check: refusing to report: no GPU adapter ({e}); VK_LOADER_DEBUG=driver \
+                 shows why the Vulkan loader found no driver"
+            );
             return Ok(ExitCode::from(2));
         }
     };
@@ -169,10 +181,24 @@ fn run(cli: &Cli) -> anyhow::Result<ExitCode> {
         ceilings.matmul_gflop_s,
         ceilings.matmul_best
     );
+    let matmul_sweep = matmul_sweep(&dev, cli).context("matmul sweep")?;
+    // A second device with timestamp queries for kernel profiles (each submit waits there, so
+    // the timed runs use the first).
+    let pdev = Device::new(&DeviceOptions {
+        backend: BackendChoice::Wgpu,
+        cpu_shaped_kernels: Some(false),
+        profile: true,
+        ..DeviceOptions::default()
+    })
+    .ok()
+    .filter(|d| d.profile().is_some());
+    if pdev.is_none() {
+        println!("gpu-check: no timestamp queries on this adapter: no kernel profiles");
+    }
     let mut shapes = Vec::new();
     for name in &cli.shapes {
         let cfg = shape(name)?;
-        match measure_shape(&dev, name, cfg, cli, &ceilings) {
+        match measure_shape(&dev, pdev.as_ref(), name, cfg, cli, &ceilings) {
             Ok(s) => shapes.push(s),
             Err(e) => {
                 checks.push(Check {
@@ -194,6 +220,7 @@ fn run(cli: &Cli) -> anyhow::Result<ExitCode> {
         checks,
         sampling_16_rows_ms,
         ceilings,
+        matmul_sweep,
         shapes,
     };
     print_table(&report);
@@ -213,6 +240,46 @@ fn run(cli: &Cli) -> anyhow::Result<ExitCode> {
     } else {
         ExitCode::SUCCESS
     })
+}
+
+/// [`Report::matmul_sweep`]: the time of `Recorder::matmul` with a 7B MLP weight (Q4_1,
+/// 11008 × 4096) over rows of X, for where each kernel takes over.
+fn matmul_sweep(dev: &Device, cli: &Cli) -> anyhow::Result<Vec<(usize, f64, f64)>> {
+    let (n, k) = if cli.quick {
+        (1024, 1024)
+    } else {
+        (11008, 4096)
+    };
+    let w = Tensor::from_bytes(
+        dev,
+        DType::Q4_1,
+        &[n, k],
+        &random_blocks(DType::Q4_1, n * k / 32, cli.seed),
+    )?;
+    let bytes = DType::Q4_1.bytes_for(n * k).context("weight size")? as f64;
+    let mut out = Vec::new();
+    println!("matmul, Q4_1 weight {n} x {k}:");
+    for m in [1usize, 2, 4, 8, 9, 16, 32, 64, 128] {
+        let x = Tensor::from_f32(dev, &[m, k], &values(cli.seed ^ m as u64, m * k))?;
+        let s = crate::roofline::best_per_rep(|reps| {
+            let mut rec = Recorder::new(dev);
+            let mut outs = Vec::with_capacity(reps);
+            for _ in 0..reps {
+                outs.push(rec.matmul(&x, &w, None)?);
+            }
+            rec.submit()?;
+            dev.synchronize()?;
+            Ok(())
+        })?;
+        let gb_s = bytes / s / 1e9;
+        println!(
+            "  m {m:>3}: {:>9.1} us, weight read at {gb_s:>7.1} GB/s, {:>8.1} GFLOP/s",
+            s * 1e6,
+            2.0 * (m * n * k) as f64 / s / 1e9
+        );
+        out.push((m, s * 1e6, gb_s));
+    }
+    Ok(out)
 }
 
 /// A model shape by name, as its `config.json` states it.
@@ -577,83 +644,38 @@ fn table(first: u32, n: usize) -> Vec<BlockId> {
     (first..first + n as u32).map(BlockId).collect()
 }
 
-fn measure_shape(
-    dev: &Device,
-    name: &str,
-    cfg: ModelConfig,
-    cli: &Cli,
-    c: &crate::roofline::Ceilings,
-) -> anyhow::Result<ShapeRun> {
-    let (batches, steps, ctx): (&[usize], usize, usize) = if cli.quick {
-        (&[1, 4], 4, 32)
-    } else {
-        (&[1, 16, 64], 32, 128)
-    };
-    let (pp, tg): (usize, usize) = if cli.quick { (64, 8) } else { (512, 128) };
-    let widest = batches.iter().copied().max().unwrap_or(1);
-    let per_seq = (ctx + steps + 2).div_ceil(16);
-    let blocks = (widest * per_seq).max((pp + tg + 2).div_ceil(16)) + 1;
-    let t0 = Instant::now();
-    let src = SyntheticSource::new(cfg.clone(), DType::Q4_1, cli.seed)?;
-    let model = Model::load(dev, cfg.clone(), &src)?;
-    let weight_bytes = model.weight_bytes();
-    let pool = KvPoolConfig {
-        block_size: 16,
-        num_blocks: u32::try_from(blocks)?,
-        dtype: KvDtype::F16,
-    };
-    let kv_bytes_per_token = 2
-        * (cfg.layers * cfg.kv_heads) as u64
-        * KvDtype::F16.head_bytes(u32::try_from(cfg.head_dim)?);
-    let mut runner = ModelRunner::new(model, pool)?;
-    let load_s = t0.elapsed().as_secs_f64();
-    println!(
-        "{name}: {:.1} MB of Q4_1 weights loaded in {load_s:.1} s",
-        weight_bytes as f64 / 1e6
-    );
-    let ids = |n: usize, s: u64| -> Vec<u32> {
+/// A decode workload: `b` sequences of `ctx` prompt tokens each, blocks of `per_seq`.
+struct Decode {
+    b: usize,
+    ctx: usize,
+    per_seq: usize,
+    seed: u64,
+    vocab: usize,
+}
+
+impl Decode {
+    fn ids(&self, n: usize, s: u64) -> Vec<u32> {
         values(s, n)
             .iter()
-            .map(|v| ((v + 1.0) * 0.5 * (cfg.vocab - 1) as f32) as u32)
+            .map(|v| ((v + 1.0) * 0.5 * (self.vocab - 1) as f32) as u32)
             .collect()
-    };
-    let step = |runner: &mut ModelRunner, seqs: &[StepSeq<'_>]| -> anyhow::Result<()> {
-        runner.step(seqs, &[])?;
-        Ok(())
-    };
-    // pp / tg: one sequence, the prompt in one step, then tg decode steps.
-    let t = table(0, (pp + tg + 2).div_ceil(16));
-    let prompt = ids(pp, cli.seed ^ 0x99);
-    fn one<'a>(tokens: &'a [u32], t: &'a [BlockId], ctx_len: usize) -> StepSeq<'a> {
-        StepSeq {
-            tokens,
-            block_table: t,
-            context_len: ctx_len,
-            logits_rows: 1,
-            read_logits: false,
-            sample: None,
-        }
     }
-    step(&mut runner, &[one(&prompt, &t, pp)])?; // warm-up: pipelines compile
-    let start = Instant::now();
-    step(&mut runner, &[one(&prompt, &t, pp)])?;
-    let pp_s = start.elapsed().as_secs_f64();
-    let start = Instant::now();
-    for i in 0..tg {
-        step(
-            &mut runner,
-            &[one(&prompt[i % pp..i % pp + 1], &t, pp + 1 + i)],
-        )?;
-    }
-    let tg_s = start.elapsed().as_secs_f64();
-    // Decode at each batch: every sequence prefilled (at most 2048 tokens a step), then
-    // `steps` steps of the whole batch.
-    let mut decode = Vec::new();
-    for &b in batches {
+
+    /// Prefills every sequence (at most 2048 tokens a step), runs one step (this batch size's
+    /// pipelines), calls `warm`, then `steps` steps of the whole batch: their seconds.
+    fn run(
+        &self,
+        runner: &mut ModelRunner,
+        steps: usize,
+        warm: impl FnOnce(),
+    ) -> anyhow::Result<f64> {
+        let (b, ctx) = (self.b, self.ctx);
         let tables: Vec<Vec<BlockId>> = (0..b)
-            .map(|i| table((i * per_seq) as u32, per_seq))
+            .map(|i| table((i * self.per_seq) as u32, self.per_seq))
             .collect();
-        let prompts: Vec<Vec<u32>> = (0..b).map(|i| ids(ctx, cli.seed ^ i as u64)).collect();
+        let prompts: Vec<Vec<u32>> = (0..b)
+            .map(|i| self.ids(ctx, self.seed ^ i as u64))
+            .collect();
         for chunk in (0..b).collect::<Vec<_>>().chunks((2048 / ctx).max(1)) {
             let seqs: Vec<StepSeq<'_>> = chunk
                 .iter()
@@ -666,7 +688,7 @@ fn measure_shape(
                     sample: None,
                 })
                 .collect();
-            step(&mut runner, &seqs)?;
+            runner.step(&seqs, &[])?;
         }
         let mut run_steps = |n: usize, from: usize| -> anyhow::Result<f64> {
             let start = Instant::now();
@@ -681,12 +703,99 @@ fn measure_shape(
                         sample: None,
                     })
                     .collect();
-                step(&mut runner, &seqs)?;
+                runner.step(&seqs, &[])?;
             }
             Ok(start.elapsed().as_secs_f64())
         };
-        run_steps(1, 0)?; // this batch size's pipelines
-        let secs = run_steps(steps, 1)?;
+        run_steps(1, 0)?;
+        warm();
+        run_steps(steps, 1)
+    }
+}
+
+/// The kernels of one decode step at a batch, from a profiling device (timestamp queries).
+#[derive(Debug, Clone, Serialize)]
+struct KernelProfile {
+    batch: usize,
+    launches_per_step: f64,
+    device_ms_per_step: f64,
+    /// `(kernel, launches per step, ms per step)`, longest first.
+    kernels: Vec<(String, f64, f64)>,
+}
+
+fn measure_shape(
+    dev: &Device,
+    pdev: Option<&Device>,
+    name: &str,
+    cfg: ModelConfig,
+    cli: &Cli,
+    c: &crate::roofline::Ceilings,
+) -> anyhow::Result<ShapeRun> {
+    let (batches, steps, ctx): (&[usize], usize, usize) = if cli.quick {
+        (&[1, 4], 4, 32)
+    } else {
+        (&[1, 16, 64], 32, 128)
+    };
+    let (pp, tg): (usize, usize) = if cli.quick { (64, 8) } else { (512, 128) };
+    let widest = batches.iter().copied().max().unwrap_or(1);
+    let per_seq = (ctx + steps + 2).div_ceil(16);
+    let blocks = (widest * per_seq).max((pp + tg + 2).div_ceil(16)) + 1;
+    let src = SyntheticSource::new(cfg.clone(), DType::Q4_1, cli.seed)?;
+    let pool = KvPoolConfig {
+        block_size: 16,
+        num_blocks: u32::try_from(blocks)?,
+        dtype: KvDtype::F16,
+    };
+    let load = |d: &Device| -> anyhow::Result<ModelRunner> {
+        Ok(ModelRunner::new(Model::load(d, cfg.clone(), &src)?, pool)?)
+    };
+    let t0 = Instant::now();
+    let mut runner = load(dev)?;
+    let weight_bytes = runner.model().weight_bytes();
+    let kv_bytes_per_token = 2
+        * (cfg.layers * cfg.kv_heads) as u64
+        * KvDtype::F16.head_bytes(u32::try_from(cfg.head_dim)?);
+    let load_s = t0.elapsed().as_secs_f64();
+    println!(
+        "{name}: {:.1} MB of Q4_1 weights loaded in {load_s:.1} s",
+        weight_bytes as f64 / 1e6
+    );
+    let workload = |b: usize| Decode {
+        b,
+        ctx,
+        per_seq,
+        seed: cli.seed,
+        vocab: cfg.vocab,
+    };
+    // pp / tg: one sequence, the prompt in one step, then tg decode steps.
+    let t = table(0, (pp + tg + 2).div_ceil(16));
+    let prompt = workload(1).ids(pp, cli.seed ^ 0x99);
+    fn one<'a>(tokens: &'a [u32], t: &'a [BlockId], ctx_len: usize) -> StepSeq<'a> {
+        StepSeq {
+            tokens,
+            block_table: t,
+            context_len: ctx_len,
+            logits_rows: 1,
+            read_logits: false,
+            sample: None,
+        }
+    }
+    // The first step compiles its pipelines: what a cold start costs.
+    let start = Instant::now();
+    runner.step(&[one(&prompt, &t, pp)], &[])?;
+    let first_step_s = start.elapsed().as_secs_f64();
+    let start = Instant::now();
+    runner.step(&[one(&prompt, &t, pp)], &[])?;
+    let pp_s = start.elapsed().as_secs_f64();
+    println!("  first step (pp{pp}, pipelines compiled): {first_step_s:.2} s, then {pp_s:.3} s");
+    let start = Instant::now();
+    for i in 0..tg {
+        runner.step(&[one(&prompt[i % pp..i % pp + 1], &t, pp + 1 + i)], &[])?;
+    }
+    let tg_s = start.elapsed().as_secs_f64();
+    let mut decode = Vec::new();
+    for &b in batches {
+        let secs = workload(b).run(&mut runner, steps, || {})?;
         let ms = secs * 1e3 / steps as f64;
         let mean_ctx = ctx + 1 + steps / 2;
         let bytes = weight_bytes + kv_bytes_per_token * (b * mean_ctx) as u64;
@@ -698,6 +807,45 @@ fn measure_shape(
             gb_s / c.copy_bandwidth_gb_s * 100.0
         );
     }
+    drop(runner);
+    // Where a decode step's device time goes, at batch 1 and the widest batch.
+    let mut kernels = Vec::new();
+    if let Some(pdev) = pdev {
+        let mut prunner = load(pdev)?;
+        for b in [1, widest] {
+            let n = 4;
+            workload(b).run(&mut prunner, n, || pdev.reset_profile())?;
+            let Some(p) = pdev.profile() else { break };
+            let per = p.submits.max(1) as f64;
+            let kp = KernelProfile {
+                batch: b,
+                launches_per_step: p.dispatches as f64 / per,
+                device_ms_per_step: p.total_ns() / 1e6 / per,
+                kernels: p
+                    .kernels
+                    .iter()
+                    .map(|k| {
+                        (
+                            k.name.clone(),
+                            k.launches as f64 / per,
+                            k.total_ns / 1e6 / per,
+                        )
+                    })
+                    .collect(),
+            };
+            println!(
+                "  kernels, decode batch {b}: {:.0} launches, {:.2} ms of device time a step",
+                kp.launches_per_step, kp.device_ms_per_step
+            );
+            for (k, l, ms) in kp.kernels.iter().take(8) {
+                println!(
+                    "    {k:<32} {l:>5.0} launches {ms:>8.3} ms  {:>5.1} us each",
+                    ms * 1e3 / l.max(1.0)
+                );
+            }
+            kernels.push(kp);
+        }
+    }
     Ok(ShapeRun {
         shape: name.to_owned(),
         weight_bytes,
@@ -707,7 +855,9 @@ fn measure_shape(
         tg_tokens: tg,
         pp_tokens_per_s: pp as f64 / pp_s,
         tg_tokens_per_s: tg as f64 / tg_s,
+        first_step_s,
         load_s,
+        kernels,
     })
 }
 

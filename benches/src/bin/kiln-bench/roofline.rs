@@ -128,7 +128,7 @@ pub struct MatmulRate {
 
 /// Runs `batch(reps)` with growing `reps` until one batch lasts about [`BATCH_TARGET`], then
 /// returns the best seconds per repetition over three batches.
-fn best_per_rep(mut batch: impl FnMut(usize) -> anyhow::Result<()>) -> anyhow::Result<f64> {
+pub fn best_per_rep(mut batch: impl FnMut(usize) -> anyhow::Result<()>) -> anyhow::Result<f64> {
     batch(1)?; // warm-up: pipelines, pools, page faults
     let t = Instant::now();
     batch(1)?;
