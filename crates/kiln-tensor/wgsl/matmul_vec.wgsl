@@ -1,5 +1,8 @@
 // Y[i, n_offset + r] = sum_c X[i, c] * W[r, c] (+ bias) for a few rows i of X (decode).
-// Eight threads share one output row r; each walks the row eight elements at a time.
+// TPR threads share one output row r (8 on CPU-type adapters, whose compilers run a
+// workgroup's invocations as SIMD lanes; 32 on GPUs, a warp a row, so a row's loads are
+// contiguous across the warp and enough warps are in flight to cover memory latency); each
+// walks the row eight elements at a time.
 // What saves a launch each: NORM applies an RMSNorm to X's rows first (X·diag(g), each row's
 // products scaled by 1/sqrt(mean(x²) + eps) at the end); RES adds a residual of Y's shape;
 // GATED reads W as the stack [gate; up] of 2·n1 rows and writes act(X·gateᵀ) * (X·upᵀ)
@@ -32,8 +35,8 @@ struct Params {
 #endif
 
 const MV_M: u32 = {{MV_M}}u;
-const TPR: u32 = 8u;
-const RPW: u32 = 8u;
+const TPR: u32 = {{TPR}}u;
+const RPW: u32 = 64u / TPR;
 
 var<workgroup> red: array<array<f32, MV_M>, 64>;
 #if GATED

@@ -4,7 +4,7 @@
 //! bias, a residual added, or a gated activation over a stacked `[gate; up]` weight.
 //!
 //! Up to [`MATVEC_MAX_M`] rows of X take the matrix-vector kernel (decode: every weight read
-//! once, eight threads a row); more take the 32×32 tiled kernel (prefill), with the fused
+//! once, 8 threads a row on CPU-type adapters, 32 on GPUs); more take the 32×32 tiled kernel (prefill), with the fused
 //! parts as separate ops. CPU-type adapters take `matmul_rows.wgsl` for block dtypes, with
 //! everything fused. A weight split into several chunks (bigger than one binding) is launched
 //! chunk by chunk into column ranges of Y.
@@ -21,6 +21,12 @@ use crate::gpu::{Access, GpuContext, KernelDef};
 use crate::recorder::Bind;
 use crate::tensor::Storage;
 use crate::{DType, Recorder, Result, Tensor, TensorError};
+
+/// Threads that share one output row in `matmul_vec.wgsl` (a workgroup is 64): 8 where
+/// invocations are a CPU's SIMD lanes, a warp of 32 on a GPU.
+fn matvec_threads_per_row(cpu_shaped: bool) -> usize {
+    if cpu_shaped { 8 } else { 32 }
+}
 
 /// Rows of X up to which the matrix-vector kernel is used.
 pub const MATVEC_MAX_M: usize = 8;
@@ -437,6 +443,8 @@ impl Recorder {
         epilogue_defines(&mut defines, epi, norm.is_some());
         defines.push(("MV_M", number(m)));
         defines.push(("K8", flag(k.is_multiple_of(8))));
+        let tpr = matvec_threads_per_row(self.gpu().is_some_and(|c| c.cpu_shaped_kernels()));
+        defines.push(("TPR", number(tpr)));
         let kernel = &MATMUL_VEC[epi.index()][usize::from(norm.is_some())];
         for (ci, c) in chunks.iter().enumerate() {
             let rows = if gated { c.rows / 2 } else { c.rows };
@@ -458,7 +466,13 @@ impl Recorder {
             if let Some(n) = norm {
                 bind.push((n.weight.clone(), 0));
             }
-            self.dispatch(kernel, &defines, &params, bind, rows.div_ceil(8) as u32)?;
+            self.dispatch(
+                kernel,
+                &defines,
+                &params,
+                bind,
+                rows.div_ceil(64 / tpr) as u32,
+            )?;
         }
         Ok(())
     }
