@@ -4,8 +4,8 @@
 //! bias, a residual added, or a gated activation over a stacked `[gate; up]` weight.
 //!
 //! Up to [`MATVEC_MAX_M`] rows of X take the matrix-vector kernel (decode: every weight read
-//! once, 8 threads a row on CPU-type adapters, 32 on GPUs); more take the 32×32 tiled kernel (prefill), with the fused
-//! parts as separate ops. CPU-type adapters take `matmul_rows.wgsl` for block dtypes, with
+//! once, 8 threads a row on CPU-type adapters, 32 on GPUs); more take the 32×32 tiled kernel
+//! (prefill), with the fused parts as separate ops. CPU-type adapters take `matmul_rows.wgsl` for block dtypes, with
 //! everything fused. A weight split into several chunks (bigger than one binding) is launched
 //! chunk by chunk into column ranges of Y.
 
