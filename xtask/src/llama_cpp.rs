@@ -106,8 +106,10 @@ fn unpack(root: &Path) -> anyhow::Result<std::path::PathBuf> {
         "pip",
         "download",
         "--no-deps",
+        // The sdist itself; the build tools pip installs to read its metadata come as
+        // wheels (`:all:` would build cmake from source first).
         "--no-binary",
-        ":all:",
+        "llama-cpp-python",
         SDIST,
         "-d",
     ])
