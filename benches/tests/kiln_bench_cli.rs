@@ -1,5 +1,6 @@
-//! The `kiln-bench` command line as `cargo xtask bench` runs it: help, and bad flags refused
-//! before any work starts.
+//! The `kiln-bench` command line as `cargo xtask bench` runs it: help, bad flags refused
+//! before any work starts, the profile on wgpu's no-op backend, and `gpu-check`'s refusal of
+//! a CPU-type adapter.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -114,4 +115,45 @@ fn the_profile_runs_on_the_no_op_backend_and_reports_host_time() {
             assert!(s[f].as_f64().unwrap() > 0.0, "{f}: {s}");
         }
     }
+}
+
+/// `gpu-check` reports only from a GPU. On a CPU-type adapter (lavapipe, CI's) it refuses,
+/// says why and exits 3; on a GPU, its quick form checks the kernel family and reports.
+#[test]
+fn gpu_check_refuses_a_cpu_type_adapter_and_checks_a_gpu() {
+    let Some(dev) = kiln_testkit::wgpu() else {
+        return; // KILN_TEST_ALLOW_NO_GPU=1 opted out, with a warning
+    };
+    let out = std::env::temp_dir().join(format!("kiln-gpu-check-{}", std::process::id()));
+    let o = Command::new(env!("CARGO_BIN_EXE_kiln-bench"))
+        .args(["gpu-check", "--quick", "--shapes", "smollm2", "--out"])
+        .arg(&out)
+        .env_remove("KILN_BACKEND")
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr),
+    );
+    if dev.info().device_type == "cpu" {
+        assert_eq!(o.status.code(), Some(3), "{stdout}\n{stderr}");
+        assert!(
+            stderr.contains("refusing to report") && stderr.contains("CPU-type adapter"),
+            "{stderr}"
+        );
+        assert!(
+            !out.join("gpu-check.json").exists(),
+            "a refusal wrote a report"
+        );
+    } else {
+        assert!(o.status.success(), "{stdout}\n{stderr}");
+        let report: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(out.join("gpu-check.json")).unwrap())
+                .unwrap();
+        assert_eq!(report["gpu_result"], true, "{stdout}");
+        let checks = report["checks"].as_array().unwrap();
+        assert!(checks.len() > 100, "{stdout}");
+        assert!(checks.iter().all(|c| c["ok"] == true), "{stdout}");
+    }
+    std::fs::remove_dir_all(&out).ok();
 }
