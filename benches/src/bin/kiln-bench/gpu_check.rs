@@ -261,16 +261,7 @@ fn matmul_sweep(dev: &Device, cli: &Cli) -> anyhow::Result<Vec<(usize, f64, f64)
     println!("matmul, Q4_1 weight {n} x {k}:");
     for m in [1usize, 2, 4, 8, 9, 16, 32, 64, 128] {
         let x = Tensor::from_f32(dev, &[m, k], &values(cli.seed ^ m as u64, m * k))?;
-        let s = crate::roofline::best_per_rep(|reps| {
-            let mut rec = Recorder::new(dev);
-            let mut outs = Vec::with_capacity(reps);
-            for _ in 0..reps {
-                outs.push(rec.matmul(&x, &w, None)?);
-            }
-            rec.submit()?;
-            dev.synchronize()?;
-            Ok(())
-        })?;
+        let s = crate::roofline::matmul_seconds(dev, &x, &w)?;
         let gb_s = bytes / s / 1e9;
         println!(
             "  m {m:>3}: {:>9.1} us, weight read at {gb_s:>7.1} GB/s, {:>8.1} GFLOP/s",

@@ -128,7 +128,22 @@ pub struct MatmulRate {
 
 /// Runs `batch(reps)` with growing `reps` until one batch lasts about [`BATCH_TARGET`], then
 /// returns the best seconds per repetition over three batches.
-pub fn best_per_rep(mut batch: impl FnMut(usize) -> anyhow::Result<()>) -> anyhow::Result<f64> {
+/// Seconds per `Recorder::matmul(x, w)`, launched back to back in one submit (the best of
+/// [`best_per_rep`]).
+pub fn matmul_seconds(dev: &Device, x: &Tensor, w: &Tensor) -> anyhow::Result<f64> {
+    best_per_rep(|reps| {
+        let mut rec = Recorder::new(dev);
+        let mut outs = Vec::with_capacity(reps);
+        for _ in 0..reps {
+            outs.push(rec.matmul(x, w, None)?);
+        }
+        rec.submit()?;
+        dev.synchronize()?;
+        Ok(())
+    })
+}
+
+fn best_per_rep(mut batch: impl FnMut(usize) -> anyhow::Result<()>) -> anyhow::Result<f64> {
     batch(1)?; // warm-up: pipelines, pools, page faults
     let t = Instant::now();
     batch(1)?;
@@ -241,17 +256,8 @@ pub fn measure(dev: &Device) -> anyhow::Result<Ceilings> {
         for m in MM_M {
             let x: Vec<f32> = (0..m * k).map(|i| (i % 17) as f32 * 0.01).collect();
             let x = Tensor::from_f32(dev, &[m, k], &x).context("matmul input")?;
-            let s = best_per_rep(|reps| {
-                let mut rec = Recorder::new(dev);
-                let mut outs = Vec::with_capacity(reps);
-                for _ in 0..reps {
-                    outs.push(rec.matmul(&x, &w, None)?);
-                }
-                rec.submit()?;
-                dev.synchronize()?;
-                Ok(())
-            })
-            .with_context(|| format!("matmul {dtype:?} m={m}"))?;
+            let s =
+                matmul_seconds(dev, &x, &w).with_context(|| format!("matmul {dtype:?} m={m}"))?;
             rates.push(MatmulRate {
                 dtype: format!("{dtype:?}"),
                 m,

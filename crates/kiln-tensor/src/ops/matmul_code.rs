@@ -16,22 +16,7 @@ pub(super) const ROWS_R: usize = 8;
 /// has at least the 8 lanes one block of X needs.
 pub(super) fn rows_x_broadcast(info: Option<&crate::DeviceInfo>) -> Vec<Define> {
     let sg = info.is_some_and(|i| i.subgroups && i.subgroup_size.0 >= 8);
-    if sg {
-        vec![
-            ("SG_X", "1".into()),
-            (
-                "SG_ARG",
-                "@builtin(subgroup_invocation_id) sg_lane: u32,".into(),
-            ),
-            ("SG_LANE", "sg_lane".into()),
-        ]
-    } else {
-        vec![
-            ("SG_X", "0".into()),
-            ("SG_ARG", "".into()),
-            ("SG_LANE", "0u".into()),
-        ]
-    }
+    super::subgroup_switch("SG_X", sg)
 }
 
 /// The accumulator code of `matmul_rows.wgsl` for `m` rows of X and `r` rows of W an

@@ -48,15 +48,17 @@ pub(crate) fn number(n: usize) -> Cow<'static, str> {
 /// workgroups of `wg` invocations (a power of two, at most 256).
 pub(crate) fn subgroup_defines(subgroups: bool, wg: u32) -> Vec<Define> {
     debug_assert!(wg.is_power_of_two() && wg <= 256);
-    let mut d = subgroup_switch(subgroups);
+    let mut d = subgroup_switch("SUBGROUPS", subgroups);
     d.push(("RED_WG", number(wg as usize)));
     d
 }
 
-fn subgroup_switch(subgroups: bool) -> Vec<Define> {
+/// The flag `name` set when `subgroups`, with the entry-point argument and lane expression
+/// that go with it (`SG_ARG`, `SG_LANE`; no argument and lane 0 without).
+pub(super) fn subgroup_switch(name: &'static str, subgroups: bool) -> Vec<Define> {
     if subgroups {
         vec![
-            ("SUBGROUPS", "1".into()),
+            (name, flag(true)),
             (
                 "SG_ARG",
                 "@builtin(subgroup_invocation_id) sg_lane: u32,".into(),
@@ -65,7 +67,7 @@ fn subgroup_switch(subgroups: bool) -> Vec<Define> {
         ]
     } else {
         vec![
-            ("SUBGROUPS", "0".into()),
+            (name, flag(false)),
             ("SG_ARG", "".into()),
             ("SG_LANE", "0u".into()),
         ]
