@@ -1,6 +1,11 @@
-// Y[i, n_offset + r] = sum_c X[i, c] * W[r, c] (+ bias), tiled for many rows of X (prefill).
-// A workgroup computes a 32 x 32 tile of Y; each of its 64 threads a 4 x 4 block. W is
-// dequantized into workgroup memory one 32-wide slice of k at a time.
+// Y[i, n_offset + r] = sum_c X[i, c] * W[r, c] (+ bias), tiled for many rows of X (prefill,
+// batched decode). A workgroup of 256 threads computes a BM x 64 tile of Y, BM (16, 32 or 64)
+// sized to the rows of X so a small batch wastes little: thread (ty, tx) computes rows
+// ty·TM .. ty·TM + TM - 1 (TM = BM / 16) at columns 4tx .. 4tx + 3, one vec4 accumulator a
+// row. Each 16-wide slice of k is staged in workgroup memory: X as read, and W decoded once,
+// eight elements a unit (`w_unit8`), into quads of columns, so the inner loop reads one vec4
+// of W and TM values of X for 4·TM multiply-adds. Every element of W is read from memory
+// once per BM rows of X.
 
 struct Params {
     m: u32,
@@ -20,68 +25,83 @@ struct Params {
 @group(0) @binding(4) var<storage, read> bias: array<f32>;
 #endif
 
-const T: u32 = 32u;
+const BM: u32 = {{BM}}u;
+const TM: u32 = BM / 16u;
+const BN: u32 = 64u;
+const KS: u32 = 16u;
 
-var<workgroup> xs: array<array<f32, 33>, 32>;
-var<workgroup> ws: array<array<f32, 33>, 32>;
+// [KS][BM]: X's slice, one k a row.
+var<workgroup> xs: array<f32, 1024>;
+// [KS][BN / 4]: W's slice, decoded, four columns a vec4.
+var<workgroup> ws: array<vec4<f32>, 256>;
 
-@compute @workgroup_size(64)
+@compute @workgroup_size(256)
 fn main(
     @builtin(workgroup_id) wid: vec3<u32>,
     @builtin(num_workgroups) nwg: vec3<u32>,
     @builtin(local_invocation_index) lid: u32,
 ) {
     let g = wid.x + wid.y * nwg.x;
-    let tiles_n = (p.rows + T - 1u) / T;
-    let tm = g / tiles_n;
-    let tn = g % tiles_n;
-    if (tm * T >= p.m) {
+    let tiles_n = (p.rows + BN - 1u) / BN;
+    let m0 = (g / tiles_n) * BM;
+    let n0 = (g % tiles_n) * BN;
+    if (m0 >= p.m) {
         return;
     }
-    let ty = lid / 8u;
-    let tx = lid % 8u;
-    // The 4 x 4 block lives in four vec4 registers: no dynamically indexed arrays, which
-    // compilers for CPU-type adapters would spill to memory.
+    let tx = lid % 16u;
+    let ty = lid / 16u;
+    // One vec4 a row, in registers (no dynamically indexed array, which compilers for
+    // CPU-type adapters would spill to memory); the rows past TM fold away.
     var acc0 = vec4<f32>(0.0);
     var acc1 = vec4<f32>(0.0);
     var acc2 = vec4<f32>(0.0);
     var acc3 = vec4<f32>(0.0);
-    for (var k0 = 0u; k0 < p.k; k0 += T) {
-        for (var e = lid; e < T * T; e += 64u) {
-            let r = e / T;
-            let c = e % T;
-            let gr = tm * T + r;
-            let gc = k0 + c;
+    for (var k0 = 0u; k0 < p.k; k0 += KS) {
+        for (var e = lid; e < BM * KS; e += 256u) {
+            let r = e / KS;
+            let c = e % KS;
             var v = 0.0;
-            if (gr < p.m && gc < p.k) {
-                v = x[gr * p.k + gc];
+            if (m0 + r < p.m && k0 + c < p.k) {
+                v = x[(m0 + r) * p.k + k0 + c];
             }
-            xs[r][c] = v;
-            let wr = tn * T + r;
-            var wv = 0.0;
-            if (wr < p.rows && gc < p.k) {
-                wv = w_at(wr, gc, p.k, p.qs);
+            xs[c * BM + r] = v;
+        }
+        // 64 rows of W, two units of eight each.
+        if (lid < 2u * BN) {
+            let r = lid / 2u;
+            let h = lid % 2u;
+            var wv = W8(vec4<f32>(0.0), vec4<f32>(0.0));
+            if (n0 + r < p.rows && k0 + 8u * h < p.k) {
+                wv = w_unit8(n0 + r, k0 / 8u + h, p.k, p.qs);
             }
-            ws[r][c] = wv;
+            let at = 8u * h * (BN / 4u) + r / 4u;
+            let comp = r % 4u;
+            for (var j = 0u; j < 4u; j++) {
+                ws[at + j * (BN / 4u)][comp] = wv.a[j];
+                ws[at + (j + 4u) * (BN / 4u)][comp] = wv.b[j];
+            }
         }
         workgroupBarrier();
-        let xr = ty * 4u;
-        let wr = tx * 4u;
-        for (var kk = 0u; kk < T; kk++) {
-            let b = vec4<f32>(ws[wr][kk], ws[wr + 1u][kk], ws[wr + 2u][kk], ws[wr + 3u][kk]);
-            acc0 += xs[xr][kk] * b;
-            acc1 += xs[xr + 1u][kk] * b;
-            acc2 += xs[xr + 2u][kk] * b;
-            acc3 += xs[xr + 3u][kk] * b;
+        for (var kk = 0u; kk < KS; kk++) {
+            let b = ws[kk * (BN / 4u) + tx];
+            let xb = kk * BM + ty * TM;
+            acc0 += xs[xb] * b;
+            if (TM > 1u) {
+                acc1 += xs[xb + 1u] * b;
+            }
+            if (TM > 2u) {
+                acc2 += xs[xb + 2u] * b;
+                acc3 += xs[xb + 3u] * b;
+            }
         }
         workgroupBarrier();
     }
     let accs = array<vec4<f32>, 4>(acc0, acc1, acc2, acc3);
-    for (var i = 0u; i < 4u; i++) {
-        let gm = tm * T + ty * 4u + i;
+    for (var i = 0u; i < TM; i++) {
+        let gm = m0 + ty * TM + i;
         let row = accs[i];
         for (var j = 0u; j < 4u; j++) {
-            let gn = tn * T + tx * 4u + j;
+            let gn = n0 + tx * 4u + j;
             if (gm < p.m && gn < p.rows) {
                 var s = row[j];
 #if BIAS

@@ -4,8 +4,8 @@
 //! bias, a residual added, or a gated activation over a stacked `[gate; up]` weight.
 //!
 //! Up to [`MATVEC_MAX_M`] rows of X take the matrix-vector kernel (decode: every weight read
-//! once, 8 threads a row on CPU-type adapters, 32 on GPUs); more take the 32×32 tiled kernel
-//! (prefill), with the fused parts as separate ops. CPU-type adapters take `matmul_rows.wgsl` for block dtypes, with
+//! once, 8 threads a row on CPU-type adapters, 32 on GPUs); more take the tiled kernel
+//! (prefill, batched decode: tiles of 16, 32 or 64 rows of X by 64 of W), with the fused parts as separate ops. CPU-type adapters take `matmul_rows.wgsl` for block dtypes, with
 //! everything fused. A weight split into several chunks (bigger than one binding) is launched
 //! chunk by chunk into column ranges of Y.
 
@@ -208,6 +208,19 @@ const ROWS_MAX_M: usize = 16;
 /// Invocations per workgroup of the CPU-adapter kernel: few, so that small matrices still
 /// split into enough workgroups for every worker thread.
 const ROWS_WG: usize = 16;
+
+/// Columns of Y (rows of W) a workgroup of `matmul_tiled.wgsl` computes.
+const TILED_COLS: usize = 64;
+
+/// Rows of X a workgroup of `matmul_tiled.wgsl` computes (its `BM`): the least of 16, 32
+/// and 64 that covers `m`, so a batch of a few rows does not pay for 64.
+fn tiled_rows(m: usize) -> usize {
+    match m {
+        0..=16 => 16,
+        17..=32 => 32,
+        _ => 64,
+    }
+}
 
 /// Parameters of `matmul_vec.wgsl` and `matmul_tiled.wgsl`.
 #[repr(C)]
@@ -491,6 +504,8 @@ impl Recorder {
         let (m, k, n) = (x.rows(), x.cols(), w.rows());
         let mut defines = weight_defines(w.dtype(), 2);
         defines.push(("BIAS", flag(bias.is_some())));
+        let bm = tiled_rows(m);
+        defines.push(("BM", number(bm)));
         let kernel = if bias.is_some() {
             &MATMUL_TILED_BIAS
         } else {
@@ -511,7 +526,7 @@ impl Recorder {
             if let Some(b) = bias {
                 bind.push((b.clone(), 0));
             }
-            let groups = m.div_ceil(32) * c.rows.div_ceil(32);
+            let groups = m.div_ceil(bm) * c.rows.div_ceil(TILED_COLS);
             self.dispatch(kernel, &defines, &params, bind, groups as u32)?;
         }
         Ok(())
