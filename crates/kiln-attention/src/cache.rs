@@ -184,6 +184,12 @@ static ATTN_I4: KernelDef = KernelDef {
     source: ATTN_SRC,
     bindings: &[R, R, R, W, R, R, R, R, R],
 };
+/// The second pass of split-key attention.
+static ATTN_COMBINE: KernelDef = KernelDef {
+    name: "attention_combine",
+    source: include_str!("../wgsl/attention_combine.wgsl"),
+    bindings: &[R, W],
+};
 const ATTN_ROWS_SRC: &str = concat!(
     include_str!("../wgsl/hadamard.wgsl"),
     include_str!("../wgsl/centre.wgsl"),
@@ -297,7 +303,29 @@ struct AttnParams {
     scale: f32,
     had_norm: f32,
     groups: u32,
-    _pad: [u32; 3],
+    /// The GPU kernel's split keys: runs per query, keys per run (1 and 0: unsplit).
+    splits: u32,
+    split_keys: u32,
+    _pad: u32,
+}
+
+/// Split-key attention (flash-decoding) on the GPU kernel: a step whose (query token, head)
+/// pairs are fewer than this many workgroups splits each query's keys into runs, one
+/// workgroup each, so a decode step of a few sequences still spreads over the whole GPU.
+const SPLIT_WORKGROUPS: usize = 1024;
+/// Fewest keys of a run.
+const SPLIT_MIN_KEYS: usize = 32;
+
+/// `(runs, keys a run)` for `pairs` (query token, head) pairs whose queries read at most
+/// `span` keys: (1, 0) where the pairs fill the GPU or the span is short.
+fn key_split(pairs: usize, span: usize) -> (usize, usize) {
+    let most = (SPLIT_WORKGROUPS / pairs.max(1)).max(1);
+    let splits = span.div_ceil(SPLIT_MIN_KEYS).min(most);
+    if splits <= 1 {
+        return (1, 0);
+    }
+    let keys = span.div_ceil(splits);
+    (span.div_ceil(keys), keys)
 }
 
 /// Query tokens of one sequence a workgroup of the rows kernel's shared form takes (its
@@ -621,7 +649,9 @@ impl KvCache {
                     scale: attn.scale,
                     had_norm: hadamard_norm(hd),
                     groups: batch.groups.len() as u32,
-                    _pad: [0; 3],
+                    splits: 1,
+                    split_keys: 0,
+                    _pad: 0,
                 };
                 // CPU-type adapters take the one-invocation-per-head kernel, whose 16-byte
                 // reads need the head size to be a whole number of them, while no query
@@ -675,12 +705,52 @@ impl KvCache {
                     rec.launch(def, &defines, &params, &bufs, groups)?;
                     return Ok(out);
                 }
-                let groups = (batch.tokens * attn.heads) as u32;
-                let defines = [dtype_define(self.cfg.dtype)];
+                let pairs = batch.tokens * attn.heads;
+                let defines = [dtype_define(self.cfg.dtype), ("HEAD_DIM", hd.to_string())];
                 let def = variant([&ATTN, &ATTN_SCALED, &ATTN_I4], extras);
-                rec.launch(def, &defines, &params, &bufs, groups)?;
+                let (splits, split_keys) = key_split(pairs, longest);
+                if splits == 1 {
+                    rec.launch(def, &defines, &params, &bufs, pairs as u32)?;
+                    return Ok(out);
+                }
+                // Each run's output and (max, sum), then the runs weighed together.
+                let parts = rec.output(
+                    DType::F32,
+                    &[pairs * splits * (hd + 2)],
+                    "paged_attention_parts",
+                )?;
+                bufs[3] = &parts;
+                let params = AttnParams {
+                    splits: splits as u32,
+                    split_keys: split_keys as u32,
+                    ..params
+                };
+                rec.launch(def, &defines, &params, &bufs, (pairs * splits) as u32)?;
+                rec.launch(&ATTN_COMBINE, &[], &params, &[&parts, &out], pairs as u32)?;
                 Ok(out)
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::key_split;
+
+    #[test]
+    fn key_split_fills_the_gpu_only_where_the_pairs_do_not() {
+        // Decode of one 7B-shaped sequence: 32 heads, 145 keys, runs of at least 32.
+        assert_eq!(key_split(32, 145), (5, 29));
+        // The test's 4 queries of 8 heads over 301 keys.
+        assert_eq!(key_split(32, 301), (10, 31));
+        // Long contexts: at most SPLIT_WORKGROUPS / pairs runs, every key in one.
+        let (runs, keys) = key_split(32, 100_000);
+        assert_eq!(runs, 32);
+        assert!(runs * keys >= 100_000 && (runs - 1) * keys < 100_000);
+        // Short spans and full steps stay whole.
+        assert_eq!(key_split(32, 32), (1, 0));
+        assert_eq!(key_split(2048, 4096), (1, 0));
+        assert_eq!(key_split(600, 4096), (1, 0));
+        assert_eq!(key_split(512, 4096), (2, 2048));
     }
 }

@@ -582,6 +582,36 @@ fn query_groups_match_reference() {
     }
 }
 
+/// Decode steps of a few sequences, whose queries the GPU kernel splits into runs of keys
+/// (flash-decoding: 4 queries of 8 heads read up to 301 keys in 10 runs of 31), against the
+/// reference for every KV dtype: runs past a short sequence's keys (the 1-token one), runs
+/// within a window and a window shorter than a run.
+#[test]
+fn split_key_decode_matches_reference() {
+    let mut r = StdRng::seed_from_u64(29);
+    let lens = [(1, 1), (70, 1), (300, 1), (301, 1)];
+    for (kv_heads, heads, head_dim) in [(2, 8, 64), (1, 4, 128)] {
+        for window in [None, Some(100), Some(7)] {
+            let c = case_of(&mut r, kv_heads, heads, head_dim, window, &lens);
+            let what = format!("kvh={kv_heads} heads={heads} d={head_dim} window={window:?}");
+            let exact = reference(&c, &exact);
+            let rounded = reference(&c, &round_f16);
+            let cpu_i8 = run(&Device::cpu(), &c, KvDtype::Int8);
+            let cpu_i4 = run(&Device::cpu(), &c, KvDtype::Int4);
+            for g in &gpus() {
+                let what = format!("{what} cpu-shaped={}", g.cpu_shaped_kernels());
+                let refs = Refs {
+                    exact: &exact,
+                    rounded: &rounded,
+                    cpu_i8: &cpu_i8,
+                    cpu_i4: &cpu_i4,
+                };
+                check_device(g, &c, &refs, &what);
+            }
+        }
+    }
+}
+
 /// The test's RoPE: half-split pairs (j, j + d/2) at theta 10,000.
 fn test_rope(head_dim: usize) -> RopeConfig {
     RopeConfig {

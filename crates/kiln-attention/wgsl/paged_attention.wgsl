@@ -1,4 +1,5 @@
-// Paged attention for a mixed batch: one 64-thread workgroup per (query token, query head).
+// Paged attention for a mixed batch: one 64-thread workgroup per (query token, query head,
+// run of its keys).
 // A query at absolute position `pos` attends to keys pos - window + 1 ..= pos (all of 0..=pos
 // without a window) of its own sequence, found through the sequence's block table: causal
 // within a prefill chunk, full attention to the cached prefix, one token for decode. The keys
@@ -6,6 +7,13 @@
 // Keys are taken 64 at a time: each thread scores one key, then the tile's probabilities are
 // folded into a running (max, sum, accumulator) — the online softmax — with each thread owning
 // output dimensions lid, lid + 64, ...  GQA: query head h reads kv head h / (heads / kv_heads).
+//
+// Split keys (flash-decoding): a step of few query rows (decode) has too few (token, head)
+// pairs to fill a GPU, so the launcher splits each query's keys into `splits` runs of
+// `split_keys` and a workgroup takes one run. It writes its run's normalized output with the
+// run's (max, sum) after it, a row of head_dim + 2 in `out`, and attention_combine.wgsl
+// weighs the runs together. A run past the query's keys (a shorter sequence of the batch)
+// writes a sum of zero. With one run, `out` is the output itself.
 
 struct Params {
     tokens: u32,
@@ -19,9 +27,10 @@ struct Params {
     had_norm: f32,
     // Query groups of paged_attention_rows.wgsl's shared form (unused here).
     groups: u32,
+    // Runs each query's keys are split into, and the keys of a run (with one run: all).
+    splits: u32,
+    split_keys: u32,
     _pad0: u32,
-    _pad1: u32,
-    _pad2: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -55,6 +64,7 @@ fn i4_at(word: u32, i: u32, sz: u32) -> f32 {
 #endif
 
 const MAX_D: u32 = 256u;
+const HEAD_DIM: u32 = {{HEAD_DIM}}u;
 
 var<workgroup> qs: array<f32, MAX_D>;
 var<workgroup> probs: array<f32, 64>;
@@ -69,11 +79,11 @@ var<workgroup> cq: array<vec4<f32>, CENTRED_PAIRS>;
 // `hadamard` on the workgroup's `qs` (one invocation runs it).
 fn rotate_qs() {
     var r: array<f32, 256>;
-    for (var d = 0u; d < p.head_dim; d++) {
+    for (var d = 0u; d < HEAD_DIM; d++) {
         r[d] = qs[d];
     }
-    hadamard(&r, p.head_dim, p.had_norm);
-    for (var d = 0u; d < p.head_dim; d++) {
+    hadamard(&r, HEAD_DIM, p.had_norm);
+    for (var d = 0u; d < HEAD_DIM; d++) {
         qs[d] = r[d];
     }
 }
@@ -81,7 +91,7 @@ fn rotate_qs() {
 
 // Element d of the K (or V) row at `slot`, kv head `h`.
 fn k_at(slot: u32, h: u32, d: u32) -> f32 {
-    let i = (slot * p.kv_heads + h) * p.head_dim + d;
+    let i = (slot * p.kv_heads + h) * HEAD_DIM + d;
 #if KV_F32
     return k_pool[i];
 #endif
@@ -98,7 +108,7 @@ fn k_at(slot: u32, h: u32, d: u32) -> f32 {
 }
 
 fn v_at(slot: u32, h: u32, d: u32) -> f32 {
-    let i = (slot * p.kv_heads + h) * p.head_dim + d;
+    let i = (slot * p.kv_heads + h) * HEAD_DIM + d;
 #if KV_F32
     return v_pool[i];
 #endif
@@ -121,18 +131,19 @@ fn main(
     @builtin(local_invocation_index) lid: u32,
 ) {
     let g = wid.x + wid.y * nwg.x;
-    if (g >= p.tokens * p.heads) {
+    if (g >= p.tokens * p.heads * p.splits) {
         return;
     }
-    let t = g / p.heads;
-    let h = g % p.heads;
+    let split = g % p.splits;
+    let t = g / p.splits / p.heads;
+    let h = g / p.splits % p.heads;
     let kvh = h / (p.heads / p.kv_heads);
     if (lid == 0u) {
         wg_table = info[2u * t];
         wg_pos = info[2u * t + 1u];
     }
-    let qbase = (t * p.heads + h) * p.head_dim;
-    for (var d = lid; d < p.head_dim; d += 64u) {
+    let qbase = (t * p.heads + h) * HEAD_DIM;
+    for (var d = lid; d < HEAD_DIM; d += 64u) {
         qs[d] = q[qbase + d] * p.scale;
     }
 #if KV_I4
@@ -155,18 +166,36 @@ fn main(
     if (p.window > 0u && pos + 1u > p.window) {
         first = pos + 1u - p.window;
     }
+    // This workgroup's run of keys: first ..= last.
+    var last = pos;
+    if (p.splits > 1u) {
+        first += split * p.split_keys;
+        last = min(pos, first + p.split_keys - 1u);
+        if (first > pos) {
+            // Past the query's keys: nothing to weigh.
+            let row = g * (HEAD_DIM + 2u);
+            for (var d = lid; d < HEAD_DIM; d += 64u) {
+                out[row + d] = 0.0;
+            }
+            if (lid == 0u) {
+                out[row + HEAD_DIM] = 0.0;
+                out[row + HEAD_DIM + 1u] = 0.0;
+            }
+            return;
+        }
+    }
     let neg_inf = bitcast<f32>(0xff800000u);
     var m = neg_inf;
     var l = 0.0;
     var acc: array<f32, 4>;
-    for (var base = first; base <= pos; base += 64u) {
+    for (var base = first; base <= last; base += 64u) {
         let j = base + lid;
         var s = neg_inf;
         var slot = 0u;
-        if (j <= pos) {
+        if (j <= last) {
             slot = tables[table + j / p.block_size] * p.block_size + j % p.block_size;
             s = 0.0;
-            for (var d = 0u; d < p.head_dim; d++) {
+            for (var d = 0u; d < HEAD_DIM; d++) {
                 s += qs[d] * k_at(slot, kvh, d);
             }
 #if KV_I4
@@ -192,10 +221,10 @@ fn main(
             ls += probs[i];
         }
         l = l * alpha + ls;
-        let n = min(64u, pos + 1u - base);
+        let n = min(64u, last + 1u - base);
         for (var r = 0u; r < 4u; r++) {
             let d = lid + 64u * r;
-            if (d < p.head_dim) {
+            if (d < HEAD_DIM) {
                 var a = acc[r] * alpha;
                 for (var i = 0u; i < n; i++) {
                     a += probs[i] * v_at(tile_slots[i], kvh, d);
@@ -206,12 +235,17 @@ fn main(
         m = m_new;
         workgroupBarrier();
     }
+    // Where the output goes: the query's row, or this run's row of the parts.
+    var out_row = qbase;
+    if (p.splits > 1u) {
+        out_row = g * (HEAD_DIM + 2u);
+    }
 #if KV_I4
     // The output mixes rotated V rows: rotate it back (through `qs`, no longer read).
     workgroupBarrier();
     for (var r = 0u; r < 4u; r++) {
         let d = lid + 64u * r;
-        if (d < p.head_dim) {
+        if (d < HEAD_DIM) {
             qs[d] = acc[r] / l;
         }
     }
@@ -222,16 +256,20 @@ fn main(
     workgroupBarrier();
     for (var r = 0u; r < 4u; r++) {
         let d = lid + 64u * r;
-        if (d < p.head_dim) {
-            out[qbase + d] = qs[d];
+        if (d < HEAD_DIM) {
+            out[out_row + d] = qs[d];
         }
     }
 #else
     for (var r = 0u; r < 4u; r++) {
         let d = lid + 64u * r;
-        if (d < p.head_dim) {
-            out[qbase + d] = acc[r] / l;
+        if (d < HEAD_DIM) {
+            out[out_row + d] = acc[r] / l;
         }
     }
 #endif
+    if (p.splits > 1u && lid == 0u) {
+        out[out_row + HEAD_DIM] = m;
+        out[out_row + HEAD_DIM + 1u] = l;
+    }
 }
