@@ -332,6 +332,11 @@ fn key_split(pairs: usize, span: usize) -> (usize, usize) {
 /// workgroup size, and the lanes a subgroup must have for its broadcast reads).
 const SHARED_LANES: usize = 8;
 
+/// A switch's define value.
+fn flag(on: bool) -> String {
+    if on { "1" } else { "0" }.to_string()
+}
+
 fn dtype_define(d: KvDtype) -> (&'static str, String) {
     let name = match d {
         KvDtype::F32 => "KV_F32",
@@ -684,7 +689,6 @@ impl KvCache {
                         (batch.tokens * attn.heads).div_ceil(8)
                     };
                     let [k_dot, v_acc] = rows_unrolled(hd, per_read, sg);
-                    let flag = |on: bool| if on { "1" } else { "0" }.to_string();
                     let (sg_arg, sg_lane) = if sg {
                         ("@builtin(subgroup_invocation_id) sg_lane: u32,", "sg_lane")
                     } else {

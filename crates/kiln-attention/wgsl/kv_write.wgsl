@@ -1,8 +1,9 @@
 // A step's Q, K and V rows made ready for attention, in one launch: each query head row
 // (optionally RMS-normed per head, then rotated by RoPE) written to `q_out`, each K row
 // (normed and rotated alike) and V row written into their slot of a paged pool laid out as
-// [blocks * block_size (slots), kv_heads, head_dim]. One invocation per (token, head row):
-// rows 0..heads are query heads, the rest kv heads (K and V together).
+// [blocks * block_size (slots), kv_heads, head_dim]. One invocation per (token, head row) on
+// CPU-type adapters, one workgroup per row on GPUs (PAR, below): rows 0..heads are query
+// heads, the rest kv heads (K and V together).
 //
 // Sources: Q, K and V are read from their own bindings at a row stride and column offset
 // each, so one stacked projection [tokens, (heads + 2·kv_heads)·head_dim] can be bound three
@@ -275,6 +276,159 @@ fn store(r: ptr<function, array<f32, 256>>, slot: u32, h: u32, key: bool, pos: u
 #endif
 }
 
+#if PAR
+// The GPU form: one 64-thread workgroup per (token, head row), the row in workgroup memory,
+// each thread taking dimensions lid, lid + 64, ... of the load, the norm (its sum of
+// squares reduced across the workgroup), RoPE (pairs j = lid, lid + 64, ...) and the F32/F16
+// store; INT8 and INT4 rows (a scale over the whole row, INT4's rotation and clip search)
+// are stored by one thread through `store`, as the one-invocation form does.
+
+var<workgroup> rs: array<f32, 256>;
+var<workgroup> red: array<f32, 64>;
+
+// The workgroup's sum of `v` over its threads (every thread gets it).
+fn wg_sum(v: f32, lid: u32) -> f32 {
+    red[lid] = v;
+    workgroupBarrier();
+    for (var w = 32u; w > 0u; w >>= 1u) {
+        if (lid < w) {
+            red[lid] += red[lid + w];
+        }
+        workgroupBarrier();
+    }
+    let total = red[0];
+    workgroupBarrier();
+    return total;
+}
+
+// Per-head RMSNorm of the row in `rs` by the weights of Q (`key` false) or K.
+fn norm_rs(key: bool, lid: u32) {
+    var ss = 0.0;
+    for (var d = lid; d < p.head_dim; d += 64u) {
+        ss += rs[d] * rs[d];
+    }
+    let scale = inverseSqrt(wg_sum(ss, lid) / f32(p.head_dim) + p.eps);
+    for (var d = lid; d < p.head_dim; d += 64u) {
+        var w = q_norm[d];
+        if (key) {
+            w = k_norm[d];
+        }
+        rs[d] = rs[d] * scale * w;
+    }
+    workgroupBarrier();
+}
+
+// RoPE of the row in `rs` at position `pos` (as `rope_row`).
+fn rope_rs(pos: u32, lid: u32) {
+    if (p.rot == 0u || pos >= p.max_pos) {
+        return;
+    }
+    let half = p.rot / 2u;
+    for (var j = lid; j < half; j += 64u) {
+        var a = j;
+        var b = j + half;
+        if (p.interleaved == 1u) {
+            a = 2u * j;
+            b = 2u * j + 1u;
+        }
+        let at = (pos * half + j) * 2u;
+        let c = cs[at];
+        let s = cs[at + 1u];
+        let xa = rs[a];
+        let xb = rs[b];
+        rs[a] = xa * c - xb * s;
+        rs[b] = xb * c + xa * s;
+    }
+}
+
+// Store the row in `rs` at (slot, head) of a pool (the key pool when `key`).
+fn store_rs(slot: u32, h: u32, key: bool, pos: u32, lid: u32) {
+    workgroupBarrier();
+    let n = p.head_dim;
+#if KV_F32
+    let dst = (slot * p.kv_heads + h) * n;
+    for (var d = lid; d < n; d += 64u) {
+        if (key) {
+            k_pool[dst + d] = rs[d];
+        } else {
+            v_pool[dst + d] = rs[d];
+        }
+    }
+#endif
+#if KV_F16
+    let dst = (slot * p.kv_heads + h) * n / 2u;
+    for (var w = lid; w < n / 2u; w += 64u) {
+        let v = pack_f16(vec2<f32>(rs[2u * w], rs[2u * w + 1u]));
+        if (key) {
+            k_pool[dst + w] = v;
+        } else {
+            v_pool[dst + w] = v;
+        }
+    }
+#endif
+#if KV_SCALED
+    if (lid == 0u) {
+        var r: array<f32, 256>;
+        for (var d = 0u; d < n; d++) {
+            r[d] = rs[d];
+        }
+        store(&r, slot, h, key, pos);
+    }
+#endif
+    workgroupBarrier();
+}
+
+@compute @workgroup_size(64)
+fn main(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_index) lid: u32,
+) {
+    let e = wid.x + wid.y * nwg.x;
+    let per_token = p.heads + p.kv_heads;
+    if (e >= p.tokens * per_token) {
+        return;
+    }
+    let t = e / per_token;
+    let j = e % per_token;
+    let pos = info[2u * t + 1u];
+    let n = p.head_dim;
+    if (j < p.heads) {
+        let src = t * p.q_stride + p.q_col + j * n;
+        for (var d = lid; d < n; d += 64u) {
+            rs[d] = q_src[src + d];
+        }
+        workgroupBarrier();
+        if (p.qk_norm == 1u) {
+            norm_rs(false, lid);
+        }
+        rope_rs(pos, lid);
+        workgroupBarrier();
+        let dst = (t * p.heads + j) * n;
+        for (var d = lid; d < n; d += 64u) {
+            q_out[dst + d] = rs[d];
+        }
+        return;
+    }
+    let h = j - p.heads;
+    let slot = slots[t];
+    let ks = t * p.k_stride + p.k_col + h * n;
+    for (var d = lid; d < n; d += 64u) {
+        rs[d] = k_src[ks + d];
+    }
+    workgroupBarrier();
+    if (p.qk_norm == 1u) {
+        norm_rs(true, lid);
+    }
+    rope_rs(pos, lid);
+    store_rs(slot, h, true, pos, lid);
+    let vs = t * p.v_stride + p.v_col + h * n;
+    for (var d = lid; d < n; d += 64u) {
+        rs[d] = v_src[vs + d];
+    }
+    store_rs(slot, h, false, pos, lid);
+}
+#else
 @compute @workgroup_size(64)
 fn main(
     @builtin(workgroup_id) wid: vec3<u32>,
@@ -323,3 +477,4 @@ fn main(
     }
     store(&r, slot, h, false, pos);
 }
+#endif

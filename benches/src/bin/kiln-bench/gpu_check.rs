@@ -4,8 +4,9 @@
 //! 1. the adapter: none, or a CPU-type one (a software Vulkan driver on many cores is not a
 //!    GPU result), is refused with the reason and a non-zero exit;
 //! 2. the GPU kernel family against the CPU reference compiled into the same binary: every
-//!    weight dtype through `linear` (plain, norm + gated, residual) at 1, 5 and 40 rows, a
-//!    layer's K/V write and paged attention for every KV dtype, and the device sampler's picks
+//!    weight dtype through `linear` (plain, norm + gated, residual) at 1, 5, 9, 20 and 40 rows, a
+//!    layer's K/V write and paged attention for every KV dtype (a prompt step, then a decode
+//!    step whose keys split into runs), and the device sampler's picks
 //!    over 48 rows of a 49152 vocabulary (greedy, temperature, top-k/p, min-p, edits, masks),
 //!    with its time for 16 rows against reading them back and sampling on the host;
 //! 3. the roofline microbenchmarks (copy bandwidth, launch cost, matmul rate);
@@ -440,7 +441,7 @@ fn kernel_checks(dev: &Device, seed: u64) -> anyhow::Result<Vec<Check>> {
     let cpu = Device::Cpu;
     for (di, &dtype) in DType::WEIGHTS.iter().enumerate() {
         let k = if dtype.is_k_quant() { 512 } else { 256 };
-        for m in [1usize, 5, 40] {
+        for m in [1usize, 5, 9, 20, 40] {
             for case in ["plain", "norm+gated", "residual"] {
                 let n = 48;
                 let s = seed ^ ((di as u64) << 16 | (m as u64) << 4);
@@ -591,41 +592,55 @@ fn attention_check(dev: &Device, dtype: KvDtype, seed: u64) -> anyhow::Result<f3
             },
             256,
         )?;
-        let t1 = [BlockId(3), BlockId(7), BlockId(1)];
-        let t2 = [BlockId(2)];
-        // A 40-token prompt and a 9-token one, in one step.
-        let seqs = [
-            SeqBatch {
-                block_table: &t1,
-                query_len: 40,
-                context_len: 40,
-            },
-            SeqBatch {
-                block_table: &t2,
-                query_len: 9,
-                context_len: 9,
-            },
-        ];
-        let batch = cache.batch(&seqs)?;
-        let positions: Vec<u32> = (0..40).chain(0..9).collect();
-        let pos = rope.positions(&positions)?;
-        let width = (heads + 2 * kvh) * d;
-        let qkv = Tensor::from_f32(device, &[49, width], &values(seed ^ 0xa7, 49 * width))?;
-        let mut rec = Recorder::new(device);
-        let prep = QkPrep {
-            heads,
-            rope: &pos,
-            norm: None,
-        };
-        let q = cache.write_qkv(&mut rec, 0, QkvRows::Stacked(&qkv), &prep, &batch)?;
+        let t1 = table(3, 13);
+        let t2 = [BlockId(1)];
         let attn = AttnConfig {
             heads,
             scale: 1.0 / (d as f32).sqrt(),
             window: None,
         };
-        let out = cache.attention(&mut rec, 0, &q, &batch, &attn)?;
-        rec.submit()?;
-        Ok(out.to_f32_vec()?)
+        let width = (heads + 2 * kvh) * d;
+        // A 200-token prompt and a 9-token one in one step (whole queries), then a decode
+        // step of both (its keys split into runs on a GPU).
+        let steps: [([usize; 2], [usize; 2]); 2] = [([200, 9], [200, 9]), ([1, 1], [201, 10])];
+        let mut outs = Vec::new();
+        for (i, (query, context)) in steps.into_iter().enumerate() {
+            let seqs = [
+                SeqBatch {
+                    block_table: &t1,
+                    query_len: query[0],
+                    context_len: context[0],
+                },
+                SeqBatch {
+                    block_table: &t2,
+                    query_len: query[1],
+                    context_len: context[1],
+                },
+            ];
+            let batch = cache.batch(&seqs)?;
+            let positions: Vec<u32> = (context[0] - query[0]..context[0])
+                .chain(context[1] - query[1]..context[1])
+                .map(|p| p as u32)
+                .collect();
+            let pos = rope.positions(&positions)?;
+            let n = positions.len();
+            let qkv = Tensor::from_f32(
+                device,
+                &[n, width],
+                &values(seed ^ 0xa7 ^ i as u64, n * width),
+            )?;
+            let mut rec = Recorder::new(device);
+            let prep = QkPrep {
+                heads,
+                rope: &pos,
+                norm: None,
+            };
+            let q = cache.write_qkv(&mut rec, 0, QkvRows::Stacked(&qkv), &prep, &batch)?;
+            let out = cache.attention(&mut rec, 0, &q, &batch, &attn)?;
+            rec.submit()?;
+            outs.extend(out.to_f32_vec()?);
+        }
+        Ok(outs)
     };
     Ok(max_error(&run(dev)?, &run(&Device::Cpu)?))
 }

@@ -6,7 +6,7 @@ use bytemuck::{Pod, Zeroable};
 use kiln_kv::KvDtype;
 use kiln_tensor::{Access, DType, Device, KernelDef, Recorder, RopeLayout, RopePositions, Tensor};
 
-use super::{AttnBatch, KvCache, Store, dtype_define, invalid, variant};
+use super::{AttnBatch, KvCache, Store, dtype_define, flag, invalid, variant};
 use crate::Result;
 use crate::stored::{CENTRED_PAIRS, hadamard_norm, shift_row, store_row};
 
@@ -300,8 +300,17 @@ impl KvCache {
             [&KV_WRITE, &KV_WRITE_SCALED, &KV_WRITE_I4],
             l.extras().len(),
         );
-        let groups = (batch.tokens * (heads + kvh)).div_ceil(64) as u32;
-        rec.launch(def, &[dtype_define(self.cfg.dtype)], &params, &bufs, groups)?;
+        // GPUs take a workgroup a head row (its form `PAR`), CPU-type adapters an invocation.
+        let rows = batch.tokens * (heads + kvh);
+        let par = !self.cpu_adapter;
+        let scaled = matches!(self.cfg.dtype, KvDtype::Int8 | KvDtype::Int4);
+        let defines = [
+            dtype_define(self.cfg.dtype),
+            ("PAR", flag(par)),
+            ("KV_SCALED", flag(scaled)),
+        ];
+        let groups = if par { rows } else { rows.div_ceil(64) };
+        rec.launch(def, &defines, &params, &bufs, groups as u32)?;
         Ok(())
     }
 }
