@@ -4,11 +4,9 @@
 // without a window) of its own sequence, found through the sequence's block table: causal
 // within a prefill chunk, full attention to the cached prefix, one token for decode. The keys
 // of the current chunk are in the pool already (kv_write runs first in the same submit).
-// Keys are taken 64 at a time: eight threads score a key together, each the dot product over
-// words lane, lane + 8, ... of its row (so the eight read the row's consecutive words, and a
-// warp reads four rows whole), 8 keys a pass; then the tile's probabilities are folded into a
-// running (max, sum, accumulator) — the online softmax — with each thread owning output
-// dimensions lid, lid + 64, ...  GQA: query head h reads kv head h / (heads / kv_heads).
+// Keys are taken 64 at a time: each thread scores one key, then the tile's probabilities are
+// folded into a running (max, sum, accumulator) — the online softmax — with each thread owning
+// output dimensions lid, lid + 64, ...  GQA: query head h reads kv head h / (heads / kv_heads).
 //
 // Split keys (flash-decoding): a step of few query rows (decode) has too few (token, head)
 // pairs to fill a GPU, so the launcher splits each query's keys into `splits` runs of
@@ -67,25 +65,9 @@ fn i4_at(word: u32, i: u32, sz: u32) -> f32 {
 
 const MAX_D: u32 = 256u;
 const HEAD_DIM: u32 = {{HEAD_DIM}}u;
-// Elements a 32-bit word of the pool holds, and the words of a row.
-#if KV_F32
-const EPW: u32 = 1u;
-#endif
-#if KV_F16
-const EPW: u32 = 2u;
-#endif
-#if KV_I8
-const EPW: u32 = 4u;
-#endif
-#if KV_I4
-const EPW: u32 = 8u;
-#endif
-const WPR: u32 = HEAD_DIM / EPW;
 
 var<workgroup> qs: array<f32, MAX_D>;
 var<workgroup> probs: array<f32, 64>;
-// The tile's partial dot products: [key][lane of its eight].
-var<workgroup> part_dots: array<f32, 512>;
 var<workgroup> tile_slots: array<u32, 64>;
 var<workgroup> wg_pos: u32;
 var<workgroup> wg_table: u32;
@@ -207,30 +189,14 @@ fn main(
     var l = 0.0;
     var acc: array<f32, 4>;
     for (var base = first; base <= last; base += 64u) {
-        for (var round = 0u; round < 8u; round++) {
-            let key = round * 8u + lid / 8u;
-            let jk = base + key;
-            var part = 0.0;
-            if (jk <= last) {
-                let sk = tables[table + jk / p.block_size] * p.block_size + jk % p.block_size;
-                for (var w = lid % 8u; w < WPR; w += 8u) {
-                    for (var e = 0u; e < EPW; e++) {
-                        let d = w * EPW + e;
-                        part += qs[d] * k_at(sk, kvh, d);
-                    }
-                }
-            }
-            part_dots[key * 8u + lid % 8u] = part;
-        }
-        workgroupBarrier();
         let j = base + lid;
         var s = neg_inf;
         var slot = 0u;
         if (j <= last) {
             slot = tables[table + j / p.block_size] * p.block_size + j % p.block_size;
             s = 0.0;
-            for (var c = 0u; c < 8u; c++) {
-                s += part_dots[lid * 8u + c];
+            for (var d = 0u; d < HEAD_DIM; d++) {
+                s += qs[d] * k_at(slot, kvh, d);
             }
 #if KV_I4
             for (var c = 0u; c < CENTRED_PAIRS; c++) {

@@ -4,9 +4,8 @@
 // ty·TM .. ty·TM + TM - 1 (TM = BM / 16) at columns 4tx .. 4tx + 3, one vec4 accumulator a
 // row. Each 16-wide slice of k is staged in workgroup memory: X as read, and W decoded once,
 // eight elements a unit (`w_unit8`), into quads of columns, so the inner loop reads one vec4
-// of W and TM values of X for 4·TM multiply-adds; the next slice is fetched into registers
-// while the current one is multiplied. Every element of W is read from memory once per BM
-// rows of X.
+// of W and TM values of X for 4·TM multiply-adds. Every element of W is read from memory
+// once per BM rows of X.
 
 struct Params {
     m: u32,
@@ -36,32 +35,6 @@ var<workgroup> xs: array<f32, 1024>;
 // [KS][BN / 4]: W's slice, decoded, four columns a vec4.
 var<workgroup> ws: array<vec4<f32>, 256>;
 
-// This thread's TM elements of X's slice at k0 (element lid + 256j of the BM x KS slice,
-// row-major), zeros past X.
-fn fetch_x(m0: u32, k0: u32, lid: u32) -> vec4<f32> {
-    var v = vec4<f32>(0.0);
-    for (var j = 0u; j < TM; j++) {
-        let e = lid + 256u * j;
-        let r = e / KS;
-        let c = e % KS;
-        if (m0 + r < p.m && k0 + c < p.k) {
-            v[j] = x[(m0 + r) * p.k + k0 + c];
-        }
-    }
-    return v;
-}
-
-// This thread's unit of W's slice at k0 (threads below 2·BN: row lid / 2, unit lid % 2 of
-// the slice's two), zeros past W.
-fn fetch_w(n0: u32, k0: u32, lid: u32) -> W8 {
-    let r = lid / 2u;
-    let h = lid % 2u;
-    if (lid < 2u * BN && n0 + r < p.rows && k0 + 8u * h < p.k) {
-        return w_unit8(n0 + r, k0 / 8u + h, p.k, p.qs);
-    }
-    return W8(vec4<f32>(0.0), vec4<f32>(0.0));
-}
-
 @compute @workgroup_size(256)
 fn main(
     @builtin(workgroup_id) wid: vec3<u32>,
@@ -83,18 +56,25 @@ fn main(
     var acc1 = vec4<f32>(0.0);
     var acc2 = vec4<f32>(0.0);
     var acc3 = vec4<f32>(0.0);
-    // The first slice's share of this thread, then each next one fetched while the current
-    // one is multiplied, so the loads' latency hides behind the arithmetic.
-    var xv = fetch_x(m0, 0u, lid);
-    var wv = fetch_w(n0, 0u, lid);
     for (var k0 = 0u; k0 < p.k; k0 += KS) {
-        for (var j = 0u; j < TM; j++) {
-            let e = lid + 256u * j;
-            xs[(e % KS) * BM + e / KS] = xv[j];
+        for (var e = lid; e < BM * KS; e += 256u) {
+            let r = e / KS;
+            let c = e % KS;
+            var v = 0.0;
+            if (m0 + r < p.m && k0 + c < p.k) {
+                v = x[(m0 + r) * p.k + k0 + c];
+            }
+            xs[c * BM + r] = v;
         }
+        // 64 rows of W, two units of eight each.
         if (lid < 2u * BN) {
             let r = lid / 2u;
-            let at = 8u * (lid % 2u) * (BN / 4u) + r / 4u;
+            let h = lid % 2u;
+            var wv = W8(vec4<f32>(0.0), vec4<f32>(0.0));
+            if (n0 + r < p.rows && k0 + 8u * h < p.k) {
+                wv = w_unit8(n0 + r, k0 / 8u + h, p.k, p.qs);
+            }
+            let at = 8u * h * (BN / 4u) + r / 4u;
             let comp = r % 4u;
             for (var j = 0u; j < 4u; j++) {
                 ws[at + j * (BN / 4u)][comp] = wv.a[j];
@@ -102,10 +82,6 @@ fn main(
             }
         }
         workgroupBarrier();
-        if (k0 + KS < p.k) {
-            xv = fetch_x(m0, k0 + KS, lid);
-            wv = fetch_w(n0, k0 + KS, lid);
-        }
         for (var kk = 0u; kk < KS; kk++) {
             let b = ws[kk * (BN / 4u) + tx];
             let xb = kk * BM + ty * TM;

@@ -2,11 +2,7 @@
 // TPR threads share one output row r (8 on CPU-type adapters, whose compilers run a
 // workgroup's invocations as SIMD lanes; 32 on GPUs, a warp a row, so a row's loads are
 // contiguous across the warp and enough warps are in flight to cover memory latency); each
-// walks the row in steps of UPL units of eight elements (1 on CPU-type adapters; 4 on GPUs:
-// a lane decodes a whole 32-element block a step, its loads issued together, so each thread
-// has four times the bytes in flight and a warp reads 32 consecutive blocks). With K8 (k a
-// multiple of 8) X and the norm's weights are read as vec4s; with UFULL (whole steps to the
-// end of the row) no unit is checked against it.
+// walks the row eight elements at a time.
 // What saves a launch each: NORM applies an RMSNorm to X's rows first (X·diag(g), each row's
 // products scaled by 1/sqrt(mean(x²) + eps) at the end); RES adds a residual of Y's shape;
 // GATED reads W as the stack [gate; up] of 2·n1 rows and writes act(X·gateᵀ) * (X·upᵀ)
@@ -26,11 +22,7 @@ struct Params {
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
-#if K8
-@group(0) @binding(1) var<storage, read> x: array<vec4<f32>>;
-#else
 @group(0) @binding(1) var<storage, read> x: array<f32>;
-#endif
 @group(0) @binding(3) var<storage, read_write> y: array<f32>;
 #if BIAS
 @group(0) @binding(4) var<storage, read> bias: array<f32>;
@@ -39,16 +31,11 @@ struct Params {
 @group(0) @binding(4) var<storage, read> res: array<f32>;
 #endif
 #if NORM
-#if K8
-@group(0) @binding({{G_BINDING}}) var<storage, read> gw: array<vec4<f32>>;
-#else
 @group(0) @binding({{G_BINDING}}) var<storage, read> gw: array<f32>;
-#endif
 #endif
 
 const MV_M: u32 = {{MV_M}}u;
 const TPR: u32 = {{TPR}}u;
-const UPL: u32 = {{UPL}}u;
 const RPW: u32 = 64u / TPR;
 
 var<workgroup> red: array<array<f32, MV_M>, 64>;
@@ -61,7 +48,8 @@ var<workgroup> red_ss: array<array<f32, MV_M>, 64>;
 
 fn x4(i: u32, c: u32) -> vec4<f32> {
 #if K8
-    return x[(i * p.k + c) / 4u];
+    let b = i * p.k + c;
+    return vec4<f32>(x[b], x[b + 1u], x[b + 2u], x[b + 3u]);
 #else
     var v = vec4<f32>(0.0);
     for (var j = 0u; j < 4u; j++) {
@@ -77,7 +65,7 @@ fn x4(i: u32, c: u32) -> vec4<f32> {
 // The norm's weights at columns c..c + 4 (zeros past k).
 fn g4(c: u32) -> vec4<f32> {
 #if K8
-    return gw[c / 4u];
+    return vec4<f32>(gw[c], gw[c + 1u], gw[c + 2u], gw[c + 3u]);
 #else
     var v = vec4<f32>(0.0);
     for (var j = 0u; j < 4u; j++) {
@@ -115,36 +103,27 @@ fn main(
 #endif
     if (r < p.rows) {
         let units = (p.k + 7u) / 8u;
-        for (var u0 = lane * UPL; u0 < units; u0 += TPR * UPL) {
-            for (var uj = 0u; uj < UPL; uj++) {
-                let u = u0 + uj;
-#if UFULL
-#else
-                if (u >= units) {
-                    break;
-                }
-#endif
-                let wv = w_unit8(r, u, p.k, p.qs);
+        for (var u = lane; u < units; u += TPR) {
+            let wv = w_unit8(r, u, p.k, p.qs);
 #if GATED
-                let wu = w_unit8(r + p.n1, u, p.k, p.qs);
+            let wu = w_unit8(r + p.n1, u, p.k, p.qs);
 #endif
 #if NORM
-                let ga = g4(u * 8u);
-                let gb = g4(u * 8u + 4u);
+            let ga = g4(u * 8u);
+            let gb = g4(u * 8u + 4u);
 #endif
-                for (var i = 0u; i < MV_M; i++) {
-                    var xa = x4(i, u * 8u);
-                    var xb = x4(i, u * 8u + 4u);
+            for (var i = 0u; i < MV_M; i++) {
+                var xa = x4(i, u * 8u);
+                var xb = x4(i, u * 8u + 4u);
 #if NORM
-                    ss[i] += dot(xa, xa) + dot(xb, xb);
-                    xa *= ga;
-                    xb *= gb;
+                ss[i] += dot(xa, xa) + dot(xb, xb);
+                xa *= ga;
+                xb *= gb;
 #endif
-                    acc[i] += dot(wv.a, xa) + dot(wv.b, xb);
+                acc[i] += dot(wv.a, xa) + dot(wv.b, xb);
 #if GATED
-                    acc2[i] += dot(wu.a, xa) + dot(wu.b, xb);
+                acc2[i] += dot(wu.a, xa) + dot(wu.b, xb);
 #endif
-                }
             }
         }
     }

@@ -456,12 +456,8 @@ impl Recorder {
         epilogue_defines(&mut defines, epi, norm.is_some());
         defines.push(("MV_M", number(m)));
         defines.push(("K8", flag(k.is_multiple_of(8))));
-        let cpu_shaped = self.gpu().is_some_and(|c| c.cpu_shaped_kernels());
-        let tpr = matvec_threads_per_row(cpu_shaped);
+        let tpr = matvec_threads_per_row(self.gpu().is_some_and(|c| c.cpu_shaped_kernels()));
         defines.push(("TPR", number(tpr)));
-        let upl = if cpu_shaped { 1 } else { 4 };
-        defines.push(("UPL", number(upl)));
-        defines.push(("UFULL", flag(k.div_ceil(8).is_multiple_of(upl))));
         let kernel = &MATMUL_VEC[epi.index()][usize::from(norm.is_some())];
         for (ci, c) in chunks.iter().enumerate() {
             let rows = if gated { c.rows / 2 } else { c.rows };
