@@ -3,8 +3,8 @@
 //! transformer layer fused where the device's kernel can: an RMSNorm of X's rows first, a
 //! bias, a residual added, or a gated activation over a stacked `[gate; up]` weight.
 //!
-//! Up to [`MATVEC_MAX_M`] rows of X take the matrix-vector kernel (decode: every weight read
-//! once, 8 threads a row on CPU-type adapters, 32 on GPUs); more take the tiled kernel
+//! Up to [`MATVEC_MAX_M`] rows of X (4 on GPUs) take the matrix-vector kernel (decode: every
+//! weight read once, 8 threads a row on CPU-type adapters, 32 on GPUs); more take the tiled kernel
 //! (prefill, batched decode: tiles of 16, 32 or 64 rows of X by 64 of W), with the fused parts as separate ops. CPU-type adapters take `matmul_rows.wgsl` for block dtypes, with
 //! everything fused. A weight split into several chunks (bigger than one binding) is launched
 //! chunk by chunk into column ranges of Y.
@@ -28,8 +28,16 @@ fn matvec_threads_per_row(cpu_shaped: bool) -> usize {
     if cpu_shaped { 8 } else { 32 }
 }
 
-/// Rows of X up to which the matrix-vector kernel is used.
+/// Rows of X up to which the matrix-vector kernel is used (on CPU-type adapters).
 pub const MATVEC_MAX_M: usize = 8;
+
+/// Rows of X up to which a device takes the matrix-vector kernel: [`MATVEC_MAX_M`] on
+/// CPU-type adapters; 4 on GPUs, where its time grows with every row (NVIDIA H200, a 7B MLP
+/// weight in Q4_1: 105, 199 and 382 us at 2, 4 and 8 rows) while the tiled kernel's 16-row tile
+/// costs the same for 1 to 16 (220 us at 9 and at 16).
+fn matvec_max_m(cpu_shaped: bool) -> usize {
+    if cpu_shaped { MATVEC_MAX_M } else { 4 }
+}
 
 const VEC_SRC: &str = concat!(
     include_str!("../../wgsl/weights.wgsl"),
@@ -298,6 +306,7 @@ impl Recorder {
             return linear_ref(x, w, &ops, &c);
         };
         let epi = Epilogue::of(&ops);
+        let max_vec = matvec_max_m(ctx.cpu_shaped_kernels());
         // The kernels fuse one epilogue (and the norm).
         let epilogues = [
             ops.bias.is_some(),
@@ -313,7 +322,7 @@ impl Recorder {
                 self.matmul_rows(x, w, &y, epi, ops.norm, group)?;
                 return Ok(y);
             }
-            if c.m <= MATVEC_MAX_M {
+            if c.m <= max_vec {
                 let y = Tensor::gpu_output(&ctx, DType::F32, c.shape.clone(), OP)?;
                 self.matmul_vec(x, w, &y, epi, ops.norm)?;
                 return Ok(y);
@@ -333,7 +342,7 @@ impl Recorder {
             *last = c.n;
         }
         let y = Tensor::gpu_output(&ctx, DType::F32, shape, OP)?;
-        if c.m <= MATVEC_MAX_M {
+        if c.m <= max_vec {
             let bias_epi = ops.bias.map_or(Epilogue::None, Epilogue::Bias);
             self.matmul_vec(x, w, &y, bias_epi, None)?;
         } else {
