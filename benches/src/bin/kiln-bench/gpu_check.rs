@@ -11,7 +11,8 @@
 //!    with its time for 16 rows against reading them back and sampling on the host;
 //! 3. the roofline microbenchmarks (copy bandwidth, launch cost, matmul rate);
 //! 4. models of real shapes with weights made from a seed (`SyntheticSource`: nothing to
-//!    carry), SmolLM2-135M- and 7B-shaped: decode steps at batch 1, 16 and 64 with the bytes
+//!    carry), SmolLM2-135M- and 7B-shaped: decode steps at batch 1, 16 and 64 (and batch 1
+//!    at context 2048, where attention grows) with the bytes
 //!    each reads as a share of the copy bandwidth, pp512 / tg128, the first step's time (its
 //!    pipelines compiled: a cold start), and, on a second device with timestamp queries, the
 //!    kernels of a decode step at batch 1 and 64 with their device time.
@@ -743,9 +744,14 @@ fn measure_shape(
         (&[1, 16, 64], 32, 128)
     };
     let (pp, tg): (usize, usize) = if cli.quick { (64, 8) } else { (512, 128) };
+    // One sequence at a long context too: decode where attention, not weights, grows.
+    let long_ctx = if cli.quick { 256 } else { 2048 };
     let widest = batches.iter().copied().max().unwrap_or(1);
-    let per_seq = (ctx + steps + 2).div_ceil(16);
-    let blocks = (widest * per_seq).max((pp + tg + 2).div_ceil(16)) + 1;
+    let per_seq = |ctx: usize| (ctx + steps + 2).div_ceil(16);
+    let blocks = (widest * per_seq(ctx))
+        .max(per_seq(long_ctx))
+        .max((pp + tg + 2).div_ceil(16))
+        + 1;
     let src = SyntheticSource::new(cfg.clone(), DType::Q4_1, cli.seed)?;
     let pool = KvPoolConfig {
         block_size: 16,
@@ -766,16 +772,16 @@ fn measure_shape(
         "{name}: {:.1} MB of Q4_1 weights loaded in {load_s:.1} s",
         weight_bytes as f64 / 1e6
     );
-    let workload = |b: usize| Decode {
+    let workload = |b: usize, ctx: usize| Decode {
         b,
         ctx,
-        per_seq,
+        per_seq: per_seq(ctx),
         seed: cli.seed,
         vocab: cfg.vocab,
     };
     // pp / tg: one sequence, the prompt in one step, then tg decode steps.
     let t = table(0, (pp + tg + 2).div_ceil(16));
-    let prompt = workload(1).ids(pp, cli.seed ^ 0x99);
+    let prompt = workload(1, ctx).ids(pp, cli.seed ^ 0x99);
     fn one<'a>(tokens: &'a [u32], t: &'a [BlockId], ctx_len: usize) -> StepSeq<'a> {
         StepSeq {
             tokens,
@@ -800,15 +806,16 @@ fn measure_shape(
     }
     let tg_s = start.elapsed().as_secs_f64();
     let mut decode = Vec::new();
-    for &b in batches {
-        let secs = workload(b).run(&mut runner, steps, || {})?;
+    let runs = batches.iter().map(|&b| (b, ctx)).chain([(1, long_ctx)]);
+    for (b, ctx) in runs {
+        let secs = workload(b, ctx).run(&mut runner, steps, || {})?;
         let ms = secs * 1e3 / steps as f64;
         let mean_ctx = ctx + 1 + steps / 2;
         let bytes = weight_bytes + kv_bytes_per_token * (b * mean_ctx) as u64;
         let gb_s = bytes as f64 / (ms * 1e6);
         decode.push((b, mean_ctx, ms, gb_s, gb_s / c.copy_bandwidth_gb_s));
         println!(
-            "  decode batch {b:>3}: {ms:.2} ms/step, {:.0} tokens/s, {gb_s:.1} GB/s read = {:.0}% of the copy bandwidth",
+            "  decode batch {b:>3} (context {mean_ctx}): {ms:.2} ms/step, {:.0} tokens/s, {gb_s:.1} GB/s read = {:.0}% of the copy bandwidth",
             b as f64 * 1e3 / ms,
             gb_s / c.copy_bandwidth_gb_s * 100.0
         );
@@ -820,7 +827,7 @@ fn measure_shape(
         let mut prunner = load(pdev)?;
         for b in [1, widest] {
             let n = 4;
-            workload(b).run(&mut prunner, n, || pdev.reset_profile())?;
+            workload(b, ctx).run(&mut prunner, n, || pdev.reset_profile())?;
             let Some(p) = pdev.profile() else { break };
             let per = p.submits.max(1) as f64;
             let kp = KernelProfile {
