@@ -62,6 +62,79 @@ pub struct DeviceOptions {
     /// kernels shaped for SIMD-across-invocations compilers, GPUs the subgroup and tiled
     /// ones); `Some(_)` forces one family (tests use it to run both on one adapter).
     pub cpu_shaped_kernels: Option<bool>,
+    /// The matrix-vector kernel's layout for every weight; `None` picks one per weight
+    /// ([`MatvecShape::choose`]). `kiln-bench gpu-check` times the alternatives with it.
+    pub matvec_shape: Option<MatvecShape>,
+    /// Tiles of the tiled matmul below which a GPU splits k between several workgroups a
+    /// tile; `None` takes the default ([`DEFAULT_SPLIT_K_WORKGROUPS`]), `Some(0)` never
+    /// splits. CPU-type adapters never split.
+    pub split_k_workgroups: Option<u32>,
+}
+
+/// Threads [`MatvecShape::choose`] puts to work on a GPU.
+pub const MATVEC_GPU_THREADS: usize = 65536;
+
+/// [`DeviceOptions::split_k_workgroups`]'s default.
+pub const DEFAULT_SPLIT_K_WORKGROUPS: u32 = 256;
+
+/// How `matmul_vec.wgsl` (decode's matmul, a few rows of X) spreads a weight over a
+/// workgroup of 64 invocations: `threads_per_row` of them split each row's length, and each
+/// computes `rows_per_thread` rows with the X it loads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MatvecShape {
+    pub threads_per_row: u32,
+    pub rows_per_thread: u32,
+}
+
+impl MatvecShape {
+    /// The layout for a weight of `rows` output rows (a gated weight's gate rows): 8
+    /// threads a row and one row a thread where invocations are a CPU's SIMD lanes. On GPUs,
+    /// a warp of 32 threads a row, and 4 rows a thread (each X load serves them all) where
+    /// that still puts [`MATVEC_GPU_THREADS`] threads to work, else one: on an H200, 4 rows a
+    /// thread took a 7B model's 12288- and 11008-row weights from 121 and 107 to 59 and 75 µs
+    /// a launch, and its 4096-row weights (whose threads also walk the longest rows) from 44
+    /// to 75 µs.
+    pub fn choose(cpu_shaped: bool, rows: usize) -> Self {
+        if cpu_shaped {
+            return Self {
+                threads_per_row: 8,
+                rows_per_thread: 1,
+            };
+        }
+        let t = 32;
+        let r = if rows.div_ceil(4) * t >= MATVEC_GPU_THREADS {
+            4
+        } else {
+            1
+        };
+        Self {
+            threads_per_row: t as u32,
+            rows_per_thread: r as u32,
+        }
+    }
+
+    /// Output rows one workgroup computes.
+    pub fn rows_per_workgroup(self) -> u32 {
+        64 / self.threads_per_row * self.rows_per_thread
+    }
+
+    /// Checks the shape fits the kernel: threads a row a power of two from 1 to 64, rows a
+    /// thread 1 to 8.
+    pub fn validate(self) -> std::result::Result<(), String> {
+        let t = self.threads_per_row;
+        if !(t.is_power_of_two() && t <= 64) {
+            return Err(format!(
+                "threads per row {t}: expected a power of two up to 64"
+            ));
+        }
+        if !(1..=8).contains(&self.rows_per_thread) {
+            return Err(format!(
+                "rows per thread {}: expected 1 to 8",
+                self.rows_per_thread
+            ));
+        }
+        Ok(())
+    }
 }
 
 impl Default for DeviceOptions {
@@ -73,6 +146,8 @@ impl Default for DeviceOptions {
             max_binding_bytes: None,
             profile: false,
             cpu_shaped_kernels: None,
+            matvec_shape: None,
+            split_k_workgroups: None,
         }
     }
 }

@@ -10,7 +10,8 @@ mod recorder;
 mod tensor;
 
 pub use device::{
-    BackendChoice, Device, DeviceInfo, DeviceOptions, HostStats, KernelTime, Profile,
+    BackendChoice, DEFAULT_SPLIT_K_WORKGROUPS, Device, DeviceInfo, DeviceOptions, HostStats,
+    KernelTime, MATVEC_GPU_THREADS, MatvecShape, Profile,
 };
 pub use dtype::{DType, QK, QK_K};
 pub use error::{Result, TensorError};

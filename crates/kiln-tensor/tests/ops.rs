@@ -13,8 +13,8 @@ mod common;
 
 use common::{assert_close, gpus, randn, random_blocks, rng};
 use kiln_tensor::{
-    Activation, ColumnIndex, DType, Device, LinearOps, Recorder, RmsNorm, RopeConfig, RopeLayout,
-    RopeScaling, RopeTable, Tensor, TensorError,
+    Activation, ColumnIndex, DType, Device, DeviceOptions, LinearOps, MatvecShape, Recorder,
+    RmsNorm, RopeConfig, RopeLayout, RopeScaling, RopeTable, Tensor, TensorError,
 };
 use rand::Rng;
 use rand::seq::SliceRandom;
@@ -299,30 +299,113 @@ fn linear_ops_match_cpu() {
                 for (name, dev) in gpus() {
                     let got = run_linear(&dev, dtype, c, &o, m, k);
                     let what = format!("{name} {dtype:?} {c:?} m={m} k={k} f={f}");
-                    // The norm's weights scale the terms by |g| ~ 1.
-                    let e = 2.0 * matmul_tol(k);
-                    if c.glu.is_none() {
-                        assert_close(&what, &got, &want, e, 0.0);
-                        continue;
-                    }
-                    // An error e in g and in u moves silu(g)·u (and gelu_tanh(g)·u: its slope
-                    // is at most 1.13) by at most e·(1.13·|u| + |g|) + e².
-                    for i in 0..m {
-                        for j in 0..f {
-                            let (gv, uv) = (plain[i * n + j], plain[i * n + f + j]);
-                            let bound = e * (1.13 * uv.abs() + gv.abs() + 1.0);
-                            let at = i * f + j;
-                            assert!(
-                                (got[at] - want[at]).abs() <= bound,
-                                "{what} element ({i}, {j}): got {}, want {} (bound {bound})",
-                                got[at],
-                                want[at]
-                            );
-                        }
-                    }
+                    check_linear(&what, c, &got, &want, &plain, m, k);
                 }
             }
         }
+    }
+}
+
+/// `got` against the CPU reference `want` of one `linear` case, given the reference's
+/// product before any gate (`plain`, for the GLU's error bound).
+fn check_linear(what: &str, c: Case, got: &[f32], want: &[f32], plain: &[f32], m: usize, k: usize) {
+    // The norm's weights scale the terms by |g| ~ 1.
+    let e = 2.0 * matmul_tol(k);
+    if c.glu.is_none() {
+        assert_close(what, got, want, e, 0.0);
+        return;
+    }
+    // An error e in g and in u moves silu(g)·u (and gelu_tanh(g)·u: its slope is at most
+    // 1.13) by at most e·(1.13·|u| + |g|) + e².
+    let f = want.len() / m;
+    let n = 2 * f;
+    for i in 0..m {
+        for j in 0..f {
+            let (gv, uv) = (plain[i * n + j], plain[i * n + f + j]);
+            let bound = e * (1.13 * uv.abs() + gv.abs() + 1.0);
+            let at = i * f + j;
+            assert!(
+                (got[at] - want[at]).abs() <= bound,
+                "{what} element ({i}, {j}): got {}, want {} (bound {bound})",
+                got[at],
+                want[at]
+            );
+        }
+    }
+}
+
+/// The matrix-vector kernel in every layout a device can be given (`MatvecShape`: threads a
+/// row, rows a thread), with row counts that leave a workgroup's last rows empty, rows long
+/// enough for 64 threads a row, and a length that is not a multiple of 8 (X read by element).
+#[test]
+fn matvec_layouts_match_cpu() {
+    let mut r = rng(11);
+    let layouts = [(8, 1), (16, 4), (32, 1), (32, 3), (32, 8), (64, 2), (1, 1)];
+    let cases = [CASES[0], CASES[2], CASES[4], CASES[5]];
+    for (t, rpt) in layouts {
+        let shape = MatvecShape {
+            threads_per_row: t,
+            rows_per_thread: rpt,
+        };
+        let Some(dev) = kiln_testkit::wgpu_device(DeviceOptions {
+            cpu_shaped_kernels: Some(false),
+            matvec_shape: Some(shape),
+            ..DeviceOptions::default()
+        }) else {
+            return;
+        };
+        for (dtype, k) in [
+            (DType::F32, 44),
+            (DType::F16, 520),
+            (DType::Q4_1, 576),
+            (DType::Q8_0, 96),
+            (DType::Q4_K, 512),
+        ] {
+            for &c in &cases {
+                let m = r.random_range(1..=4);
+                let f = r.random_range(1..40);
+                let n = if c.glu.is_some() { 2 * f } else { f };
+                let o = Operands {
+                    x: randn(&mut r, m * k, 1.0),
+                    w: randn(&mut r, n * k, 1.0),
+                    g: randn(&mut r, k, 1.0),
+                    bias: randn(&mut r, n, 1.0),
+                    res: randn(&mut r, m * f, 1.0),
+                };
+                let want = run_linear(&Device::cpu(), dtype, c, &o, m, k);
+                let plain = run_composed(
+                    &Device::cpu(),
+                    dtype,
+                    Case {
+                        glu: None,
+                        residual: false,
+                        ..c
+                    },
+                    &o,
+                    m,
+                    k,
+                );
+                let got = run_linear(&dev, dtype, c, &o, m, k);
+                let what = format!("{t}x{rpt} {dtype:?} {c:?} m={m} k={k} f={f}");
+                check_linear(&what, c, &got, &want, &plain, m, k);
+            }
+        }
+    }
+    let bad = MatvecShape {
+        threads_per_row: 48,
+        rows_per_thread: 1,
+    };
+    let err = Device::new(&DeviceOptions {
+        backend: kiln_tensor::BackendChoice::Wgpu,
+        matvec_shape: Some(bad),
+        ..DeviceOptions::default()
+    })
+    .err()
+    .map(|e| e.to_string());
+    if let Some(e) = err {
+        assert!(e.contains("threads per row 48"), "{e}");
+    } else {
+        panic!("a 48-thread layout was accepted");
     }
 }
 

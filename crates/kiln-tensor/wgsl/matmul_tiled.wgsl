@@ -6,6 +6,10 @@
 // eight elements a unit (`w_unit8`), into quads of columns, so the inner loop reads one vec4
 // of W and TM values of X for 4·TM multiply-adds. Every element of W is read from memory
 // once per BM rows of X.
+// SPLIT (split-K, for products with too few tiles to fill a GPU: batched decode through a
+// narrow projection) gives each tile `splits` workgroups, each summing kc of k, and writes
+// their partial products to y as [splits][m][rows]; `matmul_split_sum.wgsl` adds them up (and
+// the bias).
 
 struct Params {
     m: u32,
@@ -14,8 +18,9 @@ struct Params {
     n_total: u32,
     n_offset: u32,
     qs: u32,
-    _pad0: u32,
-    _pad1: u32,
+    // SPLIT: workgroups a tile, and the length of k each sums (a multiple of KS).
+    splits: u32,
+    kc: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -41,7 +46,16 @@ fn main(
     @builtin(num_workgroups) nwg: vec3<u32>,
     @builtin(local_invocation_index) lid: u32,
 ) {
-    let g = wid.x + wid.y * nwg.x;
+    var g = wid.x + wid.y * nwg.x;
+#if SPLIT
+    let split = g % p.splits;
+    g /= p.splits;
+    let k_begin = split * p.kc;
+    let k_end = min(p.k, k_begin + p.kc);
+#else
+    let k_begin = 0u;
+    let k_end = p.k;
+#endif
     let tiles_n = (p.rows + BN - 1u) / BN;
     let m0 = (g / tiles_n) * BM;
     let n0 = (g % tiles_n) * BN;
@@ -56,7 +70,7 @@ fn main(
     var acc1 = vec4<f32>(0.0);
     var acc2 = vec4<f32>(0.0);
     var acc3 = vec4<f32>(0.0);
-    for (var k0 = 0u; k0 < p.k; k0 += KS) {
+    for (var k0 = k_begin; k0 < k_end; k0 += KS) {
         for (var e = lid; e < BM * KS; e += 256u) {
             let r = e / KS;
             let c = e % KS;
@@ -103,11 +117,15 @@ fn main(
         for (var j = 0u; j < 4u; j++) {
             let gn = n0 + tx * 4u + j;
             if (gm < p.m && gn < p.rows) {
+#if SPLIT
+                y[(split * p.m + gm) * p.rows + gn] = row[j];
+#else
                 var s = row[j];
 #if BIAS
                 s += bias[p.n_offset + gn];
 #endif
                 y[gm * p.n_total + p.n_offset + gn] = s;
+#endif
             }
         }
     }

@@ -1,8 +1,11 @@
 // Y[i, n_offset + r] = sum_c X[i, c] * W[r, c] (+ bias) for a few rows i of X (decode).
-// TPR threads share one output row r (8 on CPU-type adapters, whose compilers run a
-// workgroup's invocations as SIMD lanes; 32 on GPUs, a warp a row, so a row's loads are
-// contiguous across the warp and enough warps are in flight to cover memory latency); each
-// walks the row eight elements at a time.
+// A workgroup of 64 invocations holds 64 / TPR groups of RPL output rows; the TPR threads of a
+// group split the row's length between them, eight elements at a time, and each thread
+// computes all RPL rows of its group, so the X it loads serves RPL weight rows. Consecutive
+// threads take consecutive eight-element units, so a warp's X reads (vec4 where k is a
+// multiple of 8) and weight reads are contiguous. TPR is 8 on CPU-type adapters, whose
+// compilers run a workgroup's invocations as SIMD lanes, and a warp or more on GPUs, so that
+// enough loads are in flight to cover memory latency (see `MatvecShape`).
 // What saves a launch each: NORM applies an RMSNorm to X's rows first (X·diag(g), each row's
 // products scaled by 1/sqrt(mean(x²) + eps) at the end); RES adds a residual of Y's shape;
 // GATED reads W as the stack [gate; up] of 2·n1 rows and writes act(X·gateᵀ) * (X·upᵀ)
@@ -22,7 +25,11 @@ struct Params {
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
+#if K8
+@group(0) @binding(1) var<storage, read> x: array<vec4<f32>>;
+#else
 @group(0) @binding(1) var<storage, read> x: array<f32>;
+#endif
 @group(0) @binding(3) var<storage, read_write> y: array<f32>;
 #if BIAS
 @group(0) @binding(4) var<storage, read> bias: array<f32>;
@@ -36,11 +43,14 @@ struct Params {
 
 const MV_M: u32 = {{MV_M}}u;
 const TPR: u32 = {{TPR}}u;
+const RPL: u32 = {{RPL}}u;
 const RPW: u32 = 64u / TPR;
+// Accumulators a thread holds: row i of X times row t of its group at i * RPL + t.
+const NACC: u32 = MV_M * RPL;
 
-var<workgroup> red: array<array<f32, MV_M>, 64>;
+var<workgroup> red: array<array<f32, NACC>, 64>;
 #if GATED
-var<workgroup> red2: array<array<f32, MV_M>, 64>;
+var<workgroup> red2: array<array<f32, NACC>, 64>;
 #endif
 #if NORM
 var<workgroup> red_ss: array<array<f32, MV_M>, 64>;
@@ -48,8 +58,7 @@ var<workgroup> red_ss: array<array<f32, MV_M>, 64>;
 
 fn x4(i: u32, c: u32) -> vec4<f32> {
 #if K8
-    let b = i * p.k + c;
-    return vec4<f32>(x[b], x[b + 1u], x[b + 2u], x[b + 3u]);
+    return x[(i * p.k + c) / 4u];
 #else
     var v = vec4<f32>(0.0);
     for (var j = 0u; j < 4u; j++) {
@@ -92,38 +101,46 @@ fn main(
     @builtin(local_invocation_index) lid: u32,
 ) {
     let g = wid.x + wid.y * nwg.x;
-    let r = g * RPW + lid / TPR;
+    let r0 = (g * RPW + lid / TPR) * RPL;
     let lane = lid % TPR;
-    var acc: array<f32, MV_M>;
+    var acc: array<f32, NACC>;
 #if GATED
-    var acc2: array<f32, MV_M>;
+    var acc2: array<f32, NACC>;
 #endif
 #if NORM
     var ss: array<f32, MV_M>;
 #endif
-    if (r < p.rows) {
+    if (r0 < p.rows) {
         let units = (p.k + 7u) / 8u;
         for (var u = lane; u < units; u += TPR) {
-            let wv = w_unit8(r, u, p.k, p.qs);
-#if GATED
-            let wu = w_unit8(r + p.n1, u, p.k, p.qs);
-#endif
+            var xa: array<vec4<f32>, MV_M>;
+            var xb: array<vec4<f32>, MV_M>;
 #if NORM
             let ga = g4(u * 8u);
             let gb = g4(u * 8u + 4u);
 #endif
             for (var i = 0u; i < MV_M; i++) {
-                var xa = x4(i, u * 8u);
-                var xb = x4(i, u * 8u + 4u);
+                xa[i] = x4(i, u * 8u);
+                xb[i] = x4(i, u * 8u + 4u);
 #if NORM
-                ss[i] += dot(xa, xa) + dot(xb, xb);
-                xa *= ga;
-                xb *= gb;
+                ss[i] += dot(xa[i], xa[i]) + dot(xb[i], xb[i]);
+                xa[i] *= ga;
+                xb[i] *= gb;
 #endif
-                acc[i] += dot(wv.a, xa) + dot(wv.b, xb);
+            }
+            for (var t = 0u; t < RPL; t++) {
+                // Rows past the end repeat the last one; their sums are not stored.
+                let r = min(r0 + t, p.rows - 1u);
+                let wv = w_unit8(r, u, p.k, p.qs);
 #if GATED
-                acc2[i] += dot(wu.a, xa) + dot(wu.b, xb);
+                let wu = w_unit8(r + p.n1, u, p.k, p.qs);
 #endif
+                for (var i = 0u; i < MV_M; i++) {
+                    acc[i * RPL + t] += dot(wv.a, xa[i]) + dot(wv.b, xb[i]);
+#if GATED
+                    acc2[i * RPL + t] += dot(wu.a, xa[i]) + dot(wu.b, xb[i]);
+#endif
+                }
             }
         }
     }
@@ -135,9 +152,13 @@ fn main(
     red_ss[lid] = ss;
 #endif
     workgroupBarrier();
-    if (lane == 0u && r < p.rows) {
-        let col = p.n_offset + r;
-        for (var i = 0u; i < MV_M; i++) {
+    // Thread j of a group sums accumulator j over the group's TPR threads.
+    let first = lid - lane;
+    for (var j = lane; j < NACC; j += TPR) {
+        let i = j / RPL;
+        let r = r0 + j % RPL;
+        if (r < p.rows) {
+            let col = p.n_offset + r;
             var s = 0.0;
 #if GATED
             var s2 = 0.0;
@@ -145,13 +166,13 @@ fn main(
 #if NORM
             var sq = 0.0;
 #endif
-            for (var j = 0u; j < TPR; j++) {
-                s += red[lid + j][i];
+            for (var l = 0u; l < TPR; l++) {
+                s += red[first + l][j];
 #if GATED
-                s2 += red2[lid + j][i];
+                s2 += red2[first + l][j];
 #endif
 #if NORM
-                sq += red_ss[lid + j][i];
+                sq += red_ss[first + l][i];
 #endif
             }
 #if NORM

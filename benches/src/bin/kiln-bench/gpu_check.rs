@@ -9,7 +9,9 @@
 //!    step whose keys split into runs), and the device sampler's picks
 //!    over 48 rows of a 49152 vocabulary (greedy, temperature, top-k/p, min-p, edits, masks),
 //!    with its time for 16 rows against reading them back and sampling on the host;
-//! 3. the roofline microbenchmarks (copy bandwidth, launch cost, matmul rate);
+//! 3. the roofline microbenchmarks (copy bandwidth, launch cost, matmul rate), a 7B MLP weight
+//!    times 1 to 128 rows of X, the matrix-vector kernel's layouts (`MatvecShape`) and the
+//!    tiled kernel's split-K thresholds on weights of real shapes;
 //! 4. models of real shapes with weights made from a seed (`SyntheticSource`: nothing to
 //!    carry), SmolLM2-135M- and 7B-shaped: decode steps at batch 1, 16 and 64 (and batch 1
 //!    at context 2048, where attention grows) with the bytes
@@ -30,8 +32,8 @@ use kiln_kv::{BlockId, KvDtype};
 use kiln_model::{KvPoolConfig, Model, ModelConfig, ModelRunner, StepSeq, SyntheticSource};
 use kiln_tensor::sample::{self, LogitEdit, RowSampling};
 use kiln_tensor::{
-    Activation, BackendChoice, DType, Device, DeviceOptions, LinearOps, Recorder, RmsNorm,
-    RopeConfig, RopeLayout, RopeScaling, RopeTable, Tensor,
+    Activation, BackendChoice, DType, Device, DeviceOptions, LinearOps, MatvecShape, Recorder,
+    RmsNorm, RopeConfig, RopeLayout, RopeScaling, RopeTable, Tensor,
 };
 use serde::Serialize;
 
@@ -41,7 +43,7 @@ use serde::Serialize;
     about = "Check and measure kiln on a real GPU"
 )]
 struct Cli {
-    /// Model shapes to measure: any of smollm2, 7b
+    /// Model shapes to measure: any of smollm2, 7b; none for the kernel checks and sweeps only
     #[arg(long, value_delimiter = ',', default_value = "smollm2,7b")]
     shapes: Vec<String>,
     /// Seed of the synthetic weights and inputs
@@ -103,7 +105,35 @@ struct Report {
     /// One 7B MLP weight (Q4_1, 11008 × 4096) times m rows, for the m each kernel is chosen
     /// at: `(m, microseconds, weight GB/s)`.
     matmul_sweep: Vec<(usize, f64, f64)>,
+    /// The matrix-vector kernel's layouts (`MatvecShape`) at one row of X over weights of
+    /// real shapes: the chosen layout's figures beside the alternatives'.
+    matvec_shapes: Vec<MatvecRun>,
+    /// The tiled matmul by the tiles below which k splits (`DeviceOptions::split_k_workgroups`).
+    split_k: Vec<SplitRun>,
     shapes: Vec<ShapeRun>,
+}
+
+/// One split-K threshold on one weight.
+#[derive(Debug, Clone, Serialize)]
+struct SplitRun {
+    target: u32,
+    weight: String,
+    m: usize,
+    us: f64,
+}
+
+/// One layout of the matrix-vector kernel on one weight.
+#[derive(Debug, Clone, Serialize)]
+struct MatvecRun {
+    threads_per_row: u32,
+    rows_per_thread: u32,
+    /// Whether `MatvecShape::choose` picks this layout for this weight.
+    default: bool,
+    /// The dtype and the weight's rows × k.
+    dtype: String,
+    m: usize,
+    us: f64,
+    weight_gb_s: f64,
 }
 
 /// `kiln-bench gpu-check [FLAGS]`.
@@ -184,6 +214,8 @@ fn run(cli: &Cli) -> anyhow::Result<ExitCode> {
         ceilings.matmul_best
     );
     let matmul_sweep = matmul_sweep(&dev, cli).context("matmul sweep")?;
+    let matvec_shapes = matvec_shapes(cli).context("matrix-vector layouts")?;
+    let split_k = split_k_sweep(cli).context("split-K thresholds")?;
     // A second device with timestamp queries for kernel profiles (each submit waits there, so
     // the timed runs use the first).
     let pdev = Device::new(&DeviceOptions {
@@ -198,7 +230,7 @@ fn run(cli: &Cli) -> anyhow::Result<ExitCode> {
         println!("gpu-check: no timestamp queries on this adapter: no kernel profiles");
     }
     let mut shapes = Vec::new();
-    for name in &cli.shapes {
+    for name in cli.shapes.iter().filter(|s| *s != "none") {
         let cfg = shape(name)?;
         match measure_shape(&dev, pdev.as_ref(), name, cfg, cli, &ceilings) {
             Ok(s) => shapes.push(s),
@@ -223,6 +255,8 @@ fn run(cli: &Cli) -> anyhow::Result<ExitCode> {
         sampling_16_rows_ms,
         ceilings,
         matmul_sweep,
+        matvec_shapes,
+        split_k,
         shapes,
     };
     print_table(&report);
@@ -252,18 +286,16 @@ fn matmul_sweep(dev: &Device, cli: &Cli) -> anyhow::Result<Vec<(usize, f64, f64)
     } else {
         (11008, 4096)
     };
-    let w = Tensor::from_bytes(
-        dev,
-        DType::Q4_1,
-        &[n, k],
-        &random_blocks(DType::Q4_1, n * k / 32, cli.seed),
-    )?;
+    let ws = sweep_weight(dev, DType::Q4_1, n, k, cli.seed, cli.quick)?;
     let bytes = DType::Q4_1.bytes_for(n * k).context("weight size")? as f64;
     let mut out = Vec::new();
-    println!("matmul, Q4_1 weight {n} x {k}:");
+    println!(
+        "matmul, Q4_1 weight {n} x {k} ({} copies in turn: read from memory):",
+        ws.len()
+    );
     for m in [1usize, 2, 4, 8, 9, 16, 32, 64, 128] {
         let x = Tensor::from_f32(dev, &[m, k], &values(cli.seed ^ m as u64, m * k))?;
-        let s = crate::roofline::matmul_seconds(dev, &x, &w)?;
+        let s = crate::roofline::matmul_seconds_over(dev, &x, &ws)?;
         let gb_s = bytes / s / 1e9;
         println!(
             "  m {m:>3}: {:>9.1} us, weight read at {gb_s:>7.1} GB/s, {:>8.1} GFLOP/s",
@@ -271,6 +303,152 @@ fn matmul_sweep(dev: &Device, cli: &Cli) -> anyhow::Result<Vec<(usize, f64, f64)
             2.0 * (m * n * k) as f64 / s / 1e9
         );
         out.push((m, s * 1e6, gb_s));
+    }
+    Ok(out)
+}
+
+/// The weights (rows × k) the layout and split sweeps time: a 7B model's MLP up and down,
+/// its attention output, and SmolLM2's MLP down and up.
+fn sweep_weights(quick: bool) -> Vec<(usize, usize)> {
+    if quick {
+        vec![(1024, 512), (512, 1024)]
+    } else {
+        vec![
+            (11008, 4096),
+            (4096, 11008),
+            (4096, 4096),
+            (576, 1536),
+            (1536, 576),
+        ]
+    }
+}
+
+/// Bytes of weight copies a sweep cycles through: well past a GPU's last-level cache (50 MB
+/// on an H200), so that each launch reads its weight from memory as a model's step does.
+const SWEEP_BYTES: usize = 256 << 20;
+
+/// Copies of a random weight of `dtype`, `n` × `k`, on `dev`: as many as fill
+/// [`SWEEP_BYTES`] (at most 64; one with --quick).
+fn sweep_weight(
+    dev: &Device,
+    dtype: DType,
+    n: usize,
+    k: usize,
+    seed: u64,
+    quick: bool,
+) -> anyhow::Result<Vec<Tensor>> {
+    let blocks = n * k / dtype.block_elems();
+    let bytes = random_blocks(dtype, blocks, seed);
+    let copies = if quick {
+        1
+    } else {
+        SWEEP_BYTES.div_ceil(bytes.len()).clamp(1, 64)
+    };
+    (0..copies)
+        .map(|_| Ok(Tensor::from_bytes(dev, dtype, &[n, k], &bytes)?))
+        .collect()
+}
+
+/// [`Report::matvec_shapes`]: each layout on a device of its own, over [`sweep_weights`] (each
+/// read from memory, [`sweep_weight`]) at
+/// one row of X (Q4_1, and Q4_K on the first two), beside the layout `MatvecShape::choose`
+/// picks for each weight.
+fn matvec_shapes(cli: &Cli) -> anyhow::Result<Vec<MatvecRun>> {
+    let weights = sweep_weights(cli.quick);
+    let mut runs: Vec<(DType, usize, usize)> =
+        weights.iter().map(|&(n, k)| (DType::Q4_1, n, k)).collect();
+    runs.extend(weights.iter().take(2).map(|&(n, k)| (DType::Q4_K, n, k)));
+    let layouts = [
+        (16, 1),
+        (16, 2),
+        (16, 4),
+        (32, 1),
+        (32, 2),
+        (32, 4),
+        (32, 8),
+        (64, 1),
+        (64, 2),
+        (64, 4),
+    ];
+    println!(
+        "matrix-vector kernel layouts, 1 row of X, us (threads a row x rows a thread; * marks the chosen):"
+    );
+    let mut head = String::from("  layout ");
+    for (dtype, n, k) in &runs {
+        head.push_str(&format!(" {:>16}", format!("{dtype:?} {n}x{k}")));
+    }
+    println!("{head}");
+    let mut out = Vec::new();
+    for (t, r) in layouts {
+        let shape = MatvecShape {
+            threads_per_row: t,
+            rows_per_thread: r,
+        };
+        let dev = Device::new(&DeviceOptions {
+            backend: BackendChoice::Wgpu,
+            cpu_shaped_kernels: Some(false),
+            matvec_shape: Some(shape),
+            ..DeviceOptions::default()
+        })?;
+        let mut line = format!("  {t:>2} x {r}  ");
+        for &(dtype, n, k) in &runs {
+            let ws = sweep_weight(&dev, dtype, n, k, cli.seed, cli.quick)?;
+            let x = Tensor::from_f32(&dev, &[1, k], &values(cli.seed ^ 1, k))?;
+            let s = crate::roofline::matmul_seconds_over(&dev, &x, &ws)?;
+            let bytes = dtype.bytes_for(n * k).context("weight size")? as f64;
+            let chosen = MatvecShape::choose(false, n) == shape;
+            line.push_str(&format!(
+                " {:>15.1}{}",
+                s * 1e6,
+                if chosen { "*" } else { " " }
+            ));
+            out.push(MatvecRun {
+                threads_per_row: t,
+                rows_per_thread: r,
+                default: chosen,
+                dtype: format!("{dtype:?} {n}x{k}"),
+                m: 1,
+                us: s * 1e6,
+                weight_gb_s: bytes / s / 1e9,
+            });
+        }
+        println!("{line}");
+    }
+    Ok(out)
+}
+
+/// [`Report::split_k`]: the tiled matmul at 16 and 64 rows of X over [`sweep_weights`] (Q4_1),
+/// on devices that split k below 0 (never), 128, 256 and 512 tiles.
+fn split_k_sweep(cli: &Cli) -> anyhow::Result<Vec<SplitRun>> {
+    let weights = sweep_weights(cli.quick);
+    println!(
+        "tiled matmul, Q4_1, us, by the tiles below which k splits (0: never; * the default):"
+    );
+    let mut out = Vec::new();
+    for target in [0u32, 128, 256, 512] {
+        let dev = Device::new(&DeviceOptions {
+            backend: BackendChoice::Wgpu,
+            cpu_shaped_kernels: Some(false),
+            split_k_workgroups: Some(target),
+            ..DeviceOptions::default()
+        })?;
+        let default = target == kiln_tensor::DEFAULT_SPLIT_K_WORKGROUPS;
+        let mut line = format!("  {target:>4}{}", if default { "*" } else { " " });
+        for &(n, k) in &weights {
+            let ws = sweep_weight(&dev, DType::Q4_1, n, k, cli.seed, cli.quick)?;
+            for m in [16usize, 64] {
+                let x = Tensor::from_f32(&dev, &[m, k], &values(cli.seed ^ m as u64, m * k))?;
+                let s = crate::roofline::matmul_seconds_over(&dev, &x, &ws)?;
+                line.push_str(&format!("  {n}x{k} m{m} {:>7.1}", s * 1e6));
+                out.push(SplitRun {
+                    target,
+                    weight: format!("{n}x{k}"),
+                    m,
+                    us: s * 1e6,
+                });
+            }
+        }
+        println!("{line}");
     }
     Ok(out)
 }

@@ -126,15 +126,19 @@ pub struct MatmulRate {
     pub gflop_s: f64,
 }
 
-/// Runs `batch(reps)` with growing `reps` until one batch lasts about [`BATCH_TARGET`], then
-/// returns the best seconds per repetition over three batches.
 /// Seconds per `Recorder::matmul(x, w)`, launched back to back in one submit (the best of
 /// [`best_per_rep`]).
 pub fn matmul_seconds(dev: &Device, x: &Tensor, w: &Tensor) -> anyhow::Result<f64> {
+    matmul_seconds_over(dev, x, std::slice::from_ref(w))
+}
+
+/// [`matmul_seconds`] with each launch taking the next of `ws` in turn: copies of one weight
+/// that together outgrow the GPU's cache time it read from memory, as a model's step reads it.
+pub fn matmul_seconds_over(dev: &Device, x: &Tensor, ws: &[Tensor]) -> anyhow::Result<f64> {
     best_per_rep(|reps| {
         let mut rec = Recorder::new(dev);
         let mut outs = Vec::with_capacity(reps);
-        for _ in 0..reps {
+        for w in ws.iter().cycle().take(reps) {
             outs.push(rec.matmul(x, w, None)?);
         }
         rec.submit()?;
@@ -143,6 +147,8 @@ pub fn matmul_seconds(dev: &Device, x: &Tensor, w: &Tensor) -> anyhow::Result<f6
     })
 }
 
+/// Runs `batch(reps)` with growing `reps` until one batch lasts about [`BATCH_TARGET`], then
+/// returns the best seconds per repetition over three batches.
 fn best_per_rep(mut batch: impl FnMut(usize) -> anyhow::Result<()>) -> anyhow::Result<f64> {
     batch(1)?; // warm-up: pipelines, pools, page faults
     let t = Instant::now();

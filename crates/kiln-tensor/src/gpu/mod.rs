@@ -89,6 +89,8 @@ pub struct GpuContext {
     max_uniform: u64,
     uniform_align: u64,
     cpu_shaped: bool,
+    matvec: Option<crate::device::MatvecShape>,
+    split_k: u32,
     pub(crate) pool: Arc<BufferPool>,
     pipelines: Mutex<HashMap<String, Arc<Pipeline>>>,
     /// The same pipelines found without building their key: by a hash of the kernel and its
@@ -208,6 +210,21 @@ impl GpuContext {
             max_workgroups_per_dim: limits.max_compute_workgroups_per_dimension,
         };
         tracing::info!("wgpu device: {info}");
+        let cpu_shaped = opts
+            .cpu_shaped_kernels
+            .unwrap_or(ainfo.device_type == wgpu::DeviceType::Cpu);
+        let matvec = opts.matvec_shape;
+        if let Some(m) = matvec {
+            m.validate().map_err(|detail| TensorError::Invalid {
+                op: "DeviceOptions::matvec_shape",
+                detail,
+            })?;
+        }
+        let split_k = match opts.split_k_workgroups {
+            _ if cpu_shaped => 0,
+            Some(w) => w,
+            None => crate::device::DEFAULT_SPLIT_K_WORKGROUPS,
+        };
         Ok(Self {
             device,
             queue,
@@ -215,9 +232,9 @@ impl GpuContext {
             max_binding,
             max_uniform,
             uniform_align,
-            cpu_shaped: opts
-                .cpu_shaped_kernels
-                .unwrap_or(ainfo.device_type == wgpu::DeviceType::Cpu),
+            cpu_shaped,
+            matvec,
+            split_k,
             pool: Arc::new(BufferPool::default()),
             pipelines: Mutex::default(),
             recent: Mutex::default(),
@@ -250,6 +267,18 @@ impl GpuContext {
     /// whose compilers run invocations as SIMD lanes: by default when the adapter is one.
     pub(crate) fn cpu_shaped_kernels(&self) -> bool {
         self.cpu_shaped
+    }
+
+    /// The matrix-vector kernel's layout for a weight of `rows` rows
+    /// ([`crate::DeviceOptions::matvec_shape`], else [`crate::MatvecShape::choose`]).
+    pub(crate) fn matvec_shape(&self, rows: usize) -> crate::device::MatvecShape {
+        self.matvec
+            .unwrap_or_else(|| crate::device::MatvecShape::choose(self.cpu_shaped, rows))
+    }
+
+    /// Tiles below which the tiled matmul splits k ([`crate::DeviceOptions::split_k_workgroups`]).
+    pub(crate) fn split_k_workgroups(&self) -> usize {
+        self.split_k as usize
     }
 
     pub(crate) fn profiling(&self) -> bool {
