@@ -120,20 +120,19 @@ impl MatvecShape {
 
     /// Checks the shape fits the kernel: threads a row a power of two from 1 to 64, rows a
     /// thread 1 to 8.
-    pub fn validate(self) -> std::result::Result<(), String> {
+    pub fn validate(self) -> Result<()> {
         let t = self.threads_per_row;
-        if !(t.is_power_of_two() && t <= 64) {
-            return Err(format!(
-                "threads per row {t}: expected a power of two up to 64"
-            ));
-        }
-        if !(1..=8).contains(&self.rows_per_thread) {
-            return Err(format!(
-                "rows per thread {}: expected 1 to 8",
-                self.rows_per_thread
-            ));
-        }
-        Ok(())
+        let detail = if !(t.is_power_of_two() && t <= 64) {
+            format!("threads per row {t}: expected a power of two up to 64")
+        } else if !(1..=8).contains(&self.rows_per_thread) {
+            format!("rows per thread {}: expected 1 to 8", self.rows_per_thread)
+        } else {
+            return Ok(());
+        };
+        Err(TensorError::Invalid {
+            op: "DeviceOptions::matvec_shape",
+            detail,
+        })
     }
 }
 

@@ -277,24 +277,11 @@ fn linear_ops_match_cpu() {
                     bias: randn(&mut r, n, 1.0),
                     res: randn(&mut r, m * f, 1.0),
                 };
-                let want = run_linear(&Device::cpu(), dtype, c, &o, m, k);
+                let (want, plain) = reference(dtype, c, &o, m, k);
                 let composed = run_composed(&Device::cpu(), dtype, c, &o, m, k);
                 assert_eq!(
                     want, composed,
                     "cpu {dtype:?} {c:?} m={m}: linear != composed ops"
-                );
-                // The product before any gate, for the GLU's error bound.
-                let plain = run_composed(
-                    &Device::cpu(),
-                    dtype,
-                    Case {
-                        glu: None,
-                        residual: false,
-                        ..c
-                    },
-                    &o,
-                    m,
-                    k,
                 );
                 for (name, dev) in gpus() {
                     let got = run_linear(&dev, dtype, c, &o, m, k);
@@ -304,6 +291,21 @@ fn linear_ops_match_cpu() {
             }
         }
     }
+}
+
+/// The CPU backend's `linear` of one case, and its product before any gate (for the GLU's
+/// error bound in [`check_linear`]).
+fn reference(dtype: DType, c: Case, o: &Operands, m: usize, k: usize) -> (Vec<f32>, Vec<f32>) {
+    let cpu = Device::cpu();
+    let plain_case = Case {
+        glu: None,
+        residual: false,
+        ..c
+    };
+    (
+        run_linear(&cpu, dtype, c, o, m, k),
+        run_composed(&cpu, dtype, plain_case, o, m, k),
+    )
 }
 
 /// `got` against the CPU reference `want` of one `linear` case, given the reference's
@@ -372,19 +374,7 @@ fn matvec_layouts_match_cpu() {
                     bias: randn(&mut r, n, 1.0),
                     res: randn(&mut r, m * f, 1.0),
                 };
-                let want = run_linear(&Device::cpu(), dtype, c, &o, m, k);
-                let plain = run_composed(
-                    &Device::cpu(),
-                    dtype,
-                    Case {
-                        glu: None,
-                        residual: false,
-                        ..c
-                    },
-                    &o,
-                    m,
-                    k,
-                );
+                let (want, plain) = reference(dtype, c, &o, m, k);
                 let got = run_linear(&dev, dtype, c, &o, m, k);
                 let what = format!("{t}x{rpt} {dtype:?} {c:?} m={m} k={k} f={f}");
                 check_linear(&what, c, &got, &want, &plain, m, k);

@@ -215,10 +215,7 @@ impl GpuContext {
             .unwrap_or(ainfo.device_type == wgpu::DeviceType::Cpu);
         let matvec = opts.matvec_shape;
         if let Some(m) = matvec {
-            m.validate().map_err(|detail| TensorError::Invalid {
-                op: "DeviceOptions::matvec_shape",
-                detail,
-            })?;
+            m.validate()?;
         }
         let split_k = match opts.split_k_workgroups {
             _ if cpu_shaped => 0,

@@ -39,13 +39,7 @@ const VEC_SRC: &str = concat!(
     include_str!("../../wgsl/weights.wgsl"),
     include_str!("../../wgsl/matmul_vec.wgsl")
 );
-const TILED_SRC: &str = concat!(
-    include_str!("../../wgsl/weights.wgsl"),
-    include_str!("../../wgsl/matmul_tiled.wgsl")
-);
 const ROWS_SRC: &str = include_str!("../../wgsl/matmul_rows.wgsl");
-const SPLIT_SUM_SRC: &str = include_str!("../../wgsl/matmul_split_sum.wgsl");
-
 const U: Access = Access::Uniform;
 const R: Access = Access::Read;
 const W: Access = Access::ReadWrite;
@@ -112,27 +106,6 @@ static MATMUL_VEC: [[KernelDef; 2]; 4] = family(
     R,
     R,
 );
-static MATMUL_TILED: KernelDef = KernelDef {
-    name: "matmul_tiled",
-    source: TILED_SRC,
-    bindings: &[R, R, W],
-};
-static MATMUL_TILED_BIAS: KernelDef = KernelDef {
-    name: "matmul_tiled",
-    source: TILED_SRC,
-    bindings: &[R, R, W, R],
-};
-static MATMUL_SPLIT_SUM: KernelDef = KernelDef {
-    name: "matmul_split_sum",
-    source: SPLIT_SUM_SRC,
-    bindings: &[R, W],
-};
-static MATMUL_SPLIT_SUM_BIAS: KernelDef = KernelDef {
-    name: "matmul_split_sum",
-    source: SPLIT_SUM_SRC,
-    bindings: &[R, W, R],
-};
-
 /// The activation of a gated MLP: `act(X·Gᵀ) · (X·Uᵀ)`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Activation {
@@ -223,62 +196,6 @@ const ROWS_MAX_M: usize = 16;
 /// Invocations per workgroup of the CPU-adapter kernel: few, so that small matrices still
 /// split into enough workgroups for every worker thread.
 const ROWS_WG: usize = 16;
-
-/// Columns of Y (rows of W) a workgroup of `matmul_tiled.wgsl` computes.
-const TILED_COLS: usize = 64;
-
-/// Rows of X a workgroup of `matmul_tiled.wgsl` computes (its `BM`): the least of 16, 32
-/// and 64 that covers `m`, so a batch of a few rows does not pay for 64.
-fn tiled_rows(m: usize) -> usize {
-    match m {
-        0..=16 => 16,
-        17..=32 => 32,
-        _ => 64,
-    }
-}
-
-/// The least length of k one split-K workgroup sums: 16 slices of the tiled kernel's 16.
-const SPLIT_K_MIN: usize = 256;
-
-/// How the tiled kernel splits k for `tiles` tiles of a product of length `k` on a device
-/// that splits below `target` workgroups (split-K: a 7B model's 4096-wide projections at
-/// batch 64 make 64 tiles of 64 × 64 for an H200's 132 SMs): `(splits, length each)`, `(1,
-/// k)` when the tiles reach the target or k is short. The length is a multiple of the
-/// kernel's 16-wide slices, and every split gets some of k.
-fn split_k(tiles: usize, k: usize, target: usize) -> (usize, usize) {
-    if tiles >= target || k < 2 * SPLIT_K_MIN {
-        return (1, k);
-    }
-    let want = target.div_ceil(tiles).min(k / SPLIT_K_MIN);
-    let kc = k.div_ceil(want).next_multiple_of(16);
-    (k.div_ceil(kc), kc)
-}
-
-/// Parameters of `matmul_tiled.wgsl`.
-#[repr(C)]
-#[derive(Clone, Copy, Pod, Zeroable)]
-struct TiledParams {
-    m: u32,
-    k: u32,
-    rows: u32,
-    n_total: u32,
-    n_offset: u32,
-    qs: u32,
-    splits: u32,
-    kc: u32,
-}
-
-/// Parameters of `matmul_split_sum.wgsl`.
-#[repr(C)]
-#[derive(Clone, Copy, Pod, Zeroable)]
-struct SplitSumParams {
-    m: u32,
-    rows: u32,
-    n_total: u32,
-    n_offset: u32,
-    splits: u32,
-    _pad: [u32; 3],
-}
 
 /// Parameters of `matmul_vec.wgsl`.
 #[repr(C)]
@@ -554,84 +471,6 @@ impl Recorder {
         Ok(())
     }
 
-    /// The tiled kernel over every chunk of `w` (with a bias, the only epilogue it has); on
-    /// GPUs, a product of too few tiles to fill the device splits k (`split_k`) and sums the
-    /// partial products in a second launch.
-    fn matmul_tiled(
-        &mut self,
-        x: &Tensor,
-        w: &Tensor,
-        y: &Tensor,
-        bias: Option<&Tensor>,
-    ) -> Result<()> {
-        let Storage::Gpu { chunks, .. } = w.storage() else {
-            return Err(TensorError::DeviceMismatch { op: "matmul" });
-        };
-        let (m, k, n) = (x.rows(), x.cols(), w.rows());
-        let bm = tiled_rows(m);
-        let target = self.gpu().map_or(0, |c| c.split_k_workgroups());
-        for (ci, c) in chunks.iter().enumerate() {
-            let tiles = m.div_ceil(bm) * c.rows.div_ceil(TILED_COLS);
-            let (splits, kc) = split_k(tiles, k, target);
-            let split = splits > 1;
-            let mut defines = weight_defines(w.dtype(), 2);
-            defines.push(("BIAS", flag(bias.is_some() && !split)));
-            defines.push(("SPLIT", flag(split)));
-            defines.push(("BM", number(bm)));
-            let params = TiledParams {
-                m: m as u32,
-                k: k as u32,
-                rows: c.rows as u32,
-                n_total: n as u32,
-                n_offset: c.row0 as u32,
-                qs: c.qs_offset,
-                splits: splits as u32,
-                kc: kc as u32,
-            };
-            let groups = (tiles * splits) as u32;
-            if !split {
-                let mut bind = vec![(x.clone(), 0), (w.clone(), ci), (y.clone(), 0)];
-                let kernel = match bias {
-                    Some(b) => {
-                        bind.push((b.clone(), 0));
-                        &MATMUL_TILED_BIAS
-                    }
-                    None => &MATMUL_TILED,
-                };
-                self.dispatch(kernel, &defines, &params, bind, groups)?;
-                continue;
-            }
-            let parts = self.output(DType::F32, &[splits, m, c.rows], "matmul_split_parts")?;
-            let bind = vec![(x.clone(), 0), (w.clone(), ci), (parts.clone(), 0)];
-            self.dispatch(&MATMUL_TILED, &defines, &params, bind, groups)?;
-            let sum = SplitSumParams {
-                m: m as u32,
-                rows: c.rows as u32,
-                n_total: n as u32,
-                n_offset: c.row0 as u32,
-                splits: splits as u32,
-                _pad: [0; 3],
-            };
-            let mut bind = vec![(parts, 0), (y.clone(), 0)];
-            let kernel = match bias {
-                Some(b) => {
-                    bind.push((b.clone(), 0));
-                    &MATMUL_SPLIT_SUM_BIAS
-                }
-                None => &MATMUL_SPLIT_SUM,
-            };
-            let defines = [("BIAS", flag(bias.is_some()))];
-            self.dispatch(
-                kernel,
-                &defines,
-                &sum,
-                bind,
-                (m * c.rows).div_ceil(256) as u32,
-            )?;
-        }
-        Ok(())
-    }
-
     /// Launch `matmul_rows.wgsl` over `x`'s rows in groups of `group`, writing `y`.
     fn matmul_rows(
         &mut self,
@@ -777,43 +616,4 @@ pub(crate) fn matmul_ref(
         }
     }
     Ok(y)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn split_k_fills_the_device_only_where_the_tiles_do_not() {
-        // Enough tiles, or too short a k: one workgroup a tile.
-        let t = 256;
-        assert_eq!(split_k(t, 4096, t), (1, 4096));
-        assert_eq!(
-            split_k(8, 2 * SPLIT_K_MIN - 16, t),
-            (1, 2 * SPLIT_K_MIN - 16)
-        );
-        assert_eq!(split_k(8, 4096, 0), (1, 4096));
-        // A 7B model's 4096-wide projections at batch 64: 64 tiles.
-        assert_eq!(split_k(64, 4096, t), (4, 1024));
-        assert_eq!(split_k(64, 11008, t), (4, 2752));
-        assert_eq!(split_k(64, 11008, 128), (2, 5504));
-        // Long enough splits, whole slices, every split some of k.
-        for tiles in 1..300 {
-            for k in (16..5000).step_by(44) {
-                let (splits, kc) = split_k(tiles, k, t);
-                if splits == 1 {
-                    continue;
-                }
-                assert!(
-                    kc % 16 == 0 && kc >= SPLIT_K_MIN,
-                    "tiles {tiles} k {k}: {kc}"
-                );
-                assert!(
-                    (splits - 1) * kc < k && splits * kc >= k,
-                    "tiles {tiles} k {k}"
-                );
-                assert!(tiles * (splits - 1) < t, "tiles {tiles} k {k}");
-            }
-        }
-    }
 }

@@ -6,6 +6,7 @@ mod elementwise;
 mod embedding;
 mod matmul;
 mod matmul_code;
+mod matmul_tiled;
 mod rope;
 mod rows;
 pub mod sample;
