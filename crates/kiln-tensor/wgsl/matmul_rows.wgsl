@@ -113,26 +113,26 @@ fn byte4(v: vec4<u32>, j: u32) -> u32 {
     return (v[j / 4u] >> (8u * (j % 4u))) & 0xffu;
 }
 
-// The vec4 indices a block reads (RD of them: 2, 3 or 4) for the chunk whose quants start at
-// word qs, and the block from those reads. b numbers 32-element (sub-)blocks; the K-quants'
+// The vec4 indices a block reads (RD of them: 2, 3 or 4; under HEAD1, the head's component
+// in the last) for the chunk whose quants start at word qs, and the block from those reads. b numbers 32-element (sub-)blocks; the K-quants'
 // super-block is b / 8, its sub-block b % 8. Layouts: quant/layout.rs.
 #if W_Q8_0
 fn blk_idx(b: u32, qs: u32) -> vec4<u32> {
     let q = (qs >> 2u) + 2u * b;
-    return vec4<u32>(b >> 3u, q, q + 1u, 0u);
+    return vec4<u32>(b >> 3u, q, q + 1u, (b >> 1u) & 3u);
 }
 fn decode(b: u32, v0: vec4<u32>, v1: vec4<u32>, v2: vec4<u32>, v3: vec4<u32>) -> Blk {
-    let d = unpack2x16float(v0[(b >> 1u) & 3u])[b & 1u];
+    let d = unpack2x16float(v0.x)[b & 1u];
     return Blk(i8x4(v1.x) * d, i8x4(v1.y) * d, i8x4(v1.z) * d, i8x4(v1.w) * d,
         i8x4(v2.x) * d, i8x4(v2.y) * d, i8x4(v2.z) * d, i8x4(v2.w) * d);
 }
 #endif
 #if W_Q4_0
 fn blk_idx(b: u32, qs: u32) -> vec4<u32> {
-    return vec4<u32>(b >> 3u, (qs >> 2u) + b, 0u, 0u);
+    return vec4<u32>(b >> 3u, (qs >> 2u) + b, 0u, (b >> 1u) & 3u);
 }
 fn decode(b: u32, v0: vec4<u32>, v1: vec4<u32>, v2: vec4<u32>, v3: vec4<u32>) -> Blk {
-    let d = unpack2x16float(v0[(b >> 1u) & 3u])[b & 1u];
+    let d = unpack2x16float(v0.x)[b & 1u];
     return nib_blk(v1, d, -8.0 * d);
 }
 #endif
@@ -153,10 +153,10 @@ fn head_dm(h: u32) -> vec2<f32> {
 #endif
 #if W_Q4_DM
 fn blk_idx(b: u32, qs: u32) -> vec4<u32> {
-    return vec4<u32>(b >> 2u, (qs >> 2u) + b, 0u, 0u);
+    return vec4<u32>(b >> 2u, (qs >> 2u) + b, 0u, b & 3u);
 }
 fn decode(b: u32, v0: vec4<u32>, v1: vec4<u32>, v2: vec4<u32>, v3: vec4<u32>) -> Blk {
-    let dm = head_dm(v0[b & 3u]);
+    let dm = head_dm(v0.x);
     return nib_blk(v1, dm.x, dm.y);
 }
 #endif
@@ -166,10 +166,10 @@ fn u8x4(x: u32) -> vec4<f32> {
 }
 fn blk_idx(b: u32, qs: u32) -> vec4<u32> {
     let q = (qs >> 2u) + 2u * b;
-    return vec4<u32>(b >> 2u, q, q + 1u, 0u);
+    return vec4<u32>(b >> 2u, q, q + 1u, b & 3u);
 }
 fn decode(b: u32, v0: vec4<u32>, v1: vec4<u32>, v2: vec4<u32>, v3: vec4<u32>) -> Blk {
-    let dm = head_dm(v0[b & 3u]);
+    let dm = head_dm(v0.x);
     return Blk(u8x4(v1.x) * dm.x + dm.y, u8x4(v1.y) * dm.x + dm.y, u8x4(v1.z) * dm.x + dm.y,
         u8x4(v1.w) * dm.x + dm.y, u8x4(v2.x) * dm.x + dm.y, u8x4(v2.y) * dm.x + dm.y,
         u8x4(v2.z) * dm.x + dm.y, u8x4(v2.w) * dm.x + dm.y);
@@ -298,10 +298,17 @@ fn decode(b: u32, v0: vec4<u32>, v1: vec4<u32>, v2: vec4<u32>, v3: vec4<u32>) ->
 }
 #endif
 
-// Block b of the weight bound as `wq` (quants at word p.qs).
+// Block b of the weight bound as `wq` (quants at word p.qs). Under HEAD1 (one head word a
+// block: Q8_0, Q4_0, Q4_1 and the zero-point formats) only that word is read, component i.w
+// of vec4 i.x, into v0.x: these compilers load storage one invocation and one component at
+// a time, so a whole vec4 of heads cost four times the loads of the word a block uses.
 fn load_blk(b: u32) -> Blk {
     let i = blk_idx(b, p.qs);
+#if HEAD1
+    let v0 = vec4<u32>(wq[i.x][i.w]);
+#else
     let v0 = wq[i.x];
+#endif
     let v1 = wq[i.y];
 #if RD3
     let v2 = wq[i.z];

@@ -82,7 +82,8 @@ pub(crate) const WEIGHT_DTYPES: &[DType] = DType::WEIGHTS;
 /// `matmul_rows.wgsl`: the dtype's own switch, the family switches (`W_FLOAT`, `W_QUANT`,
 /// `W_SUB` for the formats decoded four elements at a time, `W_Q45_K`, `W_ZP` for the
 /// zero-point formats, `W_Q4_DM` for the nibble formats with a `d|m` or `d|z` head word a
-/// block), and `RD3`/`RD4`, how many 16-byte reads `matmul_rows.wgsl` makes a block.
+/// block), `HEAD1` for the formats with one head word a block, and `RD3`/`RD4`, how many
+/// 16-byte reads `matmul_rows.wgsl` makes a block.
 pub(crate) fn weight_defines(dtype: DType, binding: u32) -> Vec<Define> {
     let (name, reads) = match dtype {
         DType::F32 => ("W_F32", 0),
@@ -124,6 +125,11 @@ pub(crate) fn weight_defines(dtype: DType, binding: u32) -> Vec<Define> {
     if matches!(dtype, DType::Q4_1 | DType::Q4_Z) {
         d.push(("W_Q4_DM", "1".into()));
     }
+    let head1 = matches!(
+        dtype,
+        DType::Q8_0 | DType::Q4_0 | DType::Q4_1 | DType::Q4_Z | DType::Q8_Z
+    );
+    d.push(("HEAD1", flag(head1)));
     d.push(("RD3", flag(reads >= 3)));
     d.push(("RD4", flag(reads >= 4)));
     d
