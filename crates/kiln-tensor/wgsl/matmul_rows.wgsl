@@ -78,12 +78,49 @@ fn bit4(x: u32) -> vec4<f32> {
     return vec4<f32>(bitcast<vec4<i32>>(vec4<u32>(x, x >> 1u, x >> 2u, x >> 3u) & vec4<u32>(1u)));
 }
 
-// 32 values from nibble words v (elements j and j + 16 in byte j), as q·d + m.
-fn nib_blk(v: vec4<u32>, d: f32, m: f32) -> Blk {
-    let hi = v >> vec4<u32>(4u);
-    return Blk(nib4(v.x) * d + m, nib4(v.y) * d + m, nib4(v.z) * d + m, nib4(v.w) * d + m,
-        nib4(hi.x) * d + m, nib4(hi.y) * d + m, nib4(hi.z) * d + m, nib4(hi.w) * d + m);
+
+// Under NIB (the 4-bit formats without high bits: Q4_0, Q4_1, Q4_Z, Q4_K) a block is its
+// quants and its (d, m), value = q·d + m, and a row's products are summed as
+// d·Σ q·x + m·Σ x (Σ x once a block of X for all rows): no multiply-add an element for d and
+// m. The quants stay where they are in their word: component c of each vec4 is the nibble of
+// byte c as q·256^c (a mask, no shift), and X is read scaled by 256^-c to match. Both scalings
+// are powers of two, so every product q·x is the same as unscaled.
+#if NIB
+struct QBlk {
+    q: Blk,
+    d: f32,
+    m: f32,
 }
+
+fn nib_at(x: u32) -> vec4<f32> {
+    return vec4<f32>(bitcast<vec4<i32>>(vec4<u32>(x) & vec4<u32>(0xfu, 0xf00u, 0xf0000u, 0xf000000u)));
+}
+
+fn nib_q(v: vec4<u32>, d: f32, m: f32) -> QBlk {
+    let hi = v >> vec4<u32>(4u);
+    return QBlk(Blk(nib_at(v.x), nib_at(v.y), nib_at(v.z), nib_at(v.w), nib_at(hi.x),
+        nib_at(hi.y), nib_at(hi.z), nib_at(hi.w)), d, m);
+}
+
+// X's block scaled to the quants' byte positions.
+fn xscale(x: Blk) -> Blk {
+    let s = vec4<f32>(1.0, 0.00390625, 1.52587890625e-05, 5.9604644775390625e-08);
+    return Blk(x.q0 * s, x.q1 * s, x.q2 * s, x.q3 * s, x.q4 * s, x.q5 * s, x.q6 * s, x.q7 * s);
+}
+
+fn bsum(x: Blk) -> f32 {
+    return dot((x.q0 + x.q1) + (x.q2 + x.q3) + ((x.q4 + x.q5) + (x.q6 + x.q7)), vec4<f32>(1.0));
+}
+
+// Block w's products with X block x (scaled) whose values sum to xs.
+fn qdot(w: QBlk, x: Blk, xs: f32) -> f32 {
+    return w.d * bdot(w.q, x) + w.m * xs;
+}
+
+alias WBlk = QBlk;
+#else
+alias WBlk = Blk;
+#endif
 
 // The 32 high bits h as 16·bit, in Blk order.
 fn hbits(h: u32) -> Blk {
@@ -131,9 +168,9 @@ fn decode(b: u32, v0: vec4<u32>, v1: vec4<u32>, v2: vec4<u32>, v3: vec4<u32>) ->
 fn blk_idx(b: u32, qs: u32) -> vec4<u32> {
     return vec4<u32>(b >> 3u, (qs >> 2u) + b, 0u, (b >> 1u) & 3u);
 }
-fn decode(b: u32, v0: vec4<u32>, v1: vec4<u32>, v2: vec4<u32>, v3: vec4<u32>) -> Blk {
+fn decode(b: u32, v0: vec4<u32>, v1: vec4<u32>, v2: vec4<u32>, v3: vec4<u32>) -> QBlk {
     let d = unpack2x16float(v0.x)[b & 1u];
-    return nib_blk(v1, d, -8.0 * d);
+    return nib_q(v1, d, -8.0 * d);
 }
 #endif
 // (d, m) of a block's head word, for value = q·d + m: Q4_1's d|m as it is; the zero-point
@@ -155,9 +192,9 @@ fn head_dm(h: u32) -> vec2<f32> {
 fn blk_idx(b: u32, qs: u32) -> vec4<u32> {
     return vec4<u32>(b >> 2u, (qs >> 2u) + b, 0u, b & 3u);
 }
-fn decode(b: u32, v0: vec4<u32>, v1: vec4<u32>, v2: vec4<u32>, v3: vec4<u32>) -> Blk {
+fn decode(b: u32, v0: vec4<u32>, v1: vec4<u32>, v2: vec4<u32>, v3: vec4<u32>) -> QBlk {
     let dm = head_dm(v0.x);
-    return nib_blk(v1, dm.x, dm.y);
+    return nib_q(v1, dm.x, dm.y);
 }
 #endif
 #if W_Q8_Z
@@ -253,10 +290,10 @@ fn scale_min(h: vec4<u32>, j: u32) -> vec2<f32> {
 fn blk_idx(b: u32, qs: u32) -> vec4<u32> {
     return vec4<u32>(b >> 3u, (qs >> 2u) + b, 0u, 0u);
 }
-fn decode(b: u32, v0: vec4<u32>, v1: vec4<u32>, v2: vec4<u32>, v3: vec4<u32>) -> Blk {
+fn decode(b: u32, v0: vec4<u32>, v1: vec4<u32>, v2: vec4<u32>, v3: vec4<u32>) -> QBlk {
     let dm = unpack2x16float(v0.x);
     let scm = scale_min(v0, b & 7u);
-    return nib_blk(v1, dm.x * scm.x, -dm.y * scm.y);
+    return nib_q(v1, dm.x * scm.x, -dm.y * scm.y);
 }
 #endif
 #if W_Q5_K
@@ -302,7 +339,7 @@ fn decode(b: u32, v0: vec4<u32>, v1: vec4<u32>, v2: vec4<u32>, v3: vec4<u32>) ->
 // block: Q8_0, Q4_0, Q4_1 and the zero-point formats) only that word is read, component i.w
 // of vec4 i.x, into v0.x: these compilers load storage one invocation and one component at
 // a time, so a whole vec4 of heads cost four times the loads of the word a block uses.
-fn load_blk(b: u32) -> Blk {
+fn load_blk(b: u32) -> WBlk {
     let i = blk_idx(b, p.qs);
 #if HEAD1
     let v0 = vec4<u32>(wq[i.x][i.w]);
@@ -324,7 +361,7 @@ fn load_blk(b: u32) -> Blk {
 }
 
 // Block `blk` of row r.
-fn load_row(r: u32, blk: u32, nb: u32) -> Blk {
+fn load_row(r: u32, blk: u32, nb: u32) -> WBlk {
     return load_blk(r * nb + blk);
 }
 

@@ -17,7 +17,8 @@ use super::elementwise::glu_ref;
 use super::matmul_code::{ROWS_R, rows_accumulators, rows_x_broadcast};
 use super::rows::rms_norm_ref;
 use super::{
-    Define, WEIGHT_DTYPES, dot, flag, host_f32, host_row, number, require_dtype, weight_defines,
+    Define, WEIGHT_DTYPES, dot, flag, host_f32, host_row, nibble_sums, number, require_dtype,
+    weight_defines,
 };
 use crate::gpu::{Access, GpuContext, KernelDef};
 use crate::recorder::Bind;
@@ -502,7 +503,13 @@ impl Recorder {
                 defines.push(("WG", number(ROWS_WG)));
                 defines.push(("XV", number(mg * k / 4)));
                 defines.push(("GV", number(k / 4)));
-                defines.extend(rows_accumulators(mg, ROWS_R, gated, norm.is_some()));
+                defines.extend(rows_accumulators(
+                    mg,
+                    ROWS_R,
+                    gated,
+                    norm.is_some(),
+                    nibble_sums(w.dtype()),
+                ));
                 defines.extend(sg_x.iter().cloned());
                 let params = RowsParams {
                     m: mg as u32,

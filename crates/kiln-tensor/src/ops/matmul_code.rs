@@ -23,22 +23,37 @@ pub(super) fn rows_x_broadcast(info: Option<&crate::DeviceInfo>) -> Vec<Define> 
 /// invocation (and as many up rows when gated), written out statement by statement: the R
 /// weight blocks are decoded once and each X block is read once per block and used for all
 /// of them. Under `norm` each X block is scaled by the norm's weights `g` as it is read, and
-/// its squares summed for the row's scale, applied at the store.
-pub(super) fn rows_accumulators(m: usize, r: usize, gated: bool, norm: bool) -> [Define; 3] {
+/// its squares summed for the row's scale, applied at the store. Under `nib` (the kernel's
+/// `NIB`) a weight block is its quants with (d, m), and each X block is read scaled to the
+/// quants' byte positions, with its sum for the m term.
+pub(super) fn rows_accumulators(
+    m: usize,
+    r: usize,
+    gated: bool,
+    norm: bool,
+    nib: bool,
+) -> [Define; 3] {
     // Written out once per shape and kept for the process (a few shapes: `m` is at most a
     // group of rows, `r` is ROWS_R), so a launch's recording costs a hash lookup, no copy.
     type Code = [(&'static str, &'static str); 3];
-    type Memo = Mutex<HashMap<(usize, usize, bool, bool), Code>>;
+    type Memo = Mutex<HashMap<(usize, usize, bool, bool, bool), Code>>;
     static MEMO: OnceLock<Memo> = OnceLock::new();
     let memo = MEMO.get_or_init(Default::default);
     let mut memo = memo.lock().unwrap_or_else(PoisonError::into_inner);
-    let code = *memo.entry((m, r, gated, norm)).or_insert_with(|| {
-        write_accumulators(m, r, gated, norm).map(|(k, v)| (k, &*Box::leak(v.into_boxed_str())))
+    let code = *memo.entry((m, r, gated, norm, nib)).or_insert_with(|| {
+        write_accumulators(m, r, gated, norm, nib)
+            .map(|(k, v)| (k, &*Box::leak(v.into_boxed_str())))
     });
     code.map(|(k, v)| (k, Cow::Borrowed(v)))
 }
 
-fn write_accumulators(m: usize, r: usize, gated: bool, norm: bool) -> [(&'static str, String); 3] {
+fn write_accumulators(
+    m: usize,
+    r: usize,
+    gated: bool,
+    norm: bool,
+    nib: bool,
+) -> [(&'static str, String); 3] {
     let mut decl = String::new();
     let mut body = String::new();
     let mut store = String::new();
@@ -56,21 +71,28 @@ fn write_accumulators(m: usize, r: usize, gated: bool, norm: bool) -> [(&'static
         if norm {
             decl.push_str(&format!("var s{i} = 0.0;\n"));
             body.push_str(&format!(
-                "{{ let xr = xblk({i}u * kv + xb, lane);\ns{i} += bdot(xr, xr);\nlet x = bmul(xr, g);\n"
+                "{{ let xr = xblk({i}u * kv + xb, lane);\ns{i} += bdot(xr, xr);\nlet xn = bmul(xr, g);\n"
             ));
             store.push_str(&format!(
                 "let sc{i} = inverseSqrt(s{i} / f32(p.k) + p.eps);\n"
             ));
         } else {
-            body.push_str(&format!("{{ let x = xblk({i}u * kv + xb, lane);\n"));
+            body.push_str(&format!("{{ let xn = xblk({i}u * kv + xb, lane);\n"));
             store.push_str(&format!("let sc{i} = 1.0;\n"));
         }
+        let dot: fn(String) -> String = if nib {
+            body.push_str("let x = xscale(xn);\nlet xs = bsum(xn);\n");
+            |w: String| format!("qdot({w}, x, xs)")
+        } else {
+            body.push_str("let x = xn;\n");
+            |w: String| format!("bdot({w}, x)")
+        };
         for rr in 0..r {
             decl.push_str(&format!("var a{i}_{rr} = 0.0;\n"));
-            body.push_str(&format!("a{i}_{rr} += bdot(w{rr}, x);\n"));
+            body.push_str(&format!("a{i}_{rr} += {};\n", dot(format!("w{rr}"))));
             if gated {
                 decl.push_str(&format!("var u{i}_{rr} = 0.0;\n"));
-                body.push_str(&format!("u{i}_{rr} += bdot(g{rr}, x);\n"));
+                body.push_str(&format!("u{i}_{rr} += {};\n", dot(format!("g{rr}"))));
                 store.push_str(&format!(
                     "store({i}u, r0 + {rr}u, a{i}_{rr}, u{i}_{rr}, sc{i});\n"
                 ));
