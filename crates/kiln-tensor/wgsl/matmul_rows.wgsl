@@ -78,13 +78,12 @@ fn bit4(x: u32) -> vec4<f32> {
     return vec4<f32>(bitcast<vec4<i32>>(vec4<u32>(x, x >> 1u, x >> 2u, x >> 3u) & vec4<u32>(1u)));
 }
 
-
-// Under NIB (the 4-bit formats without high bits: Q4_0, Q4_1, Q4_Z, Q4_K) a block is its
+// Under NIB (the 4-bit formats without high bits: Q4_0, Q4_1, Q4_Z and Q4_K) a block is its
 // quants and its (d, m), value = q·d + m, and a row's products are summed as
 // d·Σ q·x + m·Σ x (Σ x once a block of X for all rows): no multiply-add an element for d and
 // m. The quants stay where they are in their word: component c of each vec4 is the nibble of
-// byte c as q·256^c (a mask, no shift), and X is read scaled by 256^-c to match. Both scalings
-// are powers of two, so every product q·x is the same as unscaled.
+// byte c as q·256^c (a mask, no shift), and X is read scaled by 256^-c to match. Both
+// scalings are powers of two, so every product q·x is the same as unscaled.
 #if NIB
 struct QBlk {
     q: Blk,
@@ -96,7 +95,7 @@ fn nib_at(x: u32) -> vec4<f32> {
     return vec4<f32>(bitcast<vec4<i32>>(vec4<u32>(x) & vec4<u32>(0xfu, 0xf00u, 0xf0000u, 0xf000000u)));
 }
 
-fn nib_q(v: vec4<u32>, d: f32, m: f32) -> QBlk {
+fn nib_w(v: vec4<u32>, d: f32, m: f32) -> QBlk {
     let hi = v >> vec4<u32>(4u);
     return QBlk(Blk(nib_at(v.x), nib_at(v.y), nib_at(v.z), nib_at(v.w), nib_at(hi.x),
         nib_at(hi.y), nib_at(hi.z), nib_at(hi.w)), d, m);
@@ -168,9 +167,9 @@ fn decode(b: u32, v0: vec4<u32>, v1: vec4<u32>, v2: vec4<u32>, v3: vec4<u32>) ->
 fn blk_idx(b: u32, qs: u32) -> vec4<u32> {
     return vec4<u32>(b >> 3u, (qs >> 2u) + b, 0u, (b >> 1u) & 3u);
 }
-fn decode(b: u32, v0: vec4<u32>, v1: vec4<u32>, v2: vec4<u32>, v3: vec4<u32>) -> QBlk {
+fn decode(b: u32, v0: vec4<u32>, v1: vec4<u32>, v2: vec4<u32>, v3: vec4<u32>) -> WBlk {
     let d = unpack2x16float(v0.x)[b & 1u];
-    return nib_q(v1, d, -8.0 * d);
+    return nib_w(v1, d, -8.0 * d);
 }
 #endif
 // (d, m) of a block's head word, for value = q·d + m: Q4_1's d|m as it is; the zero-point
@@ -192,9 +191,9 @@ fn head_dm(h: u32) -> vec2<f32> {
 fn blk_idx(b: u32, qs: u32) -> vec4<u32> {
     return vec4<u32>(b >> 2u, (qs >> 2u) + b, 0u, b & 3u);
 }
-fn decode(b: u32, v0: vec4<u32>, v1: vec4<u32>, v2: vec4<u32>, v3: vec4<u32>) -> QBlk {
+fn decode(b: u32, v0: vec4<u32>, v1: vec4<u32>, v2: vec4<u32>, v3: vec4<u32>) -> WBlk {
     let dm = head_dm(v0.x);
-    return nib_q(v1, dm.x, dm.y);
+    return nib_w(v1, dm.x, dm.y);
 }
 #endif
 #if W_Q8_Z
@@ -290,10 +289,10 @@ fn scale_min(h: vec4<u32>, j: u32) -> vec2<f32> {
 fn blk_idx(b: u32, qs: u32) -> vec4<u32> {
     return vec4<u32>(b >> 3u, (qs >> 2u) + b, 0u, 0u);
 }
-fn decode(b: u32, v0: vec4<u32>, v1: vec4<u32>, v2: vec4<u32>, v3: vec4<u32>) -> QBlk {
+fn decode(b: u32, v0: vec4<u32>, v1: vec4<u32>, v2: vec4<u32>, v3: vec4<u32>) -> WBlk {
     let dm = unpack2x16float(v0.x);
     let scm = scale_min(v0, b & 7u);
-    return nib_q(v1, dm.x * scm.x, -dm.y * scm.y);
+    return nib_w(v1, dm.x * scm.x, -dm.y * scm.y);
 }
 #endif
 #if W_Q5_K
