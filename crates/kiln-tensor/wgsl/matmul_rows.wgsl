@@ -66,10 +66,6 @@ fn nib4(x: u32) -> vec4<f32> {
     return vec4<f32>(bitcast<vec4<i32>>(vec4<u32>(x, x >> 8u, x >> 16u, x >> 24u) & vec4<u32>(0xfu)));
 }
 
-fn i8x4(x: u32) -> vec4<f32> {
-    return vec4<f32>(bitcast<vec4<i32>>(vec4<u32>(x << 24u, x << 16u, x << 8u, x)) >> vec4<u32>(24u));
-}
-
 fn two4(x: u32) -> vec4<f32> {
     return vec4<f32>(bitcast<vec4<i32>>(vec4<u32>(x, x >> 8u, x >> 16u, x >> 24u) & vec4<u32>(3u)));
 }
@@ -78,19 +74,35 @@ fn bit4(x: u32) -> vec4<f32> {
     return vec4<f32>(bitcast<vec4<i32>>(vec4<u32>(x, x >> 1u, x >> 2u, x >> 3u) & vec4<u32>(1u)));
 }
 
-// Under NIB (the 4-bit formats without high bits: Q4_0, Q4_1, Q4_Z and Q4_K) a block is its
-// quants and its (d, m), value = q·d + m, and a row's products are summed as
-// d·Σ q·x + m·Σ x (Σ x once a block of X for all rows): no multiply-add an element for d and
-// m. The quants stay where they are in their word: component c of each vec4 is the nibble of
-// byte c as q·256^c (a mask, no shift), and X is read scaled by 256^-c to match. Both
-// scalings are powers of two, so every product q·x is the same as unscaled.
-#if NIB
+// Under QSUM (Q8_0, and the 4-bit formats without high bits: Q4_0, Q4_1, Q4_Z and Q4_K) a
+// block is its quants and its (d, m), value = q·d + m, and a row's products are summed as
+// d·Σ q·x + m·Σ x (Σ x once a block of X for all rows): no multiply or multiply-add an
+// element for d and m. The quants stay scaled where a mask leaves them, and X or d is scaled
+// back (`xprep`, the decoders): by powers of two, so every product q·x is as unscaled.
+#if QSUM
 struct QBlk {
     q: Blk,
     d: f32,
     m: f32,
 }
 
+fn bsum(x: Blk) -> f32 {
+    return dot((x.q0 + x.q1) + (x.q2 + x.q3) + ((x.q4 + x.q5) + (x.q6 + x.q7)), vec4<f32>(1.0));
+}
+
+// Block w's products with X block x (after xprep) whose values sum to xs.
+fn qdot(w: QBlk, x: Blk, xs: f32) -> f32 {
+    return w.d * bdot(w.q, x) + w.m * xs;
+}
+
+alias WBlk = QBlk;
+#else
+alias WBlk = Blk;
+#endif
+
+// NIB (the 4-bit formats): component c of each vec4 is the nibble of byte c as q·256^c (a
+// mask, no shift), and X is read scaled by 256^-c to match.
+#if NIB
 fn nib_at(x: u32) -> vec4<f32> {
     return vec4<f32>(bitcast<vec4<i32>>(vec4<u32>(x) & vec4<u32>(0xfu, 0xf00u, 0xf0000u, 0xf000000u)));
 }
@@ -101,24 +113,10 @@ fn nib_w(v: vec4<u32>, d: f32, m: f32) -> QBlk {
         nib_at(hi.y), nib_at(hi.z), nib_at(hi.w)), d, m);
 }
 
-// X's block scaled to the quants' byte positions.
-fn xscale(x: Blk) -> Blk {
+fn xprep(x: Blk) -> Blk {
     let s = vec4<f32>(1.0, 0.00390625, 1.52587890625e-05, 5.9604644775390625e-08);
     return Blk(x.q0 * s, x.q1 * s, x.q2 * s, x.q3 * s, x.q4 * s, x.q5 * s, x.q6 * s, x.q7 * s);
 }
-
-fn bsum(x: Blk) -> f32 {
-    return dot((x.q0 + x.q1) + (x.q2 + x.q3) + ((x.q4 + x.q5) + (x.q6 + x.q7)), vec4<f32>(1.0));
-}
-
-// Block w's products with X block x (scaled) whose values sum to xs.
-fn qdot(w: QBlk, x: Blk, xs: f32) -> f32 {
-    return w.d * bdot(w.q, x) + w.m * xs;
-}
-
-alias WBlk = QBlk;
-#else
-alias WBlk = Blk;
 #endif
 
 // The 32 high bits h as 16·bit, in Blk order.
@@ -157,10 +155,19 @@ fn blk_idx(b: u32, qs: u32) -> vec4<u32> {
     let q = (qs >> 2u) + 2u * b;
     return vec4<u32>(b >> 3u, q, q + 1u, (b >> 1u) & 3u);
 }
-fn decode(b: u32, v0: vec4<u32>, v1: vec4<u32>, v2: vec4<u32>, v3: vec4<u32>) -> Blk {
-    let d = unpack2x16float(v0.x)[b & 1u];
-    return Blk(i8x4(v1.x) * d, i8x4(v1.y) * d, i8x4(v1.z) * d, i8x4(v1.w) * d,
-        i8x4(v2.x) * d, i8x4(v2.y) * d, i8x4(v2.z) * d, i8x4(v2.w) * d);
+// Each signed byte moved to the top byte of its word (q·2^24: a shift and a mask), and d
+// scaled by 2^-24 to match; X as it is.
+fn i8_top(x: u32) -> vec4<f32> {
+    let t = vec4<u32>(x << 24u, x << 16u, x << 8u, x) & vec4<u32>(0xff000000u);
+    return vec4<f32>(bitcast<vec4<i32>>(t));
+}
+fn decode(b: u32, v0: vec4<u32>, v1: vec4<u32>, v2: vec4<u32>, v3: vec4<u32>) -> QBlk {
+    let d = unpack2x16float(v0.x)[b & 1u] * 5.9604644775390625e-08;
+    return QBlk(Blk(i8_top(v1.x), i8_top(v1.y), i8_top(v1.z), i8_top(v1.w), i8_top(v2.x),
+        i8_top(v2.y), i8_top(v2.z), i8_top(v2.w)), d, 0.0);
+}
+fn xprep(x: Blk) -> Blk {
+    return x;
 }
 #endif
 #if W_Q4_0

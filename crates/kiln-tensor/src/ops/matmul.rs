@@ -504,9 +504,10 @@ impl Recorder {
                 defines.push(("WG", number(ROWS_WG)));
                 defines.push(("XV", number(mg * k / 4)));
                 defines.push(("GV", number(k / 4)));
-                let nib = nibble_sums(w.dtype());
+                let (qsum, nib) = block_sums(w.dtype());
+                defines.push(("QSUM", flag(qsum)));
                 defines.push(("NIB", flag(nib)));
-                defines.extend(rows_accumulators(mg, ROWS_R, gated, norm.is_some(), nib));
+                defines.extend(rows_accumulators(mg, ROWS_R, gated, norm.is_some(), qsum));
                 defines.extend(sg_x.iter().cloned());
                 let params = RowsParams {
                     m: mg as u32,
@@ -602,13 +603,15 @@ fn rows_group(ctx: &GpuContext, w: &Tensor, m: usize, k: usize) -> Option<usize>
     Some(group)
 }
 
-/// Whether `matmul_rows.wgsl` sums a block of `dtype` as d·Σ q·x + m·Σ x (`NIB`): the 4-bit
-/// formats with one scale and offset a 32-element block and no high bits. It saves work per
-/// weight element and adds some per block of X (scaled and summed); at 16 rows of X it
-/// measured no slower than the plain form on lavapipe (within that machine's noise, two runs
-/// each way round), so it is taken at every size.
-fn nibble_sums(dtype: DType) -> bool {
-    matches!(dtype, DType::Q4_0 | DType::Q4_1 | DType::Q4_Z | DType::Q4_K)
+/// Whether `matmul_rows.wgsl` sums a block of `dtype` as d·Σ q·x + m·Σ x (`QSUM`: Q8_0 and
+/// the 4-bit formats with one scale and offset a 32-element block and no high bits), and
+/// whether it is one of those 4-bit formats (`NIB`). The form saves work per weight element
+/// and adds some per block of X (prepared and summed); at 16 rows of X it measured no slower
+/// than the plain form on lavapipe (within that machine's noise, two runs each way round), so
+/// it is taken at every size.
+fn block_sums(dtype: DType) -> (bool, bool) {
+    let nib = matches!(dtype, DType::Q4_0 | DType::Q4_1 | DType::Q4_Z | DType::Q4_K);
+    (nib || dtype == DType::Q8_0, nib)
 }
 
 /// CPU reference: each weight row is dequantized once, then dotted with every row of X.

@@ -23,15 +23,15 @@ pub(super) fn rows_x_broadcast(info: Option<&crate::DeviceInfo>) -> Vec<Define> 
 /// invocation (and as many up rows when gated), written out statement by statement: the R
 /// weight blocks are decoded once and each X block is read once per block and used for all
 /// of them. Under `norm` each X block is scaled by the norm's weights `g` as it is read, and
-/// its squares summed for the row's scale, applied at the store. Under `nib` (the kernel's
-/// `NIB`) a weight block is its quants with (d, m), and each X block is read scaled to the
-/// quants' byte positions, with its sum for the m term.
+/// its squares summed for the row's scale, applied at the store. Under `qsum` (the kernel's
+/// `QSUM`) a weight block is its quants with (d, m), and each X block is prepared for them
+/// (`xprep`) and summed for the m term.
 pub(super) fn rows_accumulators(
     m: usize,
     r: usize,
     gated: bool,
     norm: bool,
-    nib: bool,
+    qsum: bool,
 ) -> [Define; 3] {
     // Written out once per shape and kept for the process (a few shapes: `m` is at most a
     // group of rows, `r` is ROWS_R), so a launch's recording costs a hash lookup, no copy.
@@ -40,8 +40,8 @@ pub(super) fn rows_accumulators(
     static MEMO: OnceLock<Memo> = OnceLock::new();
     let memo = MEMO.get_or_init(Default::default);
     let mut memo = memo.lock().unwrap_or_else(PoisonError::into_inner);
-    let code = *memo.entry((m, r, gated, norm, nib)).or_insert_with(|| {
-        write_accumulators(m, r, gated, norm, nib)
+    let code = *memo.entry((m, r, gated, norm, qsum)).or_insert_with(|| {
+        write_accumulators(m, r, gated, norm, qsum)
             .map(|(k, v)| (k, &*Box::leak(v.into_boxed_str())))
     });
     code.map(|(k, v)| (k, Cow::Borrowed(v)))
@@ -52,7 +52,7 @@ fn write_accumulators(
     r: usize,
     gated: bool,
     norm: bool,
-    nib: bool,
+    qsum: bool,
 ) -> [(&'static str, String); 3] {
     let mut decl = String::new();
     let mut body = String::new();
@@ -80,8 +80,8 @@ fn write_accumulators(
             body.push_str(&format!("{{ let xn = xblk({i}u * kv + xb, lane);\n"));
             store.push_str(&format!("let sc{i} = 1.0;\n"));
         }
-        let dot: fn(String) -> String = if nib {
-            body.push_str("let x = xscale(xn);\nlet xs = bsum(xn);\n");
+        let dot: fn(String) -> String = if qsum {
+            body.push_str("let x = xprep(xn);\nlet xs = bsum(xn);\n");
             |w: String| format!("qdot({w}, x, xs)")
         } else {
             body.push_str("let x = xn;\n");
