@@ -17,6 +17,7 @@ use kiln_tensor::{
     RmsNorm, RopeConfig, RopeLayout, RopeScaling, RopeTable, Tensor, TensorError,
 };
 use rand::Rng;
+use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 
 const WEIGHT_DTYPES: &[DType] = DType::WEIGHTS;
@@ -196,6 +197,23 @@ struct Operands {
     res: Vec<f32>,
 }
 
+impl Operands {
+    /// Random operands of `c` for `m` rows of length `k`, and the product's width `f` (1..40;
+    /// W has twice as many rows under a GLU).
+    fn random(r: &mut StdRng, c: Case, m: usize, k: usize) -> (Self, usize) {
+        let f = r.random_range(1..40);
+        let n = if c.glu.is_some() { 2 * f } else { f };
+        let o = Self {
+            x: randn(r, m * k, 1.0),
+            w: randn(r, n * k, 1.0),
+            g: randn(r, k, 1.0),
+            bias: randn(r, n, 1.0),
+            res: randn(r, m * f, 1.0),
+        };
+        (o, f)
+    }
+}
+
 /// The operands on `dev`: X, W, the norm's weights, the bias and the residual.
 fn operand_tensors(dev: &Device, dtype: DType, o: &Operands, m: usize, k: usize) -> [Tensor; 5] {
     let n = o.w.len() / k;
@@ -268,15 +286,7 @@ fn linear_ops_match_cpu() {
                 if m > 1 && (di + ci) % 3 != 0 {
                     continue;
                 }
-                let f = r.random_range(1..40);
-                let n = if c.glu.is_some() { 2 * f } else { f };
-                let o = Operands {
-                    x: randn(&mut r, m * k, 1.0),
-                    w: randn(&mut r, n * k, 1.0),
-                    g: randn(&mut r, k, 1.0),
-                    bias: randn(&mut r, n, 1.0),
-                    res: randn(&mut r, m * f, 1.0),
-                };
+                let (o, f) = Operands::random(&mut r, c, m, k);
                 let (want, plain) = reference(dtype, c, &o, m, k);
                 let composed = run_composed(&Device::cpu(), dtype, c, &o, m, k);
                 assert_eq!(
@@ -365,15 +375,7 @@ fn matvec_layouts_match_cpu() {
         ] {
             for &c in &cases {
                 let m = r.random_range(1..=4);
-                let f = r.random_range(1..40);
-                let n = if c.glu.is_some() { 2 * f } else { f };
-                let o = Operands {
-                    x: randn(&mut r, m * k, 1.0),
-                    w: randn(&mut r, n * k, 1.0),
-                    g: randn(&mut r, k, 1.0),
-                    bias: randn(&mut r, n, 1.0),
-                    res: randn(&mut r, m * f, 1.0),
-                };
+                let (o, f) = Operands::random(&mut r, c, m, k);
                 let (want, plain) = reference(dtype, c, &o, m, k);
                 let got = run_linear(&dev, dtype, c, &o, m, k);
                 let what = format!("{t}x{rpt} {dtype:?} {c:?} m={m} k={k} f={f}");

@@ -148,8 +148,9 @@ fn byte4(v: vec4<u32>, j: u32) -> u32 {
 }
 
 // The vec4 indices a block reads (RD of them: 2, 3 or 4; under HEAD1, the head's component
-// in the last) for the chunk whose quants start at word qs, and the block from those reads. b numbers 32-element (sub-)blocks; the K-quants'
-// super-block is b / 8, its sub-block b % 8. Layouts: quant/layout.rs.
+// in the last) for the chunk whose quants start at word qs, and the block from those reads.
+// b numbers 32-element (sub-)blocks; the K-quants' super-block is b / 8, its sub-block b % 8.
+// Layouts: quant/layout.rs.
 #if W_Q8_0
 fn blk_idx(b: u32, qs: u32) -> vec4<u32> {
     let q = (qs >> 2u) + 2u * b;
@@ -174,7 +175,7 @@ fn xprep(x: Blk) -> Blk {
 fn blk_idx(b: u32, qs: u32) -> vec4<u32> {
     return vec4<u32>(b >> 3u, (qs >> 2u) + b, 0u, (b >> 1u) & 3u);
 }
-fn decode(b: u32, v0: vec4<u32>, v1: vec4<u32>, v2: vec4<u32>, v3: vec4<u32>) -> WBlk {
+fn decode(b: u32, v0: vec4<u32>, v1: vec4<u32>, v2: vec4<u32>, v3: vec4<u32>) -> QBlk {
     let d = unpack2x16float(v0.x)[b & 1u];
     return nib_w(v1, d, -8.0 * d);
 }
@@ -198,7 +199,7 @@ fn head_dm(h: u32) -> vec2<f32> {
 fn blk_idx(b: u32, qs: u32) -> vec4<u32> {
     return vec4<u32>(b >> 2u, (qs >> 2u) + b, 0u, b & 3u);
 }
-fn decode(b: u32, v0: vec4<u32>, v1: vec4<u32>, v2: vec4<u32>, v3: vec4<u32>) -> WBlk {
+fn decode(b: u32, v0: vec4<u32>, v1: vec4<u32>, v2: vec4<u32>, v3: vec4<u32>) -> QBlk {
     let dm = head_dm(v0.x);
     return nib_w(v1, dm.x, dm.y);
 }
@@ -296,7 +297,7 @@ fn scale_min(h: vec4<u32>, j: u32) -> vec2<f32> {
 fn blk_idx(b: u32, qs: u32) -> vec4<u32> {
     return vec4<u32>(b >> 3u, (qs >> 2u) + b, 0u, 0u);
 }
-fn decode(b: u32, v0: vec4<u32>, v1: vec4<u32>, v2: vec4<u32>, v3: vec4<u32>) -> WBlk {
+fn decode(b: u32, v0: vec4<u32>, v1: vec4<u32>, v2: vec4<u32>, v3: vec4<u32>) -> QBlk {
     let dm = unpack2x16float(v0.x);
     let scm = scale_min(v0, b & 7u);
     return nib_w(v1, dm.x * scm.x, -dm.y * scm.y);

@@ -17,7 +17,8 @@ use super::elementwise::glu_ref;
 use super::matmul_code::{ROWS_R, rows_accumulators, rows_x_broadcast};
 use super::rows::rms_norm_ref;
 use super::{
-    Define, WEIGHT_DTYPES, dot, flag, host_f32, host_row, number, require_dtype, weight_defines,
+    Define, WEIGHT_DTYPES, block_sums, dot, flag, host_f32, host_row, number, require_dtype,
+    weight_defines,
 };
 use crate::gpu::{Access, GpuContext, KernelDef};
 use crate::recorder::Bind;
@@ -504,9 +505,7 @@ impl Recorder {
                 defines.push(("WG", number(ROWS_WG)));
                 defines.push(("XV", number(mg * k / 4)));
                 defines.push(("GV", number(k / 4)));
-                let (qsum, nib) = block_sums(w.dtype());
-                defines.push(("QSUM", flag(qsum)));
-                defines.push(("NIB", flag(nib)));
+                let qsum = block_sums(w.dtype()).0;
                 defines.extend(rows_accumulators(mg, ROWS_R, gated, norm.is_some(), qsum));
                 defines.extend(sg_x.iter().cloned());
                 let params = RowsParams {
@@ -601,17 +600,6 @@ fn rows_group(ctx: &GpuContext, w: &Tensor, m: usize, k: usize) -> Option<usize>
         return None;
     }
     Some(group)
-}
-
-/// Whether `matmul_rows.wgsl` sums a block of `dtype` as d·Σ q·x + m·Σ x (`QSUM`: Q8_0 and
-/// the 4-bit formats with one scale and offset a 32-element block and no high bits), and
-/// whether it is one of those 4-bit formats (`NIB`). The form saves work per weight element
-/// and adds some per block of X (prepared and summed); at 16 rows of X it measured no slower
-/// than the plain form on lavapipe (within that machine's noise, two runs each way round), so
-/// it is taken at every size.
-fn block_sums(dtype: DType) -> (bool, bool) {
-    let nib = matches!(dtype, DType::Q4_0 | DType::Q4_1 | DType::Q4_Z | DType::Q4_K);
-    (nib || dtype == DType::Q8_0, nib)
 }
 
 /// CPU reference: each weight row is dequantized once, then dotted with every row of X.

@@ -82,8 +82,8 @@ pub(crate) const WEIGHT_DTYPES: &[DType] = DType::WEIGHTS;
 /// `matmul_rows.wgsl`: the dtype's own switch, the family switches (`W_FLOAT`, `W_QUANT`,
 /// `W_SUB` for the formats decoded four elements at a time, `W_Q45_K`, `W_ZP` for the
 /// zero-point formats, `W_Q4_DM` for the nibble formats with a `d|m` or `d|z` head word a
-/// block), `HEAD1` for the formats with one head word a block, and `RD3`/`RD4`, how many
-/// 16-byte reads `matmul_rows.wgsl` makes a block.
+/// block), and for `matmul_rows.wgsl`: `HEAD1` for the formats with one head word a block,
+/// `QSUM`/`NIB` ([`block_sums`]), and `RD3`/`RD4`, how many 16-byte reads it makes a block.
 pub(crate) fn weight_defines(dtype: DType, binding: u32) -> Vec<Define> {
     let (name, reads) = match dtype {
         DType::F32 => ("W_F32", 0),
@@ -130,9 +130,23 @@ pub(crate) fn weight_defines(dtype: DType, binding: u32) -> Vec<Define> {
         DType::Q8_0 | DType::Q4_0 | DType::Q4_1 | DType::Q4_Z | DType::Q8_Z
     );
     d.push(("HEAD1", flag(head1)));
+    let (qsum, nib) = block_sums(dtype);
+    d.push(("QSUM", flag(qsum)));
+    d.push(("NIB", flag(nib)));
     d.push(("RD3", flag(reads >= 3)));
     d.push(("RD4", flag(reads >= 4)));
     d
+}
+
+/// Whether `matmul_rows.wgsl` sums a block of `dtype` as d·Σ q·x + m·Σ x (`QSUM`: Q8_0 and
+/// the 4-bit formats with one scale and offset a 32-element block and no high bits), and
+/// whether it is one of those 4-bit formats (`NIB`). The form saves work per weight element
+/// and adds some per block of X (prepared and summed); at 16 rows of X it measured no slower
+/// than the plain form on lavapipe (within that machine's noise, two runs each way round), so
+/// it is taken at every size.
+pub(crate) fn block_sums(dtype: DType) -> (bool, bool) {
+    let nib = matches!(dtype, DType::Q4_0 | DType::Q4_1 | DType::Q4_Z | DType::Q4_K);
+    (nib || dtype == DType::Q8_0, nib)
 }
 
 pub(crate) fn require_dtype(
