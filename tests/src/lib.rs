@@ -71,7 +71,7 @@ impl Default for Options {
         let mut server = ServerConfig::new(model_id);
         server.architecture = "llama".into();
         Self {
-            device: Device::Cpu,
+            device: Device::Reference,
             kv_blocks: 512,
             max_num_seqs: 32,
             max_waiting: 256,

@@ -43,8 +43,8 @@ fn values(n: usize, seed: u64) -> Vec<f32> {
 fn run() -> Result<(), Box<dyn std::error::Error>> {
     let best = Device::new(&DeviceOptions::default())?;
     let mut devices = vec![best.clone()];
-    if !matches!(best, Device::Cpu) {
-        devices.push(Device::Cpu);
+    if !matches!(best, Device::Reference) {
+        devices.push(Device::Reference);
     }
     // Sequence A: 37 tokens over blocks 5, 1, 7 (a prompt computed in one chunk);
     // sequence B: 20 tokens over blocks 2, 6, of which the last is this step's decode token.
@@ -160,7 +160,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
                 .zip(&want)
                 .map(|(g, w)| (g - w).abs())
                 .fold(0f32, f32::max);
-            let backend = if matches!(dev, Device::Cpu) {
+            let backend = if matches!(dev, Device::Reference) {
                 "cpu"
             } else {
                 "wgpu"

@@ -216,7 +216,7 @@ impl KvCache {
         }
         let elems = cfg.slots() * cfg.kv_heads * cfg.head_dim;
         let store = match device {
-            Device::Cpu => Store::Cpu(
+            Device::Reference | Device::Cpu(_) => Store::Cpu(
                 (0..cfg.layers)
                     .map(|_| [vec![0f32; elems], vec![0f32; elems]])
                     .collect(),
@@ -339,7 +339,7 @@ impl KvCache {
         }
         let tokens = slots.len();
         let device = match &self.device {
-            Device::Cpu => None,
+            Device::Reference => None,
             d => Some([
                 {
                     let mut words = info.clone();

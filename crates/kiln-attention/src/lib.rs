@@ -2,6 +2,7 @@
 
 mod cache;
 mod error;
+mod native;
 mod reference;
 mod stored;
 

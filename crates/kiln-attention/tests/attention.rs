@@ -30,10 +30,11 @@ fn gpu() -> Option<Device> {
     kiln_testkit::wgpu()
 }
 
-/// The adapter with each kernel family (CPU-shaped and GPU-shaped).
+/// What is checked against the reference: the native CPU backend, and the adapter with each
+/// kernel family (CPU-shaped and GPU-shaped).
 fn gpus() -> Vec<Device> {
-    kiln_testkit::wgpu()
-        .into_iter()
+    std::iter::once(kiln_testkit::native_cpu())
+        .chain(kiln_testkit::wgpu())
         .chain(kiln_testkit::wgpu_other_kernels())
         .collect()
 }
@@ -443,7 +444,7 @@ fn f16_storage_rounds_to_nearest_even_on_every_device() {
         }],
     };
     let want = round_f16(&v);
-    for dev in std::iter::once(Device::cpu()).chain(gpus()) {
+    for dev in std::iter::once(Device::reference()).chain(gpus()) {
         let got = run(&dev, &c, KvDtype::F16);
         for (i, (g, w)) in got.iter().zip(&want).enumerate() {
             assert!(
@@ -470,13 +471,13 @@ fn paged_attention_matches_contiguous_reference() {
                 let rounded = reference(&c, &round_f16);
                 assert_close(
                     &format!("cpu f32 {what}"),
-                    &run(&Device::cpu(), &c, KvDtype::F32),
+                    &run(&Device::reference(), &c, KvDtype::F32),
                     &exact,
                     2e-5,
                 );
-                let cpu_i8 = run(&Device::cpu(), &c, KvDtype::Int8);
+                let cpu_i8 = run(&Device::reference(), &c, KvDtype::Int8);
                 assert_close(&format!("cpu int8 {what}"), &cpu_i8, &exact, 0.03);
-                let cpu_i4 = run(&Device::cpu(), &c, KvDtype::Int4);
+                let cpu_i4 = run(&Device::reference(), &c, KvDtype::Int4);
                 assert_close(&format!("cpu int4 {what}"), &cpu_i4, &int4, 2e-3);
                 assert_close(&format!("cpu int4 vs exact {what}"), &cpu_i4, &exact, 0.25);
                 for g in &gpus {
@@ -514,13 +515,13 @@ fn long_windowed_prefill_matches_reference() {
         let exact = reference(&c, &exact);
         assert_close(
             &format!("cpu f32 window={window:?}"),
-            &run(&Device::cpu(), &c, KvDtype::F32),
+            &run(&Device::reference(), &c, KvDtype::F32),
             &exact,
             2e-5,
         );
         // INT4 unrolls the most work per key read (32 elements), so the longest head is its
         // test of the rows kernel's generated code.
-        let cpu_i4 = run(&Device::cpu(), &c, KvDtype::Int4);
+        let cpu_i4 = run(&Device::reference(), &c, KvDtype::Int4);
         for g in &gpus() {
             let what = format!("window={window:?} cpu-shaped={}", g.cpu_shaped_kernels());
             assert_close(
@@ -562,8 +563,8 @@ fn query_groups_match_reference() {
             let what = format!("kvh={kv_heads} heads={heads} d={head_dim} window={window:?}");
             let exact = reference(&c, &exact);
             let rounded = reference(&c, &round_f16);
-            let cpu_i8 = run(&Device::cpu(), &c, KvDtype::Int8);
-            let cpu_i4 = run(&Device::cpu(), &c, KvDtype::Int4);
+            let cpu_i8 = run(&Device::reference(), &c, KvDtype::Int8);
+            let cpu_i4 = run(&Device::reference(), &c, KvDtype::Int4);
             for g in &devices {
                 let what = format!(
                     "{what} cpu-shaped={} subgroups={}",
@@ -596,8 +597,8 @@ fn split_key_decode_matches_reference() {
             let what = format!("kvh={kv_heads} heads={heads} d={head_dim} window={window:?}");
             let exact = reference(&c, &exact);
             let rounded = reference(&c, &round_f16);
-            let cpu_i8 = run(&Device::cpu(), &c, KvDtype::Int8);
-            let cpu_i4 = run(&Device::cpu(), &c, KvDtype::Int4);
+            let cpu_i8 = run(&Device::reference(), &c, KvDtype::Int8);
+            let cpu_i4 = run(&Device::reference(), &c, KvDtype::Int4);
             for g in &gpus() {
                 let what = format!("{what} cpu-shaped={}", g.cpu_shaped_kernels());
                 let refs = Refs {
@@ -684,7 +685,7 @@ fn centred_int4_keys_match_the_format_and_cut_the_error() {
         let what = format!("kvh={kv_heads} group={group} d={head_dim}");
         let int4 = |v: &[f32]| int4_rows(v, head_dim);
         let format = reference_kv(&c, &|k| shift(&int4(&shift(k, -1.0)), 1.0), &int4);
-        let cpu = run_centred(&Device::cpu(), &c, KvDtype::Int4, Some(&centres));
+        let cpu = run_centred(&Device::reference(), &c, KvDtype::Int4, Some(&centres));
         assert_close(&format!("cpu centred int4 {what}"), &cpu, &format, 2e-3);
         for g in &gpus {
             let what = format!("{what} cpu-shaped={}", g.cpu_shaped_kernels());
@@ -705,7 +706,10 @@ fn centred_int4_keys_match_the_format_and_cut_the_error() {
                 .sum();
             (sq / got.len() as f32).sqrt()
         };
-        let (plain, centred) = (err(&run(&Device::cpu(), &c, KvDtype::Int4)), err(&cpu));
+        let (plain, centred) = (
+            err(&run(&Device::reference(), &c, KvDtype::Int4)),
+            err(&cpu),
+        );
         assert!(
             centred * 2.0 < plain,
             "{what}: rms error {centred} centred against {plain} plain"
@@ -806,7 +810,7 @@ fn key_centres_recover_the_pre_rope_mean() {
 /// returns is what was written.
 #[test]
 fn key_centres_and_key_reads_check_the_cache() {
-    let mut devs = vec![Device::cpu()];
+    let mut devs = vec![Device::reference()];
     devs.extend(gpu());
     let (kvh, d, n) = (2usize, 64usize, 21usize);
     let mut r = StdRng::seed_from_u64(12);
@@ -897,7 +901,7 @@ fn key_centres_and_key_reads_check_the_cache() {
 
 #[test]
 fn bad_batches_are_errors() {
-    let dev = gpu().unwrap_or(Device::cpu());
+    let dev = gpu().unwrap_or(Device::reference());
     let cfg = KvCacheConfig {
         layers: 1,
         kv_heads: 2,
@@ -978,7 +982,7 @@ fn bad_batches_are_errors() {
 #[test]
 fn copied_blocks_read_like_their_source() {
     let mut r = StdRng::seed_from_u64(8);
-    let mut devs = vec![Device::cpu()];
+    let mut devs = vec![Device::reference()];
     devs.extend(gpu());
     for dev in devs {
         for dtype in KvDtype::ALL {
@@ -1157,7 +1161,8 @@ fn write_qkv_matches_the_composed_ops() {
             let with_norm = (i + head_dim / 64) % 2 == 0;
             let stacked = i < 2;
             let norm = with_norm.then_some(&norm);
-            let (want_q, want) = run_write_qkv(&Device::cpu(), &c, dtype, rope, norm, stacked);
+            let (want_q, want) =
+                run_write_qkv(&Device::reference(), &c, dtype, rope, norm, stacked);
             let tol = match dtype {
                 KvDtype::F32 => 1e-5,
                 KvDtype::F16 => 1e-3,
@@ -1179,7 +1184,7 @@ fn write_qkv_matches_the_composed_ops() {
 /// norm weights of the wrong size, before recording anything.
 #[test]
 fn write_qkv_checks_its_inputs() {
-    for dev in std::iter::once(Device::cpu()).chain(gpu()) {
+    for dev in std::iter::once(Device::reference()).chain(gpu()) {
         let cfg = KvCacheConfig {
             layers: 1,
             kv_heads: 1,

@@ -133,7 +133,7 @@ fn default_model_is_batch_invariant_on_cpu() {
     let c = case(49152, 24, 12);
     check(
         "cpu",
-        |cfg| common::default_engine(&Device::cpu(), cfg),
+        |cfg| common::default_engine(&Device::reference(), cfg),
         &c,
         common::config(24, 4, 32, 16),
     );

@@ -18,7 +18,7 @@ use kiln_tensor::Device;
 const EOS: u32 = 255;
 
 fn engine() -> EngineHandle {
-    tiny_engine(&Device::cpu(), EOS, config(64, 4, 32, 8))
+    tiny_engine(&Device::reference(), EOS, config(64, 4, 32, 8))
 }
 
 fn run(e: &EngineHandle, r: Request) -> Output {
@@ -79,7 +79,7 @@ fn eos_stop_tokens_min_tokens_and_ignore_eos() {
     let first = base.iter().position(|&t| t == pick).unwrap();
 
     // The same token as EOS: generation stops there, the id is reported, no text for it.
-    let e2 = tiny_engine(&Device::cpu(), pick, config(64, 4, 32, 8));
+    let e2 = tiny_engine(&Device::reference(), pick, config(64, 4, 32, 8));
     let out = run(&e2, prompt().max_new_tokens(12));
     assert_eq!(out.outputs[0].finish, Some(FinishReason::EosToken));
     assert_eq!(out.outputs[0].token_ids, base[..=first]);
@@ -151,7 +151,7 @@ fn stop_strings_are_held_back_and_cut() {
 fn context_length_ends_generation() {
     let mut cfg = config(64, 4, 32, 8);
     cfg.max_model_len = Some(16);
-    let e = tiny_engine(&Device::cpu(), EOS, cfg);
+    let e = tiny_engine(&Device::reference(), EOS, cfg);
     let out = run(&e, prompt());
     assert_eq!(out.outputs[0].finish, Some(FinishReason::ContextLength));
     assert_eq!(out.outputs[0].token_ids.len(), 16 - 7);
@@ -296,7 +296,7 @@ fn invalid_requests_name_the_field() {
 fn a_full_queue_is_overloaded() {
     let mut cfg = config(64, 4, 32, 1);
     cfg.scheduler.max_waiting = 2;
-    let e = tiny_engine(&Device::cpu(), EOS, cfg);
+    let e = tiny_engine(&Device::reference(), EOS, cfg);
     let mut r = prompt().max_new_tokens(200);
     r.stopping.ignore_eos = true;
     let mut first = e.submit(r.clone()).unwrap();
@@ -320,7 +320,7 @@ fn a_full_queue_is_overloaded() {
 #[test]
 fn admission_keeps_its_promises() {
     // 10 blocks of 4 tokens: one sequence holds at most 40, well inside the model's 256.
-    let e = tiny_engine(&Device::cpu(), EOS, config(10, 4, 32, 8));
+    let e = tiny_engine(&Device::reference(), EOS, config(10, 4, 32, 8));
     assert_eq!(
         e.info().max_model_len,
         40,
@@ -378,7 +378,7 @@ fn a_max_model_len_beyond_the_pool_does_not_start() {
     let mut cfg = config(10, 4, 32, 8);
     cfg.max_model_len = Some(64);
     let err = kiln_engine::Engine::start(
-        common::tiny_model(&Device::cpu(), "llama3"),
+        common::tiny_model(&Device::reference(), "llama3"),
         common::byte_tokenizer(EOS),
         cfg,
     )
@@ -396,7 +396,7 @@ fn a_max_model_len_beyond_the_pool_does_not_start() {
 fn an_idle_engine_takes_a_burst_of_waiting_plus_free_slots() {
     let mut cfg = config(64, 4, 32, 4);
     cfg.scheduler.max_waiting = 2;
-    let e = tiny_engine(&Device::cpu(), EOS, cfg);
+    let e = tiny_engine(&Device::reference(), EOS, cfg);
     let mut r = prompt().max_new_tokens(100);
     r.stopping.ignore_eos = true;
     let accepted: Vec<_> = (0..6).map(|_| e.submit(r.clone()).unwrap()).collect();
@@ -524,7 +524,7 @@ fn runs_on_the_gpu_too() {
 fn kv_events_carry_the_blocks_the_cache_stores() {
     let mut cfg = config(64, 4, 32, 4);
     cfg.kv_events = true;
-    let e = tiny_engine(&Device::cpu(), EOS, cfg);
+    let e = tiny_engine(&Device::reference(), EOS, cfg);
     let mut rx = e.kv_events().expect("the receiver");
     assert!(e.kv_events().is_none(), "taken once");
     let mut r = Request::tokens((1..=10).collect()).max_new_tokens(3);

@@ -26,12 +26,12 @@ async fn loading_serving_draining() {
     let s = serving(Duration::from_secs(60));
     assert_eq!(s.health(), Health::Loading);
     assert_eq!(s.for_work().err(), Some(NotServing::Loading));
-    s.attach(tiny_engine(&Device::cpu(), 255, config(64, 4, 32, 8)))
+    s.attach(tiny_engine(&Device::reference(), 255, config(64, 4, 32, 8)))
         .await
         .unwrap();
     assert_eq!(s.health(), Health::Serving);
     assert!(
-        s.attach(tiny_engine(&Device::cpu(), 255, config(64, 4, 32, 8)))
+        s.attach(tiny_engine(&Device::reference(), 255, config(64, 4, 32, 8)))
             .await
             .is_err(),
         "a second engine"
@@ -65,7 +65,7 @@ async fn loading_serving_draining() {
 async fn a_step_running_past_the_limit_is_stuck() {
     // With no slack at all, any step caught in flight counts as stuck.
     let s = serving(Duration::ZERO);
-    s.attach(tiny_engine(&Device::cpu(), 255, config(64, 4, 32, 8)))
+    s.attach(tiny_engine(&Device::reference(), 255, config(64, 4, 32, 8)))
         .await
         .unwrap();
     let engine = s.engine().unwrap().clone();
@@ -104,7 +104,7 @@ async fn a_stalled_step_is_stuck_until_it_moves_again() {
         ..FaultPlan::default()
     };
     let s = serving(Duration::from_millis(300));
-    s.attach(tiny_engine(&Device::cpu(), 255, cfg))
+    s.attach(tiny_engine(&Device::reference(), 255, cfg))
         .await
         .unwrap();
     let engine = s.engine().unwrap().clone();
@@ -132,7 +132,7 @@ async fn steps_that_keep_failing_stop_the_engine() {
         fail_from_step: Some(1),
         ..FaultPlan::default()
     };
-    let engine = tiny_engine(&Device::cpu(), 255, cfg);
+    let engine = tiny_engine(&Device::reference(), 255, cfg);
     for _ in 0..3 {
         match engine.submit(Request::tokens(vec![1, 2, 3]).max_new_tokens(4)) {
             Ok(stream) => match stream.collect().await {

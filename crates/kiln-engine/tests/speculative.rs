@@ -140,7 +140,7 @@ fn greedy_with_a_draft_model_is_plain_greedy_on_the_golden_prompts() {
     // The only real checkpoint in the tests is the default model, so it drafts for itself:
     // nearly every draft holds, which walks the all-accepted path (bonus token, draft cache
     // reuse); the tiny models below walk the rejections.
-    let dev = Device::cpu();
+    let dev = Device::reference();
     let (model, tokenizer) = common::default_model(&dev);
     let (draft, draft_tok) = common::default_model(&dev);
     let mut cfg = golden_config();
@@ -242,7 +242,7 @@ fn speculation_stays_off_above_the_batch_size_rule() {
         disable_batch_size: 2,
         ..spec(SpecMethod::Ngram { min_n: 1, max_n: 2 }, 4)
     });
-    let e = common::tiny_engine(&Device::cpu(), 2, cfg);
+    let e = common::tiny_engine(&Device::reference(), 2, cfg);
     let measured = greedy(&[5, 6, 7, 5, 6], 12, true);
     // Alone it speculates.
     let alone = batch(&e, std::slice::from_ref(&measured));
@@ -270,7 +270,7 @@ fn speculation_stays_off_above_the_batch_size_rule() {
 
 #[test]
 fn a_draft_model_with_another_tokenizer_is_refused_by_name() {
-    let dev = Device::cpu();
+    let dev = Device::reference();
     let mut cfg = common::config(64, 16, 64, 4);
     cfg.speculative = Some(spec(SpecMethod::Draft, 4));
     let mut other = common::byte_tokenizer(3);
@@ -328,7 +328,7 @@ fn seeded_sampling_gives_the_same_tokens_with_and_without_speculation() {
     // tiny llama drafts for itself, so its drafts are its most likely tokens.
     let mut cfg = common::config(256, 16, 256, 16);
     cfg.speculative = Some(spec(SpecMethod::Draft, 3));
-    let e = common::tiny_engine_with_draft(&Device::cpu(), 2, cfg, "llama3");
+    let e = common::tiny_engine_with_draft(&Device::reference(), 2, cfg, "llama3");
     let prompt: Vec<u32> = [40, 41, 42, 43].repeat(4);
     let params = SamplingParams {
         temperature: 1.2,
@@ -368,7 +368,7 @@ fn drafts_that_keep_missing_back_off() {
     // output is plain decoding; its tokens stay those of plain decoding.
     let mut cfg = common::config(256, 16, 256, 4);
     cfg.speculative = Some(spec(SpecMethod::Draft, 4));
-    let e = common::tiny_engine_with_draft(&Device::cpu(), 2, cfg, "mistral");
+    let e = common::tiny_engine_with_draft(&Device::reference(), 2, cfg, "mistral");
     let r = greedy(&[7, 8, 9, 10, 11], 120, true);
     let mut off = r.clone();
     off.speculate = false;

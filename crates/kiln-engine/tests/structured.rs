@@ -20,7 +20,7 @@ use serde_json::{Value, json};
 const EOS: u32 = 255;
 
 fn engine() -> EngineHandle {
-    tiny_engine(&Device::cpu(), EOS, config(256, 8, 64, 8))
+    tiny_engine(&Device::reference(), EOS, config(256, 8, 64, 8))
 }
 
 fn run(e: &EngineHandle, r: Request) -> Output {
@@ -320,7 +320,7 @@ fn bad_constraints_are_refused_before_queueing_naming_the_field() {
 /// characters, `Ġ`-spaces) under a schema, greedy: a real answer that validates.
 #[test]
 fn default_model_writes_valid_json_under_a_schema() {
-    let e = default_engine(&Device::cpu(), config(128, 16, 256, 4));
+    let e = default_engine(&Device::reference(), config(128, 16, 256, 4));
     let schema = json!({
         "type": "object",
         "properties": {

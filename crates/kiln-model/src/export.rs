@@ -262,7 +262,7 @@ pub fn write_hf_folder(gguf_path: &Path, out_dir: &Path, options: &HfExport) -> 
     let permuted = cfg.rope_layout == RopeLayout::Interleaved;
     let mut tensors = Vec::new();
     for (w, shape) in weight_shapes(&cfg, src.has(Weight::LmHead)) {
-        let mut v = src.load(&Device::Cpu, w, &shape)?.to_f32_vec()?;
+        let mut v = src.load(&Device::Reference, w, &shape)?.to_f32_vec()?;
         // llama.cpp stores Gemma's norm weights as `1 + w`; HF checkpoints hold `w`.
         if cfg.arch == Arch::Gemma3 && is_norm(w) {
             v.iter_mut().for_each(|x| *x -= 1.0);

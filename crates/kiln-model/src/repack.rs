@@ -441,7 +441,8 @@ mod tests {
     /// kiln-tensor's own dequantization of the blocks, columns put back in checkpoint order.
     fn kiln_values(u: &Unpacked) -> (DType, Vec<f32>) {
         let r = u.to_blocks().unwrap();
-        let t = Tensor::from_bytes(&Device::Cpu, r.dtype, &[u.rows, u.cols], &r.bytes).unwrap();
+        let t =
+            Tensor::from_bytes(&Device::Reference, r.dtype, &[u.rows, u.cols], &r.bytes).unwrap();
         let v = t.to_f32_vec().unwrap();
         let mut out = vec![0f32; v.len()];
         for row in 0..u.rows {

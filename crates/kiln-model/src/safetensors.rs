@@ -203,7 +203,7 @@ impl SafetensorsFile {
                 .map(|b| f32::from_bits(u32::from(u16::from_le_bytes([b[0], b[1]])) << 16))
                 .collect(),
             StDtype::F16 => {
-                Tensor::from_bytes(&Device::Cpu, DType::F16, &e.shape, bytes)?.to_f32_vec()?
+                Tensor::from_bytes(&Device::Reference, DType::F16, &e.shape, bytes)?.to_f32_vec()?
             }
             _ => {
                 return Err(ModelError::Tensor {

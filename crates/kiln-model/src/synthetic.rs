@@ -154,7 +154,7 @@ mod tests {
         let b = SyntheticSource::new(tiny(), DType::Q4_1, 7).unwrap();
         let c = SyntheticSource::new(tiny(), DType::Q4_1, 8).unwrap();
         let load = |s: &SyntheticSource, w| {
-            s.load(&Device::Cpu, w, &[96, 64])
+            s.load(&Device::Reference, w, &[96, 64])
                 .unwrap()
                 .to_bytes()
                 .unwrap()
@@ -162,7 +162,7 @@ mod tests {
         assert_eq!(load(&a, Weight::Gate(1)), load(&b, Weight::Gate(1)));
         assert_ne!(load(&a, Weight::Gate(1)), load(&c, Weight::Gate(1)));
         assert_ne!(load(&a, Weight::Gate(1)), load(&a, Weight::Up(1)));
-        let model = crate::Model::load(&Device::Cpu, tiny(), &a).unwrap();
+        let model = crate::Model::load(&Device::Reference, tiny(), &a).unwrap();
         let mut runner = crate::ModelRunner::new(
             model,
             crate::KvPoolConfig {

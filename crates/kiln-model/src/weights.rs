@@ -120,7 +120,7 @@ pub trait WeightSource {
     }
     /// The weight as an F32 device tensor (norms and biases).
     fn load_f32(&self, device: &Device, w: Weight, shape: &[usize]) -> Result<Tensor> {
-        let t = self.load(&Device::Cpu, w, shape)?;
+        let t = self.load(&Device::Reference, w, shape)?;
         let v = t.to_f32_vec()?;
         Ok(Tensor::from_f32(device, shape, &v)?)
     }

@@ -90,7 +90,7 @@ fn chunked_prefill_matches_one_piece() {
 fn bad_batches_are_errors() {
     let src = GgufSource::open(&common::model_path()).unwrap();
     let cfg = ModelConfig::from_gguf(src.file()).unwrap();
-    let dev = Device::cpu();
+    let dev = Device::reference();
     let model = Model::load(&dev, cfg.clone(), &src).unwrap();
     let kvc = cfg.kv_cache_config(KvPoolConfig {
         block_size: 16,

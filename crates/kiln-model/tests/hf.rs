@@ -109,7 +109,7 @@ fn hf_folder_from_gguf_matches_golden_on_every_backend_and_quantizes() {
         },
     )
     .unwrap();
-    let dev = Device::cpu();
+    let dev = Device::reference();
     let qmodel = Model::load(&dev, cfg.clone(), q8.weights()).unwrap();
     let fmodel = Model::load(&dev, cfg.clone(), files.weights()).unwrap();
     assert!(
@@ -222,8 +222,9 @@ fn tiny_folder(dir: &Path, tensors: &[RawTensor]) {
 
 /// Open + load on the CPU; the error as text.
 fn load_err(dir: &Path) -> String {
-    let r = ModelFiles::open(dir, LoadOptions::default())
-        .and_then(|f| Model::load(&Device::cpu(), f.config().clone(), f.weights()).map(|_| ()));
+    let r = ModelFiles::open(dir, LoadOptions::default()).and_then(|f| {
+        Model::load(&Device::reference(), f.config().clone(), f.weights()).map(|_| ())
+    });
     r.unwrap_err().to_string()
 }
 
@@ -238,7 +239,7 @@ fn tiny_folder_loads_single_sharded_and_with_options() {
     let dir = TempDir::new("tiny-ok");
     tiny_folder(&dir.0, &tiny_tensors());
     let f = ModelFiles::open(&dir.0, LoadOptions::default()).unwrap();
-    let f32_model = Model::load(&Device::cpu(), f.config().clone(), f.weights()).unwrap();
+    let f32_model = Model::load(&Device::reference(), f.config().clone(), f.weights()).unwrap();
     for opts in [
         LoadOptions {
             dtype: Some(DType::F16),
@@ -250,7 +251,7 @@ fn tiny_folder_loads_single_sharded_and_with_options() {
         },
     ] {
         let f = ModelFiles::open(&dir.0, opts).unwrap();
-        let m = Model::load(&Device::cpu(), f.config().clone(), f.weights()).unwrap();
+        let m = Model::load(&Device::reference(), f.config().clone(), f.weights()).unwrap();
         assert!(m.weight_bytes() < f32_model.weight_bytes(), "{opts:?}");
     }
     // Two shards and an index instead of one file.
@@ -280,7 +281,7 @@ fn tiny_folder_loads_single_sharded_and_with_options() {
     )
     .unwrap();
     let f = ModelFiles::open(&dir.0, LoadOptions::default()).unwrap();
-    let m = Model::load(&Device::cpu(), f.config().clone(), f.weights()).unwrap();
+    let m = Model::load(&Device::reference(), f.config().clone(), f.weights()).unwrap();
     assert_eq!(m.weight_bytes(), f32_model.weight_bytes());
     // A shard the index names but the folder lacks.
     std::fs::remove_file(dir.0.join("model-00002-of-00002.safetensors")).unwrap();

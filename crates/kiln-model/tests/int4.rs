@@ -67,7 +67,9 @@ fn check(name: &str, want: DType, permuted: bool) {
     let mut packed_bytes = 0u64;
     for l in 0..cfg.layers {
         for (w, [rows, cols]) in projections(&cfg, l) {
-            let lin = src.load_linear(&Device::Cpu, w, &[rows, cols]).unwrap();
+            let lin = src
+                .load_linear(&Device::Reference, w, &[rows, cols])
+                .unwrap();
             assert_eq!(lin.weight.dtype(), want, "{name}: {w:?}");
             packed_bytes += want.bytes_for(rows * cols).unwrap() as u64;
             any_perm |= lin.input_perm.is_some();
@@ -252,7 +254,7 @@ impl Copy {
 
     fn load(&self) -> Result<(), kiln_model::ModelError> {
         let files = ModelFiles::open(&self.0, LoadOptions::default())?;
-        Model::load(&Device::Cpu, files.config().clone(), files.weights()).map(|_| ())
+        Model::load(&Device::Reference, files.config().clone(), files.weights()).map(|_| ())
     }
 }
 

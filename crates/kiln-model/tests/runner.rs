@@ -156,7 +156,7 @@ fn block_copies_run_before_the_step() {
 
 #[test]
 fn bad_steps_are_errors() {
-    let dev = Device::cpu();
+    let dev = Device::reference();
     let mut runner = ModelRunner::new(tiny(&dev), POOL).unwrap();
     let t = [BlockId(0)];
     let seq = |rows| StepSeq {

@@ -76,7 +76,7 @@ fn run() -> Result<(), TensorError> {
         .map(|i| ((i * 53 % 97) as f32 - 48.0) / 96.0)
         .collect();
     let on_gpu = layer(&gpu, &x, &w, k, n)?;
-    let on_cpu = layer(&Device::cpu(), &x, &w, k, n)?;
+    let on_cpu = layer(&Device::reference(), &x, &w, k, n)?;
     let worst = on_gpu
         .iter()
         .zip(&on_cpu)

@@ -1,26 +1,31 @@
-//! Device selection: the wgpu product path or the CPU reference backend.
+//! Device selection: the wgpu product path, the native CPU backend, or the plain CPU
+//! reference every kernel is tested against.
 
 use std::fmt;
 use std::str::FromStr;
 use std::sync::Arc;
 
+use crate::cpu::{CpuContext, Isa};
 use crate::gpu::GpuContext;
 use crate::{Result, TensorError};
 
-/// Which backend to use (`--backend auto|wgpu|cpu`, env `KILN_BACKEND`).
+/// Which backend to use (`--backend auto|wgpu|cpu|reference`, env `KILN_BACKEND`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum BackendChoice {
-    /// The best wgpu adapter (discrete > integrated > virtual > CPU-type); the CPU backend
-    /// with a logged warning when there is none.
+    /// The best GPU adapter (discrete > integrated > virtual), else the native CPU backend:
+    /// CPU-type adapters (lavapipe, SwiftShader) only by [`BackendChoice::Wgpu`].
     #[default]
     Auto,
-    /// A wgpu adapter or an error.
+    /// A wgpu adapter (CPU-type ones included) or an error.
     Wgpu,
-    /// The CPU reference backend.
+    /// The native CPU backend: SIMD integer dot products over 8-bit activations, threads.
     Cpu,
+    /// The plain CPU reference, the oracle of every kernel (tests, debugging).
+    Reference,
 }
 
-/// `auto`, `wgpu` (or `gpu`) or `cpu`, any case; empty (as in `KILN_BACKEND=`) is `auto`.
+/// `auto`, `wgpu` (or `gpu`), `cpu` or `reference`, any case; empty (as in `KILN_BACKEND=`)
+/// is `auto`.
 impl FromStr for BackendChoice {
     type Err = TensorError;
     fn from_str(s: &str) -> Result<Self> {
@@ -28,6 +33,7 @@ impl FromStr for BackendChoice {
             "auto" | "" => Ok(Self::Auto),
             "wgpu" | "gpu" => Ok(Self::Wgpu),
             "cpu" => Ok(Self::Cpu),
+            "reference" => Ok(Self::Reference),
             other => Err(TensorError::UnknownBackend(other.to_string())),
         }
     }
@@ -69,6 +75,11 @@ pub struct DeviceOptions {
     /// tile; `None` takes the default ([`DEFAULT_SPLIT_K_WORKGROUPS`]), `Some(0)` never
     /// splits. CPU-type adapters never split.
     pub split_k_workgroups: Option<u32>,
+    /// Threads of the native CPU backend's pool (`--threads`); `None` is one a core.
+    pub threads: Option<usize>,
+    /// The highest instruction set the native CPU backend may use; `None` reads env
+    /// `KILN_CPU_ISA` (`scalar|avx2|avx512`), else takes the best the CPU has.
+    pub cpu_isa: Option<Isa>,
 }
 
 /// Threads [`MatvecShape::choose`] puts to work on a GPU.
@@ -147,6 +158,8 @@ impl Default for DeviceOptions {
             cpu_shaped_kernels: None,
             matvec_shape: None,
             split_k_workgroups: None,
+            threads: None,
+            cpu_isa: None,
         }
     }
 }
@@ -207,7 +220,7 @@ impl HostStats {
 /// What the device is and can do, for logs and `kiln info`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeviceInfo {
-    /// `cpu` or the wgpu backend name (`vulkan`, `metal`, `dx12`).
+    /// `cpu` (native), `reference`, or the wgpu backend name (`vulkan`, `metal`, `dx12`).
     pub backend: String,
     /// Adapter name (`llvmpipe (LLVM 15.0.6, 256 bits)` for lavapipe).
     pub name: String,
@@ -221,10 +234,21 @@ pub struct DeviceInfo {
     pub max_storage_binding_bytes: u64,
     pub max_buffer_bytes: u64,
     pub max_workgroups_per_dim: u32,
+    /// The native CPU backend's instruction set (`avx512`, `avx2`, `scalar`); empty elsewhere.
+    pub cpu_isa: String,
+    /// The native CPU backend's threads; 0 elsewhere.
+    pub threads: usize,
 }
 
 impl fmt::Display for DeviceInfo {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.threads > 0 {
+            return write!(
+                f,
+                "{} ({}), {} SIMD, {} threads",
+                self.name, self.backend, self.cpu_isa, self.threads
+            );
+        }
         write!(
             f,
             "{} ({}, {}), f16={}, subgroups={} {:?}, max binding {} MiB, max buffer {} MiB",
@@ -240,17 +264,24 @@ impl fmt::Display for DeviceInfo {
     }
 }
 
-/// A compute device: the wgpu product path or the CPU reference. Cheap to clone.
+/// A compute device: wgpu, the native CPU backend, or the CPU reference. Cheap to clone.
+///
+/// The two CPU devices share host storage: a tensor made on one is valid on the other, so a
+/// test can run the same weights through both.
 #[derive(Clone)]
 pub enum Device {
-    Cpu,
+    /// The plain CPU reference: every op written as simply as it can be, single-threaded.
+    Reference,
+    /// The native CPU backend (see [`BackendChoice::Cpu`]).
+    Cpu(Arc<CpuContext>),
     Wgpu(Arc<GpuContext>),
 }
 
 impl fmt::Debug for Device {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Device::Cpu => f.write_str("Device::Cpu"),
+            Device::Reference => f.write_str("Device::Reference"),
+            Device::Cpu(c) => write!(f, "Device::Cpu({}, {} threads)", c.isa(), c.threads()),
             Device::Wgpu(g) => write!(f, "Device::Wgpu({})", g.info().name),
         }
     }
@@ -260,39 +291,63 @@ impl Device {
     /// Open a device as `opts` asks.
     pub fn new(opts: &DeviceOptions) -> Result<Self> {
         match opts.backend {
-            BackendChoice::Cpu => Ok(Device::Cpu),
+            BackendChoice::Reference => Ok(Device::Reference),
+            BackendChoice::Cpu => Self::native_cpu(opts),
             BackendChoice::Wgpu => Ok(Device::Wgpu(Arc::new(GpuContext::new(opts)?))),
             BackendChoice::Auto => match GpuContext::new(opts) {
                 Ok(g) => Ok(Device::Wgpu(Arc::new(g))),
                 Err(e) => {
-                    tracing::warn!("no usable wgpu adapter ({e}); falling back to the CPU backend");
-                    Ok(Device::Cpu)
+                    tracing::info!("{e}; serving on the native CPU backend");
+                    Self::native_cpu(opts)
                 }
             },
         }
     }
 
+    fn native_cpu(opts: &DeviceOptions) -> Result<Self> {
+        Ok(Device::Cpu(Arc::new(CpuContext::new(opts)?)))
+    }
+
     /// The CPU reference backend.
-    pub fn cpu() -> Self {
-        Device::Cpu
+    pub fn reference() -> Self {
+        Device::Reference
+    }
+
+    /// The native CPU backend with its defaults (a thread a core, the best ISA env
+    /// `KILN_CPU_ISA` allows).
+    pub fn cpu() -> Result<Self> {
+        Self::native_cpu(&DeviceOptions::default())
     }
 
     /// What this device is.
     pub fn info(&self) -> DeviceInfo {
         match self {
             Device::Wgpu(g) => g.info().clone(),
-            Device::Cpu => DeviceInfo {
+            Device::Cpu(c) => DeviceInfo {
                 backend: "cpu".into(),
-                name: "kiln CPU reference".into(),
-                device_type: "cpu".into(),
-                driver: String::new(),
-                shader_f16: false,
-                subgroups: false,
-                subgroup_size: (0, 0),
-                max_storage_binding_bytes: u64::MAX,
-                max_buffer_bytes: u64::MAX,
-                max_workgroups_per_dim: u32::MAX,
+                name: "kiln native CPU".into(),
+                cpu_isa: c.isa().name().into(),
+                threads: c.threads(),
+                ..Self::host_info()
             },
+            Device::Reference => Self::host_info(),
+        }
+    }
+
+    fn host_info() -> DeviceInfo {
+        DeviceInfo {
+            backend: "reference".into(),
+            name: "kiln CPU reference".into(),
+            device_type: "cpu".into(),
+            driver: String::new(),
+            shader_f16: false,
+            subgroups: false,
+            subgroup_size: (0, 0),
+            max_storage_binding_bytes: u64::MAX,
+            max_buffer_bytes: u64::MAX,
+            max_workgroups_per_dim: u32::MAX,
+            cpu_isa: String::new(),
+            threads: 0,
         }
     }
 
@@ -301,7 +356,7 @@ impl Device {
     pub fn profile(&self) -> Option<Profile> {
         match self {
             Device::Wgpu(g) => g.profile(),
-            Device::Cpu => None,
+            Device::Reference | Device::Cpu(_) => None,
         }
     }
 
@@ -317,7 +372,7 @@ impl Device {
     pub fn host_stats(&self) -> Option<HostStats> {
         match self {
             Device::Wgpu(g) => Some(g.host_stats()),
-            Device::Cpu => None,
+            Device::Reference | Device::Cpu(_) => None,
         }
     }
 
@@ -333,19 +388,28 @@ impl Device {
     pub fn cpu_shaped_kernels(&self) -> bool {
         match self {
             Device::Wgpu(g) => g.cpu_shaped_kernels(),
-            Device::Cpu => false,
+            Device::Reference | Device::Cpu(_) => false,
         }
     }
 
-    /// True for the CPU backend.
+    /// True for the two CPU backends (native and reference), whose tensors live in host
+    /// memory.
     pub fn is_cpu(&self) -> bool {
-        matches!(self, Device::Cpu)
+        matches!(self, Device::Reference | Device::Cpu(_))
+    }
+
+    /// The native CPU backend's context, when this is it.
+    pub(crate) fn native(&self) -> Option<&Arc<CpuContext>> {
+        match self {
+            Device::Cpu(c) => Some(c),
+            _ => None,
+        }
     }
 
     /// Block until all submitted device work is done (no-op on the CPU).
     pub fn synchronize(&self) -> Result<()> {
         match self {
-            Device::Cpu => Ok(()),
+            Device::Reference | Device::Cpu(_) => Ok(()),
             Device::Wgpu(g) => g.wait(),
         }
     }
@@ -366,7 +430,14 @@ mod tests {
             BackendChoice::Wgpu
         );
         assert_eq!("cpu".parse::<BackendChoice>().unwrap(), BackendChoice::Cpu);
+        assert_eq!(
+            "Reference".parse::<BackendChoice>().unwrap(),
+            BackendChoice::Reference
+        );
         let e = "cuda".parse::<BackendChoice>().unwrap_err().to_string();
-        assert!(e.contains("cuda") && e.contains("auto, wgpu, cpu"), "{e}");
+        assert!(
+            e.contains("cuda") && e.contains("auto, wgpu, cpu, reference"),
+            "{e}"
+        );
     }
 }

@@ -83,37 +83,12 @@ impl DType {
 
     /// Elements per storage block: 1 for plain types, 32 or 256 for quantized ones.
     pub fn block_elems(self) -> usize {
-        match self {
-            DType::F32 | DType::F16 | DType::BF16 | DType::U32 | DType::I32 => 1,
-            DType::Q8_0
-            | DType::Q4_0
-            | DType::Q4_1
-            | DType::Q5_0
-            | DType::Q5_1
-            | DType::Q4_Z
-            | DType::Q8_Z => QK,
-            DType::Q2_K | DType::Q3_K | DType::Q4_K | DType::Q5_K | DType::Q6_K => QK_K,
-        }
+        self.format().block_elems
     }
 
     /// Bytes per storage block in the host (GGUF, or for `Q4_Z`/`Q8_Z` kiln's) layout.
     pub fn block_bytes(self) -> usize {
-        match self {
-            DType::F32 | DType::U32 | DType::I32 => 4,
-            DType::F16 | DType::BF16 => 2,
-            DType::Q8_0 => 34,
-            DType::Q4_0 => 18,
-            DType::Q4_1 => 20,
-            DType::Q5_0 => 22,
-            DType::Q5_1 => 24,
-            DType::Q2_K => 84,
-            DType::Q3_K => 110,
-            DType::Q4_K => 144,
-            DType::Q5_K => 176,
-            DType::Q6_K => 210,
-            DType::Q4_Z => 20,
-            DType::Q8_Z => 36,
-        }
+        self.format().block_bytes
     }
 
     /// Host-layout byte size of `n` elements, or `None` when `n` is not a whole number of

@@ -15,8 +15,8 @@ pub enum TensorError {
         #[source]
         source: wgpu::RequestDeviceError,
     },
-    /// An unknown backend name was given (`auto|wgpu|cpu` are accepted).
-    #[error("unknown backend `{0}`: expected one of auto, wgpu, cpu")]
+    /// An unknown backend name was given (`auto|wgpu|cpu|reference` are accepted).
+    #[error("unknown backend `{0}`: expected one of auto, wgpu, cpu, reference")]
     UnknownBackend(String),
     /// Two shapes that must agree do not.
     #[error("{op}: shape mismatch: {detail}")]

@@ -1,5 +1,6 @@
 #![doc = include_str!("../README.md")]
 
+mod cpu;
 mod device;
 mod dtype;
 mod error;
@@ -9,6 +10,7 @@ mod quant;
 mod recorder;
 mod tensor;
 
+pub use cpu::{CpuContext, Isa};
 pub use device::{
     BackendChoice, DEFAULT_SPLIT_K_WORKGROUPS, Device, DeviceInfo, DeviceOptions, HostStats,
     KernelTime, MATVEC_GPU_THREADS, MatvecShape, Profile,

@@ -157,7 +157,7 @@ impl Recorder {
     pub(crate) fn gpu(&self) -> Option<&Arc<GpuContext>> {
         match &self.device {
             Device::Wgpu(g) => Some(g),
-            Device::Cpu => None,
+            Device::Reference | Device::Cpu(_) => None,
         }
     }
 
@@ -165,7 +165,7 @@ impl Recorder {
     pub(crate) fn check_device(&self, op: &'static str, ts: &[&Tensor]) -> Result<()> {
         for t in ts {
             let ok = match (t.storage(), &self.device) {
-                (Storage::Cpu(_), Device::Cpu) => true,
+                (Storage::Cpu(_), Device::Reference | Device::Cpu(_)) => true,
                 (Storage::Gpu { ctx, .. }, Device::Wgpu(g)) => Arc::ptr_eq(ctx, g),
                 _ => false,
             };
@@ -306,7 +306,7 @@ impl Recorder {
     ) -> Result<Tensor> {
         match &self.device {
             Device::Wgpu(ctx) => Tensor::gpu_output(ctx, dtype, shape.to_vec(), what),
-            Device::Cpu => Tensor::zeros(&self.device, dtype, shape),
+            Device::Reference | Device::Cpu(_) => Tensor::zeros(&self.device, dtype, shape),
         }
     }
 

@@ -127,7 +127,7 @@ impl Tensor {
         }
         crate::quant::check_blocks(dtype, bytes)?;
         match device {
-            Device::Cpu => Ok(Self::wrap(
+            Device::Reference | Device::Cpu(_) => Ok(Self::wrap(
                 shape.to_vec(),
                 dtype,
                 Storage::Cpu(HostData::from_bytes(bytes)),
@@ -319,7 +319,7 @@ impl Tensor {
     /// The device the tensor lives on.
     pub fn device(&self) -> Device {
         match &*self.storage {
-            Storage::Cpu(_) => Device::Cpu,
+            Storage::Cpu(_) => Device::Reference,
             Storage::Gpu { ctx, .. } => Device::Wgpu(ctx.clone()),
         }
     }

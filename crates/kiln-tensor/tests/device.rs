@@ -34,7 +34,7 @@ fn reports_the_adapter_and_its_features() {
             "features were turned off: {i:?}"
         );
     }
-    assert_eq!(Device::cpu().info().backend, "cpu");
+    assert_eq!(Device::reference().info().backend, "cpu");
 }
 
 fn bytemuck_bytes(v: &[half::bf16]) -> Vec<u8> {
@@ -46,7 +46,7 @@ fn upload_download_roundtrips_every_dtype() {
     let mut r = rng(10);
     let v = randn(&mut r, 3 * 64, 3.0);
     let mut devs = gpus();
-    devs.push(("cpu", Device::cpu()));
+    devs.push(("cpu", Device::reference()));
     for (name, dev) in devs {
         let t = Tensor::from_f32(&dev, &[3, 64], &v).unwrap();
         assert_eq!(t.to_f32_vec().unwrap(), v, "{name} f32");
@@ -253,7 +253,7 @@ fn split_bindings_give_the_same_results() {
                     e.to_f32_vec().unwrap(),
                 )
             };
-            let (_, wy, we) = run(&Device::cpu());
+            let (_, wy, we) = run(&Device::reference());
             let (chunks, gy, ge) = run(&split);
             assert!(
                 chunks > 2,
@@ -316,9 +316,9 @@ fn tensor_larger_than_the_binding_limit_works() {
         );
     }
     let logits = logits.to_f32_vec().unwrap();
-    let cpu_t = Tensor::from_f32(&Device::cpu(), &[rows, k], &table).unwrap();
-    let cpu_x = Tensor::from_f32(&Device::cpu(), &[1, k], &x).unwrap();
-    let mut cr = Recorder::new(&Device::cpu());
+    let cpu_t = Tensor::from_f32(&Device::reference(), &[rows, k], &table).unwrap();
+    let cpu_x = Tensor::from_f32(&Device::reference(), &[1, k], &x).unwrap();
+    let mut cr = Recorder::new(&Device::reference());
     let want = cr
         .matmul(&cpu_x, &cpu_t, None)
         .unwrap()
@@ -332,7 +332,7 @@ fn tensor_larger_than_the_binding_limit_works() {
         0.0,
     );
     let want_best = cr
-        .argmax(&Tensor::from_f32(&Device::cpu(), &[1, rows], &want).unwrap())
+        .argmax(&Tensor::from_f32(&Device::reference(), &[1, rows], &want).unwrap())
         .unwrap();
     assert_eq!(best.to_u32_vec().unwrap(), want_best.to_u32_vec().unwrap());
 }
@@ -340,7 +340,7 @@ fn tensor_larger_than_the_binding_limit_works() {
 #[test]
 fn bad_use_is_an_error_not_a_panic() {
     let mut devs = gpus();
-    devs.push(("cpu", Device::cpu()));
+    devs.push(("cpu", Device::reference()));
     for (name, dev) in devs {
         let x = Tensor::from_f32(&dev, &[2, 32], &[0.0; 64]).unwrap();
         let w = Tensor::from_f32(&dev, &[3, 31], &[0.0; 93]).unwrap();
@@ -409,7 +409,7 @@ fn bad_use_is_an_error_not_a_panic() {
     // Mixing devices is an error.
     if let Some(g) = gpu() {
         let a = Tensor::from_f32(&g, &[4], &[0.0; 4]).unwrap();
-        let b = Tensor::from_f32(&Device::cpu(), &[4], &[0.0; 4]).unwrap();
+        let b = Tensor::from_f32(&Device::reference(), &[4], &[0.0; 4]).unwrap();
         let e = Recorder::new(&g).add(&a, &b).unwrap_err();
         assert!(matches!(e, TensorError::DeviceMismatch { .. }), "{e}");
     }
@@ -483,7 +483,7 @@ fn a_buffer_dropped_during_an_open_recording_stays_with_its_thread() {
     assert_eq!(first, [0]);
     a.submit().unwrap();
     let want = {
-        let cpu = Device::cpu();
+        let cpu = Device::reference();
         let mut rec = Recorder::new(&cpu);
         let x = Tensor::from_f32(&cpu, &[1, 64], &ramp).unwrap();
         let m = rec.softmax(&x).unwrap();
@@ -528,7 +528,7 @@ fn a_buffer_dropped_during_an_open_recording_stays_with_its_thread() {
 #[test]
 fn profiling_times_every_launch_by_kernel() {
     assert!(
-        Device::cpu().profile().is_none(),
+        Device::reference().profile().is_none(),
         "the CPU backend has no kernel profile"
     );
     assert!(

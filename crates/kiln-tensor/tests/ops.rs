@@ -94,7 +94,16 @@ fn matmul_matches_cpu_for_every_weight_dtype() {
                 } else {
                     None
                 };
-                let want = run_matmul(&Device::cpu(), dtype, &x, m, k, &w, n, bias.as_deref());
+                let want = run_matmul(
+                    &Device::reference(),
+                    dtype,
+                    &x,
+                    m,
+                    k,
+                    &w,
+                    n,
+                    bias.as_deref(),
+                );
                 for (name, dev) in gpus() {
                     let got = run_matmul(&dev, dtype, &x, m, k, &w, n, bias.as_deref());
                     assert_close(
@@ -288,7 +297,7 @@ fn linear_ops_match_cpu() {
                 }
                 let (o, f) = Operands::random(&mut r, c, m, k);
                 let (want, plain) = reference(dtype, c, &o, m, k);
-                let composed = run_composed(&Device::cpu(), dtype, c, &o, m, k);
+                let composed = run_composed(&Device::reference(), dtype, c, &o, m, k);
                 assert_eq!(
                     want, composed,
                     "cpu {dtype:?} {c:?} m={m}: linear != composed ops"
@@ -306,7 +315,7 @@ fn linear_ops_match_cpu() {
 /// The CPU backend's `linear` of one case, and its product before any gate (for the GLU's
 /// error bound in [`check_linear`]).
 fn reference(dtype: DType, c: Case, o: &Operands, m: usize, k: usize) -> (Vec<f32>, Vec<f32>) {
-    let cpu = Device::cpu();
+    let cpu = Device::reference();
     let plain_case = Case {
         glu: None,
         residual: false,
@@ -410,7 +419,7 @@ fn gated_activations_hold_their_definitions() {
     let x = randn(&mut r, m * k, 1.0);
     let gw = randn(&mut r, f * k, 1.0);
     let uw = randn(&mut r, f * k, 1.0);
-    let dev = Device::cpu();
+    let dev = Device::reference();
     let g = run_matmul(&dev, DType::F32, &x, m, k, &gw, f, None);
     let u = run_matmul(&dev, DType::F32, &x, m, k, &uw, f, None);
     let xt = Tensor::from_f32(&dev, &[m, k], &x).unwrap();
@@ -462,7 +471,7 @@ fn matmul_on_smollm_shapes() {
             for dtype in [DType::Q4_1, DType::Q8_0] {
                 let x = randn(&mut r, m * k, 1.0);
                 let w = randn(&mut r, n * k, 0.5);
-                let want = run_matmul(&Device::cpu(), dtype, &x, m, k, &w, n, None);
+                let want = run_matmul(&Device::reference(), dtype, &x, m, k, &w, n, None);
                 for (name, dev) in gpus() {
                     let got = run_matmul(&dev, dtype, &x, m, k, &w, n, None);
                     assert_close(
@@ -493,7 +502,7 @@ fn matmul_on_gemma_shapes() {
         let w = randn(&mut r, n * k, 1.0);
         for m in [1usize, 9] {
             let x = randn(&mut r, m * k, 1.0);
-            let want = run_matmul(&Device::cpu(), dtype, &x, m, k, &w, n, None);
+            let want = run_matmul(&Device::reference(), dtype, &x, m, k, &w, n, None);
             for (name, dev) in gpus() {
                 let got = run_matmul(&dev, dtype, &x, m, k, &w, n, None);
                 assert_close(
@@ -537,7 +546,7 @@ fn embedding_matches_cpu_for_every_table_dtype() {
         let v = randn(&mut r, rows * k, 2.0);
         let mut ids: Vec<u32> = (0..13).map(|_| r.random_range(0..rows as u32)).collect();
         ids.extend([0, rows as u32 - 1, 5, 5]);
-        let want = run_embedding(&Device::cpu(), dtype, rows, k, &v, &ids);
+        let want = run_embedding(&Device::reference(), dtype, rows, k, &v, &ids);
         for (name, dev) in gpus() {
             let got = run_embedding(&dev, dtype, rows, k, &v, &ids);
             // A gather moves values: exact.
@@ -582,7 +591,7 @@ fn gather_cols_matches_cpu_exactly() {
                 .collect();
             let mut out_shape = shape.clone();
             *out_shape.last_mut().unwrap() = idx.len();
-            for (name, dev) in gpus().into_iter().chain([("cpu", Device::cpu())]) {
+            for (name, dev) in gpus().into_iter().chain([("cpu", Device::reference())]) {
                 let xt = Tensor::from_f32(&dev, &shape, &x).unwrap();
                 let ci = ColumnIndex::new(&dev, idx, k).unwrap();
                 let mut rec = Recorder::new(&dev);
@@ -605,7 +614,10 @@ fn gather_cols_matches_cpu_exactly() {
 /// Bad indices fail when the index is built; a bad input fails recording nothing.
 #[test]
 fn gather_cols_rejects_bad_indices_and_inputs() {
-    let devs: Vec<(&str, Device)> = gpus().into_iter().chain([("cpu", Device::cpu())]).collect();
+    let devs: Vec<(&str, Device)> = gpus()
+        .into_iter()
+        .chain([("cpu", Device::reference())])
+        .collect();
     for (name, dev) in &devs {
         let e = ColumnIndex::new(dev, &[0, 5, 2], 5)
             .unwrap_err()
@@ -681,7 +693,7 @@ fn rows_ops_match_cpu() {
                 a.to_u32_vec().unwrap(),
             )
         };
-        let (wn, ws, wa) = run(&Device::cpu());
+        let (wn, ws, wa) = run(&Device::reference());
         for (name, dev) in gpus() {
             let (gn, gs, ga) = run(&dev);
             assert_close(
@@ -715,7 +727,7 @@ fn argmax_takes_the_first_of_equal_maxima() {
         x[cols + i] = -2.0;
     }
     x[cols + 64] = -1.0;
-    for (name, dev) in gpus().into_iter().chain([("cpu", Device::cpu())]) {
+    for (name, dev) in gpus().into_iter().chain([("cpu", Device::reference())]) {
         let t = Tensor::from_f32(&dev, &[2, cols], &x).unwrap();
         let mut rec = Recorder::new(&dev);
         let a = rec.argmax(&t).unwrap();
@@ -754,7 +766,7 @@ fn elementwise_ops_match_cpu() {
             rec.submit().unwrap();
             outs.map(|t| t.to_f32_vec().unwrap())
         };
-        let want = run(&Device::cpu());
+        let want = run(&Device::reference());
         // The CPU reference against f64 formulas.
         for i in 0..n {
             let g = gelu_tanh64(a[i]) * b[i];
@@ -811,7 +823,7 @@ fn elementwise_ops_match_cpu() {
 
 #[test]
 fn gelu_and_softcap_hold_known_values_and_reject_bad_caps() {
-    let dev = Device::cpu();
+    let dev = Device::reference();
     let x = Tensor::from_f32(&dev, &[4], &[1.0, -3.0, 0.0, 2.0]).unwrap();
     let one = Tensor::from_f32(&dev, &[4], &[1.0; 4]).unwrap();
     let mut rec = Recorder::new(&dev);
@@ -868,7 +880,7 @@ fn rope_matches_cpu_in_both_layouts_and_scalings() {
                     rec.submit().unwrap();
                     y.to_f32_vec().unwrap()
                 };
-                let want = run(&Device::cpu());
+                let want = run(&Device::reference());
                 // Dimensions past the rotary ones pass through untouched.
                 for t in 0..tokens * heads {
                     assert_eq!(
@@ -901,7 +913,7 @@ fn rope_rotates_the_documented_pairs() {
         scaling: RopeScaling::None,
         layout,
     };
-    let dev = Device::cpu();
+    let dev = Device::reference();
     let (c, s) = (1f32.cos(), 1f32.sin());
     for (layout, x, want) in [
         (

@@ -112,7 +112,7 @@ fn the_device_sampler_picks_what_the_reference_picks() {
             set.iter().enumerate().map(|(i, s)| (i % n, s)).collect();
         let want = reference(&logits, vocab, &rows);
         assert_eq!(
-            run(&Device::cpu(), &logits, vocab, &rows),
+            run(&Device::reference(), &logits, vocab, &rows),
             want,
             "cpu backend, vocab {vocab}"
         );
@@ -194,7 +194,7 @@ fn a_row_with_nothing_possible_picks_no_token() {
         ..sampled.clone()
     };
     let rows = [(0, &nothing), (0, &sampled), (0, &only_two)];
-    for (name, dev) in gpus().into_iter().chain([("cpu", Device::cpu())]) {
+    for (name, dev) in gpus().into_iter().chain([("cpu", Device::reference())]) {
         assert_eq!(
             run(&dev, &logits, vocab, &rows),
             vec![NO_TOKEN, NO_TOKEN, 2],
@@ -205,7 +205,7 @@ fn a_row_with_nothing_possible_picks_no_token() {
 
 #[test]
 fn bad_rows_are_refused_before_anything_runs() {
-    let dev = Device::cpu();
+    let dev = Device::reference();
     let t = Tensor::from_f32(&dev, &[2, 10], &[0.0; 20]).unwrap();
     let mut rec = Recorder::new(&dev);
     let ok = RowSampling::greedy();

@@ -119,9 +119,18 @@ pub fn wgpu_other_kernels() -> Option<Device> {
     .clone()
 }
 
-/// The CPU reference and (unless explicitly opted out) the shared wgpu device, named.
+/// The native CPU backend at the best ISA this CPU has (and `KILN_CPU_ISA` allows), a thread
+/// a core, opened once per test binary.
+pub fn native_cpu() -> Device {
+    static D: OnceLock<Device> = OnceLock::new();
+    D.get_or_init(|| Device::cpu().unwrap_or_else(|e| panic!("native CPU backend: {e}")))
+        .clone()
+}
+
+/// The CPU reference, the native CPU backend and (unless explicitly opted out) the shared
+/// wgpu device, named.
 pub fn devices() -> Vec<(&'static str, Device)> {
-    let mut v = vec![("cpu", Device::cpu())];
+    let mut v = vec![("reference", Device::reference()), ("cpu", native_cpu())];
     v.extend(wgpu().map(|d| ("wgpu", d)));
     v
 }

@@ -46,18 +46,23 @@ pub enum Quantize {
     Q4_1,
 }
 
-/// `--backend` (env `KILN_BACKEND`).
+/// `--backend` (env `KILN_BACKEND`) and `--threads`.
 #[derive(Debug, Clone, Args)]
 pub struct DeviceArgs {
-    /// Device: `auto` takes the best adapter and falls back to the CPU reference backend
+    /// Device: `auto` takes the best GPU, else the native CPU backend; `wgpu` any adapter
+    /// (CPU-type ones such as lavapipe included); `cpu` the native CPU backend; `reference`
+    /// the plain CPU reference (tests, debugging)
     #[arg(
         long,
         env = "KILN_BACKEND",
-        value_name = "auto|wgpu|cpu",
+        value_name = "auto|wgpu|cpu|reference",
         default_value = "auto",
         value_parser = BackendChoice::from_str
     )]
     pub backend: BackendChoice,
+    /// Threads of the native CPU backend (default: one a core)
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub threads: Option<u32>,
 }
 
 /// The engine's memory and batching limits (`serve`).

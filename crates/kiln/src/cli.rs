@@ -242,7 +242,7 @@ mod tests {
             Some("127.0.0.1:8000")
         );
         assert_eq!(s.engine.kv_dtype, kiln_kv::KvDtype::Int8);
-        let mut opts = kiln_engine::EngineOptions::new(kiln_tensor::Device::cpu());
+        let mut opts = kiln_engine::EngineOptions::new(kiln_tensor::Device::reference());
         s.engine.apply(&mut opts);
         assert_eq!(opts.device_sampling, kiln_engine::DeviceSampling::On);
         assert_eq!(s.engine.kv_cache_memory, 512 << 20);

@@ -84,6 +84,7 @@ pub(crate) fn build_error(e: &BuildError, target: &str, draft: Option<&str>) -> 
 pub(crate) fn device(args: &DeviceArgs) -> Result<Device, String> {
     Device::new(&DeviceOptions {
         backend: args.backend,
+        threads: args.threads.map(|n| n as usize),
         ..DeviceOptions::default()
     })
     .map_err(|e| error_chain(&e))

@@ -211,7 +211,7 @@ fn plan(args: &ServeArgs) -> Result<Plan, String> {
         server.drain_timeout = d;
     }
     // The device is opened once the model's files check out (see `run`).
-    let mut engine = EngineOptions::new(Device::Cpu);
+    let mut engine = EngineOptions::new(Device::Reference);
     args.engine.apply(&mut engine);
     crate::speculative::apply(&args.speculative, &mut engine)?;
     let kv_events = match &args.kv_events_endpoint {

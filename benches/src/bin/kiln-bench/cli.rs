@@ -99,7 +99,8 @@ struct Cli {
     /// Speculative: most tokens to generate per run, EOS stops earlier [default: 128]
     #[arg(long, value_name = "N", value_parser = positive::<usize>)]
     spec_new_tokens: Option<usize>,
-    /// llama.cpp's threads [default: the machine's available parallelism]
+    /// Threads of llama.cpp and of kiln's native CPU backend [default: the machine's
+    /// available parallelism]
     #[arg(long, value_name = "N", value_parser = positive::<usize>)]
     threads: Option<usize>,
     /// llama-cpp: also run the single stream through llama-cpp-python (interpreter:

@@ -617,7 +617,7 @@ fn sampling_times(dev: &Device, seed: u64) -> anyhow::Result<(f64, f64)> {
 /// The GPU kernel family against the CPU reference.
 fn kernel_checks(dev: &Device, seed: u64) -> anyhow::Result<Vec<Check>> {
     let mut out = Vec::new();
-    let cpu = Device::Cpu;
+    let cpu = Device::Reference;
     for (di, &dtype) in DType::WEIGHTS.iter().enumerate() {
         let k = if dtype.is_k_quant() { 512 } else { 256 };
         for m in [1usize, 5, 9, 20, 40] {
@@ -821,7 +821,7 @@ fn attention_check(dev: &Device, dtype: KvDtype, seed: u64) -> anyhow::Result<f3
         }
         Ok(outs)
     };
-    Ok(max_error(&run(dev)?, &run(&Device::Cpu)?))
+    Ok(max_error(&run(dev)?, &run(&Device::Reference)?))
 }
 
 /// Blocks `[first, first + n)`.

@@ -246,6 +246,7 @@ async fn bench(a: Args) -> anyhow::Result<()> {
         None => {
             let dev = Device::new(&DeviceOptions {
                 backend: a.backend,
+                threads: Some(a.threads),
                 ..DeviceOptions::default()
             })
             .context("opening the device")?;
@@ -567,16 +568,17 @@ fn bench_table(
     let (size, params, backend, threads) = match inproc {
         Some(ip) => {
             let info = ip.device.info();
-            let threads = match (ip.device.is_cpu(), info.device_type.as_str()) {
-                (true, _) => "1".to_owned(),
-                (false, "cpu") => std::env::var("LP_NUM_THREADS")
+            let threads = match (&ip.device, info.device_type.as_str()) {
+                (Device::Cpu(_), _) => info.threads.to_string(),
+                (Device::Reference, _) => "1".to_owned(),
+                (_, "cpu") => std::env::var("LP_NUM_THREADS")
                     .unwrap_or_else(|_| r.host_parallelism.to_string()),
                 _ => "-".to_owned(),
             };
-            let backend = if ip.device.is_cpu() {
-                "kiln cpu".to_owned()
-            } else {
-                format!("kiln wgpu {} ({})", info.backend, info.name)
+            let backend = match &ip.device {
+                Device::Cpu(_) => format!("kiln cpu ({})", info.cpu_isa),
+                Device::Reference => "kiln reference".to_owned(),
+                Device::Wgpu(_) => format!("kiln wgpu {} ({})", info.backend, info.name),
             };
             (
                 ip.weight_bytes,

@@ -166,8 +166,9 @@ fn best_per_rep(mut batch: impl FnMut(usize) -> anyhow::Result<()>) -> anyhow::R
 
 pub fn measure(dev: &Device) -> anyhow::Result<Ceilings> {
     let (copy_bytes, copy_s, copy_method) = match dev {
-        Device::Cpu => {
-            // The CPU backend is one thread: its ceiling is one thread's memcpy.
+        Device::Reference | Device::Cpu(_) => {
+            // One thread's memcpy: the reference's ceiling, and near the native backend's
+            // (two cores share one memory bus).
             let n = COPY_BYTES_MAX as usize;
             let src = vec![1u8; n];
             let mut dst = vec![0u8; n];
@@ -229,7 +230,7 @@ pub fn measure(dev: &Device) -> anyhow::Result<Ceilings> {
         }
     };
     let dispatch_us = match dev {
-        Device::Cpu => 0.0,
+        Device::Reference | Device::Cpu(_) => 0.0,
         Device::Wgpu(_) => {
             let dst = Tensor::zeros(dev, DType::U32, &[4]).context("launch-cost target")?;
             let submit = |n: usize| -> anyhow::Result<f64> {

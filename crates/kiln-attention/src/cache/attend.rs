@@ -8,7 +8,7 @@ use std::sync::{Mutex, OnceLock, PoisonError};
 
 use bytemuck::{Pod, Zeroable};
 use kiln_kv::KvDtype;
-use kiln_tensor::{DType, KernelDef, Recorder, Tensor};
+use kiln_tensor::{DType, Device, KernelDef, Recorder, Tensor};
 
 use super::{
     AttnBatch, AttnConfig, KvCache, R, SHARED_LANES, Store, W, dtype_define, flag, invalid, variant,
@@ -197,14 +197,13 @@ impl KvCache {
         match &self.store {
             Store::Cpu(layers) => {
                 let [kp, vp] = &layers[layer];
-                let out = reference::paged_attention_host(
-                    &q.to_f32_vec()?,
-                    kp,
-                    vp,
-                    batch,
-                    &self.cfg,
-                    attn,
-                );
+                let qs = q.to_f32_vec()?;
+                let out = match &self.device {
+                    Device::Cpu(cpu) => crate::native::paged_attention_native(
+                        cpu, &qs, kp, vp, batch, &self.cfg, attn,
+                    ),
+                    _ => reference::paged_attention_host(&qs, kp, vp, batch, &self.cfg, attn),
+                };
                 Ok(Tensor::from_f32(&self.device, q.shape(), &out)?)
             }
             Store::Gpu(layers) => {

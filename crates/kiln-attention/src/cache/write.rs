@@ -186,7 +186,7 @@ impl KvCache {
                 let rows: Vec<f32> = (0..t)
                     .flat_map(|i| all[i * stride + col..][..n * hd].to_vec())
                     .collect();
-                Ok(Tensor::from_f32(&Device::Cpu, &[t * n, hd], &rows)?)
+                Ok(Tensor::from_f32(&Device::Reference, &[t * n, hd], &rows)?)
             };
             let (mut q, mut k) = (take(sources[0], heads)?, take(sources[1], kvh)?);
             let v = take(sources[2], kvh)?;

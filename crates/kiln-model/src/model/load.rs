@@ -20,7 +20,7 @@ fn load_norm(
     if cfg.norm_offset == 0.0 {
         return src.load_f32(device, w, &[n]);
     }
-    let mut v = src.load(&Device::Cpu, w, &[n])?.to_f32_vec()?;
+    let mut v = src.load(&Device::Reference, w, &[n])?.to_f32_vec()?;
     for x in &mut v {
         *x += cfg.norm_offset;
     }
@@ -45,9 +45,12 @@ fn load_stack(
 ) -> Result<Stack> {
     let mut host = Vec::with_capacity(parts.len());
     for &(w, bias, shape) in parts {
-        let lin = src.load_linear(&Device::Cpu, w, &shape)?;
+        let lin = src.load_linear(&Device::Reference, w, &shape)?;
         let bias = match bias {
-            Some(b) => Some(src.load_f32(&Device::Cpu, b, &[shape[0]])?.to_f32_vec()?),
+            Some(b) => Some(
+                src.load_f32(&Device::Reference, b, &[shape[0]])?
+                    .to_f32_vec()?,
+            ),
             None => None,
         };
         host.push((lin, bias, shape));

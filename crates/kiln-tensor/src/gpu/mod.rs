@@ -133,7 +133,10 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 impl GpuContext {
     /// Pick the best adapter and open a device on it.
     pub(crate) fn new(opts: &DeviceOptions) -> Result<Self> {
-        debug_assert!(opts.backend != BackendChoice::Cpu);
+        debug_assert!(matches!(
+            opts.backend,
+            BackendChoice::Auto | BackendChoice::Wgpu
+        ));
         // Vulkan, Metal, DX12 (GL lacks what the kernels need); `WGPU_BACKEND` overrides.
         let mut desc = wgpu::InstanceDescriptor::new_without_display_handle();
         desc.backends = wgpu::Backends::PRIMARY;
@@ -146,9 +149,17 @@ impl GpuContext {
                 .flags
                 .contains(wgpu::DownlevelFlags::COMPUTE_SHADERS)
         });
+        // `auto` wants a GPU: a CPU-type adapter is slower than the native CPU backend.
+        if opts.backend == BackendChoice::Auto {
+            adapters.retain(|a| a.get_info().device_type != wgpu::DeviceType::Cpu);
+        }
         adapters.sort_by_key(|a| type_rank(a.get_info().device_type));
         let adapter = adapters.into_iter().next().ok_or_else(|| {
-            TensorError::NoAdapter("no adapter with compute shaders (on Linux, install Mesa's Vulkan drivers for lavapipe)".into())
+            TensorError::NoAdapter(if opts.backend == BackendChoice::Auto {
+                "no GPU adapter with compute shaders".into()
+            } else {
+                "no adapter with compute shaders (on Linux, install Mesa's Vulkan drivers for lavapipe)".into()
+            })
         })?;
         let ainfo = adapter.get_info();
         let have = adapter.features();
@@ -208,6 +219,8 @@ impl GpuContext {
             max_storage_binding_bytes: max_binding,
             max_buffer_bytes: limits.max_buffer_size,
             max_workgroups_per_dim: limits.max_compute_workgroups_per_dimension,
+            cpu_isa: String::new(),
+            threads: 0,
         };
         tracing::info!("wgpu device: {info}");
         let cpu_shaped = opts

@@ -273,7 +273,7 @@ impl Recorder {
         const OP: &str = "matmul";
         let c = self.check_linear(x, w, &ops)?;
         let Some(ctx) = self.gpu().cloned() else {
-            return linear_ref(x, w, &ops, &c);
+            return linear_host(x, w, &ops, &c, self.device().native().map(|c| &**c));
         };
         let epi = Epilogue::of(&ops);
         let max_vec = matvec_max_m(ctx.cpu_shaped_kernels());
@@ -558,9 +558,16 @@ fn epilogue_defines(d: &mut Vec<Define>, epi: Epilogue<'_>, norm: bool) {
     d.push(("G_BINDING", number(if operand { 5 } else { 4 })));
 }
 
-/// CPU reference of [`Recorder::linear`]: the norm, the matmul (each weight row dequantized
-/// once), the bias, the GLU, the residual, exactly as the plain ops compute them.
-fn linear_ref(x: &Tensor, w: &Tensor, ops: &LinearOps<'_>, c: &Checked) -> Result<Tensor> {
+/// [`Recorder::linear`] on the CPU backends: the norm, the matmul (the reference's, each
+/// weight row dequantized once, or the native backend's), the bias, the GLU, the residual,
+/// exactly as the plain ops compute them.
+fn linear_host(
+    x: &Tensor,
+    w: &Tensor,
+    ops: &LinearOps<'_>,
+    c: &Checked,
+    native: Option<&crate::cpu::CpuContext>,
+) -> Result<Tensor> {
     let normed;
     let xs = match ops.norm {
         Some(n) => {
@@ -570,7 +577,10 @@ fn linear_ref(x: &Tensor, w: &Tensor, ops: &LinearOps<'_>, c: &Checked) -> Resul
         None => host_f32(x)?,
     };
     let b = ops.bias.map(host_f32).transpose()?;
-    let mut y = matmul_ref(xs, c.m, w, b)?;
+    let mut y = match native {
+        Some(cpu) => crate::cpu::linear_native(cpu, xs, c.m, w, b)?,
+        None => matmul_ref(xs, c.m, w, b)?,
+    };
     if let Some(act) = ops.glu {
         y = glu_ref(&y, c.n / 2, act);
     }

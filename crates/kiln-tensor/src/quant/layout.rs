@@ -40,20 +40,7 @@ pub(crate) struct DeviceQuantLayout {
 
 /// (head words per pair of blocks, quant words per block).
 fn geometry(dtype: DType) -> (usize, usize) {
-    match dtype {
-        DType::Q8_0 => (1, 8),
-        DType::Q4_0 => (1, 4),
-        DType::Q4_1 | DType::Q4_Z => (2, 4),
-        DType::Q8_Z => (2, 8),
-        DType::Q5_0 => (4, 4),
-        DType::Q5_1 => (4, 4),
-        DType::Q2_K => (2, 20),
-        DType::Q3_K => (8, 24),
-        DType::Q4_K => (8, 32),
-        DType::Q5_K => (8, 40),
-        DType::Q6_K => (1, 52),
-        _ => (0, 0),
-    }
+    dtype.format().device_words
 }
 
 pub(crate) fn device_layout(dtype: DType, n_blocks: usize) -> DeviceQuantLayout {

@@ -24,11 +24,13 @@
 //!
 //! Element order within a K-quant super-block is ggml's (see `kquant.rs` for the indices).
 
+mod format;
 mod kquant;
 mod layout;
 
 use half::f16;
 
+pub(crate) use format::{Ints, scales};
 pub(crate) use layout::{device_block_bytes, device_layout, from_device, to_device};
 
 use crate::{DType, QK, Result, TensorError};
@@ -37,25 +39,10 @@ pub(crate) fn f16_at(b: &[u8], at: usize) -> f32 {
     f16::from_le_bytes([b[at], b[at + 1]]).to_f32()
 }
 
-/// Byte offsets of the f16 scale fields (`d`, and `dmin`/`m` where the format has them) in one
-/// host-layout block of `dtype`; empty for unquantized dtypes.
-fn scale_offsets(dtype: DType) -> &'static [usize] {
-    match dtype {
-        DType::Q8_0 | DType::Q4_0 | DType::Q5_0 => &[0],
-        DType::Q4_1 | DType::Q5_1 | DType::Q4_K | DType::Q5_K | DType::Q4_Z | DType::Q8_Z => {
-            &[0, 2]
-        }
-        DType::Q2_K => &[80, 82],
-        DType::Q3_K => &[108],
-        DType::Q6_K => &[208],
-        DType::F32 | DType::F16 | DType::BF16 | DType::U32 | DType::I32 => &[],
-    }
-}
-
 /// Checks that every block of `blocks` (host layout, whole blocks) has finite f16 scales: a
 /// NaN or infinite scale is a corrupted file, and would poison every logit it touches.
 pub(crate) fn check_blocks(dtype: DType, blocks: &[u8]) -> Result<()> {
-    let offsets = scale_offsets(dtype);
+    let offsets = dtype.format().scale_offsets;
     if offsets.is_empty() {
         return Ok(());
     }

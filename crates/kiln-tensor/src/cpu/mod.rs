@@ -1,0 +1,318 @@
+//! The native CPU backend: what `--backend cpu` runs on a machine without a GPU.
+//!
+//! Tensors live in host memory exactly as on the reference backend (the two share
+//! [`Storage::Cpu`](crate::tensor::Storage)); what differs is how ops run. A matmul quantizes
+//! each row of X to 8 bits per 32-element block ([`QuantX`]), then takes integer dot products
+//! against the weight's own blocks, decoded in registers (each format's row of the format
+//! table says how), on a thread pool split by output rows. Ops without a native kernel run
+//! their reference.
+//!
+//! Numerics are defined once, by the portable kernel (`dot::rows_portable`): per 32-element
+//! group, eight lanes of four-element integer sums, each scaled by its half's `a·dx` and
+//! added to its lane's f32 accumulator; a format's offsets `b·dx·Σx` go to a ninth; the lanes
+//! are summed in a fixed order. Every SIMD level computes exactly that, so results are
+//! bit-identical across ISAs and batch sizes.
+
+mod act;
+mod dispatch;
+mod dot;
+mod linear;
+#[cfg(target_arch = "x86_64")]
+mod x86;
+
+pub(crate) use act::QuantX;
+pub(crate) use linear::linear_native;
+
+use std::fmt;
+use std::str::FromStr;
+use std::sync::Mutex;
+
+use crate::device::DeviceOptions;
+use crate::{Result, TensorError};
+
+/// The instruction sets the native CPU backend has kernels for, lowest first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Isa {
+    /// Plain Rust: the definition every other level matches bit for bit.
+    Scalar,
+    /// AVX2 (`vpmaddubsw`, `vpmaddwd`), x86-64 from Haswell on.
+    Avx2,
+    /// AVX-512 VNNI on 256-bit registers (`vpdpbusd`): one instruction a four-element dot.
+    Avx512,
+}
+
+impl Isa {
+    /// The name `KILN_CPU_ISA` and `kiln info` use.
+    pub fn name(self) -> &'static str {
+        match self {
+            Isa::Scalar => "scalar",
+            Isa::Avx2 => "avx2",
+            Isa::Avx512 => "avx512",
+        }
+    }
+
+    /// The best level this CPU runs.
+    pub fn detect() -> Isa {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::arch::is_x86_feature_detected!("avx512vnni")
+                && std::arch::is_x86_feature_detected!("avx512vl")
+                && std::arch::is_x86_feature_detected!("avx2")
+            {
+                return Isa::Avx512;
+            }
+            if std::arch::is_x86_feature_detected!("avx2") {
+                return Isa::Avx2;
+            }
+        }
+        Isa::Scalar
+    }
+
+    /// Every level this CPU runs, lowest first (tests run each).
+    pub fn available() -> Vec<Isa> {
+        let best = Isa::detect();
+        [Isa::Scalar, Isa::Avx2, Isa::Avx512]
+            .into_iter()
+            .filter(|&i| i <= best)
+            .collect()
+    }
+}
+
+impl fmt::Display for Isa {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// `scalar`, `avx2` or `avx512`, any case.
+impl FromStr for Isa {
+    type Err = TensorError;
+    fn from_str(s: &str) -> Result<Self> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "scalar" => Ok(Isa::Scalar),
+            "avx2" => Ok(Isa::Avx2),
+            "avx512" => Ok(Isa::Avx512),
+            other => Err(TensorError::Invalid {
+                op: "KILN_CPU_ISA",
+                detail: format!("`{other}`: expected scalar, avx2 or avx512"),
+            }),
+        }
+    }
+}
+
+/// The native CPU backend's state: its instruction set and its thread pool.
+pub struct CpuContext {
+    isa: Isa,
+    pool: rayon::ThreadPool,
+    /// The quantized X of the matmul in progress, its buffers kept between calls.
+    quant_x: Mutex<QuantX>,
+}
+
+impl fmt::Debug for CpuContext {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CpuContext")
+            .field("isa", &self.isa)
+            .field("threads", &self.threads())
+            .finish()
+    }
+}
+
+impl CpuContext {
+    /// A pool of `opts.threads` (default: one a core) at the best ISA the CPU has, capped by
+    /// `opts.cpu_isa` or env `KILN_CPU_ISA`.
+    pub(crate) fn new(opts: &DeviceOptions) -> Result<Self> {
+        let cap = match opts.cpu_isa {
+            Some(i) => Some(i),
+            None => match std::env::var("KILN_CPU_ISA") {
+                Ok(v) if !v.trim().is_empty() => Some(v.parse()?),
+                _ => None,
+            },
+        };
+        let best = Isa::detect();
+        let isa = cap.map_or(best, |c| c.min(best));
+        let threads = match opts.threads {
+            Some(0) => {
+                return Err(TensorError::Invalid {
+                    op: "--threads",
+                    detail: "0 threads: expected at least 1".into(),
+                });
+            }
+            Some(n) => n,
+            None => std::thread::available_parallelism().map_or(1, |n| n.get()),
+        };
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .thread_name(|i| format!("kiln-cpu-{i}"))
+            .build()
+            .map_err(|e| TensorError::Invalid {
+                op: "cpu backend",
+                detail: format!("cannot start {threads} threads: {e}"),
+            })?;
+        Ok(Self {
+            isa,
+            pool,
+            quant_x: Mutex::default(),
+        })
+    }
+
+    pub fn isa(&self) -> Isa {
+        self.isa
+    }
+
+    pub fn threads(&self) -> usize {
+        self.pool.current_num_threads()
+    }
+
+    pub(crate) fn pool(&self) -> &rayon::ThreadPool {
+        &self.pool
+    }
+
+    /// Runs `f` on this backend's pool: rayon's parallel iterators inside it use these
+    /// threads (how crates above, such as the attention kernels, share the pool).
+    pub fn install<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
+        self.pool.install(f)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::dot::{Rows, rows_portable};
+    use super::*;
+    use crate::DType;
+    use rand::{Rng, SeedableRng};
+
+    /// Random rows of `dtype` whose f16 scales are finite and small.
+    fn random_rows(dtype: DType, n: usize, k: usize, rng: &mut impl Rng) -> Vec<u8> {
+        let f = dtype.format();
+        let mut w: Vec<u8> = (0..n * k / f.block_elems * f.block_bytes)
+            .map(|_| rng.random())
+            .collect();
+        for blk in w.chunks_exact_mut(f.block_bytes) {
+            for &at in f.scale_offsets {
+                let v = half::f16::from_f32(rng.random_range(-0.05f32..0.05));
+                blk[at..at + 2].copy_from_slice(&v.to_le_bytes());
+            }
+        }
+        w
+    }
+
+    fn rows_of(dtype: DType, w: &[u8], k: usize) -> Rows<'_> {
+        let f = dtype.format();
+        Rows {
+            dtype,
+            ints: f.ints.as_ref().unwrap(),
+            block_bytes: f.block_bytes,
+            groups_per_block: f.block_elems / 32,
+            row_bytes: k / f.block_elems * f.block_bytes,
+            w,
+        }
+    }
+
+    fn block_dtypes() -> impl Iterator<Item = DType> {
+        DType::WEIGHTS.iter().copied().filter(|d| d.is_quantized())
+    }
+
+    /// Every ISA this CPU runs gives the portable kernel's bits, at every batch size, and a
+    /// row's result does not depend on the rows of X beside it.
+    #[test]
+    fn every_isa_matches_the_portable_kernel_bit_for_bit() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+        for dtype in block_dtypes() {
+            let k = if dtype.is_k_quant() { 512 } else { 96 };
+            let n = 7;
+            let w = random_rows(dtype, n, k, &mut rng);
+            let rows = rows_of(dtype, &w, k);
+            for m in [1, 2, 5] {
+                let x: Vec<f32> = (0..m * k).map(|_| rng.random_range(-2.0..2.0)).collect();
+                let mut qx = QuantX::default();
+                qx.fill(&x, m, k);
+                let mut want = vec![0f32; n * m];
+                rows_portable(&rows, &qx, &mut want);
+                for isa in Isa::available() {
+                    let mut got = vec![0f32; n * m];
+                    dispatch::rows(isa, &rows, &qx, &mut got, &mut Vec::new());
+                    let same = want
+                        .iter()
+                        .zip(&got)
+                        .all(|(a, b)| a.to_bits() == b.to_bits());
+                    assert!(same, "{dtype:?} m={m} {isa}: {got:?} vs portable {want:?}");
+                }
+                // Batch invariance: each row of X alone gives the same bits.
+                for i in 0..m {
+                    let mut one = QuantX::default();
+                    one.fill(&x[i * k..(i + 1) * k], 1, k);
+                    let mut alone = vec![0f32; n];
+                    dispatch::rows(Isa::detect(), &rows, &one, &mut alone, &mut Vec::new());
+                    for r in 0..n {
+                        assert_eq!(
+                            alone[r].to_bits(),
+                            want[r * m + i].to_bits(),
+                            "{dtype:?} row {r} of X row {i}: batch of {m} vs alone"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    /// The portable kernel is the dot product of the dequantized weight with the dequantized
+    /// X (what the quants stand for), up to f32 rounding.
+    #[test]
+    fn portable_kernel_matches_the_dequantized_product() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(5);
+        for dtype in block_dtypes() {
+            let k = if dtype.is_k_quant() { 768 } else { 160 };
+            let (n, m) = (5, 3);
+            let w = random_rows(dtype, n, k, &mut rng);
+            let x: Vec<f32> = (0..m * k).map(|_| rng.random_range(-2.0..2.0)).collect();
+            let mut qx = QuantX::default();
+            qx.fill(&x, m, k);
+            let xd = qx.dequantized();
+            let mut got = vec![0f32; n * m];
+            rows_portable(&rows_of(dtype, &w, k), &qx, &mut got);
+            let mut wd = vec![0f32; n * k];
+            crate::quant::dequantize(dtype, &w, &mut wd).unwrap();
+            for r in 0..n {
+                for i in 0..m {
+                    let (mut want, mut mag) = (0f64, 0f64);
+                    for e in 0..k {
+                        let p = f64::from(wd[r * k + e]) * f64::from(xd[i * k + e]);
+                        want += p;
+                        mag += p.abs();
+                    }
+                    let v = f64::from(got[r * m + i]);
+                    assert!(
+                        (v - want).abs() <= 1e-5 * mag + 1e-6,
+                        "{dtype:?} row {r} X row {i}: {v} vs {want} (sum of |terms| {mag})"
+                    );
+                }
+            }
+        }
+    }
+
+    /// X's quantization is ggml's `Q8_0`: amax / 127, rounded half away from zero.
+    #[test]
+    fn activations_quantize_as_q8_0() {
+        let mut x = vec![0f32; 32];
+        x[0] = 127.0;
+        x[1] = -63.5;
+        x[2] = 0.5;
+        x[17] = 2.4;
+        let mut qx = QuantX::default();
+        qx.fill(&x, 1, 32);
+        assert_eq!(qx.d[0], 1.0);
+        assert_eq!(&qx.q[..3], &[127, -64, 1]);
+        assert_eq!(qx.q[17], 2);
+        assert_eq!(qx.sums[0], [127 - 64 + 1, 2]);
+    }
+
+    #[test]
+    fn isa_names_parse_and_unknown_ones_are_errors() {
+        assert_eq!("AVX2".parse::<Isa>().unwrap(), Isa::Avx2);
+        let e = "neon".parse::<Isa>().unwrap_err().to_string();
+        assert!(
+            e.contains("neon") && e.contains("scalar, avx2 or avx512"),
+            "{e}"
+        );
+    }
+}

@@ -1,0 +1,260 @@
+//! x86-64 kernels: each format's 32-element group decoded into one register of `i8`, then
+//! dotted with X's group, in the lanes and order `dot::rows_portable` defines.
+//!
+//! Two levels share one body (the `kernel!` macro): AVX2 (`vpmaddubsw` + `vpmaddwd`) and
+//! AVX-512 VNNI on 256-bit registers (`vpdpbusd`). Both give the same integer lane sums, so
+//! the same results. The bodies are safe Rust: intrinsics are safe inside a function with the
+//! matching `target_feature`, and loads go through `bytemuck` from slices.
+
+use std::arch::x86_64::*;
+
+use super::QuantX;
+use super::dot::{Rows, group_scales, offset_term};
+use crate::DType;
+use crate::quant::Ints;
+
+/// Format ids of the const-generic kernels (enums cannot be const parameters).
+pub(super) mod fid {
+    // Kept in step with `dtype_of` and `dispatch::rows`.
+    pub const Q8_0: u8 = 0;
+    pub const Q4_0: u8 = 1;
+    pub const Q4_1: u8 = 2;
+    pub const Q5_0: u8 = 3;
+    pub const Q5_1: u8 = 4;
+    pub const Q2_K: u8 = 5;
+    pub const Q3_K: u8 = 6;
+    pub const Q4_K: u8 = 7;
+    pub const Q5_K: u8 = 8;
+    pub const Q6_K: u8 = 9;
+    pub const Q4_Z: u8 = 10;
+    pub const Q8_Z: u8 = 11;
+}
+
+const fn dtype_of(f: u8) -> DType {
+    match f {
+        fid::Q8_0 => DType::Q8_0,
+        fid::Q4_0 => DType::Q4_0,
+        fid::Q4_1 => DType::Q4_1,
+        fid::Q5_0 => DType::Q5_0,
+        fid::Q5_1 => DType::Q5_1,
+        fid::Q2_K => DType::Q2_K,
+        fid::Q3_K => DType::Q3_K,
+        fid::Q4_K => DType::Q4_K,
+        fid::Q5_K => DType::Q5_K,
+        fid::Q6_K => DType::Q6_K,
+        fid::Q4_Z => DType::Q4_Z,
+        _ => DType::Q8_Z,
+    }
+}
+
+#[inline(always)]
+fn ints_of<const F: u8>() -> &'static Ints {
+    match &dtype_of(F).format().ints {
+        Some(i) => i,
+        None => unreachable!("every fid names a block format"),
+    }
+}
+
+/// `Ints::scales` of format `F`, called directly so that it inlines.
+#[inline(always)]
+fn scales<const F: u8>(blk: &[u8], g: usize) -> [f32; 4] {
+    use crate::quant::scales as s;
+    match F {
+        fid::Q8_0 => s::q8_0(blk, g),
+        fid::Q4_0 => s::q4_0(blk, g),
+        fid::Q4_1 => s::q4_1(blk, g),
+        fid::Q5_0 => s::q5_0(blk, g),
+        fid::Q5_1 => s::q5_1(blk, g),
+        fid::Q2_K => s::q2_k(blk, g),
+        fid::Q3_K => s::q3_k(blk, g),
+        fid::Q4_K => s::q4_k(blk, g),
+        fid::Q5_K => s::q5_k(blk, g),
+        fid::Q6_K => s::q6_k(blk, g),
+        fid::Q4_Z => s::q4_z(blk, g),
+        _ => s::q8_z(blk, g),
+    }
+}
+
+#[target_feature(enable = "avx2")]
+fn load32(b: &[u8]) -> __m256i {
+    bytemuck::pod_read_unaligned(&b[..32])
+}
+
+#[target_feature(enable = "avx2")]
+fn load16(b: &[u8]) -> __m128i {
+    bytemuck::pod_read_unaligned(&b[..16])
+}
+
+/// Bytes shifted right by `n` bits, masked to `mask` (within each byte).
+#[target_feature(enable = "avx2")]
+fn field(v: __m256i, n: u32, mask: i8) -> __m256i {
+    let s = _mm256_srl_epi16(v, _mm_cvtsi32_si128(n as i32));
+    _mm256_and_si256(s, _mm256_set1_epi8(mask))
+}
+
+/// 16 nibble bytes as 32 elements: byte j gives element j (low) and j + 16 (high).
+#[target_feature(enable = "avx2")]
+fn nibbles(b: &[u8]) -> __m256i {
+    let v = load16(b);
+    let m = _mm_set1_epi8(0x0f);
+    let lo = _mm_and_si128(v, m);
+    let hi = _mm_and_si128(_mm_srli_epi16::<4>(v), m);
+    _mm256_set_m128i(hi, lo)
+}
+
+/// Byte j = `bit` where bit j of `bits` is set, else 0.
+#[target_feature(enable = "avx2")]
+fn spread_bits(bits: u32, bit: i8) -> __m256i {
+    let v = _mm256_set1_epi32(bits as i32);
+    let which = _mm256_set_epi64x(
+        0x0303_0303_0303_0303,
+        0x0202_0202_0202_0202,
+        0x0101_0101_0101_0101,
+        0,
+    );
+    let bytes = _mm256_shuffle_epi8(v, which);
+    let mask = _mm256_set1_epi64x(0x8040_2010_0804_0201_u64 as i64);
+    let set = _mm256_cmpeq_epi8(_mm256_and_si256(bytes, mask), mask);
+    _mm256_and_si256(set, _mm256_set1_epi8(bit))
+}
+
+fn word(b: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
+}
+
+/// The 32 quants of group `g` of a block, as `Ints::quants` of the format defines them.
+#[target_feature(enable = "avx2")]
+fn quants<const F: u8>(blk: &[u8], g: usize) -> __m256i {
+    let g32 = g as u32;
+    match F {
+        fid::Q8_0 => load32(&blk[2..]),
+        fid::Q4_0 => _mm256_sub_epi8(nibbles(&blk[2..]), _mm256_set1_epi8(8)),
+        fid::Q4_1 | fid::Q4_Z => nibbles(&blk[4..]),
+        fid::Q5_0 => {
+            let q = _mm256_or_si256(nibbles(&blk[6..]), spread_bits(word(blk, 2), 0x10));
+            _mm256_sub_epi8(q, _mm256_set1_epi8(16))
+        }
+        fid::Q5_1 => _mm256_or_si256(nibbles(&blk[8..]), spread_bits(word(blk, 4), 0x10)),
+        fid::Q8_Z => _mm256_xor_si256(load32(&blk[4..]), _mm256_set1_epi8(-128)),
+        fid::Q2_K => field(load32(&blk[16 + 32 * (g / 4)..]), 2 * (g32 % 4), 3),
+        fid::Q3_K => {
+            let low = field(load32(&blk[32 + 32 * (g / 4)..]), 2 * (g32 % 4), 3);
+            let high = field(load32(blk), g32, 1);
+            let q = _mm256_add_epi8(low, _mm256_slli_epi16::<2>(high));
+            _mm256_sub_epi8(q, _mm256_set1_epi8(4))
+        }
+        fid::Q4_K => field(load32(&blk[16 + 32 * (g / 2)..]), 4 * (g32 % 2), 0x0f),
+        fid::Q5_K => {
+            let lo = field(load32(&blk[48 + 32 * (g / 2)..]), 4 * (g32 % 2), 0x0f);
+            let hi = field(load32(&blk[16..]), g32, 1);
+            _mm256_or_si256(lo, _mm256_slli_epi16::<4>(hi))
+        }
+        _ => {
+            // Q6_K
+            let (n, qq) = (g / 4, g32 % 4);
+            let lo = field(load32(&blk[64 * n + 32 * (g % 2)..]), 4 * (qq / 2), 0x0f);
+            let hi = field(load32(&blk[128 + 32 * n..]), 2 * qq, 3);
+            let q = _mm256_or_si256(lo, _mm256_slli_epi16::<4>(hi));
+            _mm256_sub_epi8(q, _mm256_set1_epi8(32))
+        }
+    }
+}
+
+/// Eight lanes of four-element sums of q·x (AVX2): |q| · sign(x, q), pairs, then quads.
+#[target_feature(enable = "avx2")]
+fn lanes_avx2(q: __m256i, x: __m256i) -> __m256i {
+    let p = _mm256_maddubs_epi16(_mm256_sign_epi8(q, q), _mm256_sign_epi8(x, q));
+    _mm256_madd_epi16(p, _mm256_set1_epi16(1))
+}
+
+/// The same lanes with one `vpdpbusd`.
+#[target_feature(enable = "avx2,avx512vnni,avx512vl")]
+fn lanes_vnni(q: __m256i, x: __m256i) -> __m256i {
+    _mm256_dpbusd_epi32(
+        _mm256_setzero_si256(),
+        _mm256_sign_epi8(q, q),
+        _mm256_sign_epi8(x, q),
+    )
+}
+
+/// acc + [s0 ×4, s1 ×4] · lanes.
+#[target_feature(enable = "avx2")]
+fn step(acc: __m256, lanes: __m256i, s0: f32, s1: f32) -> __m256 {
+    let sc = _mm256_set_m128(_mm_set1_ps(s1), _mm_set1_ps(s0));
+    _mm256_add_ps(acc, _mm256_mul_ps(sc, _mm256_cvtepi32_ps(lanes)))
+}
+
+/// `dot::lane_sum`'s order.
+#[target_feature(enable = "avx2")]
+fn lane_sum(a: __m256) -> f32 {
+    let s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps::<1>(a));
+    let t = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    _mm_cvtss_f32(_mm_add_ss(t, _mm_shuffle_ps::<1>(t, t)))
+}
+
+macro_rules! kernel {
+    ($name:ident, $features:literal, $lanes:ident) => {
+        /// `dot::rows_portable` for format `F`.
+        #[target_feature(enable = $features)]
+        pub(super) fn $name<const F: u8>(
+            rows: &Rows<'_>,
+            x: &QuantX,
+            out: &mut [f32],
+            acc: &mut Vec<[f32; 9]>,
+        ) {
+            let ints = ints_of::<F>();
+            let (m, k) = (x.m, x.k);
+            let groups = k / 32;
+            let xq: &[u8] = bytemuck::cast_slice(&x.q);
+            let gpb = rows.groups_per_block;
+            if m == 1 {
+                for (row, o) in rows.w.chunks_exact(rows.row_bytes).zip(out.iter_mut()) {
+                    let mut a = _mm256_setzero_ps();
+                    let mut b = 0f32;
+                    for (bi, blk) in row.chunks_exact(rows.block_bytes).enumerate() {
+                        for gg in 0..gpb {
+                            let g = bi * gpb + gg;
+                            let s = scales::<F>(blk, gg);
+                            let dx = x.d[g];
+                            let (s0, s1) = group_scales(&s, dx);
+                            let lanes = $lanes(quants::<F>(blk, gg), load32(&xq[32 * g..]));
+                            a = step(a, lanes, s0, s1);
+                            offset_term(ints, &s, dx, x.sums[g], &mut b);
+                        }
+                    }
+                    *o = lane_sum(a) + b;
+                }
+                return;
+            }
+            acc.clear();
+            acc.resize(m, [0.0; 9]);
+            for r in 0..rows.count() {
+                acc.iter_mut().for_each(|a| *a = [0.0; 9]);
+                for g in 0..groups {
+                    let (blk, gg) = rows.block(r, g);
+                    let q = quants::<F>(blk, gg);
+                    let s = scales::<F>(blk, gg);
+                    for (i, slot) in acc.iter_mut().enumerate() {
+                        let dx = x.d[i * groups + g];
+                        let (s0, s1) = group_scales(&s, dx);
+                        let lanes = $lanes(q, load32(&xq[i * k + 32 * g..]));
+                        let a: __m256 = bytemuck::pod_read_unaligned(
+                            bytemuck::cast_slice::<f32, u8>(&slot[..8]),
+                        );
+                        let a: [f32; 8] = bytemuck::cast(step(a, lanes, s0, s1));
+                        slot[..8].copy_from_slice(&a);
+                        offset_term(ints, &s, dx, x.sums[i * groups + g], &mut slot[8]);
+                    }
+                }
+                for (i, slot) in acc.iter().enumerate() {
+                    let a: __m256 =
+                        bytemuck::pod_read_unaligned(bytemuck::cast_slice::<f32, u8>(&slot[..8]));
+                    out[r * m + i] = lane_sum(a) + slot[8];
+                }
+            }
+        }
+    };
+}
+
+kernel!(rows_avx2, "avx2", lanes_avx2);
+kernel!(rows_avx512, "avx2,avx512vnni,avx512vl", lanes_vnni);

@@ -1,0 +1,466 @@
+//! One row per element type: every fact about a format that more than one part of the crate
+//! reads (block geometry, where its scales sit, its device layout, how the native CPU backend
+//! decodes it into integers) is written once, here, as ggml's `type_traits` table does.
+
+use crate::{DType, QK, QK_K};
+
+/// The facts of one element type.
+#[derive(Debug)]
+pub(crate) struct Format {
+    /// Elements per storage block: 1 for plain types, 32 or 256 for quantized ones.
+    pub block_elems: usize,
+    /// Bytes per block in the host (GGUF, or kiln's `Q4_Z`/`Q8_Z`) layout.
+    pub block_bytes: usize,
+    /// Byte offsets of the f16 scale fields in one host block (`d`, and `m`/`dmin`/`z`).
+    pub scale_offsets: &'static [usize],
+    /// Device layout: head words per pair of blocks, quant words per block.
+    pub device_words: (usize, usize),
+    /// How the native CPU backend reads a block (quantized formats only).
+    pub ints: Option<Ints>,
+}
+
+/// A block format seen by an integer dot product: each 32-element group of a block holds
+/// integer quants `q` (as `i8`) and, per half of 16 elements, a scale `a` and an offset `b`
+/// with value = a·q + b. [`Ints::span`] says whether the halves may differ.
+#[derive(Debug)]
+pub(crate) struct Ints {
+    /// 16 where scales change every 16 elements (`Q2_K`, `Q3_K`, `Q6_K`), else 32.
+    pub span: usize,
+    /// Whether `b` can be non-zero (a min or a zero point).
+    pub offset: bool,
+    /// The 32 quants of group `g` of a block.
+    pub quants: fn(blk: &[u8], g: usize, q: &mut [i8; 32]),
+    /// `[a0, a1, b0, b1]` of group `g` of a block (the two halves; equal where `span` is 32).
+    pub scales: fn(blk: &[u8], g: usize) -> [f32; 4],
+}
+
+const fn plain(bytes: usize) -> Format {
+    Format {
+        block_elems: 1,
+        block_bytes: bytes,
+        scale_offsets: &[],
+        device_words: (0, 0),
+        ints: None,
+    }
+}
+
+impl DType {
+    /// This dtype's row of the format table.
+    pub(crate) fn format(self) -> &'static Format {
+        match self {
+            DType::F32 | DType::U32 | DType::I32 => &WORD,
+            DType::F16 | DType::BF16 => &HALF,
+            DType::Q8_0 => &Q8_0,
+            DType::Q4_0 => &Q4_0,
+            DType::Q4_1 => &Q4_1,
+            DType::Q5_0 => &Q5_0,
+            DType::Q5_1 => &Q5_1,
+            DType::Q2_K => &Q2_K,
+            DType::Q3_K => &Q3_K,
+            DType::Q4_K => &Q4_K,
+            DType::Q5_K => &Q5_K,
+            DType::Q6_K => &Q6_K,
+            DType::Q4_Z => &Q4_Z,
+            DType::Q8_Z => &Q8_Z,
+        }
+    }
+}
+
+static WORD: Format = plain(4);
+static HALF: Format = plain(2);
+
+/// `Ints::scales` of each format, by name, so that a kernel specialised for one format calls
+/// its own directly (and inlines it).
+pub(crate) mod scales {
+    use super::{both, scale_at};
+    use crate::quant::kquant::{scale_min_k4, scale_q3k};
+
+    /// (a, b) of group g of a `Q4_K`/`Q5_K` block: d·sc and −dmin·m.
+    fn k4(blk: &[u8], g: usize) -> [f32; 4] {
+        let (d, dmin) = (scale_at(blk, 0), scale_at(blk, 2));
+        let (sc, m) = scale_min_k4(g, &blk[4..16]);
+        both(d * f32::from(sc), -(dmin * f32::from(m)))
+    }
+
+    #[inline]
+    pub(crate) fn q8_0(blk: &[u8], _g: usize) -> [f32; 4] {
+        both(scale_at(blk, 0), 0.0)
+    }
+
+    #[inline]
+    pub(crate) fn q4_0(blk: &[u8], _g: usize) -> [f32; 4] {
+        both(scale_at(blk, 0), 0.0)
+    }
+
+    #[inline]
+    pub(crate) fn q4_1(blk: &[u8], _g: usize) -> [f32; 4] {
+        both(scale_at(blk, 0), scale_at(blk, 2))
+    }
+
+    #[inline]
+    pub(crate) fn q5_0(blk: &[u8], _g: usize) -> [f32; 4] {
+        both(scale_at(blk, 0), 0.0)
+    }
+
+    #[inline]
+    pub(crate) fn q5_1(blk: &[u8], _g: usize) -> [f32; 4] {
+        both(scale_at(blk, 0), scale_at(blk, 2))
+    }
+
+    #[inline]
+    pub(crate) fn q4_z(blk: &[u8], _g: usize) -> [f32; 4] {
+        let (d, z) = (scale_at(blk, 0), scale_at(blk, 2));
+        both(d, -(z * d))
+    }
+
+    #[inline]
+    pub(crate) fn q8_z(blk: &[u8], _g: usize) -> [f32; 4] {
+        let (d, z) = (scale_at(blk, 0), scale_at(blk, 2));
+        both(d, (128.0 - z) * d)
+    }
+
+    #[inline]
+    pub(crate) fn q2_k(blk: &[u8], g: usize) -> [f32; 4] {
+        let (d, dmin) = (scale_at(blk, 80), scale_at(blk, 82));
+        let (s0, s1) = (blk[2 * g], blk[2 * g + 1]);
+        [
+            d * f32::from(s0 & 0x0f),
+            d * f32::from(s1 & 0x0f),
+            -(dmin * f32::from(s0 >> 4)),
+            -(dmin * f32::from(s1 >> 4)),
+        ]
+    }
+
+    #[inline]
+    pub(crate) fn q3_k(blk: &[u8], g: usize) -> [f32; 4] {
+        let d = scale_at(blk, 108);
+        let s = &blk[96..108];
+        [
+            d * scale_q3k(2 * g, s) as f32,
+            d * scale_q3k(2 * g + 1, s) as f32,
+            0.0,
+            0.0,
+        ]
+    }
+
+    #[inline]
+    pub(crate) fn q4_k(blk: &[u8], g: usize) -> [f32; 4] {
+        k4(blk, g)
+    }
+
+    #[inline]
+    pub(crate) fn q5_k(blk: &[u8], g: usize) -> [f32; 4] {
+        k4(blk, g)
+    }
+
+    #[inline]
+    pub(crate) fn q6_k(blk: &[u8], g: usize) -> [f32; 4] {
+        let d = scale_at(blk, 208);
+        [
+            d * f32::from(blk[192 + 2 * g] as i8),
+            d * f32::from(blk[192 + 2 * g + 1] as i8),
+            0.0,
+            0.0,
+        ]
+    }
+}
+
+/// The f16 at byte `at` of a block, widened. Exact for every finite f16, which every scale
+/// is: `check_blocks` refuses a block with a non-finite one before it becomes a tensor.
+/// Written out (rather than `half`'s conversion, which checks the CPU for F16C each call) so
+/// that the kernels inline it.
+#[inline(always)]
+fn scale_at(b: &[u8], at: usize) -> f32 {
+    let h = u32::from(u16::from_le_bytes([b[at], b[at + 1]]));
+    // The exponent and mantissa moved into place and rebiased by 2^112 (127 - 15): exact for
+    // normal and subnormal halves alike.
+    let mag = f32::from_bits((h & 0x7fff) << 13) * f32::from_bits(0x7780_0000);
+    f32::from_bits(mag.to_bits() | ((h & 0x8000) << 16))
+}
+
+/// Same (a, b) for both halves.
+fn both(a: f32, b: f32) -> [f32; 4] {
+    [a, a, b, b]
+}
+
+/// Element j and j + 16 of 16 nibble bytes (byte j: j low, j + 16 high), minus `zero`.
+fn nibble_quants(qs: &[u8], zero: i8, q: &mut [i8; 32]) {
+    for (j, &b) in qs[..16].iter().enumerate() {
+        q[j] = (b & 0x0f) as i8 - zero;
+        q[j + 16] = (b >> 4) as i8 - zero;
+    }
+}
+
+/// Bit 4 of element j from a `Q5_0`/`Q5_1` block's `qh` word.
+fn q5_high(blk: &[u8], at: usize, q: &mut [i8; 32]) {
+    let qh = u32::from_le_bytes([blk[at], blk[at + 1], blk[at + 2], blk[at + 3]]);
+    for (j, v) in q.iter_mut().enumerate() {
+        *v |= (((qh >> j) & 1) << 4) as i8;
+    }
+}
+
+static Q8_0: Format = Format {
+    block_elems: QK,
+    block_bytes: 34,
+    scale_offsets: &[0],
+    device_words: (1, 8),
+    ints: Some(Ints {
+        span: 32,
+        offset: false,
+        quants: |blk, _, q| {
+            for (v, &b) in q.iter_mut().zip(&blk[2..34]) {
+                *v = b as i8;
+            }
+        },
+        scales: scales::q8_0,
+    }),
+};
+
+static Q4_0: Format = Format {
+    block_elems: QK,
+    block_bytes: 18,
+    scale_offsets: &[0],
+    device_words: (1, 4),
+    ints: Some(Ints {
+        span: 32,
+        offset: false,
+        quants: |blk, _, q| nibble_quants(&blk[2..], 8, q),
+        scales: scales::q4_0,
+    }),
+};
+
+static Q4_1: Format = Format {
+    block_elems: QK,
+    block_bytes: 20,
+    scale_offsets: &[0, 2],
+    device_words: (2, 4),
+    ints: Some(Ints {
+        span: 32,
+        offset: true,
+        quants: |blk, _, q| nibble_quants(&blk[4..], 0, q),
+        scales: scales::q4_1,
+    }),
+};
+
+static Q5_0: Format = Format {
+    block_elems: QK,
+    block_bytes: 22,
+    scale_offsets: &[0],
+    device_words: (4, 4),
+    ints: Some(Ints {
+        span: 32,
+        offset: false,
+        quants: |blk, _, q| {
+            nibble_quants(&blk[6..], 0, q);
+            q5_high(blk, 2, q);
+            for v in q.iter_mut() {
+                *v -= 16;
+            }
+        },
+        scales: scales::q5_0,
+    }),
+};
+
+static Q5_1: Format = Format {
+    block_elems: QK,
+    block_bytes: 24,
+    scale_offsets: &[0, 2],
+    device_words: (4, 4),
+    ints: Some(Ints {
+        span: 32,
+        offset: true,
+        quants: |blk, _, q| {
+            nibble_quants(&blk[8..], 0, q);
+            q5_high(blk, 4, q);
+        },
+        scales: scales::q5_1,
+    }),
+};
+
+/// value = (q − z)·d = d·q − z·d.
+static Q4_Z: Format = Format {
+    block_elems: QK,
+    block_bytes: 20,
+    scale_offsets: &[0, 2],
+    device_words: (2, 4),
+    ints: Some(Ints {
+        span: 32,
+        offset: true,
+        quants: |blk, _, q| nibble_quants(&blk[4..], 0, q),
+        scales: scales::q4_z,
+    }),
+};
+
+/// value = (q − z)·d = d·(q − 128) + (128 − z)·d, so that the quants fit an `i8`.
+static Q8_Z: Format = Format {
+    block_elems: QK,
+    block_bytes: 36,
+    scale_offsets: &[0, 2],
+    device_words: (2, 8),
+    ints: Some(Ints {
+        span: 32,
+        offset: true,
+        quants: |blk, _, q| {
+            for (v, &b) in q.iter_mut().zip(&blk[4..36]) {
+                *v = (b ^ 0x80) as i8;
+            }
+        },
+        scales: scales::q8_z,
+    }),
+};
+
+/// 2-bit field of element l of group g in a K-quant's 64 bytes of 2-bit quants.
+fn two_bits(qs: &[u8], g: usize, l: usize) -> i8 {
+    ((qs[32 * (g / 4) + l] >> (2 * (g % 4))) & 3) as i8
+}
+
+static Q2_K: Format = Format {
+    block_elems: QK_K,
+    block_bytes: 84,
+    scale_offsets: &[80, 82],
+    device_words: (2, 20),
+    ints: Some(Ints {
+        span: 16,
+        offset: true,
+        quants: |blk, g, q| {
+            for (l, v) in q.iter_mut().enumerate() {
+                *v = two_bits(&blk[16..80], g, l);
+            }
+        },
+        scales: scales::q2_k,
+    }),
+};
+
+static Q3_K: Format = Format {
+    block_elems: QK_K,
+    block_bytes: 110,
+    scale_offsets: &[108],
+    device_words: (8, 24),
+    ints: Some(Ints {
+        span: 16,
+        offset: false,
+        quants: |blk, g, q| {
+            for (l, v) in q.iter_mut().enumerate() {
+                let high = ((blk[l] >> g) & 1) as i8;
+                *v = two_bits(&blk[32..96], g, l) - 4 * (1 - high);
+            }
+        },
+        scales: scales::q3_k,
+    }),
+};
+
+/// Nibble of element l of group g in a K-quant's 128 bytes of nibbles.
+fn k_nibble(qs: &[u8], g: usize, l: usize) -> i8 {
+    ((qs[32 * (g / 2) + l] >> (4 * (g % 2))) & 0x0f) as i8
+}
+
+static Q4_K: Format = Format {
+    block_elems: QK_K,
+    block_bytes: 144,
+    scale_offsets: &[0, 2],
+    device_words: (8, 32),
+    ints: Some(Ints {
+        span: 32,
+        offset: true,
+        quants: |blk, g, q| {
+            for (l, v) in q.iter_mut().enumerate() {
+                *v = k_nibble(&blk[16..144], g, l);
+            }
+        },
+        scales: scales::q4_k,
+    }),
+};
+
+static Q5_K: Format = Format {
+    block_elems: QK_K,
+    block_bytes: 176,
+    scale_offsets: &[0, 2],
+    device_words: (8, 40),
+    ints: Some(Ints {
+        span: 32,
+        offset: true,
+        quants: |blk, g, q| {
+            for (l, v) in q.iter_mut().enumerate() {
+                *v = k_nibble(&blk[48..176], g, l) | ((((blk[16 + l] >> g) & 1) << 4) as i8);
+            }
+        },
+        scales: scales::q5_k,
+    }),
+};
+
+static Q6_K: Format = Format {
+    block_elems: QK_K,
+    block_bytes: 210,
+    scale_offsets: &[208],
+    device_words: (1, 52),
+    ints: Some(Ints {
+        span: 16,
+        offset: false,
+        quants: |blk, g, q| {
+            let (n, qq) = (g / 4, g % 4);
+            for (l, v) in q.iter_mut().enumerate() {
+                let lo = (blk[64 * n + 32 * (qq % 2) + l] >> (4 * (qq / 2))) & 0x0f;
+                let hi = (blk[128 + 32 * n + l] >> (2 * qq)) & 3;
+                *v = (lo | (hi << 4)) as i8 - 32;
+            }
+        },
+        scales: scales::q6_k,
+    }),
+};
+
+/// The values of group `g` of a block as [`Ints`] describes them (a·q + b in f32), for tests
+/// that check a row against [`dequantize_block`].
+#[cfg(test)]
+pub(crate) fn group_values(dtype: DType, blk: &[u8], g: usize) -> [f32; 32] {
+    let ints = dtype.format().ints.as_ref().expect("a block format");
+    let mut q = [0i8; 32];
+    (ints.quants)(blk, g, &mut q);
+    let s = (ints.scales)(blk, g);
+    std::array::from_fn(|e| {
+        let h = e / 16;
+        s[h] * f32::from(q[e]) + s[2 + h]
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::dequantize_block;
+    use super::*;
+    use rand::{Rng, SeedableRng};
+
+    /// Random blocks whose f16 scales are finite and small.
+    fn random_block(dtype: DType, rng: &mut impl Rng) -> Vec<u8> {
+        let f = dtype.format();
+        let mut b: Vec<u8> = (0..f.block_bytes).map(|_| rng.random()).collect();
+        for &at in f.scale_offsets {
+            let v = half::f16::from_f32(rng.random_range(-0.05f32..0.05));
+            b[at..at + 2].copy_from_slice(&v.to_le_bytes());
+        }
+        b
+    }
+
+    /// Each row's integer reading of a block gives the values the reference dequantizer
+    /// gives (within f32 rounding: a·q + b is not always the reference's order).
+    #[test]
+    fn integer_groups_match_dequantize() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+        for &dtype in DType::WEIGHTS.iter().filter(|d| d.is_quantized()) {
+            let be = dtype.block_elems();
+            for _ in 0..20 {
+                let blk = random_block(dtype, &mut rng);
+                let mut want = vec![0f32; be];
+                dequantize_block(dtype, &blk, &mut want);
+                for g in 0..be / 32 {
+                    let got = group_values(dtype, &blk, g);
+                    for (e, (&w, &v)) in want[32 * g..32 * g + 32].iter().zip(&got).enumerate() {
+                        let tol = 1e-6 + w.abs() * 1e-5;
+                        assert!(
+                            (w - v).abs() <= tol,
+                            "{dtype:?} group {g} element {e}: {v} vs reference {w}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
