@@ -1,7 +1,8 @@
 //! Tidy: the crate dependency graph points one way (ARCHITECTURE.md), checked on the resolved
 //! graph (`cargo metadata`), transitive dependencies included: the bookkeeping crates and
 //! xtask link no GPU stack (xtask no kiln crate), only the server crate (and what sits on it)
-//! links protobuf; and the README shows the Python client as it is.
+//! links protobuf; the README shows the Python client as it is; and `unsafe` appears only in
+//! the native CPU backend's dispatch module, each block with a `// SAFETY:` line.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -309,4 +310,83 @@ fn readme_python_client_is_the_example_file() {
 fn python_blocks_are_read_whole() {
     let md = "text\n```python\nimport grpc\n\nprint(1)\n```\n```sh\nls\n```\n";
     assert_eq!(python_blocks(md), vec!["import grpc\n\nprint(1)\n"]);
+}
+
+/// The one file where `unsafe` may appear: the calls into `#[target_feature]` kernels.
+const UNSAFE_HOME: &str = "crates/kiln-tensor/src/cpu/dispatch.rs";
+
+/// Lines of `src` (a Rust file) that use `unsafe` (blocks, fns, impls, or allowing the lint),
+/// comments aside, and those of its `unsafe {` blocks without a `// SAFETY:` line above.
+fn unsafe_uses(src: &str) -> (Vec<usize>, Vec<usize>) {
+    let (mut uses, mut unexplained) = (Vec::new(), Vec::new());
+    let mut prev = "";
+    for (i, line) in src.lines().enumerate() {
+        let code = line.split("//").next().unwrap_or("");
+        let used = code.contains("unsafe {")
+            || code.contains("unsafe fn")
+            || code.contains("unsafe impl")
+            || code.contains("unsafe_code");
+        if used {
+            uses.push(i + 1);
+            if code.contains("unsafe {") && !prev.trim_start().starts_with("// SAFETY:") {
+                unexplained.push(i + 1);
+            }
+        }
+        prev = line;
+    }
+    (uses, unexplained)
+}
+
+fn rust_files(dir: &Path, out: &mut Vec<std::path::PathBuf>) {
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        let name = p.file_name().unwrap().to_string_lossy().into_owned();
+        if p.is_dir() {
+            if name != "target" && !name.starts_with('.') {
+                rust_files(&p, out);
+            }
+        } else if name.ends_with(".rs") {
+            out.push(p);
+        }
+    }
+}
+
+#[test]
+fn unsafe_lives_only_in_the_cpu_dispatch_module() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let mut files = Vec::new();
+    for top in ["crates", "xtask", "benches", "tests", "fuzz"] {
+        rust_files(&root.join(top), &mut files);
+    }
+    let mut found_home = false;
+    for f in files {
+        let rel = f
+            .strip_prefix(&root)
+            .unwrap()
+            .to_string_lossy()
+            .replace('\\', "/");
+        if rel == "xtask/tests/tidy.rs" {
+            continue;
+        }
+        let (uses, unexplained) = unsafe_uses(&std::fs::read_to_string(&f).unwrap());
+        if rel == UNSAFE_HOME {
+            found_home = !uses.is_empty();
+            assert!(
+                unexplained.is_empty(),
+                "{rel}: unsafe blocks without a `// SAFETY:` line above, lines {unexplained:?}"
+            );
+        } else {
+            assert!(
+                uses.is_empty(),
+                "{rel} uses unsafe (lines {uses:?}): only {UNSAFE_HOME} may"
+            );
+        }
+    }
+    assert!(found_home, "{UNSAFE_HOME} should hold the kernel calls");
+}
+
+#[test]
+fn unsafe_uses_are_found() {
+    let src = "// unsafe { in a comment }\nlet a = 1;\nunsafe { f() }\n// SAFETY: checked\nunsafe { g() }\n#![allow(unsafe_code)]\n";
+    assert_eq!(unsafe_uses(src), (vec![3, 5, 6], vec![3]));
 }

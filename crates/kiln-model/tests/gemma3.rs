@@ -61,6 +61,7 @@ fn gguf_matches_transformers_on_every_backend() {
             common::golden::gemma3_cases(),
             Some(TAIL),
             MAY_DIVERGE,
+            common::golden::Tolerance::GEMMA3_INT8_X,
         );
     }
 }
@@ -92,6 +93,7 @@ fn hf_folder_from_gguf_matches_transformers() {
             common::golden::gemma3_cases(),
             Some(TAIL),
             MAY_DIVERGE,
+            common::golden::Tolerance::GEMMA3_INT8_X,
         );
     }
 }

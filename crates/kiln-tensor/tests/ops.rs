@@ -331,7 +331,19 @@ fn reference(dtype: DType, c: Case, o: &Operands, m: usize, k: usize) -> (Vec<f3
 /// product before any gate (`plain`, for the GLU's error bound).
 fn check_linear(what: &str, c: Case, got: &[f32], want: &[f32], plain: &[f32], m: usize, k: usize) {
     // The norm's weights scale the terms by |g| ~ 1.
-    let e = 2.0 * matmul_tol(k);
+    check_linear_within(what, c, got, want, plain, m, 2.0 * matmul_tol(k));
+}
+
+/// [`check_linear`] for a product known within `e`.
+fn check_linear_within(
+    what: &str,
+    c: Case,
+    got: &[f32],
+    want: &[f32],
+    plain: &[f32],
+    m: usize,
+    e: f32,
+) {
     if c.glu.is_none() {
         assert_close(what, got, want, e, 0.0);
         return;
@@ -351,6 +363,68 @@ fn check_linear(what: &str, c: Case, got: &[f32], want: &[f32], plain: &[f32], m
                 got[at],
                 want[at]
             );
+        }
+    }
+}
+
+/// How far a product may move when X is quantized to 8 bits a 32-element block (the native
+/// CPU backend): each element by at most half a step (its block's amax / 254), so an output
+/// by Σ |w|·step/2 over its row, at the worst output.
+fn int8_x_bound(dtype: DType, c: Case, o: &Operands, m: usize, k: usize) -> f32 {
+    let dev = Device::reference();
+    let [xt, wt, gt, _, _] = operand_tensors(&dev, dtype, o, m, k);
+    let mut rec = Recorder::new(&dev);
+    let x = if c.norm {
+        rec.rms_norm(&xt, &gt, 1e-5).unwrap()
+    } else {
+        xt
+    };
+    rec.submit().unwrap();
+    let (x, w) = (x.to_f32_vec().unwrap(), wt.to_f32_vec().unwrap());
+    let half_step: Vec<f32> = x
+        .chunks_exact(32)
+        .map(|b| b.iter().fold(0f32, |a, v| a.max(v.abs())) / 254.0)
+        .collect();
+    let mut worst = 0f32;
+    for i in 0..m {
+        for wr in w.chunks_exact(k) {
+            let b: f32 = wr
+                .iter()
+                .enumerate()
+                .map(|(e, v)| v.abs() * half_step[(i * k + e) / 32])
+                .sum();
+            worst = worst.max(b);
+        }
+    }
+    worst
+}
+
+/// `linear` on the native CPU backend against the reference, for every weight dtype, every
+/// case and batches of 1 and 5 rows (its matrix-vector and batched paths): float weights as
+/// tightly as any backend, block formats within the error of 8-bit X ([`int8_x_bound`]).
+#[test]
+fn linear_ops_on_the_native_cpu_backend_match_the_reference() {
+    let mut r = rng(17);
+    let native = kiln_testkit::native_cpu();
+    for &dtype in WEIGHT_DTYPES {
+        let k = if dtype.is_quantized() {
+            dtype.block_elems().max(96)
+        } else {
+            40
+        };
+        for &c in CASES {
+            for m in [1usize, 5] {
+                let (o, f) = Operands::random(&mut r, c, m, k);
+                let (want, plain) = reference(dtype, c, &o, m, k);
+                let got = run_linear(&native, dtype, c, &o, m, k);
+                let what = format!("native cpu {dtype:?} {c:?} m={m} k={k} f={f}");
+                let e = if dtype.is_quantized() {
+                    int8_x_bound(dtype, c, &o, m, k) * 1.01 + 2.0 * matmul_tol(k)
+                } else {
+                    2.0 * matmul_tol(k)
+                };
+                check_linear_within(&what, c, &got, &want, &plain, m, e);
+            }
         }
     }
 }

@@ -6,7 +6,10 @@
 //! summation order differs from PyTorch's (measured on lavapipe and the CPU backend: under
 //! 1e-4); a wrong kernel is off by whole units. Greedy ids must equal the reference's; where the
 //! reference's top-1/top-2 margin is below `NEAR_TIE` = 0.05 a different pick is accepted and
-//! that sequence stops being compared (it has legitimately diverged).
+//! that sequence stops being compared (it has legitimately diverged). The native CPU backend
+//! quantizes activations to 8 bits, as llama.cpp's CPU backend does, and is held to
+//! llama.cpp's own measured distance from the same fixture (`Tolerance::SMOLLM2_INT8_X`,
+//! `Tolerance::GEMMA3_INT8_X`).
 
 use kiln_kv::{BlockManager, BlockManagerConfig, KvDtype, SeqConfig, SeqId};
 use kiln_model::{KvPoolConfig, Model, ModelRunner, StepSeq};
@@ -15,11 +18,14 @@ use serde_json::Value;
 
 pub const NEAR_TIE: f32 = 0.05;
 
-/// How far a backend's logits may be from the reference: `abs + rel·|reference|`.
+/// How far a backend's logits may be from the reference: `abs + rel·max(|reference|,
+/// floor)`.
 #[derive(Debug, Clone, Copy)]
 pub struct Tolerance {
     pub abs: f32,
     pub rel: f32,
+    /// 0, or 1 where the bound was measured relative to max(|logit|, 1).
+    pub floor: f32,
     /// A reference top-1/top-2 margin below which a different greedy pick is accepted (the
     /// sequence has legitimately diverged): the two logits may each be off by the bound.
     pub near_tie: f32,
@@ -30,26 +36,43 @@ impl Tolerance {
     pub const F32: Tolerance = Tolerance {
         abs: 2e-3,
         rel: 2e-4,
+        floor: 0.0,
         near_tie: NEAR_TIE,
     };
-    /// The native CPU backend, whose matmuls quantize X to 8 bits a 32-element block (as
-    /// llama.cpp's CPU backend does): MEASURED_PLACEHOLDER.
-    pub const INT8_X: Tolerance = Tolerance {
-        abs: 10.0,
-        rel: 0.0,
-        near_tie: 100.0,
+    /// The native CPU backend on the default model. Its matmuls quantize X to 8 bits a
+    /// 32-element block as llama.cpp's CPU backend does, so it is held to llama.cpp's own
+    /// distance from transformers on this fixture, measured by
+    /// `scripts/llama_cpp_golden_distance.py` (llama-cpp-python 0.3.36, 2 threads, AVX-512):
+    /// |logit - transformers| up to 0.9616, 0.1683 of max(|logit|, 1); picks (at prompt
+    /// positions and in greedy decoding) that differed from the reference at margins up to
+    /// 0.21983 (the "short" case at greedy step 5, where kiln leaves it too); greedy left it
+    /// in 3 of 6 sequences.
+    pub const SMOLLM2_INT8_X: Tolerance = Tolerance {
+        abs: 2e-3,
+        rel: 0.1683,
+        floor: 1.0,
+        near_tie: 0.2199,
+    };
+    /// The same for gemma-3-270m Q4_K_M: llama.cpp's distance up to 8.4832, 1.6525 of
+    /// max(|logit|, 1); picks differed at margins up to 2.3258; greedy left the reference in
+    /// 5 of 7 sequences.
+    pub const GEMMA3_INT8_X: Tolerance = Tolerance {
+        abs: 2e-3,
+        rel: 1.6525,
+        floor: 1.0,
+        near_tie: 2.3258,
     };
 
-    /// The bound `dev` is held to.
-    pub fn of(dev: &Device) -> Tolerance {
+    /// The bound of `dev`: [`Tolerance::F32`], or `int8_x` on the native CPU backend.
+    pub fn of(dev: &Device, int8_x: Tolerance) -> Tolerance {
         match dev {
-            Device::Cpu(_) => Tolerance::INT8_X,
+            Device::Cpu(_) => int8_x,
             Device::Reference | Device::Wgpu(_) => Tolerance::F32,
         }
     }
 
     pub fn at(self, reference: f32) -> f32 {
-        self.abs + self.rel * reference.abs()
+        self.abs + self.rel * reference.abs().max(self.floor)
     }
 }
 
@@ -131,13 +154,23 @@ pub fn argmax(row: &[f32]) -> u32 {
 /// steps with the sequences side by side, through the [`ModelRunner`] the engine uses; checks
 /// both against the fixture and returns the prefill logits.
 pub fn run(name: &str, model: Model, steps: usize) -> Vec<f32> {
-    run_cases(name, model, steps, cases(), None, 1)
+    run_cases(
+        name,
+        model,
+        steps,
+        cases(),
+        None,
+        1,
+        Tolerance::SMOLLM2_INT8_X,
+    )
 }
 
 /// [`run`] over `cases`; with `tail = Some(n)` the prefill reads logits (and checks the
 /// reference's top-5) only at each prompt's last `n` positions, for vocabularies where every
 /// position's row would not fit in memory (Gemma's 262,144 × 850 positions is 0.9 GB).
-/// At most `may_diverge` sequences may leave the reference, each only at a near-tie.
+/// At most `may_diverge` sequences may leave the reference, each only at a near-tie; on the
+/// native CPU backend, held to `int8_x` (llama.cpp's distance on these cases), as many as
+/// leave it at a near-tie of that bound.
 pub fn run_cases(
     name: &str,
     model: Model,
@@ -145,9 +178,14 @@ pub fn run_cases(
     cases: Vec<Case>,
     tail: Option<usize>,
     may_diverge: usize,
+    int8_x: Tolerance,
 ) -> Vec<f32> {
     let cfg = model.config().clone();
-    let bound = Tolerance::of(model.device());
+    let bound = Tolerance::of(model.device(), int8_x);
+    let may_diverge = match model.device() {
+        Device::Cpu(_) => cases.len(),
+        _ => may_diverge,
+    };
     let tol = |want: f32| bound.at(want);
     let rows = |c: &Case| tail.map_or(c.ids.len(), |n| n.min(c.ids.len()));
     assert!(cases.len() >= 6 && cases.iter().any(|c| c.ids.len() > 200));
