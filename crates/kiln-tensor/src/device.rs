@@ -243,9 +243,10 @@ pub struct DeviceInfo {
 impl fmt::Display for DeviceInfo {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         if self.threads > 0 {
+            let plural = if self.threads == 1 { "" } else { "s" };
             return write!(
                 f,
-                "{} ({}), {} SIMD, {} threads",
+                "{} ({}), {} SIMD, {} thread{plural}",
                 self.name, self.backend, self.cpu_isa, self.threads
             );
         }

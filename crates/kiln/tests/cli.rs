@@ -474,6 +474,27 @@ fn help_lists_every_flag() {
     assert!(help(&["--version"]).contains(env!("CARGO_PKG_VERSION")));
 }
 
+/// `kiln info` names the native CPU backend's SIMD level and threads (`--threads`, at least
+/// one), and `KILN_CPU_ISA` caps the level.
+#[test]
+fn info_prints_the_native_backend_isa_and_threads() {
+    let m = model();
+    let run = |isa: &str, threads: &str| {
+        Command::new(env!("CARGO_BIN_EXE_kiln"))
+            .args(["info", "--model", &m, "--backend", "cpu", "--threads", threads])
+            .env("KILN_CPU_ISA", isa)
+            .output()
+            .unwrap()
+    };
+    let one = stdout(&run("scalar", "1"));
+    assert!(
+        one.contains("device: kiln native CPU (cpu), scalar SIMD, 1 thread"),
+        "{one}"
+    );
+    fails_with(&run("", "0"), "--threads");
+    fails_with(&run("neon", "1"), "neon");
+}
+
 /// `--backend` defaults to `KILN_BACKEND` (empty: auto); the flag wins over it, and a bad
 /// value is one line that names the variable.
 #[test]
@@ -488,8 +509,8 @@ fn kiln_backend_env_is_the_default_of_backend() {
             .unwrap()
     };
     let cpu = stdout(&info("cpu", &[]));
-    assert!(cpu.contains("device: kiln CPU reference"), "{cpu}");
-    let flag_wins = stdout(&info("tpu", &["--backend", "cpu"]));
+    assert!(cpu.contains("device: kiln native CPU (cpu)"), "{cpu}");
+    let flag_wins = stdout(&info("tpu", &["--backend", "reference"]));
     assert!(
         flag_wins.contains("device: kiln CPU reference"),
         "{flag_wins}"
