@@ -2,9 +2,10 @@
 //! tokens alone and when they run with 15 other requests arriving at random moments, with
 //! chunked prefill on and a KV pool small enough to force preemption (checked).
 //!
-//! The tiny llama runs on every backend; the default model runs on the CPU backend (its
-//! reference kernels compute each row independently of the batch; on wgpu the matmul switches
-//! between the matvec and tiled kernels with the batch size, which sums in another order).
+//! The tiny llama runs on every backend; the default model runs on the CPU reference and the
+//! native CPU backend (both compute each row independently of the batch; on wgpu the matmul
+//! switches between the matvec and tiled kernels with the batch size, which sums in another
+//! order).
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -132,8 +133,21 @@ fn tiny_model_is_batch_invariant_on_every_backend() {
 fn default_model_is_batch_invariant_on_cpu() {
     let c = case(49152, 24, 12);
     check(
-        "cpu",
+        "reference",
         |cfg| common::default_engine(&Device::reference(), cfg),
+        &c,
+        common::config(24, 4, 32, 16),
+    );
+}
+
+/// The native CPU backend: its matmul computes a row of X the same way in a batch of any size
+/// (rows of X four at a time or alone, the same operations in the same order).
+#[test]
+fn default_model_is_batch_invariant_on_the_native_cpu_backend() {
+    let c = case(49152, 24, 12);
+    check(
+        "native cpu",
+        |cfg| common::default_engine(&kiln_testkit::native_cpu(), cfg),
         &c,
         common::config(24, 4, 32, 16),
     );

@@ -95,7 +95,7 @@ fn hf_folder_from_gguf_matches_golden_on_every_backend_and_quantizes() {
     for (name, dev) in common::devices() {
         let model = Model::load(&dev, cfg.clone(), files.weights()).unwrap();
         let logits = common::golden::run(name, model, 32);
-        if name == "cpu" {
+        if name == "reference" {
             f32_logits = logits;
         }
     }

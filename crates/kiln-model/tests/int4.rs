@@ -6,9 +6,10 @@
 //! - kiln's blocks dequantize to exactly the library's dequantization (f32 scales: the exact
 //!   products (q − z)·scale), and stay packed on the device in the smallest exact block dtype;
 //! - the model's logits at every prompt position and 12 greedy tokens match `transformers`
-//!   float32 on the same dequantized weights, on the CPU backend and both wgpu kernel
+//!   float32 on the same dequantized weights, on the CPU reference and both wgpu kernel
 //!   families. Tolerance 2e-5 + 2e-5·|ref| as `tests/architectures.rs`: the same f32 values,
-//!   summed in another order.
+//!   summed in another order. The native CPU backend (8-bit activations) within
+//!   `NATIVE_TOL`, its greedy ids until its own margin says the reference could differ.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -30,6 +31,11 @@ fn fixture(name: &str) -> PathBuf {
         .join("tests/fixtures/int4")
         .join(name)
 }
+
+/// The native CPU backend's bound (absolute and relative): its matmuls quantize X to 8 bits a
+/// 32-element block, which moved these tiny random models' logits by at most 0.059 (measured
+/// over every fixture and prompt; f32 backends: under 2e-5).
+const NATIVE_TOL: f32 = 0.1;
 
 fn devices() -> Vec<(&'static str, Device)> {
     let mut v = common::devices();
@@ -147,15 +153,36 @@ fn run_prompt(model: &Model, dev: &Device, p: &Value, what: &str) {
         logits.to_f32_vec().unwrap()
     };
     let got = step(&prompt, prompt.len(), LogitsAt::All);
-    common::tiny::assert_logits_close(&got, &want, cfg.vocab, what);
+    let tol = match dev {
+        Device::Cpu(_) => NATIVE_TOL,
+        Device::Reference | Device::Wgpu(_) => 2e-5,
+    };
+    common::tiny::assert_logits_within(&got, &want, cfg.vocab, what, tol);
+    // Greedy ids must equal the reference's. Within `tol` of it, a pick whose own top-1/top-2
+    // margin is at least 2·tol(top) is the reference's pick too; below that the two may
+    // legitimately part, and the comparison stops there. Only the native backend's bound
+    // leaves room for that: f32 backends compare every token.
+    let native = matches!(dev, Device::Cpu(_));
+    let tie = |row: &[f32]| {
+        if !native {
+            return false;
+        }
+        let mut s = row.to_vec();
+        s.sort_by(|a, b| b.total_cmp(a));
+        s[0] - s[1] < 2.0 * (tol + tol * s[0].abs())
+    };
     let argmax = common::golden::argmax;
-    let mut tokens = vec![argmax(&got[got.len() - cfg.vocab..])];
-    while tokens.len() < greedy.len() {
+    let last_row = &got[got.len() - cfg.vocab..];
+    let mut tokens = vec![argmax(last_row)];
+    let mut tied = tie(last_row);
+    while tokens.len() < greedy.len() && !tied {
         let last = *tokens.last().unwrap();
         let row = step(&[last], prompt.len() + tokens.len(), LogitsAt::Last);
         tokens.push(argmax(&row));
+        tied = tie(&row);
     }
-    assert_eq!(tokens, greedy, "{what}: greedy tokens");
+    let n = tokens.len();
+    assert_eq!(tokens, greedy[..n], "{what}: greedy tokens");
 }
 
 #[test]

@@ -34,7 +34,16 @@ fn reports_the_adapter_and_its_features() {
             "features were turned off: {i:?}"
         );
     }
-    assert_eq!(Device::reference().info().backend, "cpu");
+    assert_eq!(Device::reference().info().backend, "reference");
+    let native = kiln_testkit::native_cpu().info();
+    assert_eq!(
+        (native.backend.as_str(), native.device_type.as_str()),
+        ("cpu", "cpu")
+    );
+    assert!(
+        native.threads >= 1 && !native.cpu_isa.is_empty(),
+        "{native:?}"
+    );
 }
 
 fn bytemuck_bytes(v: &[half::bf16]) -> Vec<u8> {

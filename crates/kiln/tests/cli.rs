@@ -481,7 +481,15 @@ fn info_prints_the_native_backend_isa_and_threads() {
     let m = model();
     let run = |isa: &str, threads: &str| {
         Command::new(env!("CARGO_BIN_EXE_kiln"))
-            .args(["info", "--model", &m, "--backend", "cpu", "--threads", threads])
+            .args([
+                "info",
+                "--model",
+                &m,
+                "--backend",
+                "cpu",
+                "--threads",
+                threads,
+            ])
             .env("KILN_CPU_ISA", isa)
             .output()
             .unwrap()

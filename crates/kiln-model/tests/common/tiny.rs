@@ -29,13 +29,18 @@ pub fn logits(v: &Value) -> Vec<f32> {
 /// Asserts `got` is within tolerance of `want` (rows of `vocab`), naming `what` and the
 /// position; prints and returns the largest difference.
 pub fn assert_logits_close(got: &[f32], want: &[f32], vocab: usize, what: &str) -> f32 {
+    assert_logits_within(got, want, vocab, what, 2e-5)
+}
+
+/// [`assert_logits_close`] with `abs + rel·|reference|`, `tol` for both.
+pub fn assert_logits_within(got: &[f32], want: &[f32], vocab: usize, what: &str, tol: f32) -> f32 {
     assert_eq!(got.len(), want.len(), "{what}: logits");
     let mut worst = 0f32;
     for (i, (g, w)) in got.iter().zip(want).enumerate() {
         let err = (g - w).abs();
         worst = worst.max(err);
         assert!(
-            err <= 2e-5 + 2e-5 * w.abs(),
+            err <= tol + tol * w.abs(),
             "{what}: logit {i} (position {}): {g} vs {w}",
             i / vocab
         );

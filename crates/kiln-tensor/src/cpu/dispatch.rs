@@ -8,13 +8,7 @@ use super::dot::{Rows, rows_portable};
 use super::{Isa, QuantX};
 
 /// `out[r·m + i]` = row r of `rows` · row i of `x`, at level `isa` (which the CPU must have).
-pub(crate) fn rows(
-    isa: Isa,
-    rows: &Rows<'_>,
-    x: &QuantX,
-    out: &mut [f32],
-    acc: &mut Vec<[f32; 9]>,
-) {
+pub(crate) fn rows(isa: Isa, rows: &Rows<'_>, x: &QuantX, out: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     {
         use super::x86::{fid, rows_avx2, rows_avx512};
@@ -24,29 +18,29 @@ pub(crate) fn rows(
             ($kernel:ident) => {
                 match rows.dtype {
                     // SAFETY: `isa` is at most `Isa::detect()`, which saw the kernel's features.
-                    DType::Q8_0 => unsafe { $kernel::<{ fid::Q8_0 }>(rows, x, out, acc) },
+                    DType::Q8_0 => unsafe { $kernel::<{ fid::Q8_0 }>(rows, x, out) },
                     // SAFETY: as above.
-                    DType::Q4_0 => unsafe { $kernel::<{ fid::Q4_0 }>(rows, x, out, acc) },
+                    DType::Q4_0 => unsafe { $kernel::<{ fid::Q4_0 }>(rows, x, out) },
                     // SAFETY: as above.
-                    DType::Q4_1 => unsafe { $kernel::<{ fid::Q4_1 }>(rows, x, out, acc) },
+                    DType::Q4_1 => unsafe { $kernel::<{ fid::Q4_1 }>(rows, x, out) },
                     // SAFETY: as above.
-                    DType::Q5_0 => unsafe { $kernel::<{ fid::Q5_0 }>(rows, x, out, acc) },
+                    DType::Q5_0 => unsafe { $kernel::<{ fid::Q5_0 }>(rows, x, out) },
                     // SAFETY: as above.
-                    DType::Q5_1 => unsafe { $kernel::<{ fid::Q5_1 }>(rows, x, out, acc) },
+                    DType::Q5_1 => unsafe { $kernel::<{ fid::Q5_1 }>(rows, x, out) },
                     // SAFETY: as above.
-                    DType::Q2_K => unsafe { $kernel::<{ fid::Q2_K }>(rows, x, out, acc) },
+                    DType::Q2_K => unsafe { $kernel::<{ fid::Q2_K }>(rows, x, out) },
                     // SAFETY: as above.
-                    DType::Q3_K => unsafe { $kernel::<{ fid::Q3_K }>(rows, x, out, acc) },
+                    DType::Q3_K => unsafe { $kernel::<{ fid::Q3_K }>(rows, x, out) },
                     // SAFETY: as above.
-                    DType::Q4_K => unsafe { $kernel::<{ fid::Q4_K }>(rows, x, out, acc) },
+                    DType::Q4_K => unsafe { $kernel::<{ fid::Q4_K }>(rows, x, out) },
                     // SAFETY: as above.
-                    DType::Q5_K => unsafe { $kernel::<{ fid::Q5_K }>(rows, x, out, acc) },
+                    DType::Q5_K => unsafe { $kernel::<{ fid::Q5_K }>(rows, x, out) },
                     // SAFETY: as above.
-                    DType::Q6_K => unsafe { $kernel::<{ fid::Q6_K }>(rows, x, out, acc) },
+                    DType::Q6_K => unsafe { $kernel::<{ fid::Q6_K }>(rows, x, out) },
                     // SAFETY: as above.
-                    DType::Q4_Z => unsafe { $kernel::<{ fid::Q4_Z }>(rows, x, out, acc) },
+                    DType::Q4_Z => unsafe { $kernel::<{ fid::Q4_Z }>(rows, x, out) },
                     // SAFETY: as above.
-                    DType::Q8_Z => unsafe { $kernel::<{ fid::Q8_Z }>(rows, x, out, acc) },
+                    DType::Q8_Z => unsafe { $kernel::<{ fid::Q8_Z }>(rows, x, out) },
                     _ => rows_portable(rows, x, out),
                 }
             };
@@ -57,6 +51,6 @@ pub(crate) fn rows(
             Isa::Scalar => {}
         }
     }
-    let _ = (isa, &acc);
+    let _ = isa;
     rows_portable(rows, x, out)
 }

@@ -13,9 +13,6 @@ use crate::tensor::Storage;
 use crate::{Result, Tensor, TensorError};
 
 thread_local! {
-    /// Each pool thread's accumulators (eight lanes and the offset term a row of X), kept
-    /// between calls so a step allocates none.
-    static ACC: RefCell<Vec<[f32; 9]>> = const { RefCell::new(Vec::new()) };
     /// A float weight's row, dequantized.
     static ROW: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
@@ -64,7 +61,7 @@ pub(crate) fn linear_native(
                             row_bytes,
                             w: &h.bytes()[r0 * row_bytes..(r0 + out.len() / m) * row_bytes],
                         };
-                        ACC.with(|a| dispatch::rows(isa, &rows, qx, out, &mut a.borrow_mut()));
+                        dispatch::rows(isa, &rows, qx, out);
                     });
             });
         }

@@ -222,7 +222,7 @@ mod tests {
             let n = 7;
             let w = random_rows(dtype, n, k, &mut rng);
             let rows = rows_of(dtype, &w, k);
-            for m in [1, 2, 5] {
+            for m in [1, 2, 5, 9] {
                 let x: Vec<f32> = (0..m * k).map(|_| rng.random_range(-2.0..2.0)).collect();
                 let mut qx = QuantX::default();
                 qx.fill(&x, m, k);
@@ -230,7 +230,7 @@ mod tests {
                 rows_portable(&rows, &qx, &mut want);
                 for isa in Isa::available() {
                     let mut got = vec![0f32; n * m];
-                    dispatch::rows(isa, &rows, &qx, &mut got, &mut Vec::new());
+                    dispatch::rows(isa, &rows, &qx, &mut got);
                     let same = want
                         .iter()
                         .zip(&got)
@@ -242,7 +242,7 @@ mod tests {
                     let mut one = QuantX::default();
                     one.fill(&x[i * k..(i + 1) * k], 1, k);
                     let mut alone = vec![0f32; n];
-                    dispatch::rows(Isa::detect(), &rows, &one, &mut alone, &mut Vec::new());
+                    dispatch::rows(Isa::detect(), &rows, &one, &mut alone);
                     for r in 0..n {
                         assert_eq!(
                             alone[r].to_bits(),

@@ -47,6 +47,19 @@ const fn dtype_of(f: u8) -> DType {
     }
 }
 
+/// 32-element groups a block of format `f` (8 for the K-quants' super-blocks).
+const fn groups_per_block(f: u8) -> usize {
+    match f {
+        fid::Q2_K | fid::Q3_K | fid::Q4_K | fid::Q5_K | fid::Q6_K => 8,
+        _ => 1,
+    }
+}
+
+/// Whether format `f`'s scales change every 16 elements (its halves may differ).
+const fn halves_differ(f: u8) -> bool {
+    matches!(f, fid::Q2_K | fid::Q3_K | fid::Q6_K)
+}
+
 #[inline(always)]
 fn ints_of<const F: u8>() -> &'static Ints {
     match &dtype_of(F).format().ints {
@@ -177,10 +190,16 @@ fn lanes_vnni(q: __m256i, x: __m256i) -> __m256i {
     )
 }
 
-/// acc + [s0 ×4, s1 ×4] · lanes.
+/// acc + [s0 ×4, s1 ×4] · lanes (s0 = s1 where format `F`'s halves share their scale, one
+/// broadcast then).
+#[inline]
 #[target_feature(enable = "avx2")]
-fn step(acc: __m256, lanes: __m256i, s0: f32, s1: f32) -> __m256 {
-    let sc = _mm256_set_m128(_mm_set1_ps(s1), _mm_set1_ps(s0));
+fn step<const F: u8>(acc: __m256, lanes: __m256i, s0: f32, s1: f32) -> __m256 {
+    let sc = if halves_differ(F) {
+        _mm256_set_m128(_mm_set1_ps(s1), _mm_set1_ps(s0))
+    } else {
+        _mm256_set1_ps(s0)
+    };
     _mm256_add_ps(acc, _mm256_mul_ps(sc, _mm256_cvtepi32_ps(lanes)))
 }
 
@@ -193,68 +212,91 @@ fn lane_sum(a: __m256) -> f32 {
 }
 
 macro_rules! kernel {
-    ($name:ident, $features:literal, $lanes:ident) => {
-        /// `dot::rows_portable` for format `F`.
+    ($name:ident, $one:ident, $features:literal, $lanes:ident) => {
+        /// One row of W · one row of X (`xq`, `d`, `sums`: that row's quants, scales and
+        /// half sums).
+        #[inline]
         #[target_feature(enable = $features)]
-        pub(super) fn $name<const F: u8>(
-            rows: &Rows<'_>,
-            x: &QuantX,
-            out: &mut [f32],
-            acc: &mut Vec<[f32; 9]>,
-        ) {
+        fn $one<const F: u8>(
+            row: &[u8],
+            block_bytes: usize,
+            xq: &[u8],
+            d: &[f32],
+            sums: &[[i32; 2]],
+        ) -> f32 {
+            let ints = ints_of::<F>();
+            let gpb = const { groups_per_block(F) };
+            let xs = xq.chunks_exact(32 * gpb).zip(d.chunks_exact(gpb));
+            let xs = xs.zip(sums.chunks_exact(gpb));
+            let mut a = _mm256_setzero_ps();
+            let mut b = 0f32;
+            for (blk, ((xb, db), sb)) in row.chunks_exact(block_bytes).zip(xs) {
+                for gg in 0..gpb {
+                    let s = scales::<F>(blk, gg);
+                    let dx = db[gg];
+                    let (s0, s1) = group_scales(&s, dx);
+                    let lanes = $lanes(quants::<F>(blk, gg), load32(&xb[32 * gg..]));
+                    a = step::<F>(a, lanes, s0, s1);
+                    offset_term(ints, &s, dx, sb[gg], &mut b);
+                }
+            }
+            lane_sum(a) + b
+        }
+
+        /// `dot::rows_portable` for format `F`: rows of X four at a time, so that each group
+        /// of W is decoded once for four dot products (a row's arithmetic is the same in a
+        /// batch of any size).
+        #[target_feature(enable = $features)]
+        pub(super) fn $name<const F: u8>(rows: &Rows<'_>, x: &QuantX, out: &mut [f32]) {
             let ints = ints_of::<F>();
             let (m, k) = (x.m, x.k);
             let groups = k / 32;
+            let gpb = const { groups_per_block(F) };
             let xq: &[u8] = bytemuck::cast_slice(&x.q);
-            let gpb = rows.groups_per_block;
-            if m == 1 {
-                for (row, o) in rows.w.chunks_exact(rows.row_bytes).zip(out.iter_mut()) {
-                    let mut a = _mm256_setzero_ps();
-                    let mut b = 0f32;
-                    for (bi, blk) in row.chunks_exact(rows.block_bytes).enumerate() {
+            let bb = rows.block_bytes;
+            for (row, o) in rows
+                .w
+                .chunks_exact(rows.row_bytes)
+                .zip(out.chunks_exact_mut(m))
+            {
+                let mut i = 0;
+                while i + 4 <= m {
+                    let mut a = [_mm256_setzero_ps(); 4];
+                    let mut b = [0f32; 4];
+                    for (bi, blk) in row.chunks_exact(bb).enumerate() {
                         for gg in 0..gpb {
                             let g = bi * gpb + gg;
+                            let q = quants::<F>(blk, gg);
                             let s = scales::<F>(blk, gg);
-                            let dx = x.d[g];
-                            let (s0, s1) = group_scales(&s, dx);
-                            let lanes = $lanes(quants::<F>(blk, gg), load32(&xq[32 * g..]));
-                            a = step(a, lanes, s0, s1);
-                            offset_term(ints, &s, dx, x.sums[g], &mut b);
+                            for j in 0..4 {
+                                let at = (i + j) * groups + g;
+                                let dx = x.d[at];
+                                let (s0, s1) = group_scales(&s, dx);
+                                let lanes = $lanes(q, load32(&xq[32 * at..]));
+                                a[j] = step::<F>(a[j], lanes, s0, s1);
+                                offset_term(ints, &s, dx, x.sums[at], &mut b[j]);
+                            }
                         }
                     }
-                    *o = lane_sum(a) + b;
-                }
-                return;
-            }
-            acc.clear();
-            acc.resize(m, [0.0; 9]);
-            for r in 0..rows.count() {
-                acc.iter_mut().for_each(|a| *a = [0.0; 9]);
-                for g in 0..groups {
-                    let (blk, gg) = rows.block(r, g);
-                    let q = quants::<F>(blk, gg);
-                    let s = scales::<F>(blk, gg);
-                    for (i, slot) in acc.iter_mut().enumerate() {
-                        let dx = x.d[i * groups + g];
-                        let (s0, s1) = group_scales(&s, dx);
-                        let lanes = $lanes(q, load32(&xq[i * k + 32 * g..]));
-                        let a: __m256 = bytemuck::pod_read_unaligned(
-                            bytemuck::cast_slice::<f32, u8>(&slot[..8]),
-                        );
-                        let a: [f32; 8] = bytemuck::cast(step(a, lanes, s0, s1));
-                        slot[..8].copy_from_slice(&a);
-                        offset_term(ints, &s, dx, x.sums[i * groups + g], &mut slot[8]);
+                    for j in 0..4 {
+                        o[i + j] = lane_sum(a[j]) + b[j];
                     }
+                    i += 4;
                 }
-                for (i, slot) in acc.iter().enumerate() {
-                    let a: __m256 =
-                        bytemuck::pod_read_unaligned(bytemuck::cast_slice::<f32, u8>(&slot[..8]));
-                    out[r * m + i] = lane_sum(a) + slot[8];
+                for (i, v) in o.iter_mut().enumerate().skip(i) {
+                    let (g0, g1) = (i * groups, (i + 1) * groups);
+                    let xr = &xq[32 * g0..32 * g1];
+                    *v = $one::<F>(row, bb, xr, &x.d[g0..g1], &x.sums[g0..g1]);
                 }
             }
         }
     };
 }
 
-kernel!(rows_avx2, "avx2", lanes_avx2);
-kernel!(rows_avx512, "avx2,avx512vnni,avx512vl", lanes_vnni);
+kernel!(rows_avx2, row_avx2, "avx2", lanes_avx2);
+kernel!(
+    rows_avx512,
+    row_avx512,
+    "avx2,avx512vnni,avx512vl",
+    lanes_vnni
+);
