@@ -25,6 +25,31 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
     acc.iter().sum::<f32>() + tail
 }
 
+/// Where positions `from..=to` of a sequence start in a pool (`table` its block table, `bs`
+/// positions a block, `row` floats a position), pushed to `out`: one lookup a block, not a
+/// division a position.
+fn slots(table: &[u32], bs: usize, row: usize, from: usize, to: usize, out: &mut Vec<usize>) {
+    out.clear();
+    for b in from / bs..=to / bs {
+        let lo = if b == from / bs { from % bs } else { 0 };
+        let hi = if b == to / bs { to % bs } else { bs - 1 };
+        let base = table[b] as usize * bs;
+        out.extend((lo..=hi).map(|i| (base + i) * row));
+    }
+}
+
+/// Scores to weights, in place.
+fn softmax(s: &mut [f32]) {
+    let max = s.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+    let mut sum = 0f32;
+    for v in s.iter_mut() {
+        *v = (*v - max).exp();
+        sum += *v;
+    }
+    let inv = 1.0 / sum;
+    s.iter_mut().for_each(|v| *v *= inv);
+}
+
 /// `reference::paged_attention_host`'s result, computed on `cpu`'s threads.
 pub(crate) fn paged_attention_native(
     cpu: &CpuContext,
@@ -38,33 +63,42 @@ pub(crate) fn paged_attention_native(
     let (bs, kvh, d, heads) = (cfg.block_size, cfg.kv_heads, cfg.head_dim, attn.heads);
     let (row, group) = (kvh * d, heads / kvh);
     let mut out = vec![0f32; q.len()];
+    // A task takes the heads of a query token that share a KV head, each key and value row
+    // then read once for all of them; or a head alone when that leaves fewer than four tasks a
+    // thread (a decode step).
+    let tokens = q.len() / (heads * d);
+    let per_task = if tokens * kvh >= 4 * cpu.threads() {
+        group
+    } else {
+        1
+    };
     cpu.install(|| {
-        out.par_chunks_mut(d).enumerate().for_each_init(
-            Vec::new,
-            |scores: &mut Vec<f32>, (idx, o)| {
-                let (t, h) = (idx / heads, idx % heads);
+        out.par_chunks_mut(per_task * d).enumerate().for_each_init(
+            <(Vec<f32>, Vec<usize>)>::default,
+            |(scores, at), (idx, o)| {
+                let (t, g) = (idx * per_task / heads, idx * per_task % heads / group);
                 let table = &batch.tables[batch.info[2 * t] as usize..];
                 let pos = batch.info[2 * t + 1] as usize;
                 let first = attn.window.map_or(0, |w| (pos + 1).saturating_sub(w));
-                let at = |j: usize| (table[j / bs] as usize * bs + j % bs) * row + (h / group) * d;
-                let qrow = &q[idx * d..(idx + 1) * d];
+                slots(table, bs, row, first, pos, at);
+                let (head, n) = (g * d, at.len());
+                let qs = &q[idx * per_task * d..(idx + 1) * per_task * d];
                 scores.clear();
-                let mut max = f32::NEG_INFINITY;
-                for j in first..=pos {
-                    let s = dot(qrow, &kp[at(j)..at(j) + d]) * attn.scale;
-                    max = max.max(s);
-                    scores.push(s);
+                scores.resize(per_task * n, 0.0);
+                for (p, &a) in at.iter().enumerate() {
+                    let k = &kp[a + head..a + head + d];
+                    for (gi, qrow) in qs.chunks_exact(d).enumerate() {
+                        scores[gi * n + p] = dot(qrow, k) * attn.scale;
+                    }
                 }
-                let mut sum = 0f32;
-                for s in scores.iter_mut() {
-                    *s = (*s - max).exp();
-                    sum += *s;
-                }
-                let inv = 1.0 / sum;
-                for (&e, j) in scores.iter().zip(first..=pos) {
-                    let w = e * inv;
-                    for (x, y) in o.iter_mut().zip(&vp[at(j)..at(j) + d]) {
-                        *x += w * y;
+                scores.chunks_exact_mut(n).for_each(softmax);
+                for (p, &a) in at.iter().enumerate() {
+                    let v = &vp[a + head..a + head + d];
+                    for (gi, o) in o.chunks_exact_mut(d).enumerate() {
+                        let w = scores[gi * n + p];
+                        for (x, y) in o.iter_mut().zip(v) {
+                            *x += w * y;
+                        }
                     }
                 }
             },

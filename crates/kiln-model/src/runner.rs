@@ -208,6 +208,11 @@ impl ModelRunner {
     /// then the model over `seqs`, recorded into one submit; reads back the argmax of every
     /// logits row and the rows whose sequence asked for them.
     pub fn step(&mut self, seqs: &[StepSeq<'_>], copies: &[BlockCopy]) -> Result<StepOutput> {
+        let device = self.model.device().clone();
+        device.run(|| self.run_step(seqs, copies))
+    }
+
+    fn run_step(&mut self, seqs: &[StepSeq<'_>], copies: &[BlockCopy]) -> Result<StepOutput> {
         let inputs: Vec<SeqInput<'_>> = seqs
             .iter()
             .map(|s| SeqInput {

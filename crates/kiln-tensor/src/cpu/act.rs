@@ -1,18 +1,28 @@
 //! Activations quantized for integer dot products: each 32-element group of a row of X as 32
 //! `i8` with an f32 scale (amax / 127, rounded half away from zero, as ggml's `Q8_0`), and the
-//! integer sums of its two halves, which the formats with offsets need.
+//! sums of what it stands for, whole and by halves (`d·Σq`, as ggml's `Q8_1` keeps `s`), which
+//! the formats with offsets need.
+//!
+//! Rows are stored in tiles of [`TILE`] (the last one may be narrower), group-major within a
+//! tile: a kernel that decodes a group of W once for every row of a tile finds those rows'
+//! groups side by side.
+
+use std::ops::Range;
+
+/// Rows of X a tile.
+pub(crate) const TILE: usize = 4;
 
 /// Rows of X, quantized.
 #[derive(Debug, Default)]
 pub(crate) struct QuantX {
     pub m: usize,
     pub k: usize,
-    /// `[m][k]` quants.
+    /// Quants, 32 a group slot ([`QuantX::slot`]).
     pub q: Vec<i8>,
-    /// `[m][k / 32]` scales.
+    /// Scales, one a group slot.
     pub d: Vec<f32>,
-    /// `[m][k / 32]` sums of quants 0–15 and 16–31.
-    pub sums: Vec<[i32; 2]>,
+    /// `d·Σq` over the group, over quants 0–15 and over 16–31, one a group slot.
+    pub dsums: Vec<[f32; 3]>,
 }
 
 impl QuantX {
@@ -23,31 +33,65 @@ impl QuantX {
         self.k = k;
         self.q.resize(m * k, 0);
         self.d.resize(m * k / 32, 0.0);
-        self.sums.resize(m * k / 32, [0, 0]);
-        for (((xs, qs), d), s) in x
-            .chunks_exact(32)
-            .zip(self.q.chunks_exact_mut(32))
-            .zip(&mut self.d)
-            .zip(&mut self.sums)
-        {
-            let amax = xs.iter().fold(0f32, |a, v| a.max(v.abs()));
-            *d = amax / 127.0;
-            let id = if *d != 0.0 { 1.0 / *d } else { 0.0 };
-            for (q, &v) in qs.iter_mut().zip(xs) {
-                *q = (v * id).round() as i8;
+        self.dsums.resize(m * k / 32, [0.0; 3]);
+        for (i, row) in x.chunks_exact(k).enumerate() {
+            for (g, xs) in row.chunks_exact(32).enumerate() {
+                let at = self.slot(i, g);
+                let qs = &mut self.q[32 * at..32 * at + 32];
+                let amax = xs.iter().fold(0f32, |a, v| a.max(v.abs()));
+                let d = amax / 127.0;
+                let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+                for (q, &v) in qs.iter_mut().zip(xs) {
+                    *q = (v * id).round() as i8;
+                }
+                let half = |h: &[i8]| h.iter().map(|&v| i32::from(v)).sum::<i32>();
+                let (lo, hi) = (half(&qs[..16]), half(&qs[16..]));
+                self.d[at] = d;
+                self.dsums[at] = [d * (lo + hi) as f32, d * lo as f32, d * hi as f32];
             }
-            let half = |h: &[i8]| h.iter().map(|&v| i32::from(v)).sum::<i32>();
-            *s = [half(&qs[..16]), half(&qs[16..])];
         }
     }
 
-    /// The values the quants stand for (`q·d`), for tests and references.
+    /// Groups a row.
+    pub fn groups(&self) -> usize {
+        self.k / 32
+    }
+
+    /// The rows of each tile, in order.
+    pub fn tiles(&self) -> impl Iterator<Item = Range<usize>> + use<> {
+        let m = self.m;
+        (0..m).step_by(TILE).map(move |i| i..(i + TILE).min(m))
+    }
+
+    /// The group slots of the tile of `rows`: `rows.len()` slots a group, group-major.
+    pub fn tile_slots(&self, rows: &Range<usize>) -> Range<usize> {
+        let first = rows.start * self.groups();
+        first..first + rows.len() * self.groups()
+    }
+
+    /// Where group `g` of row `i` is stored (its index in `d` and `dsums`; its quants start
+    /// at 32 times it).
+    pub fn slot(&self, i: usize, g: usize) -> usize {
+        let t = i / TILE * TILE;
+        let width = TILE.min(self.m - t);
+        t * self.groups() + g * width + (i - t)
+    }
+
+    /// The values the quants stand for (`q·d`), row-major, for tests and references.
     #[cfg(test)]
     pub fn dequantized(&self) -> Vec<f32> {
-        self.q
-            .chunks_exact(32)
-            .zip(&self.d)
-            .flat_map(|(q, &d)| q.iter().map(move |&v| f32::from(v) * d))
-            .collect()
+        let mut out = Vec::with_capacity(self.m * self.k);
+        for i in 0..self.m {
+            for g in 0..self.groups() {
+                let at = self.slot(i, g);
+                let d = self.d[at];
+                out.extend(
+                    self.q[32 * at..32 * at + 32]
+                        .iter()
+                        .map(|&v| f32::from(v) * d),
+                );
+            }
+        }
+        out
     }
 }

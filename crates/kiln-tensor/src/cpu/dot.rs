@@ -34,25 +34,24 @@ impl Rows<'_> {
     }
 }
 
-/// The scales of one group for one row of X: `a·dx` of each half, and the offset term's
-/// factors.
+/// The scales of one group for one row of X: `a·dx` of each half.
 #[inline(always)]
 pub(crate) fn group_scales(s: &[f32; 4], dx: f32) -> (f32, f32) {
     (s[0] * dx, s[1] * dx)
 }
 
-/// The offset term of one group for one row of X: b·dx·Σxq, by halves where the format's
-/// scales change every 16 elements.
+/// The offset term of one group for one row of X added to `accb`: b·(dx·Σxq), by halves
+/// where the format's scales change every 16 elements.
 #[inline(always)]
-pub(crate) fn offset_term(ints: &Ints, s: &[f32; 4], dx: f32, sums: [i32; 2], accb: &mut f32) {
+pub(crate) fn offset_term(ints: &Ints, s: &[f32; 4], dsums: &[f32; 3], accb: &mut f32) {
     if !ints.offset {
         return;
     }
     if ints.span == 32 {
-        *accb += (s[2] * dx) * (sums[0] + sums[1]) as f32;
+        *accb = s[2].mul_add(dsums[0], *accb);
     } else {
-        *accb += (s[2] * dx) * sums[0] as f32;
-        *accb += (s[3] * dx) * sums[1] as f32;
+        *accb = s[2].mul_add(dsums[1], *accb);
+        *accb = s[3].mul_add(dsums[2], *accb);
     }
 }
 
@@ -65,8 +64,7 @@ pub(crate) fn lane_sum(a: &[f32; 8]) -> f32 {
 
 /// `out[r·m + i]` = row r of W · row i of X, for every row of `rows` and of `x`.
 pub(crate) fn rows_portable(rows: &Rows<'_>, x: &QuantX, out: &mut [f32]) {
-    let (m, k) = (x.m, x.k);
-    let groups = k / 32;
+    let (m, groups) = (x.m, x.groups());
     let mut acc = vec![[0f32; 8]; m];
     let mut accb = vec![0f32; m];
     let mut q = [0i8; 32];
@@ -78,17 +76,18 @@ pub(crate) fn rows_portable(rows: &Rows<'_>, x: &QuantX, out: &mut [f32]) {
             (rows.ints.quants)(blk, gg, &mut q);
             let s = (rows.ints.scales)(blk, gg);
             for i in 0..m {
-                let xq = &x.q[i * k + 32 * g..][..32];
-                let dx = x.d[i * groups + g];
+                let at = x.slot(i, g);
+                let xq = &x.q[32 * at..][..32];
+                let dx = x.d[at];
                 let (s0, s1) = group_scales(&s, dx);
                 for l in 0..8 {
                     let lane: i32 = (4 * l..4 * l + 4)
                         .map(|e| i32::from(q[e]) * i32::from(xq[e]))
                         .sum();
                     let sc = if l < 4 { s0 } else { s1 };
-                    acc[i][l] += sc * lane as f32;
+                    acc[i][l] = sc.mul_add(lane as f32, acc[i][l]);
                 }
-                offset_term(rows.ints, &s, dx, x.sums[i * groups + g], &mut accb[i]);
+                offset_term(rows.ints, &s, &x.dsums[at], &mut accb[i]);
             }
         }
         for i in 0..m {

@@ -93,12 +93,40 @@ pub(crate) fn linear_native(
             }
         }
     }
-    let mut y = vec![0f32; m * n];
-    for (j, col) in by_row.chunks_exact(m).enumerate() {
-        let b = bias.map_or(0.0, |b| b[j]);
-        for (i, &v) in col.iter().enumerate() {
-            y[i * n + j] = v + b;
+    Ok(transpose(ctx, by_row, m, n, bias))
+}
+
+/// Rows of Y at a time in the transpose: the products of a weight row for them are read as
+/// one run, and each of the rows is written in order.
+const Y_ROWS: usize = 16;
+
+/// Y `[m][n]` from the products by weight row `[n][m]`, plus the bias, on the pool.
+fn transpose(
+    ctx: &CpuContext,
+    mut by_row: Vec<f32>,
+    m: usize,
+    n: usize,
+    bias: Option<&[f32]>,
+) -> Vec<f32> {
+    if m == 1 {
+        if let Some(b) = bias {
+            by_row.iter_mut().zip(b).for_each(|(v, b)| *v += b);
         }
+        return by_row;
     }
-    Ok(y)
+    let mut y = vec![0f32; m * n];
+    ctx.pool().install(|| {
+        y.par_chunks_mut(Y_ROWS * n)
+            .enumerate()
+            .for_each(|(c, ys)| {
+                let i0 = c * Y_ROWS;
+                for (j, col) in by_row.chunks_exact(m).enumerate() {
+                    let b = bias.map_or(0.0, |b| b[j]);
+                    for (r, &v) in ys.chunks_exact_mut(n).zip(&col[i0..]) {
+                        r[j] = v + b;
+                    }
+                }
+            });
+    });
+    y
 }

@@ -9,9 +9,9 @@
 //!
 //! Numerics are defined once, by the portable kernel (`dot::rows_portable`): per 32-element
 //! group, eight lanes of four-element integer sums, each scaled by its half's `a·dx` and
-//! added to its lane's f32 accumulator; a format's offsets `b·dx·Σx` go to a ninth; the lanes
-//! are summed in a fixed order. Every SIMD level computes exactly that, so results are
-//! bit-identical across ISAs and batch sizes.
+//! fused-multiply-added into its lane's f32 accumulator; a format's offsets `b·(dx·Σxq)` go to
+//! a ninth the same way; the lanes are summed in a fixed order. Every SIMD level computes
+//! exactly that, so results are bit-identical across ISAs and batch sizes.
 
 mod act;
 mod dispatch;
@@ -35,7 +35,7 @@ use crate::{Result, TensorError};
 pub enum Isa {
     /// Plain Rust: the definition every other level matches bit for bit.
     Scalar,
-    /// AVX2 (`vpmaddubsw`, `vpmaddwd`), x86-64 from Haswell on.
+    /// AVX2 (`vpmaddubsw`, `vpmaddwd`) with FMA and F16C, x86-64 from Haswell on.
     Avx2,
     /// AVX-512 VNNI on 256-bit registers (`vpdpbusd`): one instruction a four-element dot.
     Avx512,
@@ -55,13 +55,12 @@ impl Isa {
     pub fn detect() -> Isa {
         #[cfg(target_arch = "x86_64")]
         {
-            if std::arch::is_x86_feature_detected!("avx512vnni")
-                && std::arch::is_x86_feature_detected!("avx512vl")
-                && std::arch::is_x86_feature_detected!("avx2")
-            {
+            use std::arch::is_x86_feature_detected as has;
+            let avx2 = has!("avx2") && has!("fma") && has!("f16c");
+            if avx2 && has!("avx512vnni") && has!("avx512vl") {
                 return Isa::Avx512;
             }
-            if std::arch::is_x86_feature_detected!("avx2") {
+            if avx2 {
                 return Isa::Avx2;
             }
         }
@@ -222,7 +221,7 @@ mod tests {
             let n = 7;
             let w = random_rows(dtype, n, k, &mut rng);
             let rows = rows_of(dtype, &w, k);
-            for m in [1, 2, 5, 9] {
+            for m in [1, 2, 3, 5, 6, 7, 9] {
                 let x: Vec<f32> = (0..m * k).map(|_| rng.random_range(-2.0..2.0)).collect();
                 let mut qx = QuantX::default();
                 qx.fill(&x, m, k);
@@ -303,7 +302,10 @@ mod tests {
         assert_eq!(qx.d[0], 1.0);
         assert_eq!(&qx.q[..3], &[127, -64, 1]);
         assert_eq!(qx.q[17], 2);
-        assert_eq!(qx.sums[0], [127 - 64 + 1, 2]);
+        assert_eq!(
+            qx.dsums[0],
+            [(127 - 64 + 1 + 2) as f32, (127 - 64 + 1) as f32, 2.0]
+        );
     }
 
     #[test]

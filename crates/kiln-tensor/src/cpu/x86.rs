@@ -3,15 +3,17 @@
 //!
 //! Two levels share one body (the `kernel!` macro): AVX2 (`vpmaddubsw` + `vpmaddwd`) and
 //! AVX-512 VNNI on 256-bit registers (`vpdpbusd`). Both give the same integer lane sums, so
-//! the same results. The bodies are safe Rust: intrinsics are safe inside a function with the
+//! the same results. Both levels also use FMA (the definition's fused multiply-adds) and
+//! F16C (the blocks' f16 scales, widened exactly as `scale_at` does). The bodies are safe Rust: intrinsics are safe inside a function with the
 //! matching `target_feature`, and loads go through `bytemuck` from slices.
 
 use std::arch::x86_64::*;
 
 use super::QuantX;
+use super::act::TILE;
 use super::dot::{Rows, group_scales, offset_term};
 use crate::DType;
-use crate::quant::Ints;
+use crate::quant::{Format, Ints};
 
 /// Format ids of the const-generic kernels (enums cannot be const parameters).
 pub(super) mod fid {
@@ -47,44 +49,60 @@ const fn dtype_of(f: u8) -> DType {
     }
 }
 
+const fn format_of(f: u8) -> &'static Format {
+    dtype_of(f).format()
+}
+
+const fn ints(f: u8) -> &'static Ints {
+    match &format_of(f).ints {
+        Some(i) => i,
+        None => panic!("every fid names a block format"),
+    }
+}
+
 /// 32-element groups a block of format `f` (8 for the K-quants' super-blocks).
 const fn groups_per_block(f: u8) -> usize {
-    match f {
-        fid::Q2_K | fid::Q3_K | fid::Q4_K | fid::Q5_K | fid::Q6_K => 8,
-        _ => 1,
-    }
+    format_of(f).block_elems / 32
 }
 
 /// Whether format `f`'s scales change every 16 elements (its halves may differ).
 const fn halves_differ(f: u8) -> bool {
-    matches!(f, fid::Q2_K | fid::Q3_K | fid::Q6_K)
+    ints(f).span == 16
 }
 
 #[inline(always)]
 fn ints_of<const F: u8>() -> &'static Ints {
-    match &dtype_of(F).format().ints {
-        Some(i) => i,
-        None => unreachable!("every fid names a block format"),
-    }
+    const { ints(F) }
 }
 
-/// `Ints::scales` of format `F`, called directly so that it inlines.
-#[inline(always)]
+/// The f16 at byte `at` of a block, widened (exact, as the table's `scale_at`).
+#[inline]
+#[target_feature(enable = "f16c")]
+fn half_at(b: &[u8], at: usize) -> f32 {
+    let h = u16::from_le_bytes([b[at], b[at + 1]]);
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(h))))
+}
+
+/// `Ints::scales` of format `F`, called directly so that it inlines, its f16 fields read by
+/// F16C.
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
 fn scales<const F: u8>(blk: &[u8], g: usize) -> [f32; 4] {
     use crate::quant::scales as s;
+    let h = |b: &[u8], at: usize| half_at(b, at);
     match F {
-        fid::Q8_0 => s::q8_0(blk, g),
-        fid::Q4_0 => s::q4_0(blk, g),
-        fid::Q4_1 => s::q4_1(blk, g),
-        fid::Q5_0 => s::q5_0(blk, g),
-        fid::Q5_1 => s::q5_1(blk, g),
-        fid::Q2_K => s::q2_k(blk, g),
-        fid::Q3_K => s::q3_k(blk, g),
-        fid::Q4_K => s::q4_k(blk, g),
-        fid::Q5_K => s::q5_k(blk, g),
-        fid::Q6_K => s::q6_k(blk, g),
-        fid::Q4_Z => s::q4_z(blk, g),
-        _ => s::q8_z(blk, g),
+        fid::Q8_0 => s::q8_0(blk, g, h),
+        fid::Q4_0 => s::q4_0(blk, g, h),
+        fid::Q4_1 => s::q4_1(blk, g, h),
+        fid::Q5_0 => s::q5_0(blk, g, h),
+        fid::Q5_1 => s::q5_1(blk, g, h),
+        fid::Q2_K => s::q2_k(blk, g, h),
+        fid::Q3_K => s::q3_k(blk, g, h),
+        fid::Q4_K => s::q4_k(blk, g, h),
+        fid::Q5_K => s::q5_k(blk, g, h),
+        fid::Q6_K => s::q6_k(blk, g, h),
+        fid::Q4_Z => s::q4_z(blk, g, h),
+        _ => s::q8_z(blk, g, h),
     }
 }
 
@@ -173,34 +191,45 @@ fn quants<const F: u8>(blk: &[u8], g: usize) -> __m256i {
     }
 }
 
-/// Eight lanes of four-element sums of q·x (AVX2): |q| · sign(x, q), pairs, then quads.
+/// q as unsigned bytes and x with q's signs moved onto it (|q| · sign(x, q) = q·x), unless
+/// format `F`'s quants are never negative.
+#[inline]
 #[target_feature(enable = "avx2")]
-fn lanes_avx2(q: __m256i, x: __m256i) -> __m256i {
-    let p = _mm256_maddubs_epi16(_mm256_sign_epi8(q, q), _mm256_sign_epi8(x, q));
-    _mm256_madd_epi16(p, _mm256_set1_epi16(1))
+fn unsigned<const F: u8>(q: __m256i, x: __m256i) -> (__m256i, __m256i) {
+    if const { ints(F).unsigned } {
+        (q, x)
+    } else {
+        (_mm256_sign_epi8(q, q), _mm256_sign_epi8(x, q))
+    }
+}
+
+/// Eight lanes of four-element sums of q·x (AVX2): u8·i8 pairs, then quads.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn lanes_avx2<const F: u8>(q: __m256i, x: __m256i) -> __m256i {
+    let (u, v) = unsigned::<F>(q, x);
+    _mm256_madd_epi16(_mm256_maddubs_epi16(u, v), _mm256_set1_epi16(1))
 }
 
 /// The same lanes with one `vpdpbusd`.
+#[inline]
 #[target_feature(enable = "avx2,avx512vnni,avx512vl")]
-fn lanes_vnni(q: __m256i, x: __m256i) -> __m256i {
-    _mm256_dpbusd_epi32(
-        _mm256_setzero_si256(),
-        _mm256_sign_epi8(q, q),
-        _mm256_sign_epi8(x, q),
-    )
+fn lanes_vnni<const F: u8>(q: __m256i, x: __m256i) -> __m256i {
+    let (u, v) = unsigned::<F>(q, x);
+    _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, v)
 }
 
-/// acc + [s0 ×4, s1 ×4] · lanes (s0 = s1 where format `F`'s halves share their scale, one
+/// [s0 ×4, s1 ×4] · lanes + acc, fused (s0 = s1 where format `F`'s halves share their scale, one
 /// broadcast then).
 #[inline]
-#[target_feature(enable = "avx2")]
+#[target_feature(enable = "avx2,fma")]
 fn step<const F: u8>(acc: __m256, lanes: __m256i, s0: f32, s1: f32) -> __m256 {
     let sc = if halves_differ(F) {
         _mm256_set_m128(_mm_set1_ps(s1), _mm_set1_ps(s0))
     } else {
         _mm256_set1_ps(s0)
     };
-    _mm256_add_ps(acc, _mm256_mul_ps(sc, _mm256_cvtepi32_ps(lanes)))
+    _mm256_fmadd_ps(sc, _mm256_cvtepi32_ps(lanes), acc)
 }
 
 /// `dot::lane_sum`'s order.
@@ -212,91 +241,75 @@ fn lane_sum(a: __m256) -> f32 {
 }
 
 macro_rules! kernel {
-    ($name:ident, $one:ident, $features:literal, $lanes:ident) => {
-        /// One row of W · one row of X (`xq`, `d`, `sums`: that row's quants, scales and
-        /// half sums).
+    ($name:ident, $tile:ident, $features:literal, $lanes:ident) => {
+        /// One row of W · the `W` rows of one tile of X (`xq`, `d`, `dsums`: the tile's
+        /// group slots), into `o`: each group of W decoded once for the tile's rows, whose
+        /// arithmetic is each the same as alone.
         #[inline]
         #[target_feature(enable = $features)]
-        fn $one<const F: u8>(
+        fn $tile<const F: u8, const W: usize>(
             row: &[u8],
             block_bytes: usize,
             xq: &[u8],
             d: &[f32],
-            sums: &[[i32; 2]],
-        ) -> f32 {
+            dsums: &[[f32; 3]],
+            o: &mut [f32],
+        ) {
             let ints = ints_of::<F>();
             let gpb = const { groups_per_block(F) };
-            let xs = xq.chunks_exact(32 * gpb).zip(d.chunks_exact(gpb));
-            let xs = xs.zip(sums.chunks_exact(gpb));
-            let mut a = _mm256_setzero_ps();
-            let mut b = 0f32;
+            let xs = xq.chunks_exact(32 * gpb * W).zip(d.chunks_exact(gpb * W));
+            let xs = xs.zip(dsums.chunks_exact(gpb * W));
+            let mut a = [_mm256_setzero_ps(); W];
+            let mut b = [0f32; W];
             for (blk, ((xb, db), sb)) in row.chunks_exact(block_bytes).zip(xs) {
                 for gg in 0..gpb {
+                    let q = quants::<F>(blk, gg);
                     let s = scales::<F>(blk, gg);
-                    let dx = db[gg];
-                    let (s0, s1) = group_scales(&s, dx);
-                    let lanes = $lanes(quants::<F>(blk, gg), load32(&xb[32 * gg..]));
-                    a = step::<F>(a, lanes, s0, s1);
-                    offset_term(ints, &s, dx, sb[gg], &mut b);
+                    for j in 0..W {
+                        let at = gg * W + j;
+                        let (s0, s1) = group_scales(&s, db[at]);
+                        let lanes = $lanes::<F>(q, load32(&xb[32 * at..]));
+                        a[j] = step::<F>(a[j], lanes, s0, s1);
+                        offset_term(ints, &s, &sb[at], &mut b[j]);
+                    }
                 }
             }
-            lane_sum(a) + b
+            for j in 0..W {
+                o[j] = lane_sum(a[j]) + b[j];
+            }
         }
 
-        /// `dot::rows_portable` for format `F`: rows of X four at a time, so that each group
-        /// of W is decoded once for four dot products (a row's arithmetic is the same in a
-        /// batch of any size).
+        /// `dot::rows_portable` for format `F`, a tile of X at a time.
         #[target_feature(enable = $features)]
         pub(super) fn $name<const F: u8>(rows: &Rows<'_>, x: &QuantX, out: &mut [f32]) {
-            let ints = ints_of::<F>();
-            let (m, k) = (x.m, x.k);
-            let groups = k / 32;
-            let gpb = const { groups_per_block(F) };
             let xq: &[u8] = bytemuck::cast_slice(&x.q);
             let bb = rows.block_bytes;
             for (row, o) in rows
                 .w
                 .chunks_exact(rows.row_bytes)
-                .zip(out.chunks_exact_mut(m))
+                .zip(out.chunks_exact_mut(x.m))
             {
-                let mut i = 0;
-                while i + 4 <= m {
-                    let mut a = [_mm256_setzero_ps(); 4];
-                    let mut b = [0f32; 4];
-                    for (bi, blk) in row.chunks_exact(bb).enumerate() {
-                        for gg in 0..gpb {
-                            let g = bi * gpb + gg;
-                            let q = quants::<F>(blk, gg);
-                            let s = scales::<F>(blk, gg);
-                            for j in 0..4 {
-                                let at = (i + j) * groups + g;
-                                let dx = x.d[at];
-                                let (s0, s1) = group_scales(&s, dx);
-                                let lanes = $lanes(q, load32(&xq[32 * at..]));
-                                a[j] = step::<F>(a[j], lanes, s0, s1);
-                                offset_term(ints, &s, dx, x.sums[at], &mut b[j]);
-                            }
-                        }
+                for t in x.tiles() {
+                    let at = x.tile_slots(&t);
+                    let (xq, d) = (&xq[32 * at.start..32 * at.end], &x.d[at.clone()]);
+                    let (s, o) = (&x.dsums[at], &mut o[t.clone()]);
+                    const { assert!(TILE == 4, "a kernel for each tile width") };
+                    match t.len() {
+                        1 => $tile::<F, 1>(row, bb, xq, d, s, o),
+                        2 => $tile::<F, 2>(row, bb, xq, d, s, o),
+                        3 => $tile::<F, 3>(row, bb, xq, d, s, o),
+                        _ => $tile::<F, TILE>(row, bb, xq, d, s, o),
                     }
-                    for j in 0..4 {
-                        o[i + j] = lane_sum(a[j]) + b[j];
-                    }
-                    i += 4;
-                }
-                for (i, v) in o.iter_mut().enumerate().skip(i) {
-                    let (g0, g1) = (i * groups, (i + 1) * groups);
-                    let xr = &xq[32 * g0..32 * g1];
-                    *v = $one::<F>(row, bb, xr, &x.d[g0..g1], &x.sums[g0..g1]);
                 }
             }
         }
     };
 }
 
-kernel!(rows_avx2, row_avx2, "avx2", lanes_avx2);
+kernel!(rows_avx2, tile_avx2, "avx2,fma,f16c", lanes_avx2);
 kernel!(
     rows_avx512,
-    row_avx512,
-    "avx2,avx512vnni,avx512vl",
+    tile_avx512,
+    "avx2,fma,f16c,avx512vnni,avx512vl",
     lanes_vnni
 );

@@ -28,6 +28,8 @@ pub(crate) struct Ints {
     pub span: usize,
     /// Whether `b` can be non-zero (a min or a zero point).
     pub offset: bool,
+    /// Whether every quant is ≥ 0 (a SIMD kernel then multiplies them as unsigned bytes).
+    pub unsigned: bool,
     /// The 32 quants of group `g` of a block.
     pub quants: fn(blk: &[u8], g: usize, q: &mut [i8; 32]),
     /// `[a0, a1, b0, b1]` of group `g` of a block (the two halves; equal where `span` is 32).
@@ -46,7 +48,7 @@ const fn plain(bytes: usize) -> Format {
 
 impl DType {
     /// This dtype's row of the format table.
-    pub(crate) fn format(self) -> &'static Format {
+    pub(crate) const fn format(self) -> &'static Format {
         match self {
             DType::F32 | DType::U32 | DType::I32 => &WORD,
             DType::F16 | DType::BF16 => &HALF,
@@ -70,58 +72,65 @@ static WORD: Format = plain(4);
 static HALF: Format = plain(2);
 
 /// `Ints::scales` of each format, by name, so that a kernel specialised for one format calls
-/// its own directly (and inlines it).
+/// its own directly (and inlines it). Each reads the block's f16 fields through `half` (the
+/// f16 at a byte offset, widened): [`scale_at`](super::scale_at) in the table, an F16C instruction in the x86
+/// kernels; both are exact, so the results are the same.
 pub(crate) mod scales {
-    use super::{both, scale_at};
+    use super::both;
     use crate::quant::kquant::{scale_min_k4, scale_q3k};
 
+    /// The f16 at a byte offset of a block, widened to f32 exactly.
+    pub(crate) trait Half: Fn(&[u8], usize) -> f32 + Copy {}
+    impl<H: Fn(&[u8], usize) -> f32 + Copy> Half for H {}
+
     /// (a, b) of group g of a `Q4_K`/`Q5_K` block: d·sc and −dmin·m.
-    fn k4(blk: &[u8], g: usize) -> [f32; 4] {
-        let (d, dmin) = (scale_at(blk, 0), scale_at(blk, 2));
+    #[inline(always)]
+    fn k4(blk: &[u8], g: usize, half: impl Half) -> [f32; 4] {
+        let (d, dmin) = (half(blk, 0), half(blk, 2));
         let (sc, m) = scale_min_k4(g, &blk[4..16]);
         both(d * f32::from(sc), -(dmin * f32::from(m)))
     }
 
-    #[inline]
-    pub(crate) fn q8_0(blk: &[u8], _g: usize) -> [f32; 4] {
-        both(scale_at(blk, 0), 0.0)
+    #[inline(always)]
+    pub(crate) fn q8_0(blk: &[u8], _g: usize, half: impl Half) -> [f32; 4] {
+        both(half(blk, 0), 0.0)
     }
 
-    #[inline]
-    pub(crate) fn q4_0(blk: &[u8], _g: usize) -> [f32; 4] {
-        both(scale_at(blk, 0), 0.0)
+    #[inline(always)]
+    pub(crate) fn q4_0(blk: &[u8], _g: usize, half: impl Half) -> [f32; 4] {
+        both(half(blk, 0), 0.0)
     }
 
-    #[inline]
-    pub(crate) fn q4_1(blk: &[u8], _g: usize) -> [f32; 4] {
-        both(scale_at(blk, 0), scale_at(blk, 2))
+    #[inline(always)]
+    pub(crate) fn q4_1(blk: &[u8], _g: usize, half: impl Half) -> [f32; 4] {
+        both(half(blk, 0), half(blk, 2))
     }
 
-    #[inline]
-    pub(crate) fn q5_0(blk: &[u8], _g: usize) -> [f32; 4] {
-        both(scale_at(blk, 0), 0.0)
+    #[inline(always)]
+    pub(crate) fn q5_0(blk: &[u8], _g: usize, half: impl Half) -> [f32; 4] {
+        both(half(blk, 0), 0.0)
     }
 
-    #[inline]
-    pub(crate) fn q5_1(blk: &[u8], _g: usize) -> [f32; 4] {
-        both(scale_at(blk, 0), scale_at(blk, 2))
+    #[inline(always)]
+    pub(crate) fn q5_1(blk: &[u8], _g: usize, half: impl Half) -> [f32; 4] {
+        both(half(blk, 0), half(blk, 2))
     }
 
-    #[inline]
-    pub(crate) fn q4_z(blk: &[u8], _g: usize) -> [f32; 4] {
-        let (d, z) = (scale_at(blk, 0), scale_at(blk, 2));
+    #[inline(always)]
+    pub(crate) fn q4_z(blk: &[u8], _g: usize, half: impl Half) -> [f32; 4] {
+        let (d, z) = (half(blk, 0), half(blk, 2));
         both(d, -(z * d))
     }
 
-    #[inline]
-    pub(crate) fn q8_z(blk: &[u8], _g: usize) -> [f32; 4] {
-        let (d, z) = (scale_at(blk, 0), scale_at(blk, 2));
+    #[inline(always)]
+    pub(crate) fn q8_z(blk: &[u8], _g: usize, half: impl Half) -> [f32; 4] {
+        let (d, z) = (half(blk, 0), half(blk, 2));
         both(d, (128.0 - z) * d)
     }
 
-    #[inline]
-    pub(crate) fn q2_k(blk: &[u8], g: usize) -> [f32; 4] {
-        let (d, dmin) = (scale_at(blk, 80), scale_at(blk, 82));
+    #[inline(always)]
+    pub(crate) fn q2_k(blk: &[u8], g: usize, half: impl Half) -> [f32; 4] {
+        let (d, dmin) = (half(blk, 80), half(blk, 82));
         let (s0, s1) = (blk[2 * g], blk[2 * g + 1]);
         [
             d * f32::from(s0 & 0x0f),
@@ -131,9 +140,9 @@ pub(crate) mod scales {
         ]
     }
 
-    #[inline]
-    pub(crate) fn q3_k(blk: &[u8], g: usize) -> [f32; 4] {
-        let d = scale_at(blk, 108);
+    #[inline(always)]
+    pub(crate) fn q3_k(blk: &[u8], g: usize, half: impl Half) -> [f32; 4] {
+        let d = half(blk, 108);
         let s = &blk[96..108];
         [
             d * scale_q3k(2 * g, s) as f32,
@@ -143,19 +152,19 @@ pub(crate) mod scales {
         ]
     }
 
-    #[inline]
-    pub(crate) fn q4_k(blk: &[u8], g: usize) -> [f32; 4] {
-        k4(blk, g)
+    #[inline(always)]
+    pub(crate) fn q4_k(blk: &[u8], g: usize, half: impl Half) -> [f32; 4] {
+        k4(blk, g, half)
     }
 
-    #[inline]
-    pub(crate) fn q5_k(blk: &[u8], g: usize) -> [f32; 4] {
-        k4(blk, g)
+    #[inline(always)]
+    pub(crate) fn q5_k(blk: &[u8], g: usize, half: impl Half) -> [f32; 4] {
+        k4(blk, g, half)
     }
 
-    #[inline]
-    pub(crate) fn q6_k(blk: &[u8], g: usize) -> [f32; 4] {
-        let d = scale_at(blk, 208);
+    #[inline(always)]
+    pub(crate) fn q6_k(blk: &[u8], g: usize, half: impl Half) -> [f32; 4] {
+        let d = half(blk, 208);
         [
             d * f32::from(blk[192 + 2 * g] as i8),
             d * f32::from(blk[192 + 2 * g + 1] as i8),
@@ -207,12 +216,13 @@ static Q8_0: Format = Format {
     ints: Some(Ints {
         span: 32,
         offset: false,
+        unsigned: false,
         quants: |blk, _, q| {
             for (v, &b) in q.iter_mut().zip(&blk[2..34]) {
                 *v = b as i8;
             }
         },
-        scales: scales::q8_0,
+        scales: |b, g| scales::q8_0(b, g, scale_at),
     }),
 };
 
@@ -224,8 +234,9 @@ static Q4_0: Format = Format {
     ints: Some(Ints {
         span: 32,
         offset: false,
+        unsigned: false,
         quants: |blk, _, q| nibble_quants(&blk[2..], 8, q),
-        scales: scales::q4_0,
+        scales: |b, g| scales::q4_0(b, g, scale_at),
     }),
 };
 
@@ -237,8 +248,9 @@ static Q4_1: Format = Format {
     ints: Some(Ints {
         span: 32,
         offset: true,
+        unsigned: true,
         quants: |blk, _, q| nibble_quants(&blk[4..], 0, q),
-        scales: scales::q4_1,
+        scales: |b, g| scales::q4_1(b, g, scale_at),
     }),
 };
 
@@ -250,6 +262,7 @@ static Q5_0: Format = Format {
     ints: Some(Ints {
         span: 32,
         offset: false,
+        unsigned: false,
         quants: |blk, _, q| {
             nibble_quants(&blk[6..], 0, q);
             q5_high(blk, 2, q);
@@ -257,7 +270,7 @@ static Q5_0: Format = Format {
                 *v -= 16;
             }
         },
-        scales: scales::q5_0,
+        scales: |b, g| scales::q5_0(b, g, scale_at),
     }),
 };
 
@@ -269,11 +282,12 @@ static Q5_1: Format = Format {
     ints: Some(Ints {
         span: 32,
         offset: true,
+        unsigned: true,
         quants: |blk, _, q| {
             nibble_quants(&blk[8..], 0, q);
             q5_high(blk, 4, q);
         },
-        scales: scales::q5_1,
+        scales: |b, g| scales::q5_1(b, g, scale_at),
     }),
 };
 
@@ -286,8 +300,9 @@ static Q4_Z: Format = Format {
     ints: Some(Ints {
         span: 32,
         offset: true,
+        unsigned: true,
         quants: |blk, _, q| nibble_quants(&blk[4..], 0, q),
-        scales: scales::q4_z,
+        scales: |b, g| scales::q4_z(b, g, scale_at),
     }),
 };
 
@@ -300,12 +315,13 @@ static Q8_Z: Format = Format {
     ints: Some(Ints {
         span: 32,
         offset: true,
+        unsigned: false,
         quants: |blk, _, q| {
             for (v, &b) in q.iter_mut().zip(&blk[4..36]) {
                 *v = (b ^ 0x80) as i8;
             }
         },
-        scales: scales::q8_z,
+        scales: |b, g| scales::q8_z(b, g, scale_at),
     }),
 };
 
@@ -322,12 +338,13 @@ static Q2_K: Format = Format {
     ints: Some(Ints {
         span: 16,
         offset: true,
+        unsigned: true,
         quants: |blk, g, q| {
             for (l, v) in q.iter_mut().enumerate() {
                 *v = two_bits(&blk[16..80], g, l);
             }
         },
-        scales: scales::q2_k,
+        scales: |b, g| scales::q2_k(b, g, scale_at),
     }),
 };
 
@@ -339,13 +356,14 @@ static Q3_K: Format = Format {
     ints: Some(Ints {
         span: 16,
         offset: false,
+        unsigned: false,
         quants: |blk, g, q| {
             for (l, v) in q.iter_mut().enumerate() {
                 let high = ((blk[l] >> g) & 1) as i8;
                 *v = two_bits(&blk[32..96], g, l) - 4 * (1 - high);
             }
         },
-        scales: scales::q3_k,
+        scales: |b, g| scales::q3_k(b, g, scale_at),
     }),
 };
 
@@ -362,12 +380,13 @@ static Q4_K: Format = Format {
     ints: Some(Ints {
         span: 32,
         offset: true,
+        unsigned: true,
         quants: |blk, g, q| {
             for (l, v) in q.iter_mut().enumerate() {
                 *v = k_nibble(&blk[16..144], g, l);
             }
         },
-        scales: scales::q4_k,
+        scales: |b, g| scales::q4_k(b, g, scale_at),
     }),
 };
 
@@ -379,12 +398,13 @@ static Q5_K: Format = Format {
     ints: Some(Ints {
         span: 32,
         offset: true,
+        unsigned: true,
         quants: |blk, g, q| {
             for (l, v) in q.iter_mut().enumerate() {
                 *v = k_nibble(&blk[48..176], g, l) | ((((blk[16 + l] >> g) & 1) << 4) as i8);
             }
         },
-        scales: scales::q5_k,
+        scales: |b, g| scales::q5_k(b, g, scale_at),
     }),
 };
 
@@ -396,6 +416,7 @@ static Q6_K: Format = Format {
     ints: Some(Ints {
         span: 16,
         offset: false,
+        unsigned: false,
         quants: |blk, g, q| {
             let (n, qq) = (g / 4, g % 4);
             for (l, v) in q.iter_mut().enumerate() {
@@ -404,7 +425,7 @@ static Q6_K: Format = Format {
                 *v = (lo | (hi << 4)) as i8 - 32;
             }
         },
-        scales: scales::q6_k,
+        scales: |b, g| scales::q6_k(b, g, scale_at),
     }),
 };
 
@@ -450,7 +471,14 @@ mod tests {
                 let blk = random_block(dtype, &mut rng);
                 let mut want = vec![0f32; be];
                 dequantize_block(dtype, &blk, &mut want);
+                let ints = dtype.format().ints.as_ref().expect("a block format");
                 for g in 0..be / 32 {
+                    let mut q = [0i8; 32];
+                    (ints.quants)(&blk, g, &mut q);
+                    assert!(
+                        !ints.unsigned || q.iter().all(|&v| v >= 0),
+                        "{dtype:?}: {q:?}"
+                    );
                     let got = group_values(dtype, &blk, g);
                     for (e, (&w, &v)) in want[32 * g..32 * g + 32].iter().zip(&got).enumerate() {
                         let tol = 1e-6 + w.abs() * 1e-5;
