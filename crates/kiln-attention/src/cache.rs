@@ -127,8 +127,42 @@ fn variant(family: [&'static KernelDef; 3], extras: usize) -> &'static KernelDef
 }
 
 enum Store {
-    Cpu(Vec<[Vec<f32>; 2]>),
+    /// Each layer's K and V pools in host memory.
+    Cpu(Vec<[HostPool; 2]>),
     Gpu(Vec<Layer>),
+}
+
+/// A K or V pool in host memory: on the native backend's f16 cache the f16s themselves (half
+/// the bytes a decode step reads); otherwise f32 values exactly as the cache's format holds
+/// them (the reference's pools, and the native backend's other formats).
+#[derive(Debug, Clone)]
+pub(crate) enum HostPool {
+    F32(Vec<f32>),
+    F16(Vec<half::f16>),
+}
+
+impl HostPool {
+    fn new(device: &Device, dtype: KvDtype, elems: usize) -> Self {
+        match (device, dtype) {
+            (Device::Cpu(_), KvDtype::F16) => HostPool::F16(vec![half::f16::ZERO; elems]),
+            _ => HostPool::F32(vec![0f32; elems]),
+        }
+    }
+
+    fn copy_within(&mut self, src: std::ops::Range<usize>, dst: usize) {
+        match self {
+            HostPool::F32(p) => p.copy_within(src, dst),
+            HostPool::F16(p) => p.copy_within(src, dst),
+        }
+    }
+
+    /// The pool's values as f32.
+    fn to_f32(&self) -> std::borrow::Cow<'_, [f32]> {
+        match self {
+            HostPool::F32(p) => std::borrow::Cow::Borrowed(p),
+            HostPool::F16(p) => std::borrow::Cow::Owned(p.iter().map(|v| v.to_f32()).collect()),
+        }
+    }
 }
 
 /// Per-layer K/V block pools on a device.
@@ -218,7 +252,7 @@ impl KvCache {
         let store = match device {
             Device::Reference | Device::Cpu(_) => Store::Cpu(
                 (0..cfg.layers)
-                    .map(|_| [vec![0f32; elems], vec![0f32; elems]])
+                    .map(|_| [0, 1].map(|_| HostPool::new(device, cfg.dtype, elems)))
                     .collect(),
             ),
             Device::Wgpu(_) => {

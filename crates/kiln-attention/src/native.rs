@@ -7,24 +7,6 @@ use rayon::prelude::*;
 
 use crate::{AttnBatch, AttnConfig, KvCacheConfig};
 
-/// Dot product with eight independent accumulators (vectorises).
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let mut acc = [0f32; 8];
-    for (x, y) in a.chunks_exact(8).zip(b.chunks_exact(8)) {
-        for i in 0..8 {
-            acc[i] += x[i] * y[i];
-        }
-    }
-    let tail: f32 = a
-        .chunks_exact(8)
-        .remainder()
-        .iter()
-        .zip(b.chunks_exact(8).remainder())
-        .map(|(x, y)| x * y)
-        .sum();
-    acc.iter().sum::<f32>() + tail
-}
-
 /// Where positions `from..=to` of a sequence start in a pool (`table` its block table, `bs`
 /// positions a block, `row` floats a position), pushed to `out`: one lookup a block, not a
 /// division a position.
@@ -35,6 +17,30 @@ fn slots(table: &[u32], bs: usize, row: usize, from: usize, to: usize, out: &mut
         let hi = if b == to / bs { to % bs } else { bs - 1 };
         let base = table[b] as usize * bs;
         out.extend((lo..=hi).map(|i| (base + i) * row));
+    }
+}
+
+/// An element of a host K/V pool (f32, or f16), with the backend's vector helpers for it.
+pub(crate) trait PoolElem: Copy + Send + Sync {
+    fn dot(cpu: &CpuContext, q: &[f32], k: &[Self]) -> f32;
+    fn axpy(cpu: &CpuContext, w: f32, v: &[Self], o: &mut [f32]);
+}
+
+impl PoolElem for f32 {
+    fn dot(cpu: &CpuContext, q: &[f32], k: &[f32]) -> f32 {
+        cpu.dot(q, k)
+    }
+    fn axpy(cpu: &CpuContext, w: f32, v: &[f32], o: &mut [f32]) {
+        cpu.axpy(w, v, o)
+    }
+}
+
+impl PoolElem for half::f16 {
+    fn dot(cpu: &CpuContext, q: &[f32], k: &[half::f16]) -> f32 {
+        cpu.dot_f16(q, k)
+    }
+    fn axpy(cpu: &CpuContext, w: f32, v: &[half::f16], o: &mut [f32]) {
+        cpu.axpy_f16(w, v, o)
     }
 }
 
@@ -51,11 +57,11 @@ fn softmax(s: &mut [f32]) {
 }
 
 /// `reference::paged_attention_host`'s result, computed on `cpu`'s threads.
-pub(crate) fn paged_attention_native(
+pub(crate) fn paged_attention_native<E: PoolElem>(
     cpu: &CpuContext,
     q: &[f32],
-    kp: &[f32],
-    vp: &[f32],
+    kp: &[E],
+    vp: &[E],
     batch: &AttnBatch,
     cfg: &KvCacheConfig,
     attn: &AttnConfig,
@@ -88,17 +94,14 @@ pub(crate) fn paged_attention_native(
                 for (p, &a) in at.iter().enumerate() {
                     let k = &kp[a + head..a + head + d];
                     for (gi, qrow) in qs.chunks_exact(d).enumerate() {
-                        scores[gi * n + p] = dot(qrow, k) * attn.scale;
+                        scores[gi * n + p] = E::dot(cpu, qrow, k) * attn.scale;
                     }
                 }
                 scores.chunks_exact_mut(n).for_each(softmax);
                 for (p, &a) in at.iter().enumerate() {
                     let v = &vp[a + head..a + head + d];
                     for (gi, o) in o.chunks_exact_mut(d).enumerate() {
-                        let w = scores[gi * n + p];
-                        for (x, y) in o.iter_mut().zip(v) {
-                            *x += w * y;
-                        }
+                        E::axpy(cpu, scores[gi * n + p], v, o);
                     }
                 }
             },

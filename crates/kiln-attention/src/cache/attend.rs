@@ -11,7 +11,8 @@ use kiln_kv::KvDtype;
 use kiln_tensor::{DType, Device, KernelDef, Recorder, Tensor};
 
 use super::{
-    AttnBatch, AttnConfig, KvCache, R, SHARED_LANES, Store, W, dtype_define, flag, invalid, variant,
+    AttnBatch, AttnConfig, HostPool, KvCache, R, SHARED_LANES, Store, W, dtype_define, flag,
+    invalid, variant,
 };
 use crate::Result;
 use crate::reference;
@@ -196,13 +197,20 @@ impl KvCache {
         let window = attn.window.unwrap_or(0);
         match &self.store {
             Store::Cpu(layers) => {
-                let [kp, vp] = &layers[layer];
                 let qs = q.to_f32_vec()?;
-                let out = match &self.device {
-                    Device::Cpu(cpu) => crate::native::paged_attention_native(
-                        cpu, &qs, kp, vp, batch, &self.cfg, attn,
-                    ),
-                    _ => reference::paged_attention_host(&qs, kp, vp, batch, &self.cfg, attn),
+                let cfg = &self.cfg;
+                use crate::native::paged_attention_native as native;
+                let out = match (&self.device, &layers[layer]) {
+                    (Device::Cpu(cpu), [HostPool::F16(k), HostPool::F16(v)]) => {
+                        native(cpu, &qs, &k[..], &v[..], batch, cfg, attn)
+                    }
+                    (Device::Cpu(cpu), [HostPool::F32(k), HostPool::F32(v)]) => {
+                        native(cpu, &qs, &k[..], &v[..], batch, cfg, attn)
+                    }
+                    (_, [HostPool::F32(k), HostPool::F32(v)]) => {
+                        reference::paged_attention_host(&qs, k, v, batch, cfg, attn)
+                    }
+                    _ => return invalid("the host pools do not match the device".into()),
                 };
                 Ok(Tensor::from_f32(&self.device, q.shape(), &out)?)
             }

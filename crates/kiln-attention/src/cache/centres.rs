@@ -69,7 +69,7 @@ impl KvCache {
         }
         let row = self.cfg.kv_heads * self.cfg.head_dim;
         let pool = match &self.store {
-            Store::Cpu(layers) => std::borrow::Cow::Borrowed(&layers[layer][0]),
+            Store::Cpu(layers) => layers[layer][0].to_f32(),
             Store::Gpu(layers) => std::borrow::Cow::Owned(layers[layer].k.to_f32_vec()?),
         };
         Ok(slots

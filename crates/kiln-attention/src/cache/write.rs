@@ -6,7 +6,9 @@ use bytemuck::{Pod, Zeroable};
 use kiln_kv::KvDtype;
 use kiln_tensor::{Access, DType, Device, KernelDef, Recorder, RopeLayout, RopePositions, Tensor};
 
-use super::{AttnBatch, KvCache, Store, dtype_define, flag, invalid, variant};
+use half::slice::HalfFloatSliceExt;
+
+use super::{AttnBatch, HostPool, KvCache, Store, dtype_define, flag, invalid, variant};
 use crate::Result;
 use crate::stored::{CENTRED_PAIRS, hadamard_norm, shift_row, store_row};
 
@@ -216,8 +218,20 @@ impl KvCache {
         let Store::Cpu(layers) = &mut self.store else {
             return invalid("host write on a device cache".into());
         };
-        let [kp, vp] = &mut layers[layer];
         let row = kvh * hd;
+        let (kp, vp) = match &mut layers[layer] {
+            [HostPool::F32(k), HostPool::F32(v)] => (k, v),
+            [HostPool::F16(k), HostPool::F16(v)] => {
+                // f16 pools hold f16 caches, whose rows are plain conversions.
+                for (t, &slot) in batch.slots.iter().enumerate() {
+                    let (src, dst) = (t * row, slot as usize * row);
+                    k[dst..dst + row].convert_from_f32_slice(&kv[src..src + row]);
+                    v[dst..dst + row].convert_from_f32_slice(&vv[src..src + row]);
+                }
+                return Ok(());
+            }
+            _ => return invalid("a layer's K and V pools differ in type".into()),
+        };
         let centres = &self.centres[layer * kvh * CENTRED_PAIRS..][..kvh * CENTRED_PAIRS];
         let mut centred = vec![0f32; hd];
         for (t, &slot) in batch.slots.iter().enumerate() {

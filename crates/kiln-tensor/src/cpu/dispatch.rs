@@ -4,7 +4,10 @@
 //! on `unsafe` anywhere else.
 #![allow(unsafe_code)]
 
+use half::f16;
+
 use super::dot::{Rows, rows_portable};
+use super::vector::{axpy_portable, dot_portable};
 use super::{Isa, QuantX};
 
 /// `out[r·m + i]` = row r of `rows` · row i of `x`, at level `isa` (which the CPU must have).
@@ -54,3 +57,34 @@ pub(crate) fn rows(isa: Isa, rows: &Rows<'_>, x: &QuantX, out: &mut [f32]) {
     let _ = isa;
     rows_portable(rows, x, out)
 }
+
+macro_rules! vector {
+    ($dot:ident, $axpy:ident, $elem:ty) => {
+        /// `vector::dot_portable` at level `isa` (which the CPU must have).
+        pub(crate) fn $dot(isa: Isa, a: &[f32], b: &[$elem]) -> f32 {
+            #[cfg(target_arch = "x86_64")]
+            if isa >= Isa::Avx2 {
+                debug_assert!(isa <= Isa::detect());
+                // SAFETY: `isa` is at most `Isa::detect()`, which saw AVX2, FMA and F16C.
+                return unsafe { super::x86::$dot(a, b) };
+            }
+            let _ = isa;
+            dot_portable(a, b)
+        }
+
+        /// `vector::axpy_portable` at level `isa` (which the CPU must have).
+        pub(crate) fn $axpy(isa: Isa, w: f32, x: &[$elem], y: &mut [f32]) {
+            #[cfg(target_arch = "x86_64")]
+            if isa >= Isa::Avx2 {
+                debug_assert!(isa <= Isa::detect());
+                // SAFETY: as above.
+                return unsafe { super::x86::$axpy(w, x, y) };
+            }
+            let _ = isa;
+            axpy_portable(w, x, y)
+        }
+    };
+}
+
+vector!(dot_f32, axpy_f32, f32);
+vector!(dot_f16, axpy_f16, f16);

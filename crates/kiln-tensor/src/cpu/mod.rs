@@ -17,6 +17,7 @@ mod act;
 mod dispatch;
 mod dot;
 mod linear;
+mod vector;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
@@ -166,6 +167,26 @@ impl CpuContext {
         &self.pool
     }
 
+    /// `a · b` in the numerics `vector` defines (bit-identical at every ISA).
+    pub fn dot(&self, a: &[f32], b: &[f32]) -> f32 {
+        dispatch::dot_f32(self.isa, a, b)
+    }
+
+    /// `a · b` for an f16 `b`, as [`CpuContext::dot`] of it widened.
+    pub fn dot_f16(&self, a: &[f32], b: &[half::f16]) -> f32 {
+        dispatch::dot_f16(self.isa, a, b)
+    }
+
+    /// `y += w·x`, one fused multiply-add an element.
+    pub fn axpy(&self, w: f32, x: &[f32], y: &mut [f32]) {
+        dispatch::axpy_f32(self.isa, w, x, y)
+    }
+
+    /// `y += w·x` for an f16 `x`.
+    pub fn axpy_f16(&self, w: f32, x: &[half::f16], y: &mut [f32]) {
+        dispatch::axpy_f16(self.isa, w, x, y)
+    }
+
     /// Runs `f` on this backend's pool: rayon's parallel iterators inside it use these
     /// threads (how crates above, such as the attention kernels, share the pool).
     pub fn install<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
@@ -306,6 +327,53 @@ mod tests {
             qx.dsums[0],
             [(127 - 64 + 1 + 2) as f32, (127 - 64 + 1) as f32, 2.0]
         );
+    }
+
+    /// The vector helpers give the portable form's bits at every ISA, for f32 and f16 rows
+    /// of lengths with and without a tail; the f16 forms are the f32 ones of the widened row.
+    #[test]
+    fn vector_helpers_match_the_portable_forms_bit_for_bit() {
+        use half::f16;
+        let mut rng = rand::rngs::StdRng::seed_from_u64(3);
+        for n in [1, 7, 8, 13, 64, 67] {
+            let a: Vec<f32> = (0..n).map(|_| rng.random_range(-2.0..2.0)).collect();
+            let b: Vec<f32> = (0..n).map(|_| rng.random_range(-2.0..2.0)).collect();
+            let h: Vec<f16> = b.iter().map(|&v| f16::from_f32(v)).collect();
+            let hw: Vec<f32> = h.iter().map(|v| v.to_f32()).collect();
+            let want = vector::dot_portable(&a, &b);
+            let want_h = vector::dot_portable(&a, &hw);
+            let mut y = a.clone();
+            vector::axpy_portable(0.37, &b, &mut y);
+            let mut yh = a.clone();
+            vector::axpy_portable(0.37, &hw, &mut yh);
+            for isa in Isa::available() {
+                assert_eq!(
+                    dispatch::dot_f32(isa, &a, &b).to_bits(),
+                    want.to_bits(),
+                    "{isa} {n}"
+                );
+                assert_eq!(
+                    dispatch::dot_f16(isa, &a, &h).to_bits(),
+                    want_h.to_bits(),
+                    "{isa} {n}"
+                );
+                let mut got = a.clone();
+                dispatch::axpy_f32(isa, 0.37, &b, &mut got);
+                assert_eq!(got, y, "{isa} {n}");
+                let mut got = a.clone();
+                dispatch::axpy_f16(isa, 0.37, &h, &mut got);
+                assert_eq!(got, yh, "{isa} {n}");
+            }
+            let exact: f64 = a
+                .iter()
+                .zip(&b)
+                .map(|(&x, &y)| f64::from(x) * f64::from(y))
+                .sum();
+            assert!(
+                (f64::from(want) - exact).abs() < 1e-4 * n as f64,
+                "{want} vs {exact}"
+            );
+        }
     }
 
     #[test]

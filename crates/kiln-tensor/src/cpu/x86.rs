@@ -10,8 +10,11 @@
 use std::arch::x86_64::*;
 
 use super::QuantX;
+use half::f16;
+
 use super::act::TILE;
 use super::dot::{Rows, group_scales, offset_term};
+use super::vector::{LANES, axpy_portable, tail};
 use crate::DType;
 use crate::quant::{Format, Ints};
 
@@ -313,3 +316,51 @@ kernel!(
     "avx2,fma,f16c,avx512vnni,avx512vl",
     lanes_vnni
 );
+
+/// Eight f32s from `x` (at least eight long).
+#[inline]
+#[target_feature(enable = "avx2")]
+fn load8(x: &[f32]) -> __m256 {
+    bytemuck::pod_read_unaligned(bytemuck::cast_slice(&x[..8]))
+}
+
+/// Eight f16s from `x` (at least eight long), widened.
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+fn widen8(x: &[f16]) -> __m256 {
+    _mm256_cvtph_ps(bytemuck::pod_read_unaligned(bytemuck::cast_slice(&x[..8])))
+}
+
+macro_rules! vector {
+    ($dot:ident, $axpy:ident, $elem:ty, $load:ident) => {
+        /// `vector::dot_portable`, eight lanes a register.
+        #[target_feature(enable = "avx2,fma,f16c")]
+        pub(super) fn $dot(a: &[f32], b: &[$elem]) -> f32 {
+            let n = a.len().min(b.len());
+            let mut acc = _mm256_setzero_ps();
+            for (x, y) in a[..n].chunks_exact(LANES).zip(b[..n].chunks_exact(LANES)) {
+                acc = _mm256_fmadd_ps(load8(x), $load(y), acc);
+            }
+            tail(a, b, lane_sum(acc))
+        }
+
+        /// `vector::axpy_portable`, eight elements a register.
+        #[target_feature(enable = "avx2,fma,f16c")]
+        pub(super) fn $axpy(w: f32, x: &[$elem], y: &mut [f32]) {
+            let n = x.len().min(y.len());
+            let wv = _mm256_set1_ps(w);
+            for (yc, xc) in y[..n]
+                .chunks_exact_mut(LANES)
+                .zip(x[..n].chunks_exact(LANES))
+            {
+                let r = _mm256_fmadd_ps(wv, $load(xc), load8(yc));
+                yc.copy_from_slice(&bytemuck::cast::<__m256, [f32; LANES]>(r));
+            }
+            let whole = n / LANES * LANES;
+            axpy_portable(w, &x[whole..n], &mut y[whole..n]);
+        }
+    };
+}
+
+vector!(dot_f32, axpy_f32, f32, load8);
+vector!(dot_f16, axpy_f16, f16, widen8);
