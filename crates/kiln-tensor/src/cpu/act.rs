@@ -10,7 +10,7 @@
 use std::ops::Range;
 
 /// Rows of X a tile.
-pub(crate) const TILE: usize = 4;
+pub(crate) const TILE: usize = 8;
 
 /// Rows of X, quantized.
 #[derive(Debug, Default)]

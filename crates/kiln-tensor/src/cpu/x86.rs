@@ -296,11 +296,15 @@ macro_rules! kernel {
                     let at = x.tile_slots(&t);
                     let (xq, d) = (&xq[32 * at.start..32 * at.end], &x.d[at.clone()]);
                     let (s, o) = (&x.dsums[at], &mut o[t.clone()]);
-                    const { assert!(TILE == 4, "a kernel for each tile width") };
+                    const { assert!(TILE == 8, "a kernel for each tile width") };
                     match t.len() {
                         1 => $tile::<F, 1>(row, bb, xq, d, s, o),
                         2 => $tile::<F, 2>(row, bb, xq, d, s, o),
                         3 => $tile::<F, 3>(row, bb, xq, d, s, o),
+                        4 => $tile::<F, 4>(row, bb, xq, d, s, o),
+                        5 => $tile::<F, 5>(row, bb, xq, d, s, o),
+                        6 => $tile::<F, 6>(row, bb, xq, d, s, o),
+                        7 => $tile::<F, 7>(row, bb, xq, d, s, o),
                         _ => $tile::<F, TILE>(row, bb, xq, d, s, o),
                     }
                 }
