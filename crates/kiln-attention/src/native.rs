@@ -12,10 +12,15 @@ use crate::{AttnBatch, AttnConfig, KvCacheConfig};
 /// division a position.
 fn slots(table: &[u32], bs: usize, row: usize, from: usize, to: usize, out: &mut Vec<usize>) {
     out.clear();
-    for b in from / bs..=to / bs {
-        let lo = if b == from / bs { from % bs } else { 0 };
-        let hi = if b == to / bs { to % bs } else { bs - 1 };
-        let base = table[b] as usize * bs;
+    let (first, last) = (from / bs, to / bs);
+    for (b, &id) in table[first..=last]
+        .iter()
+        .enumerate()
+        .map(|(i, id)| (first + i, id))
+    {
+        let lo = if b == first { from % bs } else { 0 };
+        let hi = if b == last { to % bs } else { bs - 1 };
+        let base = id as usize * bs;
         out.extend((lo..=hi).map(|i| (base + i) * row));
     }
 }

@@ -80,12 +80,12 @@ pub(crate) fn rows_portable(rows: &Rows<'_>, x: &QuantX, out: &mut [f32]) {
                 let xq = &x.q[32 * at..][..32];
                 let dx = x.d[at];
                 let (s0, s1) = group_scales(&s, dx);
-                for l in 0..8 {
+                for (l, a) in acc[i].iter_mut().enumerate() {
                     let lane: i32 = (4 * l..4 * l + 4)
                         .map(|e| i32::from(q[e]) * i32::from(xq[e]))
                         .sum();
                     let sc = if l < 4 { s0 } else { s1 };
-                    acc[i][l] = sc.mul_add(lane as f32, acc[i][l]);
+                    *a = sc.mul_add(lane as f32, *a);
                 }
                 offset_term(rows.ints, &s, &x.dsums[at], &mut accb[i]);
             }

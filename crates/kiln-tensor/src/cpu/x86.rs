@@ -59,7 +59,7 @@ const fn format_of(f: u8) -> &'static Format {
 const fn ints(f: u8) -> &'static Ints {
     match &format_of(f).ints {
         Some(i) => i,
-        None => panic!("every fid names a block format"),
+        None => unreachable!(),
     }
 }
 
@@ -227,7 +227,7 @@ fn lanes_vnni<const F: u8>(q: __m256i, x: __m256i) -> __m256i {
 #[inline]
 #[target_feature(enable = "avx2,fma")]
 fn step<const F: u8>(acc: __m256, lanes: __m256i, s0: f32, s1: f32) -> __m256 {
-    let sc = if halves_differ(F) {
+    let sc = if const { halves_differ(F) } {
         _mm256_set_m128(_mm_set1_ps(s1), _mm_set1_ps(s0))
     } else {
         _mm256_set1_ps(s0)
