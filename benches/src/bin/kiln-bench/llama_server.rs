@@ -128,19 +128,30 @@ pub struct BenchRow {
     pub n_threads: usize,
     pub n_prompt: usize,
     pub n_gen: usize,
+    /// Tokens already in the context when the test starts (`-d`; older builds lack it).
+    #[serde(default)]
+    pub n_depth: usize,
     pub avg_ts: f64,
     pub stddev_ts: f64,
     #[serde(default)]
     pub build_commit: String,
 }
 
-/// `llama-bench -p pp -n tg -r reps -t threads -o json` on `model`.
+/// What one llama-bench run measures: `pp` prompt tokens, `tg` generated tokens, each test
+/// after `depth` tokens of context.
+#[derive(Debug, Clone, Copy)]
+pub struct BenchTests {
+    pub pp: usize,
+    pub tg: usize,
+    pub depth: usize,
+}
+
+/// `llama-bench -p pp -n tg -d depth -r reps -t threads -o json` on `model`.
 pub fn llama_bench(
     dir: &Path,
     model: &Path,
     threads: usize,
-    pp: usize,
-    tg: usize,
+    tests: BenchTests,
     reps: usize,
 ) -> anyhow::Result<Vec<BenchRow>> {
     let bin = binary(dir, "llama-bench")?;
@@ -151,9 +162,11 @@ pub fn llama_bench(
             "-t",
             &threads.to_string(),
             "-p",
-            &pp.to_string(),
+            &tests.pp.to_string(),
             "-n",
-            &tg.to_string(),
+            &tests.tg.to_string(),
+            "-d",
+            &tests.depth.to_string(),
         ])
         .args(["-r", &reps.to_string(), "-o", "json"])
         .output()

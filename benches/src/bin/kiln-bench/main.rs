@@ -42,6 +42,7 @@ use kiln_model::ModelConfig;
 use kiln_tensor::{Device, DeviceOptions};
 
 use crate::args::{Args, Compare, SpecChoice};
+use crate::llama_server::BenchTests;
 use crate::report::{DeviceFacts, EngineFacts, Report, Workload};
 use crate::scenarios::{Prefix, PrefixWorkload, ratio};
 use crate::stats::Prompts;
@@ -596,16 +597,31 @@ fn bench_table(
             r.note("--compare llama-server: llama.cpp loads GGUF files only; no llama-bench rows");
         } else {
             eprintln!("kiln-bench: running llama-bench ({} threads)", a.threads);
-            match llama_server::llama_bench(
-                &a.llama_cpp_dir,
-                &a.model,
-                a.threads,
-                first.prompt_tokens,
-                first.new_tokens,
-                a.repetitions,
-            ) {
-                Ok(l) => rows.extend(table::llama_rows(&l)),
-                Err(e) => r.note(format!("--compare llama-server: llama-bench: {e:#}")),
+            // Prefill from an empty context; decode after as many tokens as kiln's follows.
+            let (p, n) = (first.prompt_tokens, first.new_tokens);
+            for tests in [
+                BenchTests {
+                    pp: p,
+                    tg: 0,
+                    depth: 0,
+                },
+                BenchTests {
+                    pp: 0,
+                    tg: n,
+                    depth: p,
+                },
+            ] {
+                let l = llama_server::llama_bench(
+                    &a.llama_cpp_dir,
+                    &a.model,
+                    a.threads,
+                    tests,
+                    a.repetitions,
+                );
+                match l {
+                    Ok(l) => rows.extend(table::llama_rows(&l)),
+                    Err(e) => r.note(format!("--compare llama-server: llama-bench: {e:#}")),
+                }
             }
         }
     }

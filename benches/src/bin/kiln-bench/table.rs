@@ -75,10 +75,11 @@ pub fn llama_rows(rows: &[BenchRow]) -> Vec<Row> {
             params: r.model_n_params,
             backend: format!("llama.cpp {}", r.backends),
             threads: r.n_threads.to_string(),
-            test: if r.n_gen > 0 {
-                format!("tg{}", r.n_gen)
-            } else {
-                format!("pp{}", r.n_prompt)
+            test: match (r.n_gen, r.n_depth) {
+                (0, 0) => format!("pp{}", r.n_prompt),
+                (0, d) => format!("pp{} @ d{d}", r.n_prompt),
+                (n, 0) => format!("tg{n}"),
+                (n, d) => format!("tg{n} @ d{d}"),
             },
             mean: r.avg_ts,
             std: r.stddev_ts,
@@ -103,4 +104,35 @@ pub fn print(rows: &[Row]) {
         );
     }
     println!();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A row as this llama-bench build writes it (`-p 0 -n 4 -d 8 -o json`, fields kiln reads),
+    /// and one from a build before `-d` (no `n_depth`).
+    #[test]
+    fn llama_bench_rows_name_their_depth() {
+        let with: BenchRow = serde_json::from_str(
+            r#"{"model_type":"llama 256M Q4_1","model_size":96576768,"model_n_params":134515008,
+            "backends":"CPU","n_threads":2,"n_prompt":0,"n_gen":4,"n_depth":8,
+            "avg_ts":90.776695,"stddev_ts":0.0,"build_commit":"0c1e570"}"#,
+        )
+        .unwrap();
+        let mut older = with.clone();
+        older.n_depth = 0;
+        older.n_gen = 0;
+        older.n_prompt = 512;
+        let rows = llama_rows(&[with, older]);
+        assert_eq!(rows[0].test, "tg4 @ d8");
+        assert_eq!(rows[0].backend, "llama.cpp CPU");
+        assert_eq!(rows[1].test, "pp512");
+        let no_depth: BenchRow = serde_json::from_str(
+            r#"{"model_type":"m","model_size":1,"model_n_params":1,"backends":"CPU",
+            "n_threads":2,"n_prompt":0,"n_gen":128,"avg_ts":1.0,"stddev_ts":0.0}"#,
+        )
+        .unwrap();
+        assert_eq!(llama_rows(&[no_depth])[0].test, "tg128");
+    }
 }
