@@ -141,7 +141,7 @@ fn default_model_is_batch_invariant_on_cpu() {
 }
 
 /// The native CPU backend: its matmul computes a row of X the same way in a batch of any size
-/// (rows of X four at a time or alone, the same operations in the same order).
+/// (in a tile of up to eight rows of X, the same operations in the same order).
 #[test]
 fn default_model_is_batch_invariant_on_the_native_cpu_backend() {
     let c = case(49152, 24, 12);

@@ -1,7 +1,6 @@
 //! Activations quantized for integer dot products: each 32-element group of a row of X as 32
 //! `i8` with an f32 scale (amax / 127, rounded half away from zero, as ggml's `Q8_0`), and the
-//! sums of what it stands for, whole and by halves (`d·Σq`, as ggml's `Q8_1` keeps `s`), which
-//! the formats with offsets need.
+//! integer sums of its two halves, which the formats with offsets need.
 //!
 //! Rows are stored in tiles of [`TILE`] (the last one may be narrower), group-major within a
 //! tile: a kernel that decodes a group of W once for every row of a tile finds those rows'
@@ -21,8 +20,8 @@ pub(crate) struct QuantX {
     pub q: Vec<i8>,
     /// Scales, one a group slot.
     pub d: Vec<f32>,
-    /// `d·Σq` over the group, over quants 0–15 and over 16–31, one a group slot.
-    pub dsums: Vec<[f32; 3]>,
+    /// Sums of quants 0–15 and 16–31, one a group slot.
+    pub sums: Vec<[i32; 2]>,
 }
 
 impl QuantX {
@@ -33,7 +32,7 @@ impl QuantX {
         self.k = k;
         self.q.resize(m * k, 0);
         self.d.resize(m * k / 32, 0.0);
-        self.dsums.resize(m * k / 32, [0.0; 3]);
+        self.sums.resize(m * k / 32, [0, 0]);
         for (i, row) in x.chunks_exact(k).enumerate() {
             for (g, xs) in row.chunks_exact(32).enumerate() {
                 let at = self.slot(i, g);
@@ -45,9 +44,8 @@ impl QuantX {
                     *q = (v * id).round() as i8;
                 }
                 let half = |h: &[i8]| h.iter().map(|&v| i32::from(v)).sum::<i32>();
-                let (lo, hi) = (half(&qs[..16]), half(&qs[16..]));
                 self.d[at] = d;
-                self.dsums[at] = [d * (lo + hi) as f32, d * lo as f32, d * hi as f32];
+                self.sums[at] = [half(&qs[..16]), half(&qs[16..])];
             }
         }
     }
@@ -69,7 +67,7 @@ impl QuantX {
         first..first + rows.len() * self.groups()
     }
 
-    /// Where group `g` of row `i` is stored (its index in `d` and `dsums`; its quants start
+    /// Where group `g` of row `i` is stored (its index in `d` and `sums`; its quants start
     /// at 32 times it).
     pub fn slot(&self, i: usize, g: usize) -> usize {
         let t = i / TILE * TILE;

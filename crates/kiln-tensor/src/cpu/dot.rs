@@ -40,18 +40,18 @@ pub(crate) fn group_scales(s: &[f32; 4], dx: f32) -> (f32, f32) {
     (s[0] * dx, s[1] * dx)
 }
 
-/// The offset term of one group for one row of X added to `accb`: b·(dx·Σxq), by halves
-/// where the format's scales change every 16 elements.
+/// The offset term of one group for one row of X: b·dx·Σxq, by halves where the format's
+/// scales change every 16 elements.
 #[inline(always)]
-pub(crate) fn offset_term(ints: &Ints, s: &[f32; 4], dsums: &[f32; 3], accb: &mut f32) {
+pub(crate) fn offset_term(ints: &Ints, s: &[f32; 4], dx: f32, sums: [i32; 2], accb: &mut f32) {
     if !ints.offset {
         return;
     }
     if ints.span == 32 {
-        *accb = s[2].mul_add(dsums[0], *accb);
+        *accb += (s[2] * dx) * (sums[0] + sums[1]) as f32;
     } else {
-        *accb = s[2].mul_add(dsums[1], *accb);
-        *accb = s[3].mul_add(dsums[2], *accb);
+        *accb += (s[2] * dx) * sums[0] as f32;
+        *accb += (s[3] * dx) * sums[1] as f32;
     }
 }
 
@@ -85,9 +85,9 @@ pub(crate) fn rows_portable(rows: &Rows<'_>, x: &QuantX, out: &mut [f32]) {
                         .map(|e| i32::from(q[e]) * i32::from(xq[e]))
                         .sum();
                     let sc = if l < 4 { s0 } else { s1 };
-                    *a = sc.mul_add(lane as f32, *a);
+                    *a += sc * lane as f32;
                 }
-                offset_term(rows.ints, &s, &x.dsums[at], &mut accb[i]);
+                offset_term(rows.ints, &s, dx, x.sums[at], &mut accb[i]);
             }
         }
         for i in 0..m {

@@ -9,8 +9,8 @@
 //!
 //! Numerics are defined once, by the portable kernel (`dot::rows_portable`): per 32-element
 //! group, eight lanes of four-element integer sums, each scaled by its half's `a·dx` and
-//! fused-multiply-added into its lane's f32 accumulator; a format's offsets `b·(dx·Σxq)` go to
-//! a ninth the same way; the lanes are summed in a fixed order. Every SIMD level computes
+//! added to its lane's f32 accumulator; a format's offsets `b·dx·Σx` go to a ninth; the lanes
+//! are summed in a fixed order. Every SIMD level computes
 //! exactly that, so results are bit-identical across ISAs and batch sizes.
 
 mod act;
@@ -323,10 +323,7 @@ mod tests {
         assert_eq!(qx.d[0], 1.0);
         assert_eq!(&qx.q[..3], &[127, -64, 1]);
         assert_eq!(qx.q[17], 2);
-        assert_eq!(
-            qx.dsums[0],
-            [(127 - 64 + 1 + 2) as f32, (127 - 64 + 1) as f32, 2.0]
-        );
+        assert_eq!(qx.sums[0], [127 - 64 + 1, 2]);
     }
 
     /// The vector helpers give the portable form's bits at every ISA, for f32 and f16 rows

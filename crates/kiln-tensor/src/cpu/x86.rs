@@ -222,7 +222,7 @@ fn lanes_vnni<const F: u8>(q: __m256i, x: __m256i) -> __m256i {
     _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, v)
 }
 
-/// [s0 ×4, s1 ×4] · lanes + acc, fused (s0 = s1 where format `F`'s halves share their scale, one
+/// acc + [s0 ×4, s1 ×4] · lanes (s0 = s1 where format `F`'s halves share their scale, one
 /// broadcast then).
 #[inline]
 #[target_feature(enable = "avx2,fma")]
@@ -232,7 +232,7 @@ fn step<const F: u8>(acc: __m256, lanes: __m256i, s0: f32, s1: f32) -> __m256 {
     } else {
         _mm256_set1_ps(s0)
     };
-    _mm256_fmadd_ps(sc, _mm256_cvtepi32_ps(lanes), acc)
+    _mm256_add_ps(acc, _mm256_mul_ps(sc, _mm256_cvtepi32_ps(lanes)))
 }
 
 /// `dot::lane_sum`'s order.
@@ -245,7 +245,7 @@ fn lane_sum(a: __m256) -> f32 {
 
 macro_rules! kernel {
     ($name:ident, $tile:ident, $features:literal, $lanes:ident) => {
-        /// One row of W · the `W` rows of one tile of X (`xq`, `d`, `dsums`: the tile's
+        /// One row of W · the `W` rows of one tile of X (`xq`, `d`, `sums`: the tile's
         /// group slots), into `o`: each group of W decoded once for the tile's rows, whose
         /// arithmetic is each the same as alone.
         #[inline]
@@ -255,13 +255,13 @@ macro_rules! kernel {
             block_bytes: usize,
             xq: &[u8],
             d: &[f32],
-            dsums: &[[f32; 3]],
+            sums: &[[i32; 2]],
             o: &mut [f32],
         ) {
             let ints = ints_of::<F>();
             let gpb = const { groups_per_block(F) };
             let xs = xq.chunks_exact(32 * gpb * W).zip(d.chunks_exact(gpb * W));
-            let xs = xs.zip(dsums.chunks_exact(gpb * W));
+            let xs = xs.zip(sums.chunks_exact(gpb * W));
             let mut a = [_mm256_setzero_ps(); W];
             let mut b = [0f32; W];
             for (blk, ((xb, db), sb)) in row.chunks_exact(block_bytes).zip(xs) {
@@ -273,7 +273,7 @@ macro_rules! kernel {
                         let (s0, s1) = group_scales(&s, db[at]);
                         let lanes = $lanes::<F>(q, load32(&xb[32 * at..]));
                         a[j] = step::<F>(a[j], lanes, s0, s1);
-                        offset_term(ints, &s, &sb[at], &mut b[j]);
+                        offset_term(ints, &s, db[at], sb[at], &mut b[j]);
                     }
                 }
             }
@@ -295,7 +295,7 @@ macro_rules! kernel {
                 for t in x.tiles() {
                     let at = x.tile_slots(&t);
                     let (xq, d) = (&xq[32 * at.start..32 * at.end], &x.d[at.clone()]);
-                    let (s, o) = (&x.dsums[at], &mut o[t.clone()]);
+                    let (s, o) = (&x.sums[at], &mut o[t.clone()]);
                     const { assert!(TILE == 8, "a kernel for each tile width") };
                     match t.len() {
                         1 => $tile::<F, 1>(row, bb, xq, d, s, o),
@@ -343,9 +343,9 @@ macro_rules! vector {
             let n = a.len().min(b.len());
             let mut acc = _mm256_setzero_ps();
             for (x, y) in a[..n].chunks_exact(LANES).zip(b[..n].chunks_exact(LANES)) {
-                acc = _mm256_fmadd_ps(load8(x), $load(y), acc);
+                acc = _mm256_add_ps(acc, _mm256_mul_ps(load8(x), $load(y)));
             }
-            tail(a, b, lane_sum(acc))
+            tail(a, b, bytemuck::cast::<__m256, [f32; LANES]>(acc))
         }
 
         /// `vector::axpy_portable`, eight elements a register.
@@ -357,7 +357,7 @@ macro_rules! vector {
                 .chunks_exact_mut(LANES)
                 .zip(x[..n].chunks_exact(LANES))
             {
-                let r = _mm256_fmadd_ps(wv, $load(xc), load8(yc));
+                let r = _mm256_add_ps(load8(yc), _mm256_mul_ps(wv, $load(xc)));
                 yc.copy_from_slice(&bytemuck::cast::<__m256, [f32; LANES]>(r));
             }
             let whole = n / LANES * LANES;
