@@ -177,7 +177,7 @@ impl CpuContext {
         dispatch::dot_f16(self.isa, a, b)
     }
 
-    /// `y += w·x`, one fused multiply-add an element.
+    /// `y += w·x`, a product then a sum an element.
     pub fn axpy(&self, w: f32, x: &[f32], y: &mut [f32]) {
         dispatch::axpy_f32(self.isa, w, x, y)
     }

@@ -3,9 +3,9 @@
 //!
 //! Two levels share one body (the `kernel!` macro): AVX2 (`vpmaddubsw` + `vpmaddwd`) and
 //! AVX-512 VNNI on 256-bit registers (`vpdpbusd`). Both give the same integer lane sums, so
-//! the same results. Both levels also use FMA (the definition's fused multiply-adds) and
-//! F16C (the blocks' f16 scales, widened exactly as `scale_at` does). The bodies are safe Rust: intrinsics are safe inside a function with the
-//! matching `target_feature`, and loads go through `bytemuck` from slices.
+//! the same results. Both levels also use F16C (the blocks' f16 scales, widened exactly as
+//! `scale_at` does). The bodies are safe Rust: intrinsics are safe inside a function with
+//! the matching `target_feature`, and loads go through `bytemuck` from slices.
 
 use std::arch::x86_64::*;
 
