@@ -32,12 +32,15 @@ fn run(path: &std::path::Path) -> Result<(), String> {
     let checkpoint = Checkpoint::open(path, LoadOptions::default()).map_err(|e| error_chain(&e))?;
     let device = Device::new(&DeviceOptions::default()).map_err(|e| error_chain(&e))?;
     eprintln!("device: {}", device.info());
+    // The bare question is a near tie for this 135M model at 4-bit weights: with 8-bit
+    // activations (the native CPU backend, and llama.cpp's CPU backend alike) its greedy answer
+    // starts "L'Étoile, la Marseillaise"; asked for a sentence, every backend answers Paris.
     let prompt = checkpoint
         .tokenizer()
         .apply_chat_template(
             &[ChatMessage {
                 role: "user".into(),
-                content: "What is the capital of France?".into(),
+                content: "What is the capital of France? Answer in one sentence.".into(),
             }],
             &ChatOptions {
                 add_generation_prompt: true,

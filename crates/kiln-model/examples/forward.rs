@@ -15,6 +15,12 @@ use kiln_kv::{BlockId, KvDtype};
 use kiln_model::{KvPoolConfig, LoadOptions, Model, ModelFiles, ModelRunner, StepSeq};
 use kiln_tensor::{Device, DeviceOptions};
 
+/// The model tests' bounds against the fixture (one definition, shared with `tests/`).
+#[allow(dead_code)]
+#[path = "../tests/common/tolerance.rs"]
+mod tolerance;
+use tolerance::Tolerance;
+
 /// The golden fixture's first case: "The capital of France is" and what transformers computes.
 const GOLDEN: &str = include_str!("../tests/fixtures/smollm2_golden.json");
 const BLOCK: u32 = 16;
@@ -46,12 +52,22 @@ fn run(path: &std::path::Path) -> Result<(), Box<dyn std::error::Error>> {
     };
     let prompt = ids(&case["prompt_ids"]);
     let reference = ids(&case["greedy"]);
+    let margins: Vec<f64> = case["greedy"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|g| g["margin"].as_f64())
+        .collect();
     let checked = path.ends_with("SmolLM2-135M-Instruct.Q4_1.gguf");
 
     // The config and tokenizer-free weights; GGUF tensors stay in their stored (quantized) type.
     let files = ModelFiles::open(path, LoadOptions::default())?;
     let device = Device::new(&DeviceOptions::default())?;
     let model = Model::load(&device, files.config().clone(), files.weights())?;
+    // f32 throughout on the reference and wgpu backends; the native CPU backend quantizes
+    // activations to 8 bits as llama.cpp's CPU backend does, and is held to llama.cpp's measured
+    // distance from the fixture.
+    let bound = Tolerance::of(&device, Tolerance::SMOLLM2_INT8_X);
     println!(
         "{} on {}: {} layers, hidden {}, vocab {}",
         path.display(),
@@ -92,7 +108,7 @@ fn run(path: &std::path::Path) -> Result<(), Box<dyn std::error::Error>> {
     println!("prompt {prompt:?}: top-5 next {:?}", &top[..5]);
     if checked {
         // transformers' top-5 logits after the last prompt token, within the golden test's
-        // tolerance (only f32 summation order differs).
+        // bound for this device.
         let want = case["prompt_top5"]
             .as_array()
             .and_then(|p| p.last())
@@ -104,7 +120,7 @@ fn run(path: &std::path::Path) -> Result<(), Box<dyn std::error::Error>> {
                 w[1].as_f64().unwrap_or(0.0),
             );
             let ours = f64::from(logits[id]);
-            if (ours - logit).abs() > 2e-3 + 2e-4 * logit.abs() {
+            if (ours - logit).abs() > f64::from(bound.at(logit as f32)) {
                 return Err(format!("logit of {id}: {ours} vs transformers' {logit}").into());
             }
         }
@@ -132,11 +148,29 @@ fn run(path: &std::path::Path) -> Result<(), Box<dyn std::error::Error>> {
     }
     println!("greedy ids: {generated:?}");
     if checked {
-        // The fixture's first 16 greedy tokens have clear margins: they must match exactly.
-        if generated[..] != reference[..16] {
-            return Err(format!("transformers' greedy ids are {:?}", &reference[..16]).into());
+        // The greedy ids must be transformers' up to the first step where its top-1/top-2
+        // margin is within the device's bound (there a different pick is legitimate, and the
+        // sequences part).
+        let same = generated
+            .iter()
+            .zip(&reference)
+            .take_while(|(ours, theirs)| ours == theirs)
+            .count();
+        if same < generated.len() && margins[same] >= f64::from(bound.near_tie) {
+            return Err(format!(
+                "greedy id {same} is {}, transformers' {} (margin {:.3})",
+                generated[same], reference[same], margins[same]
+            )
+            .into());
         }
-        println!("matches transformers (top-5 logits and 16 greedy tokens)");
+        println!(
+            "matches transformers: top-5 logits, and {same} of 16 greedy tokens{}",
+            if same < generated.len() {
+                format!(" (then a near tie, margin {:.3})", margins[same])
+            } else {
+                String::new()
+            }
+        );
     }
     Ok(())
 }

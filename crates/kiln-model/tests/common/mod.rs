@@ -9,5 +9,6 @@
 
 pub mod golden;
 pub mod tiny;
+pub mod tolerance;
 
 pub use kiln_testkit::{default_model as model_path, devices};
