@@ -8,6 +8,8 @@
 
 use std::ops::Range;
 
+use rayon::prelude::*;
+
 /// Rows of X a tile.
 pub(crate) const TILE: usize = 8;
 
@@ -25,7 +27,8 @@ pub(crate) struct QuantX {
 }
 
 impl QuantX {
-    /// Quantize `x` (`m` rows of `k`, `k` a multiple of 32) into `self`, reusing its buffers.
+    /// Quantize `x` (`m` rows of `k`, `k` a multiple of 32) into `self`, reusing its buffers;
+    /// a task a tile, on the current rayon pool.
     pub fn fill(&mut self, x: &[f32], m: usize, k: usize) {
         debug_assert!(k.is_multiple_of(32) && x.len() == m * k);
         self.m = m;
@@ -33,23 +36,14 @@ impl QuantX {
         self.q.resize(m * k, 0);
         self.d.resize(m * k / 32, 0.0);
         self.sums.resize(m * k / 32, [0, 0]);
-        for (i, row) in x.chunks_exact(k).enumerate() {
-            for (g, xs) in row.chunks_exact(32).enumerate() {
-                let at = self.slot(i, g);
-                let qs = &mut self.q[32 * at..32 * at + 32];
-                let amax = xs.iter().fold(0f32, |a, v| a.max(v.abs()));
-                let d = amax / 127.0;
-                let id = if d != 0.0 { 1.0 / d } else { 0.0 };
-                for (q, &v) in qs.iter_mut().zip(xs) {
-                    *q = (v * id).round() as i8;
-                }
-                let half = |h: &[i8]| h.iter().map(|&v| i32::from(v)).sum::<i32>();
-                self.d[at] = d;
-                self.sums[at] = [half(&qs[..16]), half(&qs[16..])];
-            }
-        }
+        let g = k / 32;
+        self.q
+            .par_chunks_mut(TILE * k)
+            .zip(self.d.par_chunks_mut(TILE * g))
+            .zip(self.sums.par_chunks_mut(TILE * g))
+            .zip(x.par_chunks(TILE * k))
+            .for_each(|(((q, d), sums), x)| fill_tile(x, k, q, d, sums));
     }
-
     /// Groups a row.
     pub fn groups(&self) -> usize {
         self.k / 32
@@ -91,5 +85,26 @@ impl QuantX {
             }
         }
         out
+    }
+}
+
+/// One tile of rows `x` (`k` wide) into its group slots: the quants, scales and half sums,
+/// group-major.
+fn fill_tile(x: &[f32], k: usize, q: &mut [i8], d: &mut [f32], sums: &mut [[i32; 2]]) {
+    let width = x.len() / k;
+    for (i, row) in x.chunks_exact(k).enumerate() {
+        for (g, xs) in row.chunks_exact(32).enumerate() {
+            let at = g * width + i;
+            let qs = &mut q[32 * at..32 * at + 32];
+            let amax = xs.iter().fold(0f32, |a, v| a.max(v.abs()));
+            let scale = amax / 127.0;
+            let id = if scale != 0.0 { 1.0 / scale } else { 0.0 };
+            for (q, &v) in qs.iter_mut().zip(xs) {
+                *q = (v * id).round() as i8;
+            }
+            let half = |h: &[i8]| h.iter().map(|&v| i32::from(v)).sum::<i32>();
+            d[at] = scale;
+            sums[at] = [half(&qs[..16]), half(&qs[16..])];
+        }
     }
 }

@@ -7,8 +7,8 @@ use std::sync::Mutex;
 use rayon::prelude::*;
 
 use super::dot::Rows;
-use super::{CpuContext, dispatch};
-use crate::ops::{dot, host_row};
+use super::{CpuContext, QuantX, dispatch};
+use crate::ops::{Activation, dot, glu_row, host_row, rms_norm_row};
 use crate::tensor::Storage;
 use crate::{Result, Tensor, TensorError};
 
@@ -23,18 +23,44 @@ fn rows_per_task(n: usize, threads: usize) -> usize {
     n.div_ceil(threads * 4).max(1)
 }
 
-/// Y = X · Wᵀ (+ bias) for `m` rows of X (f32, `k` = W's columns wide): `[m][n]`.
+/// What [`linear_native`] does around the products, as `Recorder::linear`'s ops say.
+pub(crate) struct Fused<'a> {
+    /// RMSNorm of X's rows first: the weight and epsilon.
+    pub norm: Option<(&'a [f32], f32)>,
+    pub bias: Option<&'a [f32]>,
+    /// W is `[gate; up]`: Y is act(gate) · up, half as wide.
+    pub glu: Option<Activation>,
+    /// Added to Y, Y's shape.
+    pub residual: Option<&'a [f32]>,
+}
+
+/// Y = epilogue(norm(X) · Wᵀ) for `m` rows of X (f32, `k` = W's columns wide), `[m][n]` (`n/2`
+/// wide with a GLU), each step on the pool and each element as the reference computes it.
 pub(crate) fn linear_native(
     ctx: &CpuContext,
     x: &[f32],
     m: usize,
     w: &Tensor,
-    bias: Option<&[f32]>,
+    fused: &Fused<'_>,
 ) -> Result<Vec<f32>> {
     let Storage::Cpu(h) = w.storage() else {
         return Err(TensorError::DeviceMismatch { op: "matmul" });
     };
     let (n, k) = (w.rows(), w.cols());
+    let normed;
+    let x = match fused.norm {
+        Some((g, eps)) => {
+            let mut out = vec![0f32; x.len()];
+            ctx.pool().install(|| {
+                out.par_chunks_mut(k)
+                    .zip(x.par_chunks(k))
+                    .for_each(|(o, row)| rms_norm_row(row, g, eps, o));
+            });
+            normed = out;
+            &normed[..]
+        }
+        None => x,
+    };
     let dtype = w.dtype();
     let chunk = rows_per_task(n, ctx.threads());
     // Products by weight row: `[n][m]`.
@@ -42,7 +68,8 @@ pub(crate) fn linear_native(
     match &dtype.format().ints {
         Some(ints) if k.is_multiple_of(32) => {
             let mut qx = ctx.quant_x.lock().unwrap_or_else(|p| p.into_inner());
-            qx.fill(x, m, k);
+            let q: &mut QuantX = &mut qx;
+            ctx.pool().install(|| q.fill(x, m, k));
             let f = dtype.format();
             let row_bytes = k / f.block_elems * f.block_bytes;
             let isa = ctx.isa();
@@ -93,39 +120,64 @@ pub(crate) fn linear_native(
             }
         }
     }
-    Ok(transpose(ctx, by_row, m, n, bias))
+    Ok(epilogue(ctx, by_row, m, n, fused))
 }
 
-/// Rows of Y at a time in the transpose: the products of a weight row for them are read as
-/// one run, and each of the rows is written in order.
+/// Rows of Y a task of the epilogue: the products of a weight row for them are read as one
+/// run, and each of the rows is written in order.
 const Y_ROWS: usize = 16;
 
-/// Y `[m][n]` from the products by weight row `[n][m]`, plus the bias, on the pool.
-fn transpose(
-    ctx: &CpuContext,
-    mut by_row: Vec<f32>,
-    m: usize,
-    n: usize,
-    bias: Option<&[f32]>,
-) -> Vec<f32> {
-    if m == 1 {
-        if let Some(b) = bias {
-            by_row.iter_mut().zip(b).for_each(|(v, b)| *v += b);
+thread_local! {
+    /// [`Y_ROWS`] rows of `X · Wᵀ + bias`, before the GLU and the residual.
+    static Y: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Y `[m][n]` (`n/2` wide with a GLU) from the products by weight row `[n][m]`: the bias,
+/// then the GLU, then the residual, a task a few rows of Y.
+fn epilogue(ctx: &CpuContext, by_row: Vec<f32>, m: usize, n: usize, fused: &Fused<'_>) -> Vec<f32> {
+    let width = if fused.glu.is_some() { n / 2 } else { n };
+    let finish = |i: usize, row: &[f32], out: &mut [f32]| {
+        match fused.glu {
+            Some(act) => glu_row(row, act, out),
+            None => out.copy_from_slice(row),
         }
-        return by_row;
+        if let Some(r) = fused.residual {
+            out.iter_mut()
+                .zip(&r[i * width..])
+                .for_each(|(v, r)| *v += r);
+        }
+    };
+    let mut y = vec![0f32; m * width];
+    if m == 1 {
+        let mut row = by_row;
+        if let Some(b) = fused.bias {
+            row.iter_mut().zip(b).for_each(|(v, b)| *v += b);
+        }
+        finish(0, &row, &mut y);
+        return y;
     }
-    let mut y = vec![0f32; m * n];
     ctx.pool().install(|| {
-        y.par_chunks_mut(Y_ROWS * n)
+        y.par_chunks_mut(Y_ROWS * width)
             .enumerate()
             .for_each(|(c, ys)| {
-                let i0 = c * Y_ROWS;
-                for (j, col) in by_row.chunks_exact(m).enumerate() {
-                    let b = bias.map_or(0.0, |b| b[j]);
-                    for (r, &v) in ys.chunks_exact_mut(n).zip(&col[i0..]) {
-                        r[j] = v + b;
+                let (i0, rows) = (c * Y_ROWS, ys.len() / width);
+                Y.with(|t| {
+                    let mut t = t.borrow_mut();
+                    t.resize(Y_ROWS * n, 0.0);
+                    for (j, col) in by_row.chunks_exact(m).enumerate() {
+                        let b = fused.bias.map_or(0.0, |b| b[j]);
+                        for (r, &v) in t.chunks_exact_mut(n).zip(&col[i0..i0 + rows]) {
+                            r[j] = v + b;
+                        }
                     }
-                }
+                    for (r, (row, out)) in t
+                        .chunks_exact(n)
+                        .zip(ys.chunks_exact_mut(width))
+                        .enumerate()
+                    {
+                        finish(i0 + r, row, out);
+                    }
+                })
             });
     });
     y

@@ -22,7 +22,7 @@ mod vector;
 mod x86;
 
 pub(crate) use act::QuantX;
-pub(crate) use linear::linear_native;
+pub(crate) use linear::{Fused, linear_native};
 
 use std::fmt;
 use std::str::FromStr;
@@ -58,7 +58,8 @@ impl Isa {
         {
             use std::arch::is_x86_feature_detected as has;
             let avx2 = has!("avx2") && has!("fma") && has!("f16c");
-            if avx2 && has!("avx512vnni") && has!("avx512vl") {
+            if avx2 && has!("avx512f") && has!("avx512bw") && has!("avx512vl") && has!("avx512vnni")
+            {
                 return Isa::Avx512;
             }
             if avx2 {

@@ -13,7 +13,7 @@ use super::QuantX;
 use half::f16;
 
 use super::act::TILE;
-use super::dot::{Rows, group_scales, offset_term};
+use super::dot::{Rows, group_scales, lane_sum as lane_sum_of, offset_term};
 use super::vector::{LANES, axpy_portable, tail};
 use crate::DType;
 use crate::quant::{Format, Ints};
@@ -244,7 +244,8 @@ fn lane_sum(a: __m256) -> f32 {
 }
 
 macro_rules! kernel {
-    ($name:ident, $tile:ident, $features:literal, $lanes:ident) => {
+    // `$wide`: the tile kernel of two rows of X or more (`$tile` itself, or a wider form).
+    ($name:ident, $tile:ident, $features:literal, $lanes:ident, $wide:ident) => {
         /// One row of W · the `W` rows of one tile of X (`xq`, `d`, `sums`: the tile's
         /// group slots), into `o`: each group of W decoded once for the tile's rows, whose
         /// arithmetic is each the same as alone.
@@ -299,13 +300,13 @@ macro_rules! kernel {
                     const { assert!(TILE == 8, "a kernel for each tile width") };
                     match t.len() {
                         1 => $tile::<F, 1>(row, bb, xq, d, s, o),
-                        2 => $tile::<F, 2>(row, bb, xq, d, s, o),
-                        3 => $tile::<F, 3>(row, bb, xq, d, s, o),
-                        4 => $tile::<F, 4>(row, bb, xq, d, s, o),
-                        5 => $tile::<F, 5>(row, bb, xq, d, s, o),
-                        6 => $tile::<F, 6>(row, bb, xq, d, s, o),
-                        7 => $tile::<F, 7>(row, bb, xq, d, s, o),
-                        _ => $tile::<F, TILE>(row, bb, xq, d, s, o),
+                        2 => $wide::<F, 2>(row, bb, xq, d, s, o),
+                        3 => $wide::<F, 3>(row, bb, xq, d, s, o),
+                        4 => $wide::<F, 4>(row, bb, xq, d, s, o),
+                        5 => $wide::<F, 5>(row, bb, xq, d, s, o),
+                        6 => $wide::<F, 6>(row, bb, xq, d, s, o),
+                        7 => $wide::<F, 7>(row, bb, xq, d, s, o),
+                        _ => $wide::<F, TILE>(row, bb, xq, d, s, o),
                     }
                 }
             }
@@ -313,13 +314,117 @@ macro_rules! kernel {
     };
 }
 
-kernel!(rows_avx2, tile_avx2, "avx2,fma,f16c", lanes_avx2);
+kernel!(rows_avx2, tile_avx2, "avx2,fma,f16c", lanes_avx2, tile_avx2);
 kernel!(
     rows_avx512,
     tile_avx512,
-    "avx2,fma,f16c,avx512vnni,avx512vl",
-    lanes_vnni
+    "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni",
+    lanes_vnni,
+    tile_pairs
 );
+
+/// `d[j]` ×8 then `d[j + 1]` ×8 for the pair of rows starting at `j`: the permutations that
+/// spread a tile's scales of X over a pair's lanes.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn pair_index(j: usize) -> __m512i {
+    let (a, b) = (j as i32, j as i32 + 1);
+    _mm512_set_epi32(b, b, b, b, b, b, b, b, a, a, a, a, a, a, a, a)
+}
+
+/// `tile_avx512` on 512-bit registers: the tile's rows of X in pairs, a pair's two groups
+/// side by side in one register (the low 256 bits the first row's eight lanes, the high the
+/// second's), the last row of an odd tile on 256 bits, and the offset terms of all the
+/// tile's rows in one 256-bit register. Every lane's arithmetic is `tile_avx512`'s, so the
+/// results are too.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+fn tile_pairs<const F: u8, const W: usize>(
+    row: &[u8],
+    block_bytes: usize,
+    xq: &[u8],
+    d: &[f32],
+    sums: &[[i32; 2]],
+    o: &mut [f32],
+) {
+    const { assert!(W >= 2 && W <= TILE) };
+    let ints = ints_of::<F>();
+    let gpb = const { groups_per_block(F) };
+    let unsigned = ints.unsigned;
+    let xs = xq.chunks_exact(32 * gpb * W).zip(d.chunks_exact(gpb * W));
+    let xs = xs.zip(sums.chunks_exact(gpb * W));
+    let mut a = [_mm512_setzero_ps(); TILE / 2];
+    let mut last = _mm256_setzero_ps();
+    let mut b = _mm256_setzero_ps();
+    for (blk, ((xb, db), sb)) in row.chunks_exact(block_bytes).zip(xs) {
+        for gg in 0..gpb {
+            let q = quants::<F>(blk, gg);
+            let s = scales::<F>(blk, gg);
+            let at = gg * W;
+            let mut dx = [0f32; TILE];
+            dx[..W].copy_from_slice(&db[at..at + W]);
+            let dx: __m256 = bytemuck::cast(dx);
+            let sw = if const { halves_differ(F) } {
+                _mm256_set_m128(_mm_set1_ps(s[1]), _mm_set1_ps(s[0]))
+            } else {
+                _mm256_set1_ps(s[0])
+            };
+            let sw = _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_castps_pd(sw)));
+            // q as unsigned bytes; X's bytes negated where q is negative (`unsigned`'s trick).
+            let (u, neg) = if unsigned {
+                (q, 0)
+            } else {
+                let n = u64::from(_mm256_movepi8_mask(q));
+                (_mm256_abs_epi8(q), n | n << 32)
+            };
+            let u = _mm512_broadcast_i64x4(u);
+            for (p, acc) in a.iter_mut().enumerate().take(W / 2) {
+                let x: __m512i = bytemuck::pod_read_unaligned(&xb[32 * (at + 2 * p)..][..64]);
+                let x = if unsigned {
+                    x
+                } else {
+                    _mm512_mask_sub_epi8(x, neg, _mm512_setzero_si512(), x)
+                };
+                let lanes = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u, x);
+                let dxp = _mm512_permutexvar_ps(pair_index(2 * p), _mm512_castps256_ps512(dx));
+                let sc = _mm512_mul_ps(sw, dxp);
+                *acc = _mm512_add_ps(*acc, _mm512_mul_ps(sc, _mm512_cvtepi32_ps(lanes)));
+            }
+            if W % 2 == 1 {
+                let j = W - 1;
+                let (s0, s1) = group_scales(&s, db[at + j]);
+                let lanes = lanes_vnni::<F>(q, load32(&xb[32 * (at + j)..]));
+                last = step::<F>(last, lanes, s0, s1);
+            }
+            if ints.offset {
+                let mut sx = [[0i32; 2]; TILE];
+                sx[..W].copy_from_slice(&sb[at..at + W]);
+                let sx: __m512i = bytemuck::cast(sx);
+                let lo = _mm512_cvtepi64_epi32(sx);
+                let hi = _mm512_cvtepi64_epi32(_mm512_srli_epi64::<32>(sx));
+                let term = |acc: __m256, sc: f32, n: __m256i| {
+                    let scd = _mm256_mul_ps(_mm256_set1_ps(sc), dx);
+                    _mm256_add_ps(acc, _mm256_mul_ps(scd, _mm256_cvtepi32_ps(n)))
+                };
+                if ints.span == 32 {
+                    b = term(b, s[2], _mm256_add_epi32(lo, hi));
+                } else {
+                    b = term(b, s[2], lo);
+                    b = term(b, s[3], hi);
+                }
+            }
+        }
+    }
+    let b: [f32; TILE] = bytemuck::cast(b);
+    for (p, acc) in a.iter().enumerate().take(W / 2) {
+        let lanes: [[f32; 8]; 2] = bytemuck::cast(*acc);
+        o[2 * p] = lane_sum_of(&lanes[0]) + b[2 * p];
+        o[2 * p + 1] = lane_sum_of(&lanes[1]) + b[2 * p + 1];
+    }
+    if W % 2 == 1 {
+        o[W - 1] = lane_sum(last) + b[W - 1];
+    }
+}
 
 /// Eight f32s from `x` (at least eight long).
 #[inline]

@@ -228,15 +228,23 @@ impl Recorder {
 
 /// CPU reference of `glu` over rows `[gate | up]` of width `2·f`.
 pub(crate) fn glu_ref(y: &[f32], f: usize, act: Activation) -> Vec<f32> {
-    y.chunks_exact(2 * f)
-        .flat_map(|row| {
-            let (g, u) = row.split_at(f);
-            g.iter().zip(u).map(move |(&g, &u)| match act {
-                Activation::Silu => silu_mul_ref(g, u),
-                Activation::GeluTanh => gelu_tanh_mul_ref(g, u),
-            })
-        })
-        .collect()
+    let mut out = vec![0f32; y.len() / 2];
+    for (row, o) in y.chunks_exact(2 * f).zip(out.chunks_exact_mut(f)) {
+        glu_row(row, act, o);
+    }
+    out
+}
+
+/// One row of [`glu_ref`]: `row` is `[gate; up]`, `out` half as wide.
+pub(crate) fn glu_row(row: &[f32], act: Activation, out: &mut [f32]) {
+    let (g, u) = row.split_at(out.len());
+    let each = match act {
+        Activation::Silu => silu_mul_ref,
+        Activation::GeluTanh => gelu_tanh_mul_ref,
+    };
+    for ((o, &g), &u) in out.iter_mut().zip(g).zip(u) {
+        *o = each(g, u);
+    }
 }
 
 /// CPU reference of one element of `silu_mul`.

@@ -568,6 +568,20 @@ fn linear_host(
     c: &Checked,
     native: Option<&crate::cpu::CpuContext>,
 ) -> Result<Tensor> {
+    let b = ops.bias.map(host_f32).transpose()?;
+    if let Some(cpu) = native {
+        let fused = crate::cpu::Fused {
+            norm: match ops.norm {
+                Some(n) => Some((host_f32(n.weight)?, n.eps)),
+                None => None,
+            },
+            bias: b,
+            glu: ops.glu,
+            residual: ops.residual.map(host_f32).transpose()?,
+        };
+        let y = crate::cpu::linear_native(cpu, host_f32(x)?, c.m, w, &fused)?;
+        return Ok(Tensor::cpu_f32(c.shape.clone(), y));
+    }
     let normed;
     let xs = match ops.norm {
         Some(n) => {
@@ -576,11 +590,7 @@ fn linear_host(
         }
         None => host_f32(x)?,
     };
-    let b = ops.bias.map(host_f32).transpose()?;
-    let mut y = match native {
-        Some(cpu) => crate::cpu::linear_native(cpu, xs, c.m, w, b)?,
-        None => matmul_ref(xs, c.m, w, b)?,
-    };
+    let mut y = matmul_ref(xs, c.m, w, b)?;
     if let Some(act) = ops.glu {
         y = glu_ref(&y, c.n / 2, act);
     }

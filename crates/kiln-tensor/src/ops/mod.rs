@@ -11,9 +11,11 @@ mod rope;
 mod rows;
 pub mod sample;
 
+pub(crate) use elementwise::glu_row;
 pub use embedding::ColumnIndex;
 pub use matmul::{Activation, LinearOps, RmsNorm};
 pub use rope::{RopeConfig, RopeLayout, RopePositions, RopeScaling, RopeTable};
+pub(crate) use rows::rms_norm_row;
 
 use std::borrow::Cow;
 

@@ -134,14 +134,20 @@ impl Recorder {
 
 /// CPU reference (sum of squares in f64, as a reference should be exact-ish).
 pub(crate) fn rms_norm_ref(x: &[f32], w: &[f32], eps: f32) -> Vec<f32> {
-    let d = w.len();
-    let mut out = Vec::with_capacity(x.len());
-    for row in x.chunks_exact(d) {
-        let ss: f64 = row.iter().map(|&v| f64::from(v) * f64::from(v)).sum();
-        let scale = (1.0 / (ss / d as f64 + f64::from(eps)).sqrt()) as f32;
-        out.extend(row.iter().zip(w).map(|(v, g)| v * scale * g));
+    let mut out = vec![0f32; x.len()];
+    for (row, o) in x.chunks_exact(w.len()).zip(out.chunks_exact_mut(w.len())) {
+        rms_norm_row(row, w, eps, o);
     }
     out
+}
+
+/// One row of [`rms_norm_ref`] into `out` (as wide as `w`).
+pub(crate) fn rms_norm_row(row: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
+    let ss: f64 = row.iter().map(|&v| f64::from(v) * f64::from(v)).sum();
+    let scale = (1.0 / (ss / w.len() as f64 + f64::from(eps)).sqrt()) as f32;
+    for ((o, v), g) in out.iter_mut().zip(row).zip(w) {
+        *o = v * scale * g;
+    }
 }
 
 /// CPU reference.
