@@ -20,6 +20,8 @@ pub(crate) struct QuantX {
     pub k: usize,
     /// Quants, 32 a group slot ([`QuantX::slot`]).
     pub q: Vec<i8>,
+    /// The quants plus 128, as unsigned bytes (for `vpdpbusd` against signed weights).
+    pub u: Vec<u8>,
     /// Scales, one a group slot.
     pub d: Vec<f32>,
     /// Sums of quants 0–15 and 16–31, one a group slot.
@@ -34,15 +36,22 @@ impl QuantX {
         self.m = m;
         self.k = k;
         self.q.resize(m * k, 0);
+        self.u.resize(m * k, 0);
         self.d.resize(m * k / 32, 0.0);
         self.sums.resize(m * k / 32, [0, 0]);
         let g = k / 32;
         self.q
             .par_chunks_mut(TILE * k)
+            .zip(self.u.par_chunks_mut(TILE * k))
             .zip(self.d.par_chunks_mut(TILE * g))
             .zip(self.sums.par_chunks_mut(TILE * g))
             .zip(x.par_chunks(TILE * k))
-            .for_each(|(((q, d), sums), x)| fill_tile(x, k, q, d, sums));
+            .for_each(|((((q, u), d), sums), x)| {
+                fill_tile(x, k, q, d, sums);
+                for (u, &q) in u.iter_mut().zip(q.iter()) {
+                    *u = (q as u8) ^ 0x80;
+                }
+            });
     }
     /// Groups a row.
     pub fn groups(&self) -> usize {

@@ -243,6 +243,15 @@ fn lane_sum(a: __m256) -> f32 {
     _mm_cvtss_f32(_mm_add_ss(t, _mm_shuffle_ps::<1>(t, t)))
 }
 
+/// One tile of X as the tile kernels read it: its group slots.
+struct TileX<'a> {
+    q: &'a [u8],
+    /// `q + 128`.
+    u: &'a [u8],
+    d: &'a [f32],
+    sums: &'a [[i32; 2]],
+}
+
 macro_rules! kernel {
     // `$wide`: the tile kernel of two rows of X or more (`$tile` itself, or a wider form).
     ($name:ident, $tile:ident, $features:literal, $lanes:ident, $wide:ident) => {
@@ -254,15 +263,15 @@ macro_rules! kernel {
         fn $tile<const F: u8, const W: usize>(
             row: &[u8],
             block_bytes: usize,
-            xq: &[u8],
-            d: &[f32],
-            sums: &[[i32; 2]],
+            x: &TileX<'_>,
             o: &mut [f32],
         ) {
             let ints = ints_of::<F>();
             let gpb = const { groups_per_block(F) };
-            let xs = xq.chunks_exact(32 * gpb * W).zip(d.chunks_exact(gpb * W));
-            let xs = xs.zip(sums.chunks_exact(gpb * W));
+            let xs =
+                x.q.chunks_exact(32 * gpb * W)
+                    .zip(x.d.chunks_exact(gpb * W));
+            let xs = xs.zip(x.sums.chunks_exact(gpb * W));
             let mut a = [_mm256_setzero_ps(); W];
             let mut b = [0f32; W];
             for (blk, ((xb, db), sb)) in row.chunks_exact(block_bytes).zip(xs) {
@@ -295,18 +304,23 @@ macro_rules! kernel {
             {
                 for t in x.tiles() {
                     let at = x.tile_slots(&t);
-                    let (xq, d) = (&xq[32 * at.start..32 * at.end], &x.d[at.clone()]);
-                    let (s, o) = (&x.sums[at], &mut o[t.clone()]);
+                    let tx = TileX {
+                        q: &xq[32 * at.start..32 * at.end],
+                        u: &x.u[32 * at.start..32 * at.end],
+                        d: &x.d[at.clone()],
+                        sums: &x.sums[at],
+                    };
+                    let (s, o) = (&tx, &mut o[t.clone()]);
                     const { assert!(TILE == 8, "a kernel for each tile width") };
                     match t.len() {
-                        1 => $tile::<F, 1>(row, bb, xq, d, s, o),
-                        2 => $wide::<F, 2>(row, bb, xq, d, s, o),
-                        3 => $wide::<F, 3>(row, bb, xq, d, s, o),
-                        4 => $wide::<F, 4>(row, bb, xq, d, s, o),
-                        5 => $wide::<F, 5>(row, bb, xq, d, s, o),
-                        6 => $wide::<F, 6>(row, bb, xq, d, s, o),
-                        7 => $wide::<F, 7>(row, bb, xq, d, s, o),
-                        _ => $wide::<F, TILE>(row, bb, xq, d, s, o),
+                        1 => $tile::<F, 1>(row, bb, s, o),
+                        2 => $wide::<F, 2>(row, bb, s, o),
+                        3 => $wide::<F, 3>(row, bb, s, o),
+                        4 => $wide::<F, 4>(row, bb, s, o),
+                        5 => $wide::<F, 5>(row, bb, s, o),
+                        6 => $wide::<F, 6>(row, bb, s, o),
+                        7 => $wide::<F, 7>(row, bb, s, o),
+                        _ => $wide::<F, TILE>(row, bb, s, o),
                     }
                 }
             }
@@ -323,40 +337,47 @@ kernel!(
     tile_pairs
 );
 
-/// `d[j]` ×8 then `d[j + 1]` ×8 for the pair of rows starting at `j`: the permutations that
-/// spread a tile's scales of X over a pair's lanes.
+/// For the pair of rows starting at `j`: lanes 0–3 from `a[j]`, 4–7 from `b[j]`, 8–11 from
+/// `a[j + 1]`, 12–15 from `b[j + 1]` (`_mm512_permutex2var_ps`'s indices, 16 and up naming
+/// `b`).
 #[inline]
 #[target_feature(enable = "avx512f")]
 fn pair_index(j: usize) -> __m512i {
-    let (a, b) = (j as i32, j as i32 + 1);
-    _mm512_set_epi32(b, b, b, b, b, b, b, b, a, a, a, a, a, a, a, a)
+    let (a0, a1) = (j as i32, j as i32 + 1);
+    let (b0, b1) = (a0 + 16, a1 + 16);
+    _mm512_set_epi32(
+        b1, b1, b1, b1, a1, a1, a1, a1, b0, b0, b0, b0, a0, a0, a0, a0,
+    )
 }
 
 /// `tile_avx512` on 512-bit registers: the tile's rows of X in pairs, a pair's two groups
 /// side by side in one register (the low 256 bits the first row's eight lanes, the high the
-/// second's), the last row of an odd tile on 256 bits, and the offset terms of all the
-/// tile's rows in one 256-bit register. Every lane's arithmetic is `tile_avx512`'s, so the
-/// results are too.
+/// second's), the last row of an odd tile on 256 bits, and the scales and offset terms of
+/// all the tile's rows in 256-bit registers. Signed quants meet X's unsigned form (`x +
+/// 128`), the accumulator starting at −128·Σq, so that a lane is one `vpdpbusd` whatever
+/// the format. Every lane's integer sum, and each float operation on it, is
+/// `tile_avx512`'s, so the results are too.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 fn tile_pairs<const F: u8, const W: usize>(
     row: &[u8],
     block_bytes: usize,
-    xq: &[u8],
-    d: &[f32],
-    sums: &[[i32; 2]],
+    x: &TileX<'_>,
     o: &mut [f32],
 ) {
     const { assert!(W >= 2 && W <= TILE) };
     let ints = ints_of::<F>();
     let gpb = const { groups_per_block(F) };
     let unsigned = ints.unsigned;
-    let xs = xq.chunks_exact(32 * gpb * W).zip(d.chunks_exact(gpb * W));
-    let xs = xs.zip(sums.chunks_exact(gpb * W));
+    // The bytes `vpdpbusd` takes unsigned: X's for signed quants.
+    let xb = if unsigned { x.q } else { x.u };
+    let xs = xb.chunks_exact(32 * gpb * W).zip(x.d.chunks_exact(gpb * W));
+    let xs = xs.zip(x.sums.chunks_exact(gpb * W));
+    let xq_last = x.q.chunks_exact(32 * gpb * W);
     let mut a = [_mm512_setzero_ps(); TILE / 2];
     let mut last = _mm256_setzero_ps();
     let mut b = _mm256_setzero_ps();
-    for (blk, ((xb, db), sb)) in row.chunks_exact(block_bytes).zip(xs) {
+    for ((blk, ((xb, db), sb)), xl) in row.chunks_exact(block_bytes).zip(xs).zip(xq_last) {
         for gg in 0..gpb {
             let q = quants::<F>(blk, gg);
             let s = scales::<F>(blk, gg);
@@ -364,36 +385,34 @@ fn tile_pairs<const F: u8, const W: usize>(
             let mut dx = [0f32; TILE];
             dx[..W].copy_from_slice(&db[at..at + W]);
             let dx: __m256 = bytemuck::cast(dx);
-            let sw = if const { halves_differ(F) } {
-                _mm256_set_m128(_mm_set1_ps(s[1]), _mm_set1_ps(s[0]))
+            let sc0 = _mm512_castps256_ps512(_mm256_mul_ps(_mm256_set1_ps(s[0]), dx));
+            let sc1 = if const { halves_differ(F) } {
+                _mm512_castps256_ps512(_mm256_mul_ps(_mm256_set1_ps(s[1]), dx))
             } else {
-                _mm256_set1_ps(s[0])
+                sc0
             };
-            let sw = _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_castps_pd(sw)));
-            // q as unsigned bytes; X's bytes negated where q is negative (`unsigned`'s trick).
-            let (u, neg) = if unsigned {
-                (q, 0)
+            // (the unsigned operand, the signed one, where each lane starts)
+            let (qz, start) = if unsigned {
+                (_mm512_broadcast_i64x4(q), _mm512_setzero_si512())
             } else {
-                let n = u64::from(_mm256_movepi8_mask(q));
-                (_mm256_abs_epi8(q), n | n << 32)
+                let c = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(-128), q);
+                let c = _mm256_sub_epi32(_mm256_setzero_si256(), c);
+                (_mm512_broadcast_i64x4(q), _mm512_broadcast_i64x4(c))
             };
-            let u = _mm512_broadcast_i64x4(u);
             for (p, acc) in a.iter_mut().enumerate().take(W / 2) {
-                let x: __m512i = bytemuck::pod_read_unaligned(&xb[32 * (at + 2 * p)..][..64]);
-                let x = if unsigned {
-                    x
+                let xv: __m512i = bytemuck::pod_read_unaligned(&xb[32 * (at + 2 * p)..][..64]);
+                let lanes = if unsigned {
+                    _mm512_dpbusd_epi32(start, qz, xv)
                 } else {
-                    _mm512_mask_sub_epi8(x, neg, _mm512_setzero_si512(), x)
+                    _mm512_dpbusd_epi32(start, xv, qz)
                 };
-                let lanes = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u, x);
-                let dxp = _mm512_permutexvar_ps(pair_index(2 * p), _mm512_castps256_ps512(dx));
-                let sc = _mm512_mul_ps(sw, dxp);
+                let sc = _mm512_permutex2var_ps(sc0, pair_index(2 * p), sc1);
                 *acc = _mm512_add_ps(*acc, _mm512_mul_ps(sc, _mm512_cvtepi32_ps(lanes)));
             }
             if W % 2 == 1 {
                 let j = W - 1;
                 let (s0, s1) = group_scales(&s, db[at + j]);
-                let lanes = lanes_vnni::<F>(q, load32(&xb[32 * (at + j)..]));
+                let lanes = lanes_vnni::<F>(q, load32(&xl[32 * (gg * W + j)..]));
                 last = step::<F>(last, lanes, s0, s1);
             }
             if ints.offset {
