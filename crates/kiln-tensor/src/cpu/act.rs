@@ -20,8 +20,9 @@ pub(crate) struct QuantX {
     pub k: usize,
     /// Quants, 32 a group slot ([`QuantX::slot`]).
     pub q: Vec<i8>,
-    /// The quants plus 128, as unsigned bytes (for `vpdpbusd` against signed weights).
-    pub u: Vec<u8>,
+    /// −128 · the sums of each four quants, eight a group slot: where a lane of
+    /// `vpdpbusd(q + 128, x)` starts so that it sums q·x (signed quants made unsigned).
+    pub neg: Vec<[i32; 8]>,
     /// Scales, one a group slot.
     pub d: Vec<f32>,
     /// Sums of quants 0–15 and 16–31, one a group slot.
@@ -36,20 +37,22 @@ impl QuantX {
         self.m = m;
         self.k = k;
         self.q.resize(m * k, 0);
-        self.u.resize(m * k, 0);
+        self.neg.resize(m * k / 32, [0; 8]);
         self.d.resize(m * k / 32, 0.0);
         self.sums.resize(m * k / 32, [0, 0]);
         let g = k / 32;
         self.q
             .par_chunks_mut(TILE * k)
-            .zip(self.u.par_chunks_mut(TILE * k))
+            .zip(self.neg.par_chunks_mut(TILE * g))
             .zip(self.d.par_chunks_mut(TILE * g))
             .zip(self.sums.par_chunks_mut(TILE * g))
             .zip(x.par_chunks(TILE * k))
-            .for_each(|((((q, u), d), sums), x)| {
+            .for_each(|((((q, neg), d), sums), x)| {
                 fill_tile(x, k, q, d, sums);
-                for (u, &q) in u.iter_mut().zip(q.iter()) {
-                    *u = (q as u8) ^ 0x80;
+                for (n, q) in neg.iter_mut().zip(q.chunks_exact(32)) {
+                    for (n, four) in n.iter_mut().zip(q.chunks_exact(4)) {
+                        *n = -128 * four.iter().map(|&v| i32::from(v)).sum::<i32>();
+                    }
                 }
             });
     }

@@ -243,18 +243,42 @@ fn lane_sum(a: __m256) -> f32 {
     _mm_cvtss_f32(_mm_add_ss(t, _mm_shuffle_ps::<1>(t, t)))
 }
 
+/// Quants `q` of format `F` as `vpdpbusd`'s unsigned operand: `q + 128` where they may be
+/// negative.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn as_unsigned<const F: u8>(q: __m256i) -> __m256i {
+    if const { ints(F).unsigned } {
+        q
+    } else {
+        _mm256_xor_si256(q, _mm256_set1_epi8(-128))
+    }
+}
+
+/// Where the lanes of two groups of X (`neg`'s first two slots) start against format `F`'s
+/// quants as [`as_unsigned`] gives them: at zero, or at −128 · Σx to undo the `+ 128`.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn lane_starts<const F: u8>(neg: &[[i32; 8]]) -> __m512i {
+    if const { ints(F).unsigned } {
+        _mm512_setzero_si512()
+    } else {
+        bytemuck::cast([neg[0], neg[1]])
+    }
+}
+
 /// One tile of X as the tile kernels read it: its group slots.
 struct TileX<'a> {
     q: &'a [u8],
-    /// `q + 128`.
-    u: &'a [u8],
+    neg: &'a [[i32; 8]],
     d: &'a [f32],
     sums: &'a [[i32; 2]],
 }
 
 macro_rules! kernel {
-    // `$wide`: the tile kernel of two rows of X or more (`$tile` itself, or a wider form).
-    ($name:ident, $tile:ident, $features:literal, $lanes:ident, $wide:ident) => {
+    // `$wide`: the tile kernel of two rows of X or more (`$tile` itself, or a wider form);
+    // `$one`: every row of W against one row of X.
+    ($name:ident, $tile:ident, $features:literal, $lanes:ident, $wide:ident, $one:ident) => {
         /// One row of W · the `W` rows of one tile of X (`xq`, `d`, `sums`: the tile's
         /// group slots), into `o`: each group of W decoded once for the tile's rows, whose
         /// arithmetic is each the same as alone.
@@ -297,6 +321,15 @@ macro_rules! kernel {
         pub(super) fn $name<const F: u8>(rows: &Rows<'_>, x: &QuantX, out: &mut [f32]) {
             let xq: &[u8] = bytemuck::cast_slice(&x.q);
             let bb = rows.block_bytes;
+            if x.m == 1 {
+                let tx = TileX {
+                    q: xq,
+                    neg: &x.neg,
+                    d: &x.d,
+                    sums: &x.sums,
+                };
+                return $one::<F>(rows, &tx, out);
+            }
             for (row, o) in rows
                 .w
                 .chunks_exact(rows.row_bytes)
@@ -306,7 +339,7 @@ macro_rules! kernel {
                     let at = x.tile_slots(&t);
                     let tx = TileX {
                         q: &xq[32 * at.start..32 * at.end],
-                        u: &x.u[32 * at.start..32 * at.end],
+                        neg: &x.neg[at.clone()],
                         d: &x.d[at.clone()],
                         sums: &x.sums[at],
                     };
@@ -328,14 +361,87 @@ macro_rules! kernel {
     };
 }
 
-kernel!(rows_avx2, tile_avx2, "avx2,fma,f16c", lanes_avx2, tile_avx2);
+kernel!(
+    rows_avx2,
+    tile_avx2,
+    "avx2,fma,f16c",
+    lanes_avx2,
+    tile_avx2,
+    one_avx2
+);
 kernel!(
     rows_avx512,
     tile_avx512,
     "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni",
     lanes_vnni,
-    tile_pairs
+    tile_pairs,
+    one_pairs
 );
+
+/// Every row of W against one row of X (AVX2): a row at a time.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn one_avx2<const F: u8>(rows: &Rows<'_>, x: &TileX<'_>, out: &mut [f32]) {
+    for (row, o) in rows
+        .w
+        .chunks_exact(rows.row_bytes)
+        .zip(out.chunks_exact_mut(1))
+    {
+        tile_avx2::<F, 1>(row, rows.block_bytes, x, o);
+    }
+}
+
+/// Every row of W against one row of X (decode), two rows of W a 512-bit register (the low
+/// 256 bits the first row's lanes, the high the second's), each lane's arithmetic
+/// `tile_avx512`'s; an odd last row by `tile_avx512`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+fn one_pairs<const F: u8>(rows: &Rows<'_>, x: &TileX<'_>, out: &mut [f32]) {
+    let ints = ints_of::<F>();
+    let gpb = const { groups_per_block(F) };
+    let bb = rows.block_bytes;
+    // Lanes 0–3 from element 0, 4–7 from 1, 8–11 from 2, 12–15 from 3.
+    let spread = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
+    let mut pairs = rows.w.chunks_exact(2 * rows.row_bytes);
+    let mut outs = out.chunks_exact_mut(2);
+    for (w2, o) in (&mut pairs).zip(&mut outs) {
+        let (ra, rb) = w2.split_at(rows.row_bytes);
+        let mut acc = _mm512_setzero_ps();
+        let (mut offa, mut offb) = (0f32, 0f32);
+        let blocks = ra.chunks_exact(bb).zip(rb.chunks_exact(bb));
+        let xs = x.q.chunks_exact(32 * gpb).zip(x.d.chunks_exact(gpb));
+        let xs = xs.zip(x.sums.chunks_exact(gpb).zip(x.neg.chunks_exact(gpb)));
+        for ((blka, blkb), ((xb, db), (sb, neg))) in blocks.zip(xs) {
+            for gg in 0..gpb {
+                let qa = as_unsigned::<F>(quants::<F>(blka, gg));
+                let qb = as_unsigned::<F>(quants::<F>(blkb, gg));
+                let qz = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(qa), qb);
+                let xz = _mm512_broadcast_i64x4(load32(&xb[32 * gg..]));
+                let start = lane_starts::<F>(&[neg[gg], neg[gg]]);
+                let lanes = _mm512_dpbusd_epi32(start, qz, xz);
+                let (sa, sb_) = (scales::<F>(blka, gg), scales::<F>(blkb, gg));
+                let (a0, a1) = group_scales(&sa, db[gg]);
+                let (b0, b1) = group_scales(&sb_, db[gg]);
+                let four = if const { halves_differ(F) } {
+                    _mm_setr_ps(a0, a1, b0, b1)
+                } else {
+                    _mm_setr_ps(a0, a0, b0, b0)
+                };
+                let sc = _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(four));
+                acc = _mm512_add_ps(acc, _mm512_mul_ps(sc, _mm512_cvtepi32_ps(lanes)));
+                offset_term(ints, &sa, db[gg], sb[gg], &mut offa);
+                offset_term(ints, &sb_, db[gg], sb[gg], &mut offb);
+            }
+        }
+        let lanes: [[f32; 8]; 2] = bytemuck::cast(acc);
+        o[0] = lane_sum_of(&lanes[0]) + offa;
+        o[1] = lane_sum_of(&lanes[1]) + offb;
+    }
+    let (last, o) = (pairs.remainder(), outs.into_remainder());
+    if !last.is_empty() {
+        tile_avx512::<F, 1>(last, bb, x, o);
+    }
+}
 
 /// For the pair of rows starting at `j`: lanes 0–3 from `a[j]`, 4–7 from `b[j]`, 8–11 from
 /// `a[j + 1]`, 12–15 from `b[j + 1]` (`_mm512_permutex2var_ps`'s indices, 16 and up naming
@@ -353,10 +459,10 @@ fn pair_index(j: usize) -> __m512i {
 /// `tile_avx512` on 512-bit registers: the tile's rows of X in pairs, a pair's two groups
 /// side by side in one register (the low 256 bits the first row's eight lanes, the high the
 /// second's), the last row of an odd tile on 256 bits, and the scales and offset terms of
-/// all the tile's rows in 256-bit registers. Signed quants meet X's unsigned form (`x +
-/// 128`), the accumulator starting at −128·Σq, so that a lane is one `vpdpbusd` whatever
-/// the format. Every lane's integer sum, and each float operation on it, is
-/// `tile_avx512`'s, so the results are too.
+/// all the tile's rows in 256-bit registers. Signed quants are made unsigned (`q + 128`)
+/// and each lane starts at X's −128 · Σx, so that a lane is one `vpdpbusd` whatever the
+/// format. Every lane's integer sum, and each float operation on it, is `tile_avx512`'s,
+/// so the results are too.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 fn tile_pairs<const F: u8, const W: usize>(
@@ -368,16 +474,15 @@ fn tile_pairs<const F: u8, const W: usize>(
     const { assert!(W >= 2 && W <= TILE) };
     let ints = ints_of::<F>();
     let gpb = const { groups_per_block(F) };
-    let unsigned = ints.unsigned;
-    // The bytes `vpdpbusd` takes unsigned: X's for signed quants.
-    let xb = if unsigned { x.q } else { x.u };
-    let xs = xb.chunks_exact(32 * gpb * W).zip(x.d.chunks_exact(gpb * W));
+    let xs =
+        x.q.chunks_exact(32 * gpb * W)
+            .zip(x.d.chunks_exact(gpb * W));
     let xs = xs.zip(x.sums.chunks_exact(gpb * W));
-    let xq_last = x.q.chunks_exact(32 * gpb * W);
+    let negs = x.neg.chunks_exact(gpb * W);
     let mut a = [_mm512_setzero_ps(); TILE / 2];
     let mut last = _mm256_setzero_ps();
     let mut b = _mm256_setzero_ps();
-    for ((blk, ((xb, db), sb)), xl) in row.chunks_exact(block_bytes).zip(xs).zip(xq_last) {
+    for ((blk, ((xb, db), sb)), neg) in row.chunks_exact(block_bytes).zip(xs).zip(negs) {
         for gg in 0..gpb {
             let q = quants::<F>(blk, gg);
             let s = scales::<F>(blk, gg);
@@ -391,28 +496,17 @@ fn tile_pairs<const F: u8, const W: usize>(
             } else {
                 sc0
             };
-            // (the unsigned operand, the signed one, where each lane starts)
-            let (qz, start) = if unsigned {
-                (_mm512_broadcast_i64x4(q), _mm512_setzero_si512())
-            } else {
-                let c = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(-128), q);
-                let c = _mm256_sub_epi32(_mm256_setzero_si256(), c);
-                (_mm512_broadcast_i64x4(q), _mm512_broadcast_i64x4(c))
-            };
+            let qz = _mm512_broadcast_i64x4(as_unsigned::<F>(q));
             for (p, acc) in a.iter_mut().enumerate().take(W / 2) {
                 let xv: __m512i = bytemuck::pod_read_unaligned(&xb[32 * (at + 2 * p)..][..64]);
-                let lanes = if unsigned {
-                    _mm512_dpbusd_epi32(start, qz, xv)
-                } else {
-                    _mm512_dpbusd_epi32(start, xv, qz)
-                };
+                let lanes = _mm512_dpbusd_epi32(lane_starts::<F>(&neg[at + 2 * p..]), qz, xv);
                 let sc = _mm512_permutex2var_ps(sc0, pair_index(2 * p), sc1);
                 *acc = _mm512_add_ps(*acc, _mm512_mul_ps(sc, _mm512_cvtepi32_ps(lanes)));
             }
             if W % 2 == 1 {
                 let j = W - 1;
                 let (s0, s1) = group_scales(&s, db[at + j]);
-                let lanes = lanes_vnni::<F>(q, load32(&xl[32 * (gg * W + j)..]));
+                let lanes = lanes_vnni::<F>(q, load32(&xb[32 * (at + j)..]));
                 last = step::<F>(last, lanes, s0, s1);
             }
             if ints.offset {
