@@ -222,6 +222,8 @@ async fn bench(a: Args) -> anyhow::Result<()> {
                 backend: "remote".into(),
                 device_type: "remote".into(),
                 driver: String::new(),
+                threads: 0,
+                cpu_isa: String::new(),
             };
             let engine = EngineFacts {
                 kv_blocks: kv.total_blocks as usize,
@@ -295,6 +297,8 @@ async fn bench(a: Args) -> anyhow::Result<()> {
                 backend: info.backend.clone(),
                 device_type: info.device_type.clone(),
                 driver: info.driver.clone(),
+                threads: info.threads,
+                cpu_isa: info.cpu_isa.clone(),
             };
             let facts = EngineFacts {
                 kv_blocks: ei.kv_blocks,

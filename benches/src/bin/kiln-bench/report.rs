@@ -16,6 +16,10 @@ pub struct DeviceFacts {
     pub backend: String,
     pub device_type: String,
     pub driver: String,
+    /// The native CPU backend's threads (0 on other devices and remote servers).
+    pub threads: usize,
+    /// The native CPU backend's SIMD level (empty elsewhere).
+    pub cpu_isa: String,
 }
 
 /// How the in-process engine was sized (or what the server reported).
@@ -156,8 +160,16 @@ pub fn print_header(r: &Report) {
             e.max_num_batched_tokens
         );
     }
+    let kiln = if r.device.threads > 0 {
+        format!(
+            "kiln's native CPU backend {} ({})",
+            r.device.threads, r.device.cpu_isa
+        )
+    } else {
+        "kiln's device its own".into()
+    };
     println!(
-        "  threads  {} for llama.cpp (host parallelism {}; kiln's CPU backend uses one{})",
+        "  threads  {} for llama.cpp (host parallelism {}; {kiln}{})",
         r.threads,
         r.host_parallelism,
         r.lp_num_threads
