@@ -391,6 +391,19 @@ fn one_avx2<const F: u8>(rows: &Rows<'_>, x: &TileX<'_>, out: &mut [f32]) {
     }
 }
 
+/// Pairs of rows of W that decode's matvec asks the cache for ahead of reading them.
+const PAIRS_AHEAD: usize = 4;
+
+/// Asks for the cache lines of `len` bytes at `p` (a hint: it never faults, so `p` may lie
+/// past the weights' end).
+#[inline]
+#[target_feature(enable = "sse")]
+fn prefetch(p: *const u8, len: usize) {
+    for off in (0..len).step_by(64) {
+        _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(off).cast());
+    }
+}
+
 /// Every row of W against one row of X (decode), two rows of W a 512-bit register (the low
 /// 256 bits the first row's lanes, the high the second's), each lane's arithmetic
 /// `tile_avx512`'s; an odd last row by `tile_avx512`.
@@ -404,7 +417,9 @@ fn one_pairs<const F: u8>(rows: &Rows<'_>, x: &TileX<'_>, out: &mut [f32]) {
     let spread = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
     let mut pairs = rows.w.chunks_exact(2 * rows.row_bytes);
     let mut outs = out.chunks_exact_mut(2);
+    let ahead = 2 * PAIRS_AHEAD * rows.row_bytes;
     for (w2, o) in (&mut pairs).zip(&mut outs) {
+        prefetch(w2.as_ptr().wrapping_add(ahead), w2.len());
         let (ra, rb) = w2.split_at(rows.row_bytes);
         let mut acc = _mm512_setzero_ps();
         let (mut offa, mut offb) = (0f32, 0f32);
