@@ -11,7 +11,7 @@ use std::ops::Range;
 use rayon::prelude::*;
 
 /// Rows of X a tile.
-pub(crate) const TILE: usize = 8;
+pub(crate) const TILE: usize = 16;
 
 /// Rows of X, quantized.
 #[derive(Debug, Default)]

@@ -243,7 +243,7 @@ mod tests {
             let n = 7;
             let w = random_rows(dtype, n, k, &mut rng);
             let rows = rows_of(dtype, &w, k);
-            for m in [1, 2, 3, 4, 5, 6, 7, 8, 11, 17] {
+            for m in [1, 2, 3, 4, 5, 6, 7, 8, 9, 11, 15, 16, 17, 25, 33] {
                 let x: Vec<f32> = (0..m * k).map(|_| rng.random_range(-2.0..2.0)).collect();
                 let mut qx = QuantX::default();
                 qx.fill(&x, m, k);

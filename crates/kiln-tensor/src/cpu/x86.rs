@@ -273,15 +273,36 @@ struct TileX<'a> {
     neg: &'a [[i32; 8]],
     d: &'a [f32],
     sums: &'a [[i32; 2]],
+    /// Rows of the tile: slots a group.
+    width: usize,
+    /// The first of the tile's rows that the kernel takes.
+    first: usize,
+}
+
+impl TileX<'_> {
+    /// The slot of group `g` (counted within a block of W) of the first row the kernel
+    /// takes, past the block's first slot.
+    #[inline(always)]
+    fn at(&self, g: usize) -> usize {
+        g * self.width + self.first
+    }
 }
 
 macro_rules! kernel {
     // `$wide`: the tile kernel of two rows of X or more (`$tile` itself, or a wider form);
     // `$one`: every row of W against one row of X.
-    ($name:ident, $tile:ident, $features:literal, $lanes:ident, $wide:ident, $one:ident) => {
-        /// One row of W · the `W` rows of one tile of X (`xq`, `d`, `sums`: the tile's
-        /// group slots), into `o`: each group of W decoded once for the tile's rows, whose
-        /// arithmetic is each the same as alone.
+    // `$widest`: the widest tile `$wide` takes (narrower tiles go in pieces of eight rows).
+    (
+        $name:ident,
+        $tile:ident,
+        $features:literal,
+        $lanes:ident,
+        $wide:ident,
+        $widest:literal,
+        $one:ident
+    ) => {
+        /// One row of W · `W` rows of one tile of X (from `x.first`), into `o`: each group
+        /// of W decoded once for those rows, whose arithmetic is each the same as alone.
         #[inline]
         #[target_feature(enable = $features)]
         fn $tile<const F: u8, const W: usize>(
@@ -292,10 +313,11 @@ macro_rules! kernel {
         ) {
             let ints = ints_of::<F>();
             let gpb = const { groups_per_block(F) };
+            let sw = x.width;
             let xs =
-                x.q.chunks_exact(32 * gpb * W)
-                    .zip(x.d.chunks_exact(gpb * W));
-            let xs = xs.zip(x.sums.chunks_exact(gpb * W));
+                x.q.chunks_exact(32 * gpb * sw)
+                    .zip(x.d.chunks_exact(gpb * sw));
+            let xs = xs.zip(x.sums.chunks_exact(gpb * sw));
             let mut a = [_mm256_setzero_ps(); W];
             let mut b = [0f32; W];
             for (blk, ((xb, db), sb)) in row.chunks_exact(block_bytes).zip(xs) {
@@ -303,7 +325,7 @@ macro_rules! kernel {
                     let q = quants::<F>(blk, gg);
                     let s = scales::<F>(blk, gg);
                     for j in 0..W {
-                        let at = gg * W + j;
+                        let at = x.at(gg) + j;
                         let (s0, s1) = group_scales(&s, db[at]);
                         let lanes = $lanes::<F>(q, load32(&xb[32 * at..]));
                         a[j] = step::<F>(a[j], lanes, s0, s1);
@@ -327,6 +349,8 @@ macro_rules! kernel {
                     neg: &x.neg,
                     d: &x.d,
                     sums: &x.sums,
+                    width: 1,
+                    first: 0,
                 };
                 return $one::<F>(rows, &tx, out);
             }
@@ -337,23 +361,35 @@ macro_rules! kernel {
             {
                 for t in x.tiles() {
                     let at = x.tile_slots(&t);
-                    let tx = TileX {
-                        q: &xq[32 * at.start..32 * at.end],
-                        neg: &x.neg[at.clone()],
-                        d: &x.d[at.clone()],
-                        sums: &x.sums[at],
-                    };
-                    let (s, o) = (&tx, &mut o[t.clone()]);
-                    const { assert!(TILE == 8, "a kernel for each tile width") };
-                    match t.len() {
-                        1 => $tile::<F, 1>(row, bb, s, o),
-                        2 => $wide::<F, 2>(row, bb, s, o),
-                        3 => $wide::<F, 3>(row, bb, s, o),
-                        4 => $wide::<F, 4>(row, bb, s, o),
-                        5 => $wide::<F, 5>(row, bb, s, o),
-                        6 => $wide::<F, 6>(row, bb, s, o),
-                        7 => $wide::<F, 7>(row, bb, s, o),
-                        _ => $wide::<F, TILE>(row, bb, s, o),
+                    let (width, o) = (t.len(), &mut o[t]);
+                    let mut first = 0;
+                    while first < width {
+                        let w = if width == $widest {
+                            width
+                        } else {
+                            (width - first).min(8)
+                        };
+                        let s = &TileX {
+                            q: &xq[32 * at.start..32 * at.end],
+                            neg: &x.neg[at.clone()],
+                            d: &x.d[at.clone()],
+                            sums: &x.sums[at.clone()],
+                            width,
+                            first,
+                        };
+                        let o = &mut o[first..first + w];
+                        match w {
+                            1 => $tile::<F, 1>(row, bb, s, o),
+                            2 => $wide::<F, 2>(row, bb, s, o),
+                            3 => $wide::<F, 3>(row, bb, s, o),
+                            4 => $wide::<F, 4>(row, bb, s, o),
+                            5 => $wide::<F, 5>(row, bb, s, o),
+                            6 => $wide::<F, 6>(row, bb, s, o),
+                            7 => $wide::<F, 7>(row, bb, s, o),
+                            8 => $wide::<F, 8>(row, bb, s, o),
+                            _ => $wide::<F, $widest>(row, bb, s, o),
+                        }
+                        first += w;
                     }
                 }
             }
@@ -367,6 +403,7 @@ kernel!(
     "avx2,fma,f16c",
     lanes_avx2,
     tile_avx2,
+    8,
     one_avx2
 );
 kernel!(
@@ -375,6 +412,7 @@ kernel!(
     "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni",
     lanes_vnni,
     tile_pairs,
+    16,
     one_pairs
 );
 
@@ -489,25 +527,26 @@ fn tile_pairs<const F: u8, const W: usize>(
     const { assert!(W >= 2 && W <= TILE) };
     let ints = ints_of::<F>();
     let gpb = const { groups_per_block(F) };
+    let sw = x.width;
     let xs =
-        x.q.chunks_exact(32 * gpb * W)
-            .zip(x.d.chunks_exact(gpb * W));
-    let xs = xs.zip(x.sums.chunks_exact(gpb * W));
-    let negs = x.neg.chunks_exact(gpb * W);
+        x.q.chunks_exact(32 * gpb * sw)
+            .zip(x.d.chunks_exact(gpb * sw));
+    let xs = xs.zip(x.sums.chunks_exact(gpb * sw));
+    let negs = x.neg.chunks_exact(gpb * sw);
     let mut a = [_mm512_setzero_ps(); TILE / 2];
     let mut last = _mm256_setzero_ps();
-    let mut b = _mm256_setzero_ps();
+    let mut b = _mm512_setzero_ps();
     for ((blk, ((xb, db), sb)), neg) in row.chunks_exact(block_bytes).zip(xs).zip(negs) {
         for gg in 0..gpb {
             let q = quants::<F>(blk, gg);
             let s = scales::<F>(blk, gg);
-            let at = gg * W;
+            let at = x.at(gg);
             let mut dx = [0f32; TILE];
             dx[..W].copy_from_slice(&db[at..at + W]);
-            let dx: __m256 = bytemuck::cast(dx);
-            let sc0 = _mm512_castps256_ps512(_mm256_mul_ps(_mm256_set1_ps(s[0]), dx));
+            let dx: __m512 = bytemuck::cast(dx);
+            let sc0 = _mm512_mul_ps(_mm512_set1_ps(s[0]), dx);
             let sc1 = if const { halves_differ(F) } {
-                _mm512_castps256_ps512(_mm256_mul_ps(_mm256_set1_ps(s[1]), dx))
+                _mm512_mul_ps(_mm512_set1_ps(s[1]), dx)
             } else {
                 sc0
             };
@@ -527,15 +566,21 @@ fn tile_pairs<const F: u8, const W: usize>(
             if ints.offset {
                 let mut sx = [[0i32; 2]; TILE];
                 sx[..W].copy_from_slice(&sb[at..at + W]);
-                let sx: __m512i = bytemuck::cast(sx);
-                let lo = _mm512_cvtepi64_epi32(sx);
-                let hi = _mm512_cvtepi64_epi32(_mm512_srli_epi64::<32>(sx));
-                let term = |acc: __m256, sc: f32, n: __m256i| {
-                    let scd = _mm256_mul_ps(_mm256_set1_ps(sc), dx);
-                    _mm256_add_ps(acc, _mm256_mul_ps(scd, _mm256_cvtepi32_ps(n)))
+                let [s8, s16]: [__m512i; 2] = bytemuck::cast(sx);
+                let halves = |v: __m512i| {
+                    let lo = _mm512_cvtepi64_epi32(v);
+                    let hi = _mm512_cvtepi64_epi32(_mm512_srli_epi64::<32>(v));
+                    (lo, hi)
+                };
+                let ((lo8, hi8), (lo16, hi16)) = (halves(s8), halves(s16));
+                let lo = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo8), lo16);
+                let hi = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(hi8), hi16);
+                let term = |acc: __m512, sc: f32, n: __m512i| {
+                    let scd = _mm512_mul_ps(_mm512_set1_ps(sc), dx);
+                    _mm512_add_ps(acc, _mm512_mul_ps(scd, _mm512_cvtepi32_ps(n)))
                 };
                 if ints.span == 32 {
-                    b = term(b, s[2], _mm256_add_epi32(lo, hi));
+                    b = term(b, s[2], _mm512_add_epi32(lo, hi));
                 } else {
                     b = term(b, s[2], lo);
                     b = term(b, s[3], hi);
