@@ -27,25 +27,27 @@ fn slots(table: &[u32], bs: usize, row: usize, from: usize, to: usize, out: &mut
 
 /// An element of a host K/V pool (f32, or f16), with the backend's vector helpers for it.
 pub(crate) trait PoolElem: Copy + Send + Sync {
-    fn dot(cpu: &CpuContext, q: &[f32], k: &[Self]) -> f32;
-    fn axpy(cpu: &CpuContext, w: f32, v: &[Self], o: &mut [f32]);
+    /// `q` · each row of `pool` at `starts`, into `out`.
+    fn dots(cpu: &CpuContext, q: &[f32], pool: &[Self], starts: &[usize], out: &mut [f32]);
+    /// `o += w[p] · row p` for each row of `pool` at `starts`, in order.
+    fn axpys(cpu: &CpuContext, w: &[f32], pool: &[Self], starts: &[usize], o: &mut [f32]);
 }
 
 impl PoolElem for f32 {
-    fn dot(cpu: &CpuContext, q: &[f32], k: &[f32]) -> f32 {
-        cpu.dot(q, k)
+    fn dots(cpu: &CpuContext, q: &[f32], pool: &[f32], starts: &[usize], out: &mut [f32]) {
+        cpu.dots(q, pool, starts, out)
     }
-    fn axpy(cpu: &CpuContext, w: f32, v: &[f32], o: &mut [f32]) {
-        cpu.axpy(w, v, o)
+    fn axpys(cpu: &CpuContext, w: &[f32], pool: &[f32], starts: &[usize], o: &mut [f32]) {
+        cpu.axpys(w, pool, starts, o)
     }
 }
 
 impl PoolElem for half::f16 {
-    fn dot(cpu: &CpuContext, q: &[f32], k: &[half::f16]) -> f32 {
-        cpu.dot_f16(q, k)
+    fn dots(cpu: &CpuContext, q: &[f32], pool: &[Self], starts: &[usize], out: &mut [f32]) {
+        cpu.dots_f16(q, pool, starts, out)
     }
-    fn axpy(cpu: &CpuContext, w: f32, v: &[half::f16], o: &mut [f32]) {
-        cpu.axpy_f16(w, v, o)
+    fn axpys(cpu: &CpuContext, w: &[f32], pool: &[Self], starts: &[usize], o: &mut [f32]) {
+        cpu.axpys_f16(w, pool, starts, o)
     }
 }
 
@@ -74,9 +76,10 @@ pub(crate) fn paged_attention_native<E: PoolElem>(
     let (bs, kvh, d, heads) = (cfg.block_size, cfg.kv_heads, cfg.head_dim, attn.heads);
     let (row, group) = (kvh * d, heads / kvh);
     let mut out = vec![0f32; q.len()];
-    // A task takes the heads of a query token that share a KV head, each key and value row
-    // then read once for all of them; or a head alone when that leaves fewer than four tasks a
-    // thread (a decode step).
+    // A task takes the heads of a query token that share a KV head, the rows of that head
+    // then read from memory once for all of them; or a head alone when that leaves fewer than
+    // four tasks a thread (a decode step). Each head's scores are one `dots` over the keys,
+    // its output one `axpys` over the values.
     let tokens = q.len() / (heads * d);
     let per_task = if tokens * kvh >= 4 * cpu.threads() {
         group
@@ -92,22 +95,19 @@ pub(crate) fn paged_attention_native<E: PoolElem>(
                 let pos = batch.info[2 * t + 1] as usize;
                 let first = attn.window.map_or(0, |w| (pos + 1).saturating_sub(w));
                 slots(table, bs, row, first, pos, at);
-                let (head, n) = (g * d, at.len());
+                // Where this KV head's row starts in each position's slot.
+                at.iter_mut().for_each(|a| *a += g * d);
+                let n = at.len();
                 let qs = &q[idx * per_task * d..(idx + 1) * per_task * d];
                 scores.clear();
                 scores.resize(per_task * n, 0.0);
-                for (p, &a) in at.iter().enumerate() {
-                    let k = &kp[a + head..a + head + d];
-                    for (gi, qrow) in qs.chunks_exact(d).enumerate() {
-                        scores[gi * n + p] = E::dot(cpu, qrow, k) * attn.scale;
-                    }
+                for (qrow, s) in qs.chunks_exact(d).zip(scores.chunks_exact_mut(n)) {
+                    E::dots(cpu, qrow, kp, at, s);
+                    s.iter_mut().for_each(|v| *v *= attn.scale);
+                    softmax(s);
                 }
-                scores.chunks_exact_mut(n).for_each(softmax);
-                for (p, &a) in at.iter().enumerate() {
-                    let v = &vp[a + head..a + head + d];
-                    for (gi, o) in o.chunks_exact_mut(d).enumerate() {
-                        E::axpy(cpu, scores[gi * n + p], v, o);
-                    }
+                for (o, w) in o.chunks_exact_mut(d).zip(scores.chunks_exact(n)) {
+                    E::axpys(cpu, w, vp, at, o);
                 }
             },
         );

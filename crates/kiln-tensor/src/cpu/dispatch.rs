@@ -7,7 +7,7 @@
 use half::f16;
 
 use super::dot::{Rows, rows_portable};
-use super::vector::{axpy_portable, dot_portable};
+use super::vector::{axpy_portable, axpys_portable, dot_portable, dots_portable};
 use super::{Isa, QuantX};
 
 /// `out[r·m + i]` = row r of `rows` · row i of `x`, at level `isa` (which the CPU must have).
@@ -88,3 +88,42 @@ macro_rules! vector {
 
 vector!(dot_f32, axpy_f32, f32);
 vector!(dot_f16, axpy_f16, f16);
+
+macro_rules! many {
+    ($dots:ident, $axpys:ident, $elem:ty) => {
+        /// `vector::dots_portable` at level `isa` (which the CPU must have).
+        pub(crate) fn $dots(
+            isa: Isa,
+            a: &[f32],
+            pool: &[$elem],
+            starts: &[usize],
+            out: &mut [f32],
+        ) {
+            assert!(starts.iter().all(|&s| s + a.len() <= pool.len()) && out.len() >= starts.len());
+            #[cfg(target_arch = "x86_64")]
+            if isa >= Isa::Avx2 {
+                debug_assert!(isa <= Isa::detect());
+                // SAFETY: `isa` is at most `Isa::detect()`, which saw AVX2, FMA and F16C.
+                return unsafe { super::x86::$dots(a, pool, starts, out) };
+            }
+            let _ = isa;
+            dots_portable(a, pool, starts, out)
+        }
+
+        /// `vector::axpys_portable` at level `isa` (which the CPU must have).
+        pub(crate) fn $axpys(isa: Isa, w: &[f32], pool: &[$elem], starts: &[usize], y: &mut [f32]) {
+            assert!(starts.iter().all(|&s| s + y.len() <= pool.len()) && w.len() >= starts.len());
+            #[cfg(target_arch = "x86_64")]
+            if isa >= Isa::Avx2 {
+                debug_assert!(isa <= Isa::detect());
+                // SAFETY: as above.
+                return unsafe { super::x86::$axpys(w, pool, starts, y) };
+            }
+            let _ = isa;
+            axpys_portable(w, pool, starts, y)
+        }
+    };
+}
+
+many!(dots_f32, axpys_f32, f32);
+many!(dots_f16, axpys_f16, f16);

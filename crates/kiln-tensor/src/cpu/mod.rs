@@ -188,6 +188,41 @@ impl CpuContext {
         dispatch::axpy_f16(self.isa, w, x, y)
     }
 
+    /// [`CpuContext::dot`] of `a` with each row of `pool` that starts at one of `starts` (each
+    /// as long as `a`), into `out`; the same results as one call a row, `a` read once for
+    /// many rows.
+    ///
+    /// # Panics
+    /// When a row runs past the pool or `out` is shorter than `starts`.
+    pub fn dots(&self, a: &[f32], pool: &[f32], starts: &[usize], out: &mut [f32]) {
+        dispatch::dots_f32(self.isa, a, pool, starts, out)
+    }
+
+    /// [`CpuContext::dots`] over an f16 pool.
+    ///
+    /// # Panics
+    /// As [`CpuContext::dots`].
+    pub fn dots_f16(&self, a: &[f32], pool: &[half::f16], starts: &[usize], out: &mut [f32]) {
+        dispatch::dots_f16(self.isa, a, pool, starts, out)
+    }
+
+    /// [`CpuContext::axpy`] of each `w[p]` with the row of `pool` at `starts[p]` (each as long
+    /// as `y`), in turn: the same result, `y` read and written once.
+    ///
+    /// # Panics
+    /// When a row runs past the pool or `w` is shorter than `starts`.
+    pub fn axpys(&self, w: &[f32], pool: &[f32], starts: &[usize], y: &mut [f32]) {
+        dispatch::axpys_f32(self.isa, w, pool, starts, y)
+    }
+
+    /// [`CpuContext::axpys`] over an f16 pool.
+    ///
+    /// # Panics
+    /// As [`CpuContext::axpys`].
+    pub fn axpys_f16(&self, w: &[f32], pool: &[half::f16], starts: &[usize], y: &mut [f32]) {
+        dispatch::axpys_f16(self.isa, w, pool, starts, y)
+    }
+
     /// Runs `f` on this backend's pool: rayon's parallel iterators inside it use these
     /// threads (how crates above, such as the attention kernels, share the pool).
     pub fn install<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
@@ -325,6 +360,50 @@ mod tests {
         assert_eq!(&qx.q[..3], &[127, -64, 1]);
         assert_eq!(qx.q[17], 2);
         assert_eq!(qx.sums[0], [127 - 64 + 1, 2]);
+    }
+
+    /// The many-row helpers give the bits of one call a row, at every ISA, for row lengths
+    /// with and without a tail and past one chunk, and more rows than one batch.
+    #[test]
+    fn many_row_vector_helpers_are_single_calls_bit_for_bit() {
+        use half::f16;
+        let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+        for d in [1, 7, 8, 13, 64, 67, 256] {
+            let rows = 70;
+            let pool: Vec<f32> = (0..rows * d + 5)
+                .map(|_| rng.random_range(-2.0..2.0))
+                .collect();
+            let hpool: Vec<f16> = pool.iter().map(|&v| f16::from_f32(v)).collect();
+            // Rows out of order, one twice, at offsets that are not multiples of d.
+            let mut starts: Vec<usize> = (0..rows).rev().map(|r| r * d + 3).collect();
+            starts.push(5);
+            let a: Vec<f32> = (0..d).map(|_| rng.random_range(-2.0..2.0)).collect();
+            let w: Vec<f32> = starts.iter().map(|_| rng.random_range(-1.0..1.0)).collect();
+            for isa in Isa::available() {
+                let mut got = vec![0f32; starts.len()];
+                dispatch::dots_f32(isa, &a, &pool, &starts, &mut got);
+                let mut got_h = vec![0f32; starts.len()];
+                dispatch::dots_f16(isa, &a, &hpool, &starts, &mut got_h);
+                for (p, &s) in starts.iter().enumerate() {
+                    let one = dispatch::dot_f32(isa, &a, &pool[s..s + d]);
+                    assert_eq!(got[p].to_bits(), one.to_bits(), "{isa} d={d} row {p}");
+                    let one = dispatch::dot_f16(isa, &a, &hpool[s..s + d]);
+                    assert_eq!(got_h[p].to_bits(), one.to_bits(), "{isa} d={d} row {p}");
+                }
+                let (mut y, mut want) = (a.clone(), a.clone());
+                dispatch::axpys_f32(isa, &w, &pool, &starts, &mut y);
+                for (&w, &s) in w.iter().zip(&starts) {
+                    dispatch::axpy_f32(isa, w, &pool[s..s + d], &mut want);
+                }
+                assert_eq!(y, want, "{isa} d={d}");
+                let (mut y, mut want) = (a.clone(), a.clone());
+                dispatch::axpys_f16(isa, &w, &hpool, &starts, &mut y);
+                for (&w, &s) in w.iter().zip(&starts) {
+                    dispatch::axpy_f16(isa, w, &hpool[s..s + d], &mut want);
+                }
+                assert_eq!(y, want, "{isa} d={d}");
+            }
+        }
     }
 
     /// The vector helpers give the portable form's bits at every ISA, for f32 and f16 rows

@@ -4,7 +4,8 @@
 //! Numerics, defined by the portable forms here and reproduced bit for bit by the x86 ones:
 //! a dot product runs eight lanes, the product of element `e` added to lane `e % 8`, the lanes
 //! summed in order (0 to 7), then the sum of the products past the last whole eight added;
-//! `y += w·x` is a product then a sum an element.
+//! `y += w·x` is a product then a sum an element. The many-row forms (`dots`, `axpys`: rows of
+//! a pool at given starts) are those one row after another.
 
 use half::f16;
 
@@ -56,5 +57,21 @@ pub(super) fn tail<E: Elem>(a: &[f32], b: &[E], acc: [f32; LANES]) -> f32 {
 pub(super) fn axpy_portable<E: Elem>(w: f32, x: &[E], y: &mut [f32]) {
     for (y, &x) in y.iter_mut().zip(x) {
         *y += w * x.f32();
+    }
+}
+
+/// [`dot_portable`] of `a` with each row of `pool` that starts at one of `starts` (as long as
+/// `a`), into `out`.
+pub(super) fn dots_portable<E: Elem>(a: &[f32], pool: &[E], starts: &[usize], out: &mut [f32]) {
+    for (o, &s) in out.iter_mut().zip(starts) {
+        *o = dot_portable(a, &pool[s..s + a.len()]);
+    }
+}
+
+/// [`axpy_portable`] of each `w[p]` with the row of `pool` at `starts[p]` (as long as `y`),
+/// in turn.
+pub(super) fn axpys_portable<E: Elem>(w: &[f32], pool: &[E], starts: &[usize], y: &mut [f32]) {
+    for (&w, &s) in w.iter().zip(starts) {
+        axpy_portable(w, &pool[s..s + y.len()], y);
     }
 }
