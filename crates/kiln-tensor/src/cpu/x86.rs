@@ -267,6 +267,9 @@ fn lane_starts<const F: u8>(neg: &[[i32; 8]]) -> __m512i {
     }
 }
 
+/// A block's worth of a tile's slots: quants, scales, half sums, lane starts.
+type XBlock<'a> = (&'a [u8], &'a [f32], &'a [[i32; 2]], &'a [[i32; 8]]);
+
 /// One tile of X as the tile kernels read it: its group slots.
 struct TileX<'a> {
     q: &'a [u8],
@@ -285,6 +288,22 @@ impl TileX<'_> {
     #[inline(always)]
     fn at(&self, g: usize) -> usize {
         g * self.width + self.first
+    }
+
+    /// The tile's slots by block of W (`gpb` groups a block).
+    #[inline(always)]
+    fn blocks(&self, gpb: usize) -> impl Iterator<Item = XBlock<'_>> {
+        let slots = gpb * self.width;
+        let xs = self
+            .q
+            .chunks_exact(32 * slots)
+            .zip(self.d.chunks_exact(slots));
+        let xs = xs.zip(
+            self.sums
+                .chunks_exact(slots)
+                .zip(self.neg.chunks_exact(slots)),
+        );
+        xs.map(|((q, d), (sums, neg))| (q, d, sums, neg))
     }
 }
 
@@ -313,14 +332,9 @@ macro_rules! kernel {
         ) {
             let ints = ints_of::<F>();
             let gpb = const { groups_per_block(F) };
-            let sw = x.width;
-            let xs =
-                x.q.chunks_exact(32 * gpb * sw)
-                    .zip(x.d.chunks_exact(gpb * sw));
-            let xs = xs.zip(x.sums.chunks_exact(gpb * sw));
             let mut a = [_mm256_setzero_ps(); W];
             let mut b = [0f32; W];
-            for (blk, ((xb, db), sb)) in row.chunks_exact(block_bytes).zip(xs) {
+            for (blk, (xb, db, sb, _)) in row.chunks_exact(block_bytes).zip(x.blocks(gpb)) {
                 for gg in 0..gpb {
                     let q = quants::<F>(blk, gg);
                     let s = scales::<F>(blk, gg);
@@ -527,16 +541,10 @@ fn tile_pairs<const F: u8, const W: usize>(
     const { assert!(W >= 2 && W <= TILE) };
     let ints = ints_of::<F>();
     let gpb = const { groups_per_block(F) };
-    let sw = x.width;
-    let xs =
-        x.q.chunks_exact(32 * gpb * sw)
-            .zip(x.d.chunks_exact(gpb * sw));
-    let xs = xs.zip(x.sums.chunks_exact(gpb * sw));
-    let negs = x.neg.chunks_exact(gpb * sw);
     let mut a = [_mm512_setzero_ps(); TILE / 2];
     let mut last = _mm256_setzero_ps();
     let mut b = _mm512_setzero_ps();
-    for ((blk, ((xb, db), sb)), neg) in row.chunks_exact(block_bytes).zip(xs).zip(negs) {
+    for (blk, (xb, db, sb, neg)) in row.chunks_exact(block_bytes).zip(x.blocks(gpb)) {
         for gg in 0..gpb {
             let q = quants::<F>(blk, gg);
             let s = scales::<F>(blk, gg);
