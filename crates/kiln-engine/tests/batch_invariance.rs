@@ -67,15 +67,16 @@ fn alone(e: &EngineHandle, r: &Request) -> Vec<u32> {
         .clone()
 }
 
-/// Submits the 14 others and the two targets in a random order at random moments.
-fn crowded(e: &EngineHandle, c: &Case, seed: u64) -> (Vec<u32>, Vec<u32>) {
+/// Submits the 14 others and the two targets in a random order, at random moments up to
+/// `spread_ms` apart (0: all at once, a crowd however fast the backend finishes requests).
+fn crowded(e: &EngineHandle, c: &Case, seed: u64, spread_ms: u64) -> (Vec<u32>, Vec<u32>) {
     let mut rng = StdRng::seed_from_u64(seed);
     let mut all: Vec<(usize, Request)> = c.others.iter().cloned().map(|r| (2, r)).collect();
     all.insert(rng.random_range(0..all.len()), (0, c.greedy.clone()));
     all.insert(rng.random_range(0..all.len()), (1, c.sampled.clone()));
     let mut streams = Vec::new();
     for (tag, r) in all {
-        std::thread::sleep(Duration::from_millis(rng.random_range(0..15)));
+        std::thread::sleep(Duration::from_millis(rng.random_range(0..=spread_ms)));
         streams.push((tag, e.submit(r).unwrap()));
     }
     let mut got = (Vec::new(), Vec::new());
@@ -95,8 +96,9 @@ fn check(name: &str, make: impl Fn(EngineConfig) -> EngineHandle, c: &Case, smal
     let want = (alone(&roomy, &c.greedy), alone(&roomy, &c.sampled));
     drop(roomy);
     let e = make(small);
-    for seed in 0..2 {
-        let got = crowded(&e, c, seed);
+    // All at once (the pool must run short), then at random moments.
+    for (seed, spread_ms) in [(0, 0), (1, 15)] {
+        let got = crowded(&e, c, seed, spread_ms);
         assert_eq!(
             got.0, want.0,
             "{name}: greedy request changed in a crowd (seed {seed})"
