@@ -136,26 +136,35 @@ thread_local! {
 /// then the GLU, then the residual, a task a few rows of Y.
 fn epilogue(ctx: &CpuContext, by_row: Vec<f32>, m: usize, n: usize, fused: &Fused<'_>) -> Vec<f32> {
     let width = if fused.glu.is_some() { n / 2 } else { n };
-    let finish = |i: usize, row: &[f32], out: &mut [f32]| {
-        match fused.glu {
-            Some(act) => glu_row(row, act, out),
-            None => out.copy_from_slice(row),
-        }
+    let residual = |i: usize, out: &mut [f32]| {
         if let Some(r) = fused.residual {
             out.iter_mut()
                 .zip(&r[i * width..])
                 .for_each(|(v, r)| *v += r);
         }
     };
-    let mut y = vec![0f32; m * width];
+    let finish = |i: usize, row: &[f32], out: &mut [f32]| {
+        match fused.glu {
+            Some(act) => glu_row(row, act, out),
+            None => out.copy_from_slice(row),
+        }
+        residual(i, out);
+    };
     if m == 1 {
+        // The products are Y's one row already.
         let mut row = by_row;
         if let Some(b) = fused.bias {
             row.iter_mut().zip(b).for_each(|(v, b)| *v += b);
         }
+        if fused.glu.is_none() {
+            residual(0, &mut row);
+            return row;
+        }
+        let mut y = vec![0f32; width];
         finish(0, &row, &mut y);
         return y;
     }
+    let mut y = vec![0f32; m * width];
     ctx.pool().install(|| {
         y.par_chunks_mut(Y_ROWS * width)
             .enumerate()

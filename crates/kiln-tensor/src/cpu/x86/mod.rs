@@ -9,12 +9,13 @@
 
 use std::arch::x86_64::*;
 
+mod vector;
+pub(super) use vector::*;
+
 use super::QuantX;
-use half::f16;
 
 use super::act::TILE;
 use super::dot::{Rows, group_scales, lane_sum as lane_sum_of, offset_term};
-use super::vector::{LANES, axpy_portable, tail};
 use crate::DType;
 use crate::quant::{Format, Ints};
 
@@ -606,123 +607,3 @@ fn tile_pairs<const F: u8, const W: usize>(
         o[W - 1] = lane_sum(last) + b[W - 1];
     }
 }
-
-/// Eight f32s from `x` (at least eight long).
-#[inline]
-#[target_feature(enable = "avx2")]
-fn load8(x: &[f32]) -> __m256 {
-    bytemuck::pod_read_unaligned(bytemuck::cast_slice(&x[..8]))
-}
-
-/// Eight f16s from `x` (at least eight long), widened.
-#[inline]
-#[target_feature(enable = "avx2,f16c")]
-fn widen8(x: &[f16]) -> __m256 {
-    _mm256_cvtph_ps(bytemuck::pod_read_unaligned(bytemuck::cast_slice(&x[..8])))
-}
-
-macro_rules! vector {
-    ($dot:ident, $axpy:ident, $elem:ty, $load:ident) => {
-        /// `vector::dot_portable`, eight lanes a register.
-        #[target_feature(enable = "avx2,fma,f16c")]
-        pub(super) fn $dot(a: &[f32], b: &[$elem]) -> f32 {
-            let n = a.len().min(b.len());
-            let mut acc = _mm256_setzero_ps();
-            for (x, y) in a[..n].chunks_exact(LANES).zip(b[..n].chunks_exact(LANES)) {
-                acc = _mm256_add_ps(acc, _mm256_mul_ps(load8(x), $load(y)));
-            }
-            tail(a, b, bytemuck::cast::<__m256, [f32; LANES]>(acc))
-        }
-
-        /// `vector::axpy_portable`, eight elements a register.
-        #[target_feature(enable = "avx2,fma,f16c")]
-        pub(super) fn $axpy(w: f32, x: &[$elem], y: &mut [f32]) {
-            let n = x.len().min(y.len());
-            let wv = _mm256_set1_ps(w);
-            for (yc, xc) in y[..n]
-                .chunks_exact_mut(LANES)
-                .zip(x[..n].chunks_exact(LANES))
-            {
-                let r = _mm256_add_ps(load8(yc), _mm256_mul_ps(wv, $load(xc)));
-                yc.copy_from_slice(&bytemuck::cast::<__m256, [f32; LANES]>(r));
-            }
-            let whole = n / LANES * LANES;
-            axpy_portable(w, &x[whole..n], &mut y[whole..n]);
-        }
-    };
-}
-
-vector!(dot_f32, axpy_f32, f32, load8);
-vector!(dot_f16, axpy_f16, f16, widen8);
-
-/// Elements of a row the many-row helpers take at a time: eight registers of the fixed
-/// operand (`a` of the dot products, `y` of the sums), reused for every row of the pool.
-const CHUNK: usize = 8 * LANES;
-
-/// Rows of the pool whose lanes `dots` keeps while it walks `a` a chunk at a time.
-const DOT_ROWS: usize = 64;
-
-macro_rules! many {
-    ($dots:ident, $axpys:ident, $elem:ty, $load:ident) => {
-        /// `vector::dots_portable`: each row's eight lanes as `$dot` sums them, `a` read a
-        /// chunk at a time for a batch of rows.
-        #[target_feature(enable = "avx2,fma,f16c")]
-        pub(super) fn $dots(a: &[f32], pool: &[$elem], starts: &[usize], out: &mut [f32]) {
-            let (d, whole) = (a.len(), a.len() / LANES * LANES);
-            let mut lanes = [_mm256_setzero_ps(); DOT_ROWS];
-            for (starts, out) in starts.chunks(DOT_ROWS).zip(out.chunks_mut(DOT_ROWS)) {
-                lanes.iter_mut().for_each(|l| *l = _mm256_setzero_ps());
-                for c in (0..whole).step_by(CHUNK) {
-                    let regs = ((whole - c) / LANES).min(CHUNK / LANES);
-                    let mut q = [_mm256_setzero_ps(); CHUNK / LANES];
-                    for (i, q) in q.iter_mut().enumerate().take(regs) {
-                        *q = load8(&a[c + LANES * i..]);
-                    }
-                    for (acc, &s) in lanes.iter_mut().zip(starts) {
-                        let row = &pool[s + c..];
-                        for (i, q) in q.iter().enumerate().take(regs) {
-                            let v = $load(&row[LANES * i..]);
-                            *acc = _mm256_add_ps(*acc, _mm256_mul_ps(*q, v));
-                        }
-                    }
-                }
-                for ((o, &s), acc) in out.iter_mut().zip(starts).zip(&lanes) {
-                    let acc = bytemuck::cast::<__m256, [f32; LANES]>(*acc);
-                    *o = tail(a, &pool[s..s + d], acc);
-                }
-            }
-        }
-
-        /// `vector::axpys_portable`: `y` held a chunk at a time in registers while every
-        /// row adds its product, in order.
-        #[target_feature(enable = "avx2,fma,f16c")]
-        pub(super) fn $axpys(w: &[f32], pool: &[$elem], starts: &[usize], y: &mut [f32]) {
-            let (n, whole) = (y.len(), y.len() / LANES * LANES);
-            for c in (0..whole).step_by(CHUNK) {
-                let regs = ((whole - c) / LANES).min(CHUNK / LANES);
-                let mut acc = [_mm256_setzero_ps(); CHUNK / LANES];
-                for (i, acc) in acc.iter_mut().enumerate().take(regs) {
-                    *acc = load8(&y[c + LANES * i..]);
-                }
-                for (&w, &s) in w.iter().zip(starts) {
-                    let (wv, row) = (_mm256_set1_ps(w), &pool[s + c..]);
-                    for (i, acc) in acc.iter_mut().enumerate().take(regs) {
-                        let v = $load(&row[LANES * i..]);
-                        *acc = _mm256_add_ps(*acc, _mm256_mul_ps(wv, v));
-                    }
-                }
-                for (i, acc) in acc.iter().enumerate().take(regs) {
-                    let at = c + LANES * i;
-                    y[at..at + LANES]
-                        .copy_from_slice(&bytemuck::cast::<__m256, [f32; LANES]>(*acc));
-                }
-            }
-            for (&w, &s) in w.iter().zip(starts) {
-                axpy_portable(w, &pool[s + whole..s + n], &mut y[whole..n]);
-            }
-        }
-    };
-}
-
-many!(dots_f32, axpys_f32, f32, load8);
-many!(dots_f16, axpys_f16, f16, widen8);
