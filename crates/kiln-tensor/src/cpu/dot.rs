@@ -55,43 +55,46 @@ pub(crate) fn offset_term(ints: &Ints, s: &[f32; 4], dx: f32, sums: [i32; 2], ac
     }
 }
 
-/// The eight lanes summed as the AVX2 reduction does: ((a0+a4)+(a2+a6)) + ((a1+a5)+(a3+a7)).
+/// The integer dot products of one group of W's quants `q` with X's `xq`: of both halves
+/// where format's scales change every 16 elements, else of all 32 (and 0).
 #[inline(always)]
-pub(crate) fn lane_sum(a: &[f32; 8]) -> f32 {
-    let s = [a[0] + a[4], a[1] + a[5], a[2] + a[6], a[3] + a[7]];
-    (s[0] + s[2]) + (s[1] + s[3])
+pub(crate) fn group_dots(ints: &Ints, q: &[i8; 32], xq: &[i8; 32]) -> (i32, i32) {
+    let dot =
+        |r: std::ops::Range<usize>| -> i32 { r.map(|e| i32::from(q[e]) * i32::from(xq[e])).sum() };
+    if ints.span == 16 {
+        (dot(0..16), dot(16..32))
+    } else {
+        (dot(0..32), 0)
+    }
 }
 
 /// `out[r·m + i]` = row r of W · row i of X, for every row of `rows` and of `x`.
 pub(crate) fn rows_portable(rows: &Rows<'_>, x: &QuantX, out: &mut [f32]) {
     let (m, groups) = (x.m, x.groups());
-    let mut acc = vec![[0f32; 8]; m];
-    let mut accb = vec![0f32; m];
+    // Per row of X: the scaled products of each half (one where scales span 32 elements),
+    // and the offset terms.
+    let mut acc = vec![[0f32; 3]; m];
     let mut q = [0i8; 32];
     for r in 0..rows.count() {
-        acc.iter_mut().for_each(|a| *a = [0.0; 8]);
-        accb.iter_mut().for_each(|a| *a = 0.0);
+        acc.iter_mut().for_each(|a| *a = [0.0; 3]);
         for g in 0..groups {
             let (blk, gg) = rows.block(r, g);
             (rows.ints.quants)(blk, gg, &mut q);
             let s = (rows.ints.scales)(blk, gg);
-            for i in 0..m {
+            for (i, [a0, a1, b]) in acc.iter_mut().enumerate() {
                 let at = x.slot(i, g);
-                let xq = &x.q[32 * at..][..32];
                 let dx = x.d[at];
                 let (s0, s1) = group_scales(&s, dx);
-                for (l, a) in acc[i].iter_mut().enumerate() {
-                    let lane: i32 = (4 * l..4 * l + 4)
-                        .map(|e| i32::from(q[e]) * i32::from(xq[e]))
-                        .sum();
-                    let sc = if l < 4 { s0 } else { s1 };
-                    *a += sc * lane as f32;
+                let (t0, t1) = group_dots(rows.ints, &q, &x.quants(i, g));
+                *a0 += s0 * t0 as f32;
+                if rows.ints.span == 16 {
+                    *a1 += s1 * t1 as f32;
                 }
-                offset_term(rows.ints, &s, dx, x.sums[at], &mut accb[i]);
+                offset_term(rows.ints, &s, dx, x.sums(at), b);
             }
         }
-        for i in 0..m {
-            out[r * m + i] = lane_sum(&acc[i]) + accb[i];
+        for (i, [a0, a1, b]) in acc.iter().enumerate() {
+            out[r * m + i] = (a0 + a1) + b;
         }
     }
 }

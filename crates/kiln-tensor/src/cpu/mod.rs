@@ -8,10 +8,11 @@
 //! their reference.
 //!
 //! Numerics are defined once, by the portable kernel (`dot::rows_portable`): per 32-element
-//! group, eight lanes of four-element integer sums, each scaled by its half's `a·dx` and
-//! added to its lane's f32 accumulator; a format's offsets `b·dx·Σx` go to a ninth; the lanes
-//! are summed in a fixed order. Every SIMD level computes
-//! exactly that, so results are bit-identical across ISAs and batch sizes.
+//! group (per 16-element half where a format's scales change every 16), the exact integer
+//! dot product of W's quants with X's, scaled by `a·dx` and added to an f32 accumulator (one
+//! a half); a format's offsets `b·dx·Σx` go to another; the accumulators are summed in a
+//! fixed order. Every SIMD level computes exactly that, so results are bit-identical across
+//! ISAs and batch sizes.
 
 mod act;
 mod dispatch;
@@ -346,7 +347,8 @@ mod tests {
         }
     }
 
-    /// X's quantization is ggml's `Q8_0`: amax / 127, rounded half away from zero.
+    /// X's quantization is ggml's `Q8_0`: amax / 127 (kept at f16 precision), rounded half away
+    /// from zero.
     #[test]
     fn activations_quantize_as_q8_0() {
         let mut x = vec![0f32; 32];
@@ -357,9 +359,17 @@ mod tests {
         let mut qx = QuantX::default();
         qx.fill(&x, 1, 32);
         assert_eq!(qx.d[0], 1.0);
-        assert_eq!(&qx.q[..3], &[127, -64, 1]);
-        assert_eq!(qx.q[17], 2);
-        assert_eq!(qx.sums[0], [127 - 64 + 1, 2]);
+        assert_eq!(&qx.quants(0, 0)[..3], &[127, -64, 1]);
+        assert_eq!(qx.quants(0, 0)[17], 2);
+        assert_eq!(qx.sums(0), [127 - 64 + 1, 2]);
+        // In a tile of several rows, the same row's quants, scale and sums are the same.
+        let mut two = x.clone();
+        two.extend((0..32).map(|v| v as f32));
+        let mut qx2 = QuantX::default();
+        qx2.fill(&two, 2, 32);
+        assert_eq!(qx2.quants(0, 0), qx.quants(0, 0));
+        assert_eq!(qx2.sums(qx2.slot(0, 0)), qx.sums(0));
+        assert_eq!(qx2.quants(1, 0)[31], 127);
     }
 
     /// The many-row helpers give the bits of one call a row, at every ISA, for row lengths

@@ -8,14 +8,15 @@
 //! the matching `target_feature`, and loads go through `bytemuck` from slices.
 
 use std::arch::x86_64::*;
+use std::cell::RefCell;
 
 mod vector;
 pub(super) use vector::*;
 
 use super::QuantX;
 
-use super::act::TILE;
-use super::dot::{Rows, group_scales, lane_sum as lane_sum_of, offset_term};
+use super::act::{CHUNKS, TILE};
+use super::dot::{Rows, group_scales, offset_term};
 use crate::DType;
 use crate::quant::{Format, Ints};
 
@@ -195,57 +196,8 @@ fn quants<const F: u8>(blk: &[u8], g: usize) -> __m256i {
     }
 }
 
-/// q as unsigned bytes and x with q's signs moved onto it (|q| · sign(x, q) = q·x), unless
-/// format `F`'s quants are never negative.
-#[inline]
-#[target_feature(enable = "avx2")]
-fn unsigned<const F: u8>(q: __m256i, x: __m256i) -> (__m256i, __m256i) {
-    if const { ints(F).unsigned } {
-        (q, x)
-    } else {
-        (_mm256_sign_epi8(q, q), _mm256_sign_epi8(x, q))
-    }
-}
-
-/// Eight lanes of four-element sums of q·x (AVX2): u8·i8 pairs, then quads.
-#[inline]
-#[target_feature(enable = "avx2")]
-fn lanes_avx2<const F: u8>(q: __m256i, x: __m256i) -> __m256i {
-    let (u, v) = unsigned::<F>(q, x);
-    _mm256_madd_epi16(_mm256_maddubs_epi16(u, v), _mm256_set1_epi16(1))
-}
-
-/// The same lanes with one `vpdpbusd`.
-#[inline]
-#[target_feature(enable = "avx2,avx512vnni,avx512vl")]
-fn lanes_vnni<const F: u8>(q: __m256i, x: __m256i) -> __m256i {
-    let (u, v) = unsigned::<F>(q, x);
-    _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, v)
-}
-
-/// acc + [s0 ×4, s1 ×4] · lanes (s0 = s1 where format `F`'s halves share their scale, one
-/// broadcast then).
-#[inline]
-#[target_feature(enable = "avx2,fma")]
-fn step<const F: u8>(acc: __m256, lanes: __m256i, s0: f32, s1: f32) -> __m256 {
-    let sc = if const { halves_differ(F) } {
-        _mm256_set_m128(_mm_set1_ps(s1), _mm_set1_ps(s0))
-    } else {
-        _mm256_set1_ps(s0)
-    };
-    _mm256_add_ps(acc, _mm256_mul_ps(sc, _mm256_cvtepi32_ps(lanes)))
-}
-
-/// `dot::lane_sum`'s order.
-#[target_feature(enable = "avx2")]
-fn lane_sum(a: __m256) -> f32 {
-    let s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps::<1>(a));
-    let t = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    _mm_cvtss_f32(_mm_add_ss(t, _mm_shuffle_ps::<1>(t, t)))
-}
-
 /// Quants `q` of format `F` as `vpdpbusd`'s unsigned operand: `q + 128` where they may be
-/// negative.
+/// negative (the sums then start at −128 · Σx to undo it).
 #[inline]
 #[target_feature(enable = "avx2")]
 fn as_unsigned<const F: u8>(q: __m256i) -> __m256i {
@@ -256,196 +208,79 @@ fn as_unsigned<const F: u8>(q: __m256i) -> __m256i {
     }
 }
 
-/// Where the lanes of two groups of X (`neg`'s first two slots) start against format `F`'s
-/// quants as [`as_unsigned`] gives them: at zero, or at −128 · Σx to undo the `+ 128`.
+/// Eight lanes of four-element sums of q·x (AVX2): |q| as unsigned bytes against x with q's
+/// signs moved onto it (|q| · sign(x, q) = q·x), pairs by `vpmaddubsw`, then quads.
 #[inline]
-#[target_feature(enable = "avx512f")]
-fn lane_starts<const F: u8>(neg: &[[i32; 8]]) -> __m512i {
-    if const { ints(F).unsigned } {
-        _mm512_setzero_si512()
+#[target_feature(enable = "avx2")]
+fn lanes_avx2<const F: u8>(q: __m256i, x: __m256i) -> __m256i {
+    let (u, v) = if const { ints(F).unsigned } {
+        (q, x)
     } else {
-        bytemuck::cast([neg[0], neg[1]])
-    }
-}
-
-/// A block's worth of a tile's slots: quants, scales, half sums, lane starts.
-type XBlock<'a> = (&'a [u8], &'a [f32], &'a [[i32; 2]], &'a [[i32; 8]]);
-
-/// One tile of X as the tile kernels read it: its group slots.
-struct TileX<'a> {
-    q: &'a [u8],
-    neg: &'a [[i32; 8]],
-    d: &'a [f32],
-    sums: &'a [[i32; 2]],
-    /// Rows of the tile: slots a group.
-    width: usize,
-    /// The first of the tile's rows that the kernel takes.
-    first: usize,
-}
-
-impl TileX<'_> {
-    /// The slot of group `g` (counted within a block of W) of the first row the kernel
-    /// takes, past the block's first slot.
-    #[inline(always)]
-    fn at(&self, g: usize) -> usize {
-        g * self.width + self.first
-    }
-
-    /// The tile's slots by block of W (`gpb` groups a block).
-    #[inline(always)]
-    fn blocks(&self, gpb: usize) -> impl Iterator<Item = XBlock<'_>> {
-        let slots = gpb * self.width;
-        let xs = self
-            .q
-            .chunks_exact(32 * slots)
-            .zip(self.d.chunks_exact(slots));
-        let xs = xs.zip(
-            self.sums
-                .chunks_exact(slots)
-                .zip(self.neg.chunks_exact(slots)),
-        );
-        xs.map(|((q, d), (sums, neg))| (q, d, sums, neg))
-    }
-}
-
-macro_rules! kernel {
-    // `$wide`: the tile kernel of two rows of X or more (`$tile` itself, or a wider form);
-    // `$one`: every row of W against one row of X.
-    // `$widest`: the widest tile `$wide` takes (narrower tiles go in pieces of eight rows).
-    (
-        $name:ident,
-        $tile:ident,
-        $features:literal,
-        $lanes:ident,
-        $wide:ident,
-        $widest:literal,
-        $one:ident
-    ) => {
-        /// One row of W · `W` rows of one tile of X (from `x.first`), into `o`: each group
-        /// of W decoded once for those rows, whose arithmetic is each the same as alone.
-        #[inline]
-        #[target_feature(enable = $features)]
-        fn $tile<const F: u8, const W: usize>(
-            row: &[u8],
-            block_bytes: usize,
-            x: &TileX<'_>,
-            o: &mut [f32],
-        ) {
-            let ints = ints_of::<F>();
-            let gpb = const { groups_per_block(F) };
-            let mut a = [_mm256_setzero_ps(); W];
-            let mut b = [0f32; W];
-            for (blk, (xb, db, sb, _)) in row.chunks_exact(block_bytes).zip(x.blocks(gpb)) {
-                for gg in 0..gpb {
-                    let q = quants::<F>(blk, gg);
-                    let s = scales::<F>(blk, gg);
-                    for j in 0..W {
-                        let at = x.at(gg) + j;
-                        let (s0, s1) = group_scales(&s, db[at]);
-                        let lanes = $lanes::<F>(q, load32(&xb[32 * at..]));
-                        a[j] = step::<F>(a[j], lanes, s0, s1);
-                        offset_term(ints, &s, db[at], sb[at], &mut b[j]);
-                    }
-                }
-            }
-            for j in 0..W {
-                o[j] = lane_sum(a[j]) + b[j];
-            }
-        }
-
-        /// `dot::rows_portable` for format `F`, a tile of X at a time.
-        #[target_feature(enable = $features)]
-        pub(super) fn $name<const F: u8>(rows: &Rows<'_>, x: &QuantX, out: &mut [f32]) {
-            let xq: &[u8] = bytemuck::cast_slice(&x.q);
-            let bb = rows.block_bytes;
-            if x.m == 1 {
-                let tx = TileX {
-                    q: xq,
-                    neg: &x.neg,
-                    d: &x.d,
-                    sums: &x.sums,
-                    width: 1,
-                    first: 0,
-                };
-                return $one::<F>(rows, &tx, out);
-            }
-            for (row, o) in rows
-                .w
-                .chunks_exact(rows.row_bytes)
-                .zip(out.chunks_exact_mut(x.m))
-            {
-                for t in x.tiles() {
-                    let at = x.tile_slots(&t);
-                    let (width, o) = (t.len(), &mut o[t]);
-                    let mut first = 0;
-                    while first < width {
-                        let w = if width == $widest {
-                            width
-                        } else {
-                            (width - first).min(8)
-                        };
-                        let s = &TileX {
-                            q: &xq[32 * at.start..32 * at.end],
-                            neg: &x.neg[at.clone()],
-                            d: &x.d[at.clone()],
-                            sums: &x.sums[at.clone()],
-                            width,
-                            first,
-                        };
-                        let o = &mut o[first..first + w];
-                        match w {
-                            1 => $tile::<F, 1>(row, bb, s, o),
-                            2 => $wide::<F, 2>(row, bb, s, o),
-                            3 => $wide::<F, 3>(row, bb, s, o),
-                            4 => $wide::<F, 4>(row, bb, s, o),
-                            5 => $wide::<F, 5>(row, bb, s, o),
-                            6 => $wide::<F, 6>(row, bb, s, o),
-                            7 => $wide::<F, 7>(row, bb, s, o),
-                            8 => $wide::<F, 8>(row, bb, s, o),
-                            _ => $wide::<F, $widest>(row, bb, s, o),
-                        }
-                        first += w;
-                    }
-                }
-            }
-        }
+        (_mm256_sign_epi8(q, q), _mm256_sign_epi8(x, q))
     };
+    _mm256_madd_epi16(_mm256_maddubs_epi16(u, v), _mm256_set1_epi16(1))
 }
 
-kernel!(
-    rows_avx2,
-    tile_avx2,
-    "avx2,fma,f16c",
-    lanes_avx2,
-    tile_avx2,
-    8,
-    one_avx2
-);
-kernel!(
-    rows_avx512,
-    tile_avx512,
-    "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni",
-    lanes_vnni,
-    tile_pairs,
-    16,
-    one_pairs
-);
+/// The four lanes of `v` summed (integers: any order is exact).
+#[inline]
+#[target_feature(enable = "avx2")]
+fn sum4(v: __m128i) -> i32 {
+    let v = _mm_add_epi32(v, _mm_shuffle_epi32::<0x4e>(v));
+    _mm_cvtsi128_si32(_mm_add_epi32(v, _mm_shuffle_epi32::<0xb1>(v)))
+}
+
+/// `dot::group_dots` from eight lanes of four-element sums.
+#[inline]
+#[target_feature(enable = "avx2")]
+fn group_dots<const F: u8>(lanes: __m256i) -> (i32, i32) {
+    let (lo, hi) = (
+        _mm256_castsi256_si128(lanes),
+        _mm256_extracti128_si256::<1>(lanes),
+    );
+    if const { halves_differ(F) } {
+        (sum4(lo), sum4(hi))
+    } else {
+        (sum4(_mm_add_epi32(lo, hi)), 0)
+    }
+}
+
+/// One row of W against the one row of X (`x.m == 1`, its groups contiguous), as
+/// `dot::rows_portable`: each group's integer dots, then the scalar float steps.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn one_row<const F: u8>(row: &[u8], block_bytes: usize, x: &QuantX, o: &mut f32) {
+    let ints = ints_of::<F>();
+    let gpb = const { groups_per_block(F) };
+    let xq: &[u8] = bytemuck::cast_slice(&x.q);
+    let (mut a0, mut a1, mut b) = (0f32, 0f32, 0f32);
+    for (bi, blk) in row.chunks_exact(block_bytes).enumerate() {
+        for gg in 0..gpb {
+            let g = bi * gpb + gg;
+            let (t0, t1) =
+                group_dots::<F>(lanes_avx2::<F>(quants::<F>(blk, gg), load32(&xq[32 * g..])));
+            let s = scales::<F>(blk, gg);
+            let (s0, s1) = group_scales(&s, x.d[g]);
+            a0 += s0 * t0 as f32;
+            if const { halves_differ(F) } {
+                a1 += s1 * t1 as f32;
+            }
+            offset_term(ints, &s, x.d[g], x.sums(g), &mut b);
+        }
+    }
+    *o = (a0 + a1) + b;
+}
 
 /// Every row of W against one row of X (AVX2): a row at a time.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn one_avx2<const F: u8>(rows: &Rows<'_>, x: &TileX<'_>, out: &mut [f32]) {
-    for (row, o) in rows
-        .w
-        .chunks_exact(rows.row_bytes)
-        .zip(out.chunks_exact_mut(1))
-    {
-        tile_avx2::<F, 1>(row, rows.block_bytes, x, o);
+fn one_avx2<const F: u8>(rows: &Rows<'_>, x: &QuantX, out: &mut [f32]) {
+    for (row, o) in rows.w.chunks_exact(rows.row_bytes).zip(out.iter_mut()) {
+        one_row::<F>(row, rows.block_bytes, x, o);
     }
 }
 
-/// Pairs of rows of W that decode's matvec asks the cache for ahead of reading them.
-const PAIRS_AHEAD: usize = 4;
+/// Rows of W four at a time that decode's matvec asks the cache for ahead of reading them.
+const QUADS_AHEAD: usize = 2;
 
 /// Asks for the cache lines of `len` bytes at `p` (a hint: it never faults, so `p` may lie
 /// past the weights' end).
@@ -457,153 +292,405 @@ fn prefetch(p: *const u8, len: usize) {
     }
 }
 
-/// Every row of W against one row of X (decode), two rows of W a 512-bit register (the low
-/// 256 bits the first row's lanes, the high the second's), each lane's arithmetic
-/// `tile_avx512`'s; an odd last row by `tile_avx512`.
+/// Every row of W against one row of X (decode, AVX-512), four rows of W at a time: two a
+/// 512-bit register (the low 256 bits one row's eight lanes, the high the other's), both
+/// against X's group broadcast, the lanes of the four rows then summed by halves into one
+/// register ([`quad_dots`]) and scaled there. Each row's integer dots and float steps are
+/// `dot::rows_portable`'s; the last rows (fewer than four) by [`one_row`].
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-fn one_pairs<const F: u8>(rows: &Rows<'_>, x: &TileX<'_>, out: &mut [f32]) {
+fn one_quads<const F: u8>(rows: &Rows<'_>, x: &QuantX, out: &mut [f32]) {
     let ints = ints_of::<F>();
     let gpb = const { groups_per_block(F) };
     let bb = rows.block_bytes;
-    // Lanes 0–3 from element 0, 4–7 from 1, 8–11 from 2, 12–15 from 3.
-    let spread = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
-    let mut pairs = rows.w.chunks_exact(2 * rows.row_bytes);
-    let mut outs = out.chunks_exact_mut(2);
-    let ahead = 2 * PAIRS_AHEAD * rows.row_bytes;
-    for (w2, o) in (&mut pairs).zip(&mut outs) {
-        prefetch(w2.as_ptr().wrapping_add(ahead), w2.len());
-        let (ra, rb) = w2.split_at(rows.row_bytes);
+    let xq: &[u8] = bytemuck::cast_slice(&x.q);
+    let mut quads = rows.w.chunks_exact(4 * rows.row_bytes);
+    let mut outs = out.chunks_exact_mut(4);
+    let ahead = 4 * QUADS_AHEAD * rows.row_bytes;
+    for (w4, o) in (&mut quads).zip(&mut outs) {
+        prefetch(w4.as_ptr().wrapping_add(ahead), w4.len());
+        let row = |i: usize| &w4[i * rows.row_bytes..][..rows.row_bytes];
+        let r = [row(0), row(1), row(2), row(3)];
         let mut acc = _mm512_setzero_ps();
-        let (mut offa, mut offb) = (0f32, 0f32);
-        let blocks = ra.chunks_exact(bb).zip(rb.chunks_exact(bb));
-        let xs = x.q.chunks_exact(32 * gpb).zip(x.d.chunks_exact(gpb));
-        let xs = xs.zip(x.sums.chunks_exact(gpb).zip(x.neg.chunks_exact(gpb)));
-        for ((blka, blkb), ((xb, db), (sb, neg))) in blocks.zip(xs) {
+        let mut off = [0f32; 4];
+        for bi in 0..rows.row_bytes / bb {
+            let at = bi * bb;
+            let blk = [
+                &r[0][at..at + bb],
+                &r[1][at..at + bb],
+                &r[2][at..at + bb],
+                &r[3][at..at + bb],
+            ];
             for gg in 0..gpb {
-                let qa = as_unsigned::<F>(quants::<F>(blka, gg));
-                let qb = as_unsigned::<F>(quants::<F>(blkb, gg));
-                let qz = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(qa), qb);
-                let xz = _mm512_broadcast_i64x4(load32(&xb[32 * gg..]));
-                let start = lane_starts::<F>(&[neg[gg], neg[gg]]);
-                let lanes = _mm512_dpbusd_epi32(start, qz, xz);
-                let (sa, sb_) = (scales::<F>(blka, gg), scales::<F>(blkb, gg));
-                let (a0, a1) = group_scales(&sa, db[gg]);
-                let (b0, b1) = group_scales(&sb_, db[gg]);
-                let four = if const { halves_differ(F) } {
-                    _mm_setr_ps(a0, a1, b0, b1)
-                } else {
-                    _mm_setr_ps(a0, a0, b0, b0)
-                };
-                let sc = _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(four));
-                acc = _mm512_add_ps(acc, _mm512_mul_ps(sc, _mm512_cvtepi32_ps(lanes)));
-                offset_term(ints, &sa, db[gg], sb[gg], &mut offa);
-                offset_term(ints, &sb_, db[gg], sb[gg], &mut offb);
-            }
-        }
-        let lanes: [[f32; 8]; 2] = bytemuck::cast(acc);
-        o[0] = lane_sum_of(&lanes[0]) + offa;
-        o[1] = lane_sum_of(&lanes[1]) + offb;
-    }
-    let (last, o) = (pairs.remainder(), outs.into_remainder());
-    if !last.is_empty() {
-        tile_avx512::<F, 1>(last, bb, x, o);
-    }
-}
-
-/// For the pair of rows starting at `j`: lanes 0–3 from `a[j]`, 4–7 from `b[j]`, 8–11 from
-/// `a[j + 1]`, 12–15 from `b[j + 1]` (`_mm512_permutex2var_ps`'s indices, 16 and up naming
-/// `b`).
-#[inline]
-#[target_feature(enable = "avx512f")]
-fn pair_index(j: usize) -> __m512i {
-    let (a0, a1) = (j as i32, j as i32 + 1);
-    let (b0, b1) = (a0 + 16, a1 + 16);
-    _mm512_set_epi32(
-        b1, b1, b1, b1, a1, a1, a1, a1, b0, b0, b0, b0, a0, a0, a0, a0,
-    )
-}
-
-/// `tile_avx512` on 512-bit registers: the tile's rows of X in pairs, a pair's two groups
-/// side by side in one register (the low 256 bits the first row's eight lanes, the high the
-/// second's), the last row of an odd tile on 256 bits, and the scales and offset terms of
-/// all the tile's rows in 256-bit registers. Signed quants are made unsigned (`q + 128`)
-/// and each lane starts at X's −128 · Σx, so that a lane is one `vpdpbusd` whatever the
-/// format. Every lane's integer sum, and each float operation on it, is `tile_avx512`'s,
-/// so the results are too.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-fn tile_pairs<const F: u8, const W: usize>(
-    row: &[u8],
-    block_bytes: usize,
-    x: &TileX<'_>,
-    o: &mut [f32],
-) {
-    const { assert!(W >= 2 && W <= TILE) };
-    let ints = ints_of::<F>();
-    let gpb = const { groups_per_block(F) };
-    let mut a = [_mm512_setzero_ps(); TILE / 2];
-    let mut last = _mm256_setzero_ps();
-    let mut b = _mm512_setzero_ps();
-    for (blk, (xb, db, sb, neg)) in row.chunks_exact(block_bytes).zip(x.blocks(gpb)) {
-        for gg in 0..gpb {
-            let q = quants::<F>(blk, gg);
-            let s = scales::<F>(blk, gg);
-            let at = x.at(gg);
-            let mut dx = [0f32; TILE];
-            dx[..W].copy_from_slice(&db[at..at + W]);
-            let dx: __m512 = bytemuck::cast(dx);
-            let sc0 = _mm512_mul_ps(_mm512_set1_ps(s[0]), dx);
-            let sc1 = if const { halves_differ(F) } {
-                _mm512_mul_ps(_mm512_set1_ps(s[1]), dx)
-            } else {
-                sc0
-            };
-            let qz = _mm512_broadcast_i64x4(as_unsigned::<F>(q));
-            for (p, acc) in a.iter_mut().enumerate().take(W / 2) {
-                let xv: __m512i = bytemuck::pod_read_unaligned(&xb[32 * (at + 2 * p)..][..64]);
-                let lanes = _mm512_dpbusd_epi32(lane_starts::<F>(&neg[at + 2 * p..]), qz, xv);
-                let sc = _mm512_permutex2var_ps(sc0, pair_index(2 * p), sc1);
-                *acc = _mm512_add_ps(*acc, _mm512_mul_ps(sc, _mm512_cvtepi32_ps(lanes)));
-            }
-            if W % 2 == 1 {
-                let j = W - 1;
-                let (s0, s1) = group_scales(&s, db[at + j]);
-                let lanes = lanes_vnni::<F>(q, load32(&xb[32 * (at + j)..]));
-                last = step::<F>(last, lanes, s0, s1);
-            }
-            if ints.offset {
-                let mut sx = [[0i32; 2]; TILE];
-                sx[..W].copy_from_slice(&sb[at..at + W]);
-                let [s8, s16]: [__m512i; 2] = bytemuck::cast(sx);
-                let halves = |v: __m512i| {
-                    let lo = _mm512_cvtepi64_epi32(v);
-                    let hi = _mm512_cvtepi64_epi32(_mm512_srli_epi64::<32>(v));
-                    (lo, hi)
-                };
-                let ((lo8, hi8), (lo16, hi16)) = (halves(s8), halves(s16));
-                let lo = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo8), lo16);
-                let hi = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(hi8), hi16);
-                let term = |acc: __m512, sc: f32, n: __m512i| {
-                    let scd = _mm512_mul_ps(_mm512_set1_ps(sc), dx);
-                    _mm512_add_ps(acc, _mm512_mul_ps(scd, _mm512_cvtepi32_ps(n)))
-                };
-                if ints.span == 32 {
-                    b = term(b, s[2], _mm512_add_epi32(lo, hi));
-                } else {
-                    b = term(b, s[2], lo);
-                    b = term(b, s[3], hi);
+                let g = bi * gpb + gg;
+                let xz = _mm512_broadcast_i64x4(load32(&xq[32 * g..]));
+                let start = quad_start::<F>(x.sums(g));
+                let ab = pair_dots::<F>(blk[0], blk[1], gg, start, xz);
+                let cd = pair_dots::<F>(blk[2], blk[3], gg, start, xz);
+                let t = quad_dots::<F>(ab, cd);
+                let s = [
+                    scales::<F>(blk[0], gg),
+                    scales::<F>(blk[1], gg),
+                    scales::<F>(blk[2], gg),
+                    scales::<F>(blk[3], gg),
+                ];
+                let sc = quad_scales::<F>(&s);
+                let sc = _mm512_mul_ps(sc, _mm512_set1_ps(x.d[g]));
+                acc = _mm512_add_ps(acc, _mm512_mul_ps(sc, _mm512_cvtepi32_ps(t)));
+                if ints.offset {
+                    for (s, off) in s.iter().zip(off.iter_mut()) {
+                        offset_term(ints, s, x.d[g], x.sums(g), off);
+                    }
                 }
             }
         }
+        let a: [f32; 16] = bytemuck::cast(acc);
+        o[0] = (a[0] + a[4]) + off[0];
+        o[1] = (a[8] + a[12]) + off[1];
+        o[2] = (a[1] + a[5]) + off[2];
+        o[3] = (a[9] + a[13]) + off[3];
     }
-    let b: [f32; TILE] = bytemuck::cast(b);
-    for (p, acc) in a.iter().enumerate().take(W / 2) {
-        let lanes: [[f32; 8]; 2] = bytemuck::cast(*acc);
-        o[2 * p] = lane_sum_of(&lanes[0]) + b[2 * p];
-        o[2 * p + 1] = lane_sum_of(&lanes[1]) + b[2 * p + 1];
+    let last = quads.remainder();
+    for (row, o) in last.chunks_exact(rows.row_bytes).zip(outs.into_remainder()) {
+        one_row::<F>(row, bb, x, o);
     }
-    if W % 2 == 1 {
-        o[W - 1] = lane_sum(last) + b[W - 1];
+}
+
+/// Where the lanes of a row's group start (both rows of a pair): at −128 · the halves'
+/// sums of X (lanes 0 and 4 of each row's eight) where format `F`'s quants were made
+/// unsigned, else at zero.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn quad_start<const F: u8>([lo, hi]: [i32; 2]) -> __m512i {
+    if const { ints(F).unsigned } {
+        _mm512_setzero_si512()
+    } else if const { halves_differ(F) } {
+        _mm512_or_si512(
+            _mm512_maskz_set1_epi32(0x0101, -128 * lo),
+            _mm512_maskz_set1_epi32(0x1010, -128 * hi),
+        )
+    } else {
+        _mm512_maskz_set1_epi32(0x0101, -128 * (lo + hi))
+    }
+}
+
+/// The lanes of group `g` of two blocks of W (`a` the low 256 bits, `b` the high) against
+/// X's group `xz` (broadcast to both halves), from `start`.
+#[inline]
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+fn pair_dots<const F: u8>(a: &[u8], b: &[u8], g: usize, start: __m512i, xz: __m512i) -> __m512i {
+    let qa = as_unsigned::<F>(quants::<F>(a, g));
+    let qb = as_unsigned::<F>(quants::<F>(b, g));
+    let ab = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(qa), qb);
+    _mm512_dpbusd_epi32(start, ab, xz)
+}
+
+/// The scales of four rows' group in the lanes [`quad_dots`] leaves their dots in, zero in
+/// the others.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn quad_scales<const F: u8>(s: &[[f32; 4]; 4]) -> __m512 {
+    if const { halves_differ(F) } {
+        let v = _mm256_setr_ps(
+            s[0][0], s[2][0], s[0][1], s[2][1], s[1][0], s[3][0], s[1][1], s[3][1],
+        );
+        let at = _mm512_setr_epi32(0, 1, 0, 0, 2, 3, 0, 0, 4, 5, 0, 0, 6, 7, 0, 0);
+        _mm512_maskz_permutexvar_ps(0x3333, at, _mm512_castps256_ps512(v))
+    } else {
+        let v = _mm_setr_ps(s[0][0], s[2][0], s[1][0], s[3][0]);
+        let at = _mm512_setr_epi32(0, 1, 0, 0, 0, 0, 0, 0, 2, 3, 0, 0, 0, 0, 0, 0);
+        _mm512_maskz_permutexvar_ps(0x0303, at, _mm512_castps128_ps512(v))
+    }
+}
+
+/// The group dots of four rows of W from their lanes, `ab` rows 0 and 1, `cd` rows 2 and 3
+/// (each row's eight lanes in one half): row 0's at lanes 0 and 4 (the halves' dots, or the
+/// group's at 0 where format `F`'s scales span 32 elements), row 2's at 1 and 5, row 1's at
+/// 8 and 12, row 3's at 9 and 13.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn quad_dots<const F: u8>(ab: __m512i, cd: __m512i) -> __m512i {
+    // Within each 128 bits: [ab0 + ab2, cd0 + cd2, ab1 + ab3, cd1 + cd3].
+    let u = _mm512_add_epi32(_mm512_unpacklo_epi32(ab, cd), _mm512_unpackhi_epi32(ab, cd));
+    // Lanes 0 and 1 of each 128 bits: the sums of its four lanes of `ab`, of `cd`.
+    let s = _mm512_add_epi32(u, _mm512_shuffle_epi32::<0x4e>(u));
+    if const { halves_differ(F) } {
+        s
+    } else {
+        // Each row's two halves added.
+        _mm512_add_epi32(s, _mm512_shuffle_i32x4::<0xb1>(s, s))
+    }
+}
+
+/// Rows of W a tile kernel takes at once.
+const R: usize = 4;
+
+thread_local! {
+    /// The rows of W a tile kernel works on, decoded once for all of X's tiles: quants
+    /// (32 bytes a row's group, group-major: `[group][row]`) and scales.
+    static DECODED: RefCell<(Vec<u8>, Vec<[f32; 4]>)> = const { RefCell::new((Vec::new(), Vec::new())) };
+}
+
+/// Up to [`R`] rows of W (`w`, whole rows) decoded into `wq` and `ws`, the quants as
+/// [`as_unsigned`] makes them where `UNSIGNED`, else as the format defines them.
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+fn decode<const F: u8, const UNSIGNED: bool>(
+    w: &[u8],
+    rows: &Rows<'_>,
+    wq: &mut [u8],
+    ws: &mut [[f32; 4]],
+) {
+    let gpb = const { groups_per_block(F) };
+    for (r, row) in w.chunks_exact(rows.row_bytes).enumerate() {
+        for (bi, blk) in row.chunks_exact(rows.block_bytes).enumerate() {
+            for gg in 0..gpb {
+                let at = (bi * gpb + gg) * R + r;
+                let q = quants::<F>(blk, gg);
+                let q = if UNSIGNED { as_unsigned::<F>(q) } else { q };
+                let bytes: [u8; 32] = bytemuck::cast(q);
+                wq[32 * at..32 * at + 32].copy_from_slice(&bytes);
+                ws[at] = scales::<F>(blk, gg);
+            }
+        }
+    }
+}
+
+/// One tile of X as a tile kernel reads it: its slots.
+struct XTile<'a> {
+    q: &'a [u8],
+    d: &'a [f32],
+    lo: &'a [i32],
+    hi: &'a [i32],
+}
+
+/// Eight or sixteen consecutive slot values of a tile from `at`, as one register.
+#[inline(always)]
+fn lanes<T: bytemuck::Pod, V: bytemuck::Pod>(v: &[T], at: usize) -> V {
+    let n = std::mem::size_of::<V>() / std::mem::size_of::<T>();
+    bytemuck::pod_read_unaligned(bytemuck::cast_slice(&v[at..at + n]))
+}
+
+macro_rules! tile_kernel {
+    // `$v`/`$vi`: the float and integer registers of `$width` lanes, one a row of X;
+    // `$dots`: a row's group dots against the tile's chunks; the rest the intrinsics of that
+    // width.
+    (
+        $name:ident, $rows:ident, $features:literal, $unsigned:literal, $width:literal,
+        $v:ty, $vi:ty, $zero:ident, $zeroi:ident, $set1:ident, $add:ident, $mul:ident,
+        $cvt:ident, $addi:ident, $dots:ident
+    ) => {
+        /// [`R`] decoded rows of W against `$width` rows of X (those of a tile from
+        /// `x_first`): per group, each row of W's chunks broadcast against the tile's, one
+        /// lane a row of X, then `dot::rows_portable`'s float steps in those lanes.
+        #[inline]
+        #[target_feature(enable = $features)]
+        fn $name<const F: u8>(
+            wq: &[u8],
+            ws: &[[f32; 4]],
+            x: &XTile<'_>,
+            x_first: usize,
+            groups: usize,
+        ) -> [$v; R] {
+            let ints = ints_of::<F>();
+            let mut a0 = [$zero(); R];
+            let mut a1 = [$zero(); R];
+            let mut b = [$zero(); R];
+            for g in 0..groups {
+                let at = TILE * g + x_first;
+                let xg = &x.q[32 * TILE * g..][..32 * TILE];
+                let mut xc = [$zeroi(); CHUNKS];
+                for (c, v) in xc.iter_mut().enumerate() {
+                    *v = lanes(xg, 4 * (TILE * c + x_first));
+                }
+                let dx: $v = lanes(x.d, at);
+                let (lo, hi): ($vi, $vi) = (lanes(x.lo, at), lanes(x.hi, at));
+                for r in 0..R {
+                    let w = &wq[32 * (g * R + r)..][..32];
+                    let s = &ws[g * R + r];
+                    let (t0, t1) = $dots::<F>(w, &xc, lo, hi);
+                    let sc0 = $mul($set1(s[0]), dx);
+                    a0[r] = $add(a0[r], $mul(sc0, $cvt(t0)));
+                    if const { halves_differ(F) } {
+                        let sc1 = $mul($set1(s[1]), dx);
+                        a1[r] = $add(a1[r], $mul(sc1, $cvt(t1)));
+                    }
+                    if ints.offset {
+                        if ints.span == 32 {
+                            let n = $cvt($addi(lo, hi));
+                            b[r] = $add(b[r], $mul($mul($set1(s[2]), dx), n));
+                        } else {
+                            b[r] = $add(b[r], $mul($mul($set1(s[2]), dx), $cvt(lo)));
+                            b[r] = $add(b[r], $mul($mul($set1(s[3]), dx), $cvt(hi)));
+                        }
+                    }
+                }
+            }
+            for r in 0..R {
+                a0[r] = $add($add(a0[r], a1[r]), b[r]);
+            }
+            a0
+        }
+
+        /// `dot::rows_portable` for format `F`: [`R`] rows of W decoded at a time, then
+        /// taken against every tile of X.
+        #[target_feature(enable = $features)]
+        pub(super) fn $rows<const F: u8>(rows: &Rows<'_>, x: &QuantX, out: &mut [f32]) {
+            let groups = x.groups();
+            let (mut wq, mut ws) = DECODED.with(|d| d.take());
+            wq.resize(32 * R * groups, 0);
+            ws.resize(R * groups, [0.0; 4]);
+            let xq: &[u8] = bytemuck::cast_slice(&x.q);
+            let m = x.m;
+            for (rb, w) in rows.w.chunks(R * rows.row_bytes).enumerate() {
+                decode::<F, $unsigned>(w, rows, &mut wq, &mut ws);
+                let n = w.len() / rows.row_bytes;
+                for t in x.tiles() {
+                    let s = x.tile_slots(t.start);
+                    let tile = XTile {
+                        q: &xq[32 * s.start..32 * s.end],
+                        d: &x.d[s.clone()],
+                        lo: &x.lo[s.clone()],
+                        hi: &x.hi[s],
+                    };
+                    for first in (0..t.len()).step_by($width) {
+                        let y = $name::<F>(&wq, &ws, &tile, first, groups);
+                        let take = (t.len() - first).min($width);
+                        for (r, y) in y.iter().enumerate().take(n) {
+                            let y: [f32; $width] = bytemuck::cast(*y);
+                            let o = (rb * R + r) * m + t.start + first;
+                            out[o..o + take].copy_from_slice(&y[..take]);
+                        }
+                    }
+                }
+            }
+            DECODED.with(|d| d.replace((wq, ws)));
+        }
+    };
+}
+
+/// Chunk `c` (quants 4c..4c + 4) of a decoded group, as one 32-bit word.
+#[inline(always)]
+fn chunk(w: &[u8], c: usize) -> i32 {
+    i32::from_le_bytes([w[4 * c], w[4 * c + 1], w[4 * c + 2], w[4 * c + 3]])
+}
+
+/// −128 · `v`.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn neg128(v: __m512i) -> __m512i {
+    _mm512_slli_epi32::<7>(_mm512_sub_epi32(_mm512_setzero_si512(), v))
+}
+
+/// A decoded row of W's group against a tile's chunks (AVX-512 VNNI): each chunk broadcast,
+/// one `vpdpbusd` with the tile's, from −128 · Σx where the quants were made unsigned.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+fn dots_vnni<const F: u8>(
+    w: &[u8],
+    xc: &[__m512i; CHUNKS],
+    lo: __m512i,
+    hi: __m512i,
+) -> (__m512i, __m512i) {
+    let unsigned = const { ints(F).unsigned };
+    if const { halves_differ(F) } {
+        let (mut t0, mut t1) = if unsigned {
+            (_mm512_setzero_si512(), _mm512_setzero_si512())
+        } else {
+            (neg128(lo), neg128(hi))
+        };
+        for c in 0..CHUNKS / 2 {
+            t0 = _mm512_dpbusd_epi32(t0, _mm512_set1_epi32(chunk(w, c)), xc[c]);
+            let h = c + CHUNKS / 2;
+            t1 = _mm512_dpbusd_epi32(t1, _mm512_set1_epi32(chunk(w, h)), xc[h]);
+        }
+        (t0, t1)
+    } else {
+        let mut t = if unsigned {
+            _mm512_setzero_si512()
+        } else {
+            neg128(_mm512_add_epi32(lo, hi))
+        };
+        for (c, xc) in xc.iter().enumerate() {
+            t = _mm512_dpbusd_epi32(t, _mm512_set1_epi32(chunk(w, c)), *xc);
+        }
+        (t, _mm512_setzero_si512())
+    }
+}
+
+/// The same dots with AVX2's `vpmaddubsw` + `vpmaddwd`, the quants' signs moved onto X.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn dots_avx2<const F: u8>(
+    w: &[u8],
+    xc: &[__m256i; CHUNKS],
+    _lo: __m256i,
+    _hi: __m256i,
+) -> (__m256i, __m256i) {
+    let mut t = [_mm256_setzero_si256(); 2];
+    for (c, xc) in xc.iter().enumerate() {
+        let h = if const { halves_differ(F) } {
+            c / (CHUNKS / 2)
+        } else {
+            0
+        };
+        let wc = _mm256_set1_epi32(chunk(w, c));
+        t[h] = _mm256_add_epi32(t[h], lanes_avx2::<F>(wc, *xc));
+    }
+    (t[0], t[1])
+}
+
+tile_kernel!(
+    tile_avx512,
+    tiles_avx512,
+    "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni",
+    true,
+    16,
+    __m512,
+    __m512i,
+    _mm512_setzero_ps,
+    _mm512_setzero_si512,
+    _mm512_set1_ps,
+    _mm512_add_ps,
+    _mm512_mul_ps,
+    _mm512_cvtepi32_ps,
+    _mm512_add_epi32,
+    dots_vnni
+);
+tile_kernel!(
+    tile_avx2,
+    tiles_avx2,
+    "avx2,fma,f16c",
+    false,
+    8,
+    __m256,
+    __m256i,
+    _mm256_setzero_ps,
+    _mm256_setzero_si256,
+    _mm256_set1_ps,
+    _mm256_add_ps,
+    _mm256_mul_ps,
+    _mm256_cvtepi32_ps,
+    _mm256_add_epi32,
+    dots_avx2
+);
+
+/// `dot::rows_portable` for format `F` at the AVX-512 level.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(super) fn rows_avx512<const F: u8>(rows: &Rows<'_>, x: &QuantX, out: &mut [f32]) {
+    if x.m == 1 {
+        one_quads::<F>(rows, x, out)
+    } else {
+        tiles_avx512::<F>(rows, x, out)
+    }
+}
+
+/// `dot::rows_portable` for format `F` at the AVX2 level.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn rows_avx2<const F: u8>(rows: &Rows<'_>, x: &QuantX, out: &mut [f32]) {
+    if x.m == 1 {
+        one_avx2::<F>(rows, x, out)
+    } else {
+        tiles_avx2::<F>(rows, x, out)
     }
 }
