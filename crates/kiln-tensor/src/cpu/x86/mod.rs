@@ -1,11 +1,13 @@
-//! x86-64 kernels: each format's 32-element group decoded into one register of `i8`, then
-//! dotted with X's group, in the lanes and order `dot::rows_portable` defines.
+//! x86-64 kernels: each format's 32-element group decoded into one register of `i8`, its
+//! exact integer dot with X's group taken, then the float steps `dot::rows_portable`
+//! defines.
 //!
-//! Two levels share one body (the `kernel!` macro): AVX2 (`vpmaddubsw` + `vpmaddwd`) and
-//! AVX-512 VNNI on 256-bit registers (`vpdpbusd`). Both give the same integer lane sums, so
-//! the same results. Both levels also use F16C (the blocks' f16 scales, widened exactly as
-//! `scale_at` does). The bodies are safe Rust: intrinsics are safe inside a function with
-//! the matching `target_feature`, and loads go through `bytemuck` from slices.
+//! Two levels share the tile kernel's body (the `tile_kernel!` macro): AVX2 (`vpmaddubsw` +
+//! `vpmaddwd`, eight rows of X a register) and AVX-512 VNNI (`vpdpbusd`, sixteen). Both
+//! give the same integer sums, so the same results. Both levels also use F16C (the blocks'
+//! f16 scales, widened exactly as `scale_at` does). The bodies are safe Rust: intrinsics are
+//! safe inside a function with the matching `target_feature`, and loads go through
+//! `bytemuck` from slices.
 
 use std::arch::x86_64::*;
 use std::cell::RefCell;
