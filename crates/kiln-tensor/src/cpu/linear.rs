@@ -7,8 +7,8 @@ use std::sync::Mutex;
 use rayon::prelude::*;
 
 use super::dot::Rows;
-use super::{CpuContext, QuantX, dispatch};
-use crate::ops::{Activation, dot, glu_row, host_row, rms_norm_row};
+use super::{CpuContext, QuantX, activation, dispatch};
+use crate::ops::{Activation, dot, host_row, rms_norm_row};
 use crate::tensor::Storage;
 use crate::{Result, Tensor, TensorError};
 
@@ -145,7 +145,7 @@ fn epilogue(ctx: &CpuContext, by_row: Vec<f32>, m: usize, n: usize, fused: &Fuse
     };
     let finish = |i: usize, row: &[f32], out: &mut [f32]| {
         match fused.glu {
-            Some(act) => glu_row(row, act, out),
+            Some(act) => activation::glu(row, act, out),
             None => out.copy_from_slice(row),
         }
         residual(i, out);

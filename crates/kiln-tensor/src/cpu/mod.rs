@@ -15,6 +15,7 @@
 //! ISAs and batch sizes.
 
 mod act;
+mod activation;
 mod dispatch;
 mod dot;
 mod linear;
