@@ -133,7 +133,8 @@ thread_local! {
 }
 
 /// Y `[m][n]` (`n/2` wide with a GLU) from the products by weight row `[n][m]`: the bias,
-/// then the GLU, then the residual, a task a few rows of Y.
+/// then the GLU, then the residual, a task a few rows of Y (without a GLU the products are
+/// transposed straight into Y's rows).
 fn epilogue(ctx: &CpuContext, by_row: Vec<f32>, m: usize, n: usize, fused: &Fused<'_>) -> Vec<f32> {
     let width = if fused.glu.is_some() { n / 2 } else { n };
     let residual = |i: usize, out: &mut [f32]| {
@@ -143,11 +144,9 @@ fn epilogue(ctx: &CpuContext, by_row: Vec<f32>, m: usize, n: usize, fused: &Fuse
                 .for_each(|(v, r)| *v += r);
         }
     };
-    let finish = |i: usize, row: &[f32], out: &mut [f32]| {
-        match fused.glu {
-            Some(act) => activation::glu(row, act, out),
-            None => out.copy_from_slice(row),
-        }
+    // Y's row `i` from its `[gate; up]` row.
+    let gated = |act, i: usize, row: &[f32], out: &mut [f32]| {
+        activation::glu(row, act, out);
         residual(i, out);
     };
     if m == 1 {
@@ -156,12 +155,12 @@ fn epilogue(ctx: &CpuContext, by_row: Vec<f32>, m: usize, n: usize, fused: &Fuse
         if let Some(b) = fused.bias {
             row.iter_mut().zip(b).for_each(|(v, b)| *v += b);
         }
-        if fused.glu.is_none() {
+        let Some(act) = fused.glu else {
             residual(0, &mut row);
             return row;
-        }
+        };
         let mut y = vec![0f32; width];
-        finish(0, &row, &mut y);
+        gated(act, 0, &row, &mut y);
         return y;
     }
     let mut y = vec![0f32; m * width];
@@ -170,24 +169,48 @@ fn epilogue(ctx: &CpuContext, by_row: Vec<f32>, m: usize, n: usize, fused: &Fuse
             .enumerate()
             .for_each(|(c, ys)| {
                 let (i0, rows) = (c * Y_ROWS, ys.len() / width);
+                let Some(act) = fused.glu else {
+                    // Y's rows are the products' rows: transposed straight into them.
+                    transpose(&by_row, m, n, i0, ys, fused.bias);
+                    for (r, out) in ys.chunks_exact_mut(width).enumerate() {
+                        residual(i0 + r, out);
+                    }
+                    return;
+                };
                 Y.with(|t| {
                     let mut t = t.borrow_mut();
-                    t.resize(Y_ROWS * n, 0.0);
-                    for (j, col) in by_row.chunks_exact(m).enumerate() {
-                        let b = fused.bias.map_or(0.0, |b| b[j]);
-                        for (r, &v) in t.chunks_exact_mut(n).zip(&col[i0..i0 + rows]) {
-                            r[j] = v + b;
-                        }
-                    }
+                    t.resize(rows * n, 0.0);
+                    transpose(&by_row, m, n, i0, &mut t, fused.bias);
                     for (r, (row, out)) in t
                         .chunks_exact(n)
                         .zip(ys.chunks_exact_mut(width))
                         .enumerate()
                     {
-                        finish(i0 + r, row, out);
+                        gated(act, i0 + r, row, out);
                     }
                 })
             });
     });
     y
+}
+
+/// Columns of the products a step of [`transpose`]: their rows for a task's rows of Y (a few
+/// KiB) stay in L1 while each of those rows is written.
+const COLS: usize = 64;
+
+/// Rows `i0..` of `X · Wᵀ + bias` (as many as `out` holds, `n` wide) from the products by
+/// weight row (`[n][m]`), a block of columns at a time.
+fn transpose(by_row: &[f32], m: usize, n: usize, i0: usize, out: &mut [f32], bias: Option<&[f32]>) {
+    for j0 in (0..n).step_by(COLS) {
+        let block = &by_row[j0 * m..(j0 + COLS).min(n) * m];
+        for (r, row) in out.chunks_exact_mut(n).enumerate() {
+            let dst = &mut row[j0..j0 + block.len() / m];
+            for (d, col) in dst.iter_mut().zip(block.chunks_exact(m)) {
+                *d = col[i0 + r];
+            }
+            if let Some(b) = bias {
+                dst.iter_mut().zip(&b[j0..]).for_each(|(d, b)| *d += b);
+            }
+        }
+    }
 }

@@ -11,6 +11,7 @@ mod rope;
 mod rows;
 pub mod sample;
 
+#[cfg(test)]
 pub(crate) use elementwise::glu_row;
 pub use embedding::ColumnIndex;
 pub use matmul::{Activation, LinearOps, RmsNorm};
