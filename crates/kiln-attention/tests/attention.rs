@@ -50,6 +50,7 @@ fn randv(r: &mut StdRng, n: usize) -> Vec<f32> {
     (0..n).map(|_| r.random_range(-1.0f32..1.0)).collect()
 }
 
+#[derive(Clone)]
 struct Seq {
     table: Vec<BlockId>,
     context: usize,
@@ -608,6 +609,39 @@ fn split_key_decode_matches_reference() {
                     cpu_i4: &cpu_i4,
                 };
                 check_device(g, &c, &refs, &what);
+            }
+        }
+    }
+}
+
+/// On the native backend a decode token's output does not depend on its batch: alone (too few
+/// (token, KV head) pairs to share, so each span of keys is a task) and among eleven other
+/// sequences (a task a pair, its spans in turn) it is the same to the bit, over one span and
+/// many, with and without a window, for every cache format.
+#[test]
+fn native_decode_attention_is_batch_invariant() {
+    let mut r = StdRng::seed_from_u64(31);
+    let mut lens = vec![(1, 1), (70, 1), (200, 1), (130, 1)];
+    lens.extend([(20, 1); 8]);
+    let dev = kiln_testkit::native_cpu();
+    for window in [None, Some(100)] {
+        let c = case_of(&mut r, 2, 8, 64, window, &lens);
+        for dtype in [KvDtype::F32, KvDtype::F16, KvDtype::Int8, KvDtype::Int4] {
+            let all = run(&dev, &c, dtype);
+            let row = c.heads * c.head_dim;
+            for (i, s) in c.seqs.iter().enumerate() {
+                let alone = Case {
+                    seqs: vec![s.clone()],
+                    ..case_of(&mut r, 2, 8, 64, window, &[])
+                };
+                let got = run(&dev, &alone, dtype);
+                assert!(
+                    got.iter()
+                        .zip(&all[i * row..(i + 1) * row])
+                        .all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "sequence {i} (context {}) {dtype:?} window={window:?}: alone != in the batch",
+                    s.context
+                );
             }
         }
     }

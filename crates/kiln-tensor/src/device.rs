@@ -414,7 +414,7 @@ impl Device {
     /// runs here. A model step is the unit to wrap.
     pub fn run<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
         match self {
-            Device::Cpu(c) => c.install(f),
+            Device::Cpu(c) => c.step(f),
             Device::Reference | Device::Wgpu(_) => f(),
         }
     }

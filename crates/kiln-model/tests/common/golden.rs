@@ -181,11 +181,16 @@ pub fn run_cases(
             }
             let margin = top[0].1 - top[1].1;
             if margin >= bound.near_tie {
+                let pick = argmax(ours);
                 assert_eq!(
-                    argmax(ours),
+                    pick,
                     top[0].0,
-                    "{name} {}: argmax at position {p}",
-                    c.name
+                    "{name} {}: argmax at position {p} (reference margin {margin}; ours: \
+                     {} for the reference's {}, {} for our {pick})",
+                    c.name,
+                    ours[top[0].0 as usize],
+                    top[0].0,
+                    ours[pick as usize],
                 );
             }
         }

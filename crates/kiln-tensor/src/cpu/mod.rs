@@ -29,6 +29,7 @@ pub(crate) use linear::{Fused, linear_native};
 use std::fmt;
 use std::str::FromStr;
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::device::DeviceOptions;
 use crate::{Result, TensorError};
@@ -225,10 +226,64 @@ impl CpuContext {
         dispatch::axpys_f16(self.isa, w, pool, starts, y)
     }
 
+    /// `s[i] = e^(s[i] − shift)`, returning their sum (eight lanes summed in order, then the
+    /// rest): a softmax's terms.
+    pub fn exps(&self, s: &mut [f32], shift: f32) -> f32 {
+        vector::exps(s, shift)
+    }
+
     /// Runs `f` on this backend's pool: rayon's parallel iterators inside it use these
     /// threads (how crates above, such as the attention kernels, share the pool).
     pub fn install<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
         self.pool.install(f)
+    }
+
+    /// Runs a model step `f` on one of the pool's threads while the others wait for its
+    /// parallel loops awake, as [`keep_awake`] says; they go back to rayon's idle policy when
+    /// `f` returns.
+    pub(crate) fn step<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
+        let done = AtomicBool::new(false);
+        self.pool.install(|| {
+            let home = rayon::current_thread_index();
+            rayon::scope(|s| {
+                for _ in 1..self.threads() {
+                    s.spawn(|_| keep_awake(&done, home));
+                }
+                let r = f();
+                done.store(true, Ordering::Release);
+                r
+            })
+        })
+    }
+}
+
+/// Idle rounds of [`keep_awake`] between its yields of the core to the OS.
+const ROUNDS_PER_OS_YIELD: u32 = 1 << 12;
+
+/// Until `done`, runs the pool's pending jobs (a step's parallel loops) as they appear,
+/// pausing the core between looks instead of going to sleep: between two of a step's loops
+/// rayon's idle policy (a few dozen `sched_yield`s, then a futex wait) put a thread to sleep
+/// about twice a decode layer, and each wake-up cost a system call and a thread switch. The
+/// core is still offered to the OS every [`ROUNDS_PER_OS_YIELD`] idle rounds, so that the
+/// front doors' threads are not kept waiting. A job that lands on
+/// the step's own thread (`home`) returns at once: that thread is running the step.
+fn keep_awake(done: &AtomicBool, home: Option<usize>) {
+    if rayon::current_thread_index() == home {
+        return;
+    }
+    let mut idle = 0u32;
+    while !done.load(Ordering::Acquire) {
+        match rayon::yield_now() {
+            Some(rayon::Yield::Executed) => idle = 0,
+            Some(rayon::Yield::Idle) | None => {
+                idle = idle.wrapping_add(1);
+                if idle.is_multiple_of(ROUNDS_PER_OS_YIELD) {
+                    std::thread::yield_now();
+                } else {
+                    std::hint::spin_loop();
+                }
+            }
+        }
     }
 }
 

@@ -54,6 +54,20 @@ pub(super) fn tail<E: Elem>(a: &[f32], b: &[E], acc: [f32; LANES]) -> f32 {
     acc.iter().sum::<f32>() + rest
 }
 
+/// `s[i] = e^(s[i] − shift)` (libm's `expf`, within an ulp: a softmax's terms decide greedy
+/// picks, and the gated activations' polynomial, a few ulp off, moved a golden pick), and their
+/// sum as a dot product sums: eight lanes, the lanes in order, then the rest. The same at
+/// every ISA.
+pub(super) fn exps(s: &mut [f32], shift: f32) -> f32 {
+    s.iter_mut().for_each(|v| *v = (*v - shift).exp());
+    let mut acc = [0f32; LANES];
+    let mut chunks = s.chunks_exact(LANES);
+    for c in &mut chunks {
+        acc.iter_mut().zip(c).for_each(|(a, &v)| *a += v);
+    }
+    acc.iter().sum::<f32>() + chunks.remainder().iter().sum::<f32>()
+}
+
 pub(super) fn axpy_portable<E: Elem>(w: f32, x: &[E], y: &mut [f32]) {
     for (y, &x) in y.iter_mut().zip(x) {
         *y += w * x.f32();
