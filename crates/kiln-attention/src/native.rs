@@ -176,10 +176,9 @@ pub(crate) fn paged_attention_native<E: PoolElem>(
     let per_span = group * partial_len(d);
     let mut out = vec![0f32; q.len()];
     let tokens = q.len() / (heads * d);
-    let partials =
-        |span: Span, s: &mut Scratch, p: &mut [f32]| {
-            span_partials(cpu, q, kp, vp, batch, cfg, attn, span, s, p)
-        };
+    let partials = |span: Span, s: &mut Scratch, p: &mut [f32]| {
+        span_partials(cpu, q, kp, vp, batch, cfg, attn, span, s, p)
+    };
     if tokens * kvh >= 4 * cpu.threads() {
         // Enough (token, KV head) pairs to share: a task a pair, its spans in turn.
         cpu.install(|| {

@@ -134,25 +134,6 @@ pub struct GgufSource {
     data: DataFile,
 }
 
-fn dtype_of(t: GgmlType) -> Option<DType> {
-    Some(match t {
-        GgmlType::F32 => DType::F32,
-        GgmlType::F16 => DType::F16,
-        GgmlType::BF16 => DType::BF16,
-        GgmlType::Q8_0 => DType::Q8_0,
-        GgmlType::Q4_0 => DType::Q4_0,
-        GgmlType::Q4_1 => DType::Q4_1,
-        GgmlType::Q5_0 => DType::Q5_0,
-        GgmlType::Q5_1 => DType::Q5_1,
-        GgmlType::Q2_K => DType::Q2_K,
-        GgmlType::Q3_K => DType::Q3_K,
-        GgmlType::Q4_K => DType::Q4_K,
-        GgmlType::Q5_K => DType::Q5_K,
-        GgmlType::Q6_K => DType::Q6_K,
-        _ => return None,
-    })
-}
-
 impl GgufSource {
     /// Opens `path` and parses its head; tensor data stays in the file until loaded.
     pub fn open(path: &Path) -> Result<Self> {
@@ -176,7 +157,7 @@ impl GgufSource {
             .file
             .tensors()
             .iter()
-            .find(|t| dtype_of(t.ggml_type).is_none())
+            .find(|t| DType::of_ggml(t.ggml_type).is_none())
         {
             Some(t) => Err(ModelError::Tensor {
                 file: self.describe().into(),
@@ -192,7 +173,7 @@ impl GgufSource {
 fn unsupported(t: GgmlType) -> String {
     let loadable: Vec<&str> = (0..64)
         .map(GgmlType)
-        .filter(|&t| dtype_of(t).is_some())
+        .filter(|&t| DType::of_ggml(t).is_some())
         .filter_map(GgmlType::name)
         .collect();
     format!("type {t} is not supported ({})", loadable.join(", "))
@@ -225,7 +206,8 @@ impl WeightSource for GgufSource {
                 "shape {got:?} disagrees with the config's {shape:?}"
             )));
         }
-        let dtype = dtype_of(info.ggml_type).ok_or_else(|| err(unsupported(info.ggml_type)))?;
+        let dtype =
+            DType::of_ggml(info.ggml_type).ok_or_else(|| err(unsupported(info.ggml_type)))?;
         let range = info
             .data_range()
             .ok_or_else(|| err("its data size is not known".into()))?;

@@ -71,6 +71,14 @@ impl DType {
         DType::Q8_Z,
     ];
 
+    /// The dtype a GGUF file's tensor of ggml type `t` loads as, when kiln reads that type.
+    pub fn of_ggml(t: kiln_gguf::GgmlType) -> Option<DType> {
+        DType::WEIGHTS
+            .iter()
+            .copied()
+            .find(|d| d.format().ggml == Some(t))
+    }
+
     /// True for the block-quantized formats.
     pub fn is_quantized(self) -> bool {
         self.block_elems() > 1

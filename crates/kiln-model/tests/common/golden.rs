@@ -183,14 +183,10 @@ pub fn run_cases(
             if margin >= bound.near_tie {
                 let pick = argmax(ours);
                 assert_eq!(
-                    pick,
-                    top[0].0,
+                    pick, top[0].0,
                     "{name} {}: argmax at position {p} (reference margin {margin}; ours: \
                      {} for the reference's {}, {} for our {pick})",
-                    c.name,
-                    ours[top[0].0 as usize],
-                    top[0].0,
-                    ours[pick as usize],
+                    c.name, ours[top[0].0 as usize], top[0].0, ours[pick as usize],
                 );
             }
         }

@@ -17,8 +17,7 @@ use super::elementwise::glu_ref;
 use super::matmul_code::{ROWS_R, rows_accumulators, rows_x_broadcast};
 use super::rows::rms_norm_ref;
 use super::{
-    Define, WEIGHT_DTYPES, block_sums, dot, flag, host_f32, host_row, number, require_dtype,
-    weight_defines,
+    Define, WEIGHT_DTYPES, dot, flag, host_f32, host_row, number, require_dtype, weight_defines,
 };
 use crate::gpu::{Access, GpuContext, KernelDef};
 use crate::recorder::Bind;
@@ -505,7 +504,7 @@ impl Recorder {
                 defines.push(("WG", number(ROWS_WG)));
                 defines.push(("XV", number(mg * k / 4)));
                 defines.push(("GV", number(k / 4)));
-                let qsum = block_sums(w.dtype()).0;
+                let qsum = w.dtype().format().wgsl.sums.summed();
                 defines.extend(rows_accumulators(mg, ROWS_R, gated, norm.is_some(), qsum));
                 defines.extend(sg_x.iter().cloned());
                 let params = RowsParams {

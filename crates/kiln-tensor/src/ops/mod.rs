@@ -21,6 +21,7 @@ pub(crate) use rows::rms_norm_row;
 use std::borrow::Cow;
 
 use crate::gpu::Access;
+use crate::quant::BlockSums;
 use crate::tensor::Storage;
 use crate::{DType, Result, Tensor, TensorError};
 
@@ -86,70 +87,37 @@ pub(crate) const WEIGHT_DTYPES: &[DType] = DType::WEIGHTS;
 /// `W_SUB` for the formats decoded four elements at a time, `W_Q45_K`, `W_ZP` for the
 /// zero-point formats, `W_Q4_DM` for the nibble formats with a `d|m` or `d|z` head word a
 /// block), and for `matmul_rows.wgsl`: `HEAD1` for the formats with one head word a block,
-/// `QSUM`/`NIB` ([`block_sums`]), and `RD3`/`RD4`, how many 16-byte reads it makes a block.
+/// `QSUM`/`NIB` ([`BlockSums`]), and `RD3`/`RD4`, how many 16-byte reads it makes a block.
+/// Each is a fact of the dtype's row of the format table ([`Format`](crate::quant::Format)).
 pub(crate) fn weight_defines(dtype: DType, binding: u32) -> Vec<Define> {
-    let (name, reads) = match dtype {
-        DType::F32 => ("W_F32", 0),
-        DType::F16 => ("W_F16", 0),
-        DType::BF16 => ("W_BF16", 0),
-        DType::Q8_0 => ("W_Q8_0", 3),
-        DType::Q4_0 => ("W_Q4_0", 2),
-        DType::Q4_1 => ("W_Q4_1", 2),
-        DType::Q5_0 => ("W_Q5_0", 2),
-        DType::Q5_1 => ("W_Q5_1", 2),
-        DType::Q2_K => ("W_Q2_K", 3),
-        DType::Q3_K => ("W_Q3_K", 3),
-        DType::Q4_K => ("W_Q4_K", 2),
-        DType::Q5_K => ("W_Q5_K", 3),
-        DType::Q6_K => ("W_Q6_K", 4),
-        DType::Q4_Z => ("W_Q4_Z", 2),
-        DType::Q8_Z => ("W_Q8_Z", 3),
-        // Rejected by the ops' dtype checks before any launch.
-        DType::U32 | DType::I32 => ("W_F32", 0),
-    };
+    let w = &dtype.format().wgsl;
     let mut d = Vec::with_capacity(32);
-    d.push((name, flag(true)));
+    d.push((w.define, flag(true)));
     d.push(("W_BINDING", number(binding as usize)));
-    if dtype.is_quantized() {
-        d.push(("W_QUANT", "1".into()));
+    let family = if dtype.is_quantized() {
+        "W_QUANT"
     } else {
-        d.push(("W_FLOAT", "1".into()));
-    }
-    let sub = !matches!(dtype, DType::Q8_0 | DType::Q4_0 | DType::Q4_1);
-    if dtype.is_quantized() && sub {
-        d.push(("W_SUB", "1".into()));
-    }
-    if matches!(dtype, DType::Q4_K | DType::Q5_K) {
-        d.push(("W_Q45_K", "1".into()));
-    }
-    if matches!(dtype, DType::Q4_Z | DType::Q8_Z) {
-        d.push(("W_ZP", "1".into()));
-    }
-    if matches!(dtype, DType::Q4_1 | DType::Q4_Z) {
-        d.push(("W_Q4_DM", "1".into()));
-    }
-    let head1 = matches!(
-        dtype,
-        DType::Q8_0 | DType::Q4_0 | DType::Q4_1 | DType::Q4_Z | DType::Q8_Z
+        "W_FLOAT"
+    };
+    d.push((family, "1".into()));
+    let switches = [
+        ("W_SUB", w.sub),
+        ("W_Q45_K", w.scale_mins),
+        ("W_ZP", w.zero_point),
+        ("W_Q4_DM", w.dm_word),
+    ];
+    d.extend(
+        switches
+            .into_iter()
+            .filter(|s| s.1)
+            .map(|(n, _)| (n, "1".into())),
     );
-    d.push(("HEAD1", flag(head1)));
-    let (qsum, nib) = block_sums(dtype);
-    d.push(("QSUM", flag(qsum)));
-    d.push(("NIB", flag(nib)));
-    d.push(("RD3", flag(reads >= 3)));
-    d.push(("RD4", flag(reads >= 4)));
+    d.push(("HEAD1", flag(w.head1)));
+    d.push(("QSUM", flag(w.sums.summed())));
+    d.push(("NIB", flag(w.sums == BlockSums::Nibbles)));
+    d.push(("RD3", flag(w.reads >= 3)));
+    d.push(("RD4", flag(w.reads >= 4)));
     d
-}
-
-/// Whether `matmul_rows.wgsl` sums a block of `dtype` as d·Σ q·x + m·Σ x (`QSUM`: Q8_0 and
-/// the 4-bit formats with one scale and offset a 32-element block and no high bits), and
-/// whether it is one of those 4-bit formats (`NIB`). The form saves work per weight element
-/// and adds some per block of X (prepared and summed); at 16 rows of X it measured no slower
-/// than the plain form on lavapipe (within that machine's noise, two runs each way round), so
-/// it is taken at every size.
-pub(crate) fn block_sums(dtype: DType) -> (bool, bool) {
-    let nib = matches!(dtype, DType::Q4_0 | DType::Q4_1 | DType::Q4_Z | DType::Q4_K);
-    (nib || dtype == DType::Q8_0, nib)
 }
 
 pub(crate) fn require_dtype(

@@ -1,12 +1,19 @@
 //! One row per element type: every fact about a format that more than one part of the crate
-//! reads (block geometry, where its scales sit, its device layout, how the native CPU backend
-//! decodes it into integers) is written once, here, as ggml's `type_traits` table does.
+//! reads (its GGUF type, block geometry, where its scales sit, its device layout, the WGSL
+//! readers' switches, how the native CPU backend decodes it into integers) is written once,
+//! here, as ggml's `type_traits` table does. A GGUF format's block geometry is read from
+//! kiln-gguf's table of ggml types (the format's owner), not written again.
 
-use crate::{DType, QK, QK_K};
+use kiln_gguf::GgmlType;
+
+use crate::{DType, QK};
 
 /// The facts of one element type.
 #[derive(Debug)]
 pub(crate) struct Format {
+    /// The ggml type a GGUF file stores it as (`None` for kiln's own formats and the index
+    /// types).
+    pub ggml: Option<GgmlType>,
     /// Elements per storage block: 1 for plain types, 32 or 256 for quantized ones.
     pub block_elems: usize,
     /// Bytes per block in the host (GGUF, or kiln's `Q4_Z`/`Q8_Z`) layout.
@@ -17,6 +24,76 @@ pub(crate) struct Format {
     pub device_words: (usize, usize),
     /// How the native CPU backend reads a block (quantized formats only).
     pub ints: Option<Ints>,
+    /// How the WGSL weight readers are specialised for it.
+    pub wgsl: Wgsl,
+}
+
+/// The switches `weights.wgsl` and `matmul_rows.wgsl` take for a format (what
+/// `ops::weight_defines` emits).
+#[derive(Debug)]
+pub(crate) struct Wgsl {
+    /// The format's own switch (`W_Q4_1`).
+    pub define: &'static str,
+    /// Decoded four elements at a time under per-group scales (`W_SUB`).
+    pub sub: bool,
+    /// `Q4_K`/`Q5_K`'s packed 6-bit scales and mins (`W_Q45_K`).
+    pub scale_mins: bool,
+    /// A zero point (`W_ZP`).
+    pub zero_point: bool,
+    /// Nibbles under a `d|m` or `d|z` head word a block (`W_Q4_DM`).
+    pub dm_word: bool,
+    /// One head word a block (`HEAD1`).
+    pub head1: bool,
+    /// How `matmul_rows.wgsl` sums a block (`QSUM`, `NIB`).
+    pub sums: BlockSums,
+    /// 16-byte reads `matmul_rows.wgsl` makes a block (`RD3`, `RD4` from three and four).
+    pub reads: usize,
+}
+
+/// Whether `matmul_rows.wgsl` sums a block as d·Σ q·x + m·Σ x (`QSUM`: `Q8_0` and the 4-bit
+/// formats with one scale and offset a 32-element block and no high bits), with its quants as
+/// nibbles (`NIB`). The form saves work per weight element and adds some per block of X; at 16
+/// rows of X it measured no slower than the plain form on lavapipe, so it is taken at every
+/// size.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum BlockSums {
+    /// Element by element.
+    Plain,
+    /// d·Σ q·x over bytes.
+    Bytes,
+    /// d·Σ q·x + m·Σ x over nibbles.
+    Nibbles,
+}
+
+impl BlockSums {
+    /// Whether a block is summed as d·Σ q·x (`QSUM`).
+    pub(crate) fn summed(self) -> bool {
+        self != BlockSums::Plain
+    }
+}
+
+impl Wgsl {
+    /// A float format's (or an index type's) switches: its own only.
+    const fn float(define: &'static str) -> Wgsl {
+        Wgsl {
+            define,
+            sub: false,
+            scale_mins: false,
+            zero_point: false,
+            dm_word: false,
+            head1: false,
+            sums: BlockSums::Plain,
+            reads: 0,
+        }
+    }
+
+    /// A quantized format's switches beside its own: none but its reads.
+    const fn quant(define: &'static str, reads: usize) -> Wgsl {
+        Wgsl {
+            reads,
+            ..Wgsl::float(define)
+        }
+    }
 }
 
 /// A block format seen by an integer dot product: each 32-element group of a block holds
@@ -36,13 +113,35 @@ pub(crate) struct Ints {
     pub scales: fn(blk: &[u8], g: usize) -> [f32; 4],
 }
 
-const fn plain(bytes: usize) -> Format {
+/// A GGUF type's row: its geometry from kiln-gguf, the WGSL readers' switches, and no scales
+/// or integer reading until the row says otherwise.
+// Only ever evaluated at compile time, for the statics below: a row whose type had no layout
+// would fail the build, never a run.
+#[expect(clippy::panic)]
+const fn ggml(t: GgmlType, wgsl: Wgsl) -> Format {
+    let Some(layout) = t.block_layout() else {
+        panic!("a GGUF type kiln loads has a known block layout");
+    };
     Format {
+        ggml: Some(t),
+        block_elems: layout.block_elems as usize,
+        block_bytes: layout.block_bytes as usize,
+        scale_offsets: &[],
+        device_words: (0, 0),
+        ints: None,
+        wgsl,
+    }
+}
+
+const fn plain(bytes: usize, wgsl: Wgsl) -> Format {
+    Format {
+        ggml: None,
         block_elems: 1,
         block_bytes: bytes,
         scale_offsets: &[],
         device_words: (0, 0),
         ints: None,
+        wgsl,
     }
 }
 
@@ -50,8 +149,11 @@ impl DType {
     /// This dtype's row of the format table.
     pub(crate) const fn format(self) -> &'static Format {
         match self {
-            DType::F32 | DType::U32 | DType::I32 => &WORD,
-            DType::F16 | DType::BF16 => &HALF,
+            DType::F32 => &F32,
+            // Index types: no weight reader takes them (the ops' dtype checks refuse them).
+            DType::U32 | DType::I32 => &WORD,
+            DType::F16 => &F16,
+            DType::BF16 => &BF16,
             DType::Q8_0 => &Q8_0,
             DType::Q4_0 => &Q4_0,
             DType::Q4_1 => &Q4_1,
@@ -68,8 +170,10 @@ impl DType {
     }
 }
 
-static WORD: Format = plain(4);
-static HALF: Format = plain(2);
+static F32: Format = ggml(GgmlType::F32, Wgsl::float("W_F32"));
+static WORD: Format = plain(4, Wgsl::float("W_F32"));
+static F16: Format = ggml(GgmlType::F16, Wgsl::float("W_F16"));
+static BF16: Format = ggml(GgmlType::BF16, Wgsl::float("W_BF16"));
 
 /// `Ints::scales` of each format, by name, so that a kernel specialised for one format calls
 /// its own directly (and inlines it). Each reads the block's f16 fields through `half` (the
@@ -209,8 +313,6 @@ fn q5_high(blk: &[u8], at: usize, q: &mut [i8; 32]) {
 }
 
 static Q8_0: Format = Format {
-    block_elems: QK,
-    block_bytes: 34,
     scale_offsets: &[0],
     device_words: (1, 8),
     ints: Some(Ints {
@@ -224,11 +326,17 @@ static Q8_0: Format = Format {
         },
         scales: |b, g| scales::q8_0(b, g, scale_at),
     }),
+    ..ggml(
+        GgmlType::Q8_0,
+        Wgsl {
+            head1: true,
+            sums: BlockSums::Bytes,
+            ..Wgsl::quant("W_Q8_0", 3)
+        },
+    )
 };
 
 static Q4_0: Format = Format {
-    block_elems: QK,
-    block_bytes: 18,
     scale_offsets: &[0],
     device_words: (1, 4),
     ints: Some(Ints {
@@ -238,11 +346,17 @@ static Q4_0: Format = Format {
         quants: |blk, _, q| nibble_quants(&blk[2..], 8, q),
         scales: |b, g| scales::q4_0(b, g, scale_at),
     }),
+    ..ggml(
+        GgmlType::Q4_0,
+        Wgsl {
+            head1: true,
+            sums: BlockSums::Nibbles,
+            ..Wgsl::quant("W_Q4_0", 2)
+        },
+    )
 };
 
 static Q4_1: Format = Format {
-    block_elems: QK,
-    block_bytes: 20,
     scale_offsets: &[0, 2],
     device_words: (2, 4),
     ints: Some(Ints {
@@ -252,11 +366,18 @@ static Q4_1: Format = Format {
         quants: |blk, _, q| nibble_quants(&blk[4..], 0, q),
         scales: |b, g| scales::q4_1(b, g, scale_at),
     }),
+    ..ggml(
+        GgmlType::Q4_1,
+        Wgsl {
+            dm_word: true,
+            head1: true,
+            sums: BlockSums::Nibbles,
+            ..Wgsl::quant("W_Q4_1", 2)
+        },
+    )
 };
 
 static Q5_0: Format = Format {
-    block_elems: QK,
-    block_bytes: 22,
     scale_offsets: &[0],
     device_words: (4, 4),
     ints: Some(Ints {
@@ -272,11 +393,16 @@ static Q5_0: Format = Format {
         },
         scales: |b, g| scales::q5_0(b, g, scale_at),
     }),
+    ..ggml(
+        GgmlType::Q5_0,
+        Wgsl {
+            sub: true,
+            ..Wgsl::quant("W_Q5_0", 2)
+        },
+    )
 };
 
 static Q5_1: Format = Format {
-    block_elems: QK,
-    block_bytes: 24,
     scale_offsets: &[0, 2],
     device_words: (4, 4),
     ints: Some(Ints {
@@ -289,10 +415,18 @@ static Q5_1: Format = Format {
         },
         scales: |b, g| scales::q5_1(b, g, scale_at),
     }),
+    ..ggml(
+        GgmlType::Q5_1,
+        Wgsl {
+            sub: true,
+            ..Wgsl::quant("W_Q5_1", 2)
+        },
+    )
 };
 
 /// value = (q − z)·d = d·q − z·d.
 static Q4_Z: Format = Format {
+    ggml: None,
     block_elems: QK,
     block_bytes: 20,
     scale_offsets: &[0, 2],
@@ -304,10 +438,19 @@ static Q4_Z: Format = Format {
         quants: |blk, _, q| nibble_quants(&blk[4..], 0, q),
         scales: |b, g| scales::q4_z(b, g, scale_at),
     }),
+    wgsl: Wgsl {
+        sub: true,
+        zero_point: true,
+        dm_word: true,
+        head1: true,
+        sums: BlockSums::Nibbles,
+        ..Wgsl::quant("W_Q4_Z", 2)
+    },
 };
 
 /// value = (q − z)·d = d·(q − 128) + (128 − z)·d, so that the quants fit an `i8`.
 static Q8_Z: Format = Format {
+    ggml: None,
     block_elems: QK,
     block_bytes: 36,
     scale_offsets: &[0, 2],
@@ -323,6 +466,12 @@ static Q8_Z: Format = Format {
         },
         scales: |b, g| scales::q8_z(b, g, scale_at),
     }),
+    wgsl: Wgsl {
+        sub: true,
+        zero_point: true,
+        head1: true,
+        ..Wgsl::quant("W_Q8_Z", 3)
+    },
 };
 
 /// 2-bit field of element l of group g in a K-quant's 64 bytes of 2-bit quants.
@@ -331,8 +480,6 @@ fn two_bits(qs: &[u8], g: usize, l: usize) -> i8 {
 }
 
 static Q2_K: Format = Format {
-    block_elems: QK_K,
-    block_bytes: 84,
     scale_offsets: &[80, 82],
     device_words: (2, 20),
     ints: Some(Ints {
@@ -346,11 +493,16 @@ static Q2_K: Format = Format {
         },
         scales: |b, g| scales::q2_k(b, g, scale_at),
     }),
+    ..ggml(
+        GgmlType::Q2_K,
+        Wgsl {
+            sub: true,
+            ..Wgsl::quant("W_Q2_K", 3)
+        },
+    )
 };
 
 static Q3_K: Format = Format {
-    block_elems: QK_K,
-    block_bytes: 110,
     scale_offsets: &[108],
     device_words: (8, 24),
     ints: Some(Ints {
@@ -365,6 +517,13 @@ static Q3_K: Format = Format {
         },
         scales: |b, g| scales::q3_k(b, g, scale_at),
     }),
+    ..ggml(
+        GgmlType::Q3_K,
+        Wgsl {
+            sub: true,
+            ..Wgsl::quant("W_Q3_K", 3)
+        },
+    )
 };
 
 /// Nibble of element l of group g in a K-quant's 128 bytes of nibbles.
@@ -373,8 +532,6 @@ fn k_nibble(qs: &[u8], g: usize, l: usize) -> i8 {
 }
 
 static Q4_K: Format = Format {
-    block_elems: QK_K,
-    block_bytes: 144,
     scale_offsets: &[0, 2],
     device_words: (8, 32),
     ints: Some(Ints {
@@ -388,11 +545,18 @@ static Q4_K: Format = Format {
         },
         scales: |b, g| scales::q4_k(b, g, scale_at),
     }),
+    ..ggml(
+        GgmlType::Q4_K,
+        Wgsl {
+            sub: true,
+            scale_mins: true,
+            sums: BlockSums::Nibbles,
+            ..Wgsl::quant("W_Q4_K", 2)
+        },
+    )
 };
 
 static Q5_K: Format = Format {
-    block_elems: QK_K,
-    block_bytes: 176,
     scale_offsets: &[0, 2],
     device_words: (8, 40),
     ints: Some(Ints {
@@ -406,11 +570,17 @@ static Q5_K: Format = Format {
         },
         scales: |b, g| scales::q5_k(b, g, scale_at),
     }),
+    ..ggml(
+        GgmlType::Q5_K,
+        Wgsl {
+            sub: true,
+            scale_mins: true,
+            ..Wgsl::quant("W_Q5_K", 3)
+        },
+    )
 };
 
 static Q6_K: Format = Format {
-    block_elems: QK_K,
-    block_bytes: 210,
     scale_offsets: &[208],
     device_words: (1, 52),
     ints: Some(Ints {
@@ -427,6 +597,13 @@ static Q6_K: Format = Format {
         },
         scales: |b, g| scales::q6_k(b, g, scale_at),
     }),
+    ..ggml(
+        GgmlType::Q6_K,
+        Wgsl {
+            sub: true,
+            ..Wgsl::quant("W_Q6_K", 4)
+        },
+    )
 };
 
 /// The values of group `g` of a block as [`Ints`] describes them (a·q + b in f32), for tests
@@ -448,6 +625,33 @@ mod tests {
     use super::super::dequantize_block;
     use super::*;
     use rand::{Rng, SeedableRng};
+
+    /// Each GGUF type kiln loads names one dtype, whose sizes are ggml's, as kiln-gguf gives
+    /// them for a tensor; kiln's own formats are no GGUF type.
+    #[test]
+    fn gguf_types_map_to_their_rows() {
+        let mut seen = Vec::new();
+        for &d in DType::WEIGHTS {
+            let Some(t) = d.format().ggml else {
+                assert!(matches!(d, DType::Q4_Z | DType::Q8_Z), "{d:?}");
+                continue;
+            };
+            assert_eq!(DType::of_ggml(t), Some(d), "{t}");
+            let n = 4 * 256;
+            assert_eq!(
+                t.byte_size(n as u64),
+                d.bytes_for(n).map(|b| b as u64),
+                "{t}"
+            );
+            seen.push(t.name().unwrap_or_default());
+        }
+        let want = [
+            "F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K",
+            "Q5_K", "Q6_K",
+        ];
+        assert_eq!(seen, want);
+        assert_eq!(DType::of_ggml(GgmlType::Q8_1), None, "no kernel reads Q8_1");
+    }
 
     /// Random blocks whose f16 scales are finite and small.
     fn random_block(dtype: DType, rng: &mut impl Rng) -> Vec<u8> {

@@ -30,7 +30,7 @@ mod layout;
 
 use half::f16;
 
-pub(crate) use format::{Format, Ints, scales};
+pub(crate) use format::{BlockSums, Format, Ints, scales};
 pub(crate) use layout::{device_block_bytes, device_layout, from_device, to_device};
 
 use crate::{DType, QK, Result, TensorError};
