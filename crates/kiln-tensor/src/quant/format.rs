@@ -6,6 +6,7 @@
 
 use kiln_gguf::GgmlType;
 
+use super::layout::{Arr, Piece, k_bit, k_two_bit, k4_nibble, q6_low};
 use crate::{DType, QK};
 
 /// The facts of one element type.
@@ -22,6 +23,8 @@ pub(crate) struct Format {
     pub scale_offsets: &'static [usize],
     /// Device layout: head words per pair of blocks, quant words per block.
     pub device_words: (usize, usize),
+    /// Where a block's GGUF bytes go on the device (`layout::to_device`, and back).
+    pub pieces: &'static [Piece],
     /// How the native CPU backend reads a block (quantized formats only).
     pub ints: Option<Ints>,
     /// How the WGSL weight readers are specialised for it.
@@ -128,6 +131,7 @@ const fn ggml(t: GgmlType, wgsl: Wgsl) -> Format {
         block_bytes: layout.block_bytes as usize,
         scale_offsets: &[],
         device_words: (0, 0),
+        pieces: &[],
         ints: None,
         wgsl,
     }
@@ -140,6 +144,7 @@ const fn plain(bytes: usize, wgsl: Wgsl) -> Format {
         block_bytes: bytes,
         scale_offsets: &[],
         device_words: (0, 0),
+        pieces: &[],
         ints: None,
         wgsl,
     }
@@ -291,6 +296,33 @@ fn scale_at(b: &[u8], at: usize) -> f32 {
     f32::from_bits(mag.to_bits() | ((h & 0x8000) << 16))
 }
 
+/// GGUF bytes `host` into a block's head, `dev` bytes in.
+const fn head(host: std::ops::Range<usize>, dev: usize) -> Piece {
+    Piece::Head { host, dev }
+}
+
+/// GGUF bytes `host` into a block's quants, `dev` bytes in.
+const fn quants(host: std::ops::Range<usize>, dev: usize) -> Piece {
+    Piece::Quants { host, dev }
+}
+
+/// A K-quant field regrouped by sub-block (see [`Piece::Field`]).
+const fn field(
+    host: std::ops::Range<usize>,
+    bits: super::layout::FieldAt,
+    mask: u8,
+    arr: Arr,
+    dev: usize,
+) -> Piece {
+    Piece::Field {
+        host,
+        bits,
+        mask,
+        arr,
+        dev,
+    }
+}
+
 /// Same (a, b) for both halves.
 fn both(a: f32, b: f32) -> [f32; 4] {
     [a, a, b, b]
@@ -315,6 +347,7 @@ fn q5_high(blk: &[u8], at: usize, q: &mut [i8; 32]) {
 static Q8_0: Format = Format {
     scale_offsets: &[0],
     device_words: (1, 8),
+    pieces: &[head(0..2, 0), quants(2..34, 0)],
     ints: Some(Ints {
         span: 32,
         offset: false,
@@ -339,6 +372,7 @@ static Q8_0: Format = Format {
 static Q4_0: Format = Format {
     scale_offsets: &[0],
     device_words: (1, 4),
+    pieces: &[head(0..2, 0), quants(2..18, 0)],
     ints: Some(Ints {
         span: 32,
         offset: false,
@@ -359,6 +393,7 @@ static Q4_0: Format = Format {
 static Q4_1: Format = Format {
     scale_offsets: &[0, 2],
     device_words: (2, 4),
+    pieces: &[head(0..4, 0), quants(4..20, 0)],
     ints: Some(Ints {
         span: 32,
         offset: true,
@@ -380,6 +415,7 @@ static Q4_1: Format = Format {
 static Q5_0: Format = Format {
     scale_offsets: &[0],
     device_words: (4, 4),
+    pieces: &[head(0..2, 0), head(2..6, 4), quants(6..22, 0)],
     ints: Some(Ints {
         span: 32,
         offset: false,
@@ -405,6 +441,7 @@ static Q5_0: Format = Format {
 static Q5_1: Format = Format {
     scale_offsets: &[0, 2],
     device_words: (4, 4),
+    pieces: &[head(0..8, 0), quants(8..24, 0)],
     ints: Some(Ints {
         span: 32,
         offset: true,
@@ -431,6 +468,7 @@ static Q4_Z: Format = Format {
     block_bytes: 20,
     scale_offsets: &[0, 2],
     device_words: (2, 4),
+    pieces: &[head(0..4, 0), quants(4..20, 0)],
     ints: Some(Ints {
         span: 32,
         offset: true,
@@ -455,6 +493,7 @@ static Q8_Z: Format = Format {
     block_bytes: 36,
     scale_offsets: &[0, 2],
     device_words: (2, 8),
+    pieces: &[head(0..4, 0), quants(4..36, 0)],
     ints: Some(Ints {
         span: 32,
         offset: true,
@@ -482,6 +521,11 @@ fn two_bits(qs: &[u8], g: usize, l: usize) -> i8 {
 static Q2_K: Format = Format {
     scale_offsets: &[80, 82],
     device_words: (2, 20),
+    pieces: &[
+        head(80..84, 0),
+        quants(0..16, 0),
+        field(16..80, k_two_bit, 3, Arr::TwoBits, 16),
+    ],
     ints: Some(Ints {
         span: 16,
         offset: true,
@@ -505,6 +549,11 @@ static Q2_K: Format = Format {
 static Q3_K: Format = Format {
     scale_offsets: &[108],
     device_words: (8, 24),
+    pieces: &[
+        head(96..110, 0),
+        field(0..32, k_bit, 1, Arr::Bits, 0),
+        field(32..96, k_two_bit, 3, Arr::TwoBits, 32),
+    ],
     ints: Some(Ints {
         span: 16,
         offset: false,
@@ -534,6 +583,10 @@ fn k_nibble(qs: &[u8], g: usize, l: usize) -> i8 {
 static Q4_K: Format = Format {
     scale_offsets: &[0, 2],
     device_words: (8, 32),
+    pieces: &[
+        head(0..16, 0),
+        field(16..144, k4_nibble, 15, Arr::Nibbles, 0),
+    ],
     ints: Some(Ints {
         span: 32,
         offset: true,
@@ -559,6 +612,11 @@ static Q4_K: Format = Format {
 static Q5_K: Format = Format {
     scale_offsets: &[0, 2],
     device_words: (8, 40),
+    pieces: &[
+        head(0..16, 0),
+        field(16..48, k_bit, 1, Arr::Bits, 0),
+        field(48..176, k4_nibble, 15, Arr::Nibbles, 32),
+    ],
     ints: Some(Ints {
         span: 32,
         offset: true,
@@ -583,6 +641,12 @@ static Q5_K: Format = Format {
 static Q6_K: Format = Format {
     scale_offsets: &[208],
     device_words: (1, 52),
+    pieces: &[
+        head(208..210, 0),
+        quants(192..208, 0),
+        field(0..128, q6_low, 15, Arr::Nibbles, 16),
+        field(128..192, k_two_bit, 3, Arr::TwoBits, 144),
+    ],
     ints: Some(Ints {
         span: 16,
         offset: false,

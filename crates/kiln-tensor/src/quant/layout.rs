@@ -26,6 +26,11 @@
 //! f16 `d` to a word (2 bytes a block): a kernel then reads a block's whole head in one 16-byte
 //! read (measured on lavapipe: Q5_0 with `d0|d1, qh0, qh1` heads, which straddle 16-byte
 //! boundaries, ran at 0.6× the speed of Q5_1).
+//!
+//! Each format's row of the format table lists its [`Piece`]s (what this table shows, as
+//! data); `to_device` and `from_device` walk them.
+
+use std::ops::Range;
 
 use crate::DType;
 
@@ -114,7 +119,7 @@ fn get_bits(b: &[u8], v: &mut [u8; 32]) {
 }
 
 /// Where element (sub-block s, index l) of a GGUF K-quant field is: (byte, shift).
-type FieldAt = fn(usize, usize) -> (usize, u32);
+pub(crate) type FieldAt = fn(usize, usize) -> (usize, u32);
 
 /// Gather one field of sub-block `s` from GGUF bytes `src`.
 fn gather(src: &[u8], s: usize, at: FieldAt, mask: u8) -> [u8; 32] {
@@ -134,48 +139,25 @@ fn scatter(dst: &mut [u8], s: usize, at: FieldAt, v: &[u8; 32]) {
 }
 
 // Where the GGUF formats keep each field (offsets within the field's own array).
-fn k4_nibble(s: usize, l: usize) -> (usize, u32) {
+pub(crate) fn k4_nibble(s: usize, l: usize) -> (usize, u32) {
     (32 * (s / 2) + l, 4 * (s % 2) as u32)
 }
-fn k_bit(s: usize, l: usize) -> (usize, u32) {
+pub(crate) fn k_bit(s: usize, l: usize) -> (usize, u32) {
     (l, s as u32)
 }
-fn k_two_bit(s: usize, l: usize) -> (usize, u32) {
+pub(crate) fn k_two_bit(s: usize, l: usize) -> (usize, u32) {
     (32 * (s / 4) + l, 2 * (s % 4) as u32)
 }
-fn q6_low(s: usize, l: usize) -> (usize, u32) {
+pub(crate) fn q6_low(s: usize, l: usize) -> (usize, u32) {
     (64 * (s / 4) + 32 * (s % 2) + l, 4 * ((s % 4) / 2) as u32)
 }
 
 /// How the device arranges one field of a 32-element sub-block.
-#[derive(Clone, Copy)]
-enum Arr {
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Arr {
     Nibbles,
     TwoBits,
     Bits,
-}
-/// A K-quant field: (its GGUF byte range, where an element's bits are in it, their mask, the
-/// device arrangement, the device byte offset of sub-block 0 within the block's quants).
-type Field = (std::ops::Range<usize>, FieldAt, u8, Arr, usize);
-
-fn k_fields(dtype: DType) -> Vec<Field> {
-    match dtype {
-        DType::Q2_K => vec![(16..80, k_two_bit, 3, Arr::TwoBits, 16)],
-        DType::Q3_K => vec![
-            (0..32, k_bit, 1, Arr::Bits, 0),
-            (32..96, k_two_bit, 3, Arr::TwoBits, 32),
-        ],
-        DType::Q4_K => vec![(16..144, k4_nibble, 15, Arr::Nibbles, 0)],
-        DType::Q5_K => vec![
-            (16..48, k_bit, 1, Arr::Bits, 0),
-            (48..176, k4_nibble, 15, Arr::Nibbles, 32),
-        ],
-        DType::Q6_K => vec![
-            (0..128, q6_low, 15, Arr::Nibbles, 16),
-            (128..192, k_two_bit, 3, Arr::TwoBits, 144),
-        ],
-        _ => Vec::new(),
-    }
 }
 
 impl Arr {
@@ -186,70 +168,81 @@ impl Arr {
             Arr::Bits => 4,
         }
     }
+
+    fn put(self, v: &[u8; 32], out: &mut [u8]) {
+        match self {
+            Arr::Nibbles => put_nibbles(v, out),
+            Arr::TwoBits => put_two_bits(v, out),
+            Arr::Bits => put_bits(v, out),
+        }
+    }
+
+    fn get(self, b: &[u8], v: &mut [u8; 32]) {
+        match self {
+            Arr::Nibbles => get_nibbles(b, v),
+            Arr::TwoBits => get_two_bits(b, v),
+            Arr::Bits => get_bits(b, v),
+        }
+    }
 }
 
-/// Bytes copied verbatim: (GGUF range, head byte offset or quants byte offset, in head?).
-fn k_verbatim(dtype: DType) -> Vec<(std::ops::Range<usize>, usize, bool)> {
-    match dtype {
-        DType::Q2_K => vec![(80..84, 0, true), (0..16, 0, false)],
-        DType::Q3_K => vec![(96..110, 0, true)],
-        DType::Q4_K => vec![(0..16, 0, true)],
-        DType::Q5_K => vec![(0..16, 0, true)],
-        DType::Q6_K => vec![(192..208, 0, false)],
-        _ => Vec::new(),
+/// One part of a block's device arrangement (a format's row lists them: `Format::pieces`).
+#[derive(Debug)]
+pub(crate) enum Piece {
+    /// GGUF bytes copied as they are into the block's head, `dev` bytes in (where two blocks
+    /// share head words, the odd block's 2 bytes further).
+    Head { host: Range<usize>, dev: usize },
+    /// GGUF bytes copied as they are into the block's quants, `dev` bytes in.
+    Quants { host: Range<usize>, dev: usize },
+    /// A K-quant field regrouped by 32-element sub-block: its GGUF bytes, where element l of
+    /// sub-block s sits in them (`bits`), its mask, the device arrangement, and where
+    /// sub-block 0 starts in the block's quants (`dev`).
+    Field {
+        host: Range<usize>,
+        bits: FieldAt,
+        mask: u8,
+        arr: Arr,
+        dev: usize,
+    },
+}
+
+/// The device byte where piece `p` of block `i` starts.
+fn place(dtype: DType, layout: &DeviceQuantLayout, i: usize, p: &Piece) -> usize {
+    let (h2, qw) = geometry(dtype);
+    let quants = layout.qs_offset * 4 + i * qw * 4;
+    match p {
+        Piece::Head { dev, .. } => {
+            let shared = if h2 % 2 == 1 { 2 * (i % 2) } else { 0 };
+            head_at(dtype, i) + shared + dev
+        }
+        Piece::Quants { dev, .. } | Piece::Field { dev, .. } => quants + dev,
     }
 }
 
 /// Host (GGUF) blocks → device words. `raw.len()` is a whole number of blocks.
 pub(crate) fn to_device(dtype: DType, raw: &[u8]) -> Vec<u32> {
     let bb = dtype.block_bytes();
-    let nb = raw.len() / bb;
-    let layout = device_layout(dtype, nb);
-    let (_, qw) = geometry(dtype);
+    let layout = device_layout(dtype, raw.len() / bb);
     let mut words = vec![0u32; layout.words];
     let w: &mut [u8] = bytemuck::cast_slice_mut(&mut words);
-    let qs0 = layout.qs_offset * 4;
     for (i, blk) in raw.chunks_exact(bb).enumerate() {
-        let h = head_at(dtype, i);
-        let q = qs0 + i * qw * 4;
-        let half = 2 * (i % 2);
-        match dtype {
-            DType::Q8_0 | DType::Q4_0 | DType::Q6_K => {
-                let d = if dtype == DType::Q6_K { 208 } else { 0 };
-                w[h + half..h + half + 2].copy_from_slice(&blk[d..d + 2]);
-                if dtype != DType::Q6_K {
-                    w[q..q + bb - 2].copy_from_slice(&blk[2..]);
+        for p in dtype.format().pieces {
+            let o = place(dtype, &layout, i, p);
+            match p {
+                Piece::Head { host, .. } | Piece::Quants { host, .. } => {
+                    w[o..o + host.len()].copy_from_slice(&blk[host.clone()]);
                 }
-            }
-            // The whole head (one or two words), then the quants verbatim.
-            DType::Q4_1 | DType::Q5_1 | DType::Q4_Z | DType::Q8_Z => {
-                let hb = bb - qw * 4;
-                w[h..h + hb].copy_from_slice(&blk[..hb]);
-                w[q..q + qw * 4].copy_from_slice(&blk[hb..]);
-            }
-            DType::Q5_0 => {
-                w[h..h + 2].copy_from_slice(&blk[0..2]);
-                w[h + 4..h + 8].copy_from_slice(&blk[2..6]);
-                w[q..q + 16].copy_from_slice(&blk[6..22]);
-            }
-            _ => {}
-        }
-        if dtype.is_k_quant() {
-            for (range, at_dev, in_head) in k_verbatim(dtype) {
-                let base = if in_head { h } else { q };
-                let n = range.len();
-                w[base + at_dev..base + at_dev + n].copy_from_slice(&blk[range]);
-            }
-            for (range, at, mask, arr, dev0) in k_fields(dtype) {
-                let src = &blk[range];
-                for s in 0..8 {
-                    let v = gather(src, s, at, mask);
-                    let o = q + dev0 + s * arr.bytes();
-                    let out = &mut w[o..o + arr.bytes()];
-                    match arr {
-                        Arr::Nibbles => put_nibbles(&v, out),
-                        Arr::TwoBits => put_two_bits(&v, out),
-                        Arr::Bits => put_bits(&v, out),
+                Piece::Field {
+                    host,
+                    bits,
+                    mask,
+                    arr,
+                    ..
+                } => {
+                    for s in 0..8 {
+                        let at = o + s * arr.bytes();
+                        let v = gather(&blk[host.clone()], s, *bits, *mask);
+                        arr.put(&v, &mut w[at..at + arr.bytes()]);
                     }
                 }
             }
@@ -262,51 +255,23 @@ pub(crate) fn to_device(dtype: DType, raw: &[u8]) -> Vec<u32> {
 pub(crate) fn from_device(dtype: DType, dev: &[u8], n_blocks: usize) -> Vec<u8> {
     let bb = dtype.block_bytes();
     let layout = device_layout(dtype, n_blocks);
-    let (_, qw) = geometry(dtype);
-    let qs0 = layout.qs_offset * 4;
     let mut out = vec![0u8; n_blocks * bb];
     for (i, blk) in out.chunks_exact_mut(bb).enumerate() {
-        let h = head_at(dtype, i);
-        let q = qs0 + i * qw * 4;
-        let half = 2 * (i % 2);
-        match dtype {
-            DType::Q8_0 | DType::Q4_0 | DType::Q6_K => {
-                let d = if dtype == DType::Q6_K { 208 } else { 0 };
-                blk[d..d + 2].copy_from_slice(&dev[h + half..h + half + 2]);
-                if dtype != DType::Q6_K {
-                    blk[2..].copy_from_slice(&dev[q..q + bb - 2]);
+        for p in dtype.format().pieces {
+            let o = place(dtype, &layout, i, p);
+            match p {
+                Piece::Head { host, .. } | Piece::Quants { host, .. } => {
+                    blk[host.clone()].copy_from_slice(&dev[o..o + host.len()]);
                 }
-            }
-            DType::Q4_1 | DType::Q5_1 | DType::Q4_Z | DType::Q8_Z => {
-                let hb = bb - qw * 4;
-                blk[..hb].copy_from_slice(&dev[h..h + hb]);
-                blk[hb..].copy_from_slice(&dev[q..q + qw * 4]);
-            }
-            DType::Q5_0 => {
-                blk[0..2].copy_from_slice(&dev[h..h + 2]);
-                blk[2..6].copy_from_slice(&dev[h + 4..h + 8]);
-                blk[6..22].copy_from_slice(&dev[q..q + 16]);
-            }
-            _ => {}
-        }
-        if dtype.is_k_quant() {
-            for (range, at_dev, in_head) in k_verbatim(dtype) {
-                let base = if in_head { h } else { q };
-                let n = range.len();
-                blk[range].copy_from_slice(&dev[base + at_dev..base + at_dev + n]);
-            }
-            for (range, at, _, arr, dev0) in k_fields(dtype) {
-                let dst = &mut blk[range];
-                for s in 0..8 {
-                    let o = q + dev0 + s * arr.bytes();
-                    let src = &dev[o..o + arr.bytes()];
-                    let mut v = [0u8; 32];
-                    match arr {
-                        Arr::Nibbles => get_nibbles(src, &mut v),
-                        Arr::TwoBits => get_two_bits(src, &mut v),
-                        Arr::Bits => get_bits(src, &mut v),
+                Piece::Field {
+                    host, bits, arr, ..
+                } => {
+                    for s in 0..8 {
+                        let at = o + s * arr.bytes();
+                        let mut v = [0u8; 32];
+                        arr.get(&dev[at..at + arr.bytes()], &mut v);
+                        scatter(&mut blk[host.clone()], s, *bits, &v);
                     }
-                    scatter(dst, s, at, &v);
                 }
             }
         }
