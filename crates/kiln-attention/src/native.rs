@@ -96,45 +96,52 @@ struct Scratch {
     at: Vec<usize>,
 }
 
-/// The partials of every head sharing `span`'s KV head (`group` of them), into `out`
-/// (`group` partials): each key and value row is read from memory once for all of them.
-#[allow(clippy::too_many_arguments)]
-fn span_partials<E: PoolElem>(
-    cpu: &CpuContext,
-    q: &[f32],
-    kp: &[E],
-    vp: &[E],
-    batch: &AttnBatch,
-    cfg: &KvCacheConfig,
-    attn: &AttnConfig,
-    span: Span,
-    scratch: &mut Scratch,
-    out: &mut [f32],
-) {
-    let (bs, kvh, d, heads) = (cfg.block_size, cfg.kv_heads, cfg.head_dim, attn.heads);
-    let group = heads / kvh;
-    let table = &batch.tables[batch.info[2 * span.token] as usize..];
-    let Scratch { scores, at } = scratch;
-    slots(table, bs, kvh * d, span.lo, span.hi, at);
-    // Where this KV head's row starts in each position's slot.
-    at.iter_mut().for_each(|a| *a += span.kv_head * d);
-    scores.resize(at.len(), 0.0);
-    let q0 = (span.token * heads + span.kv_head * group) * d;
-    for (qrow, p) in q[q0..q0 + group * d]
-        .chunks_exact(d)
-        .zip(out.chunks_exact_mut(partial_len(d)))
-    {
-        E::dots(cpu, qrow, kp, at, scores);
-        let mut max = f32::NEG_INFINITY;
-        for v in scores.iter_mut() {
-            *v *= attn.scale;
-            max = max.max(*v);
+/// A call of paged attention, but for the layer's pools: the queries, the step's block
+/// tables and positions, the cache's shape and the attention's.
+pub(crate) struct Attend<'a> {
+    pub cpu: &'a CpuContext,
+    pub q: &'a [f32],
+    pub batch: &'a AttnBatch,
+    pub cfg: &'a KvCacheConfig,
+    pub attn: &'a AttnConfig,
+}
+
+impl Attend<'_> {
+    /// The partials of every head sharing `span`'s KV head (`group` of them), into `out`
+    /// (`group` partials): each key and value row is read from memory once for all of them.
+    fn span_partials<E: PoolElem>(
+        &self,
+        [kp, vp]: [&[E]; 2],
+        span: Span,
+        scratch: &mut Scratch,
+        out: &mut [f32],
+    ) {
+        let (cpu, batch, cfg, attn) = (self.cpu, self.batch, self.cfg, self.attn);
+        let (bs, kvh, d, heads) = (cfg.block_size, cfg.kv_heads, cfg.head_dim, attn.heads);
+        let group = heads / kvh;
+        let table = &batch.tables[batch.info[2 * span.token] as usize..];
+        let Scratch { scores, at } = scratch;
+        slots(table, bs, kvh * d, span.lo, span.hi, at);
+        // Where this KV head's row starts in each position's slot.
+        at.iter_mut().for_each(|a| *a += span.kv_head * d);
+        scores.resize(at.len(), 0.0);
+        let q0 = (span.token * heads + span.kv_head * group) * d;
+        for (qrow, p) in self.q[q0..q0 + group * d]
+            .chunks_exact(d)
+            .zip(out.chunks_exact_mut(partial_len(d)))
+        {
+            E::dots(cpu, qrow, kp, at, scores);
+            let mut max = f32::NEG_INFINITY;
+            for v in scores.iter_mut() {
+                *v *= attn.scale;
+                max = max.max(*v);
+            }
+            let sum = cpu.exps(scores, max);
+            let (head, o) = p.split_at_mut(2);
+            head.copy_from_slice(&[max, sum]);
+            o.fill(0.0);
+            E::axpys(cpu, scores, vp, at, o);
         }
-        let sum = cpu.exps(scores, max);
-        let (head, o) = p.split_at_mut(2);
-        head.copy_from_slice(&[max, sum]);
-        o.fill(0.0);
-        E::axpys(cpu, scores, vp, at, o);
     }
 }
 
@@ -161,62 +168,57 @@ fn combine(partials: &[f32], group: usize, d: usize, out: &mut [f32]) {
     }
 }
 
-/// `reference::paged_attention_host`'s result, computed on `cpu`'s threads.
-pub(crate) fn paged_attention_native<E: PoolElem>(
-    cpu: &CpuContext,
-    q: &[f32],
-    kp: &[E],
-    vp: &[E],
-    batch: &AttnBatch,
-    cfg: &KvCacheConfig,
-    attn: &AttnConfig,
-) -> Vec<f32> {
-    let (kvh, d, heads) = (cfg.kv_heads, cfg.head_dim, attn.heads);
-    let group = heads / kvh;
-    let per_span = group * partial_len(d);
-    let mut out = vec![0f32; q.len()];
-    let tokens = q.len() / (heads * d);
-    let partials = |span: Span, s: &mut Scratch, p: &mut [f32]| {
-        span_partials(cpu, q, kp, vp, batch, cfg, attn, span, s, p)
-    };
-    if tokens * kvh >= 4 * cpu.threads() {
-        // Enough (token, KV head) pairs to share: a task a pair, its spans in turn.
-        cpu.install(|| {
-            out.par_chunks_mut(group * d).enumerate().for_each_init(
-                <(Scratch, Vec<Span>, Vec<f32>)>::default,
-                |(s, spans, ps), (idx, o)| {
-                    spans.clear();
-                    spans_of(batch, attn, idx / kvh, idx % kvh, spans);
-                    ps.resize(spans.len() * per_span, 0.0);
-                    for (&span, p) in spans.iter().zip(ps.chunks_exact_mut(per_span)) {
-                        partials(span, s, p);
-                    }
-                    combine(ps, group, d, o);
-                },
-            );
-        });
-        return out;
-    }
-    // Few pairs (a decode step): a task a span, so that every thread has work; then each
-    // pair's spans combined.
-    let mut spans = Vec::new();
-    let mut ends = Vec::with_capacity(tokens * kvh);
-    for t in 0..tokens {
-        for g in 0..kvh {
-            spans_of(batch, attn, t, g, &mut spans);
-            ends.push(spans.len());
+impl Attend<'_> {
+    /// `reference::paged_attention_host`'s result over pools `kp` and `vp`, computed on the
+    /// native backend's threads.
+    pub(crate) fn attention<E: PoolElem>(&self, kp: &[E], vp: &[E]) -> Vec<f32> {
+        let (cpu, q, batch, attn) = (self.cpu, self.q, self.batch, self.attn);
+        let (kvh, d, heads) = (self.cfg.kv_heads, self.cfg.head_dim, attn.heads);
+        let group = heads / kvh;
+        let per_span = group * partial_len(d);
+        let mut out = vec![0f32; q.len()];
+        let tokens = q.len() / (heads * d);
+        let partials =
+            |span: Span, s: &mut Scratch, p: &mut [f32]| self.span_partials([kp, vp], span, s, p);
+        if tokens * kvh >= 4 * cpu.threads() {
+            // Enough (token, KV head) pairs to share: a task a pair, its spans in turn.
+            cpu.install(|| {
+                out.par_chunks_mut(group * d).enumerate().for_each_init(
+                    <(Scratch, Vec<Span>, Vec<f32>)>::default,
+                    |(s, spans, ps), (idx, o)| {
+                        spans.clear();
+                        spans_of(batch, attn, idx / kvh, idx % kvh, spans);
+                        ps.resize(spans.len() * per_span, 0.0);
+                        for (&span, p) in spans.iter().zip(ps.chunks_exact_mut(per_span)) {
+                            partials(span, s, p);
+                        }
+                        combine(ps, group, d, o);
+                    },
+                );
+            });
+            return out;
         }
+        // Few pairs (a decode step): a task a span, so that every thread has work; then each
+        // pair's spans combined.
+        let mut spans = Vec::new();
+        let mut ends = Vec::with_capacity(tokens * kvh);
+        for t in 0..tokens {
+            for g in 0..kvh {
+                spans_of(batch, attn, t, g, &mut spans);
+                ends.push(spans.len());
+            }
+        }
+        let mut ps = vec![0f32; spans.len() * per_span];
+        cpu.install(|| {
+            ps.par_chunks_mut(per_span)
+                .zip(&spans)
+                .for_each_init(Scratch::default, |s, (p, &span)| partials(span, s, p));
+        });
+        let mut from = 0;
+        for (o, &to) in out.chunks_exact_mut(group * d).zip(&ends) {
+            combine(&ps[from * per_span..to * per_span], group, d, o);
+            from = to;
+        }
+        out
     }
-    let mut ps = vec![0f32; spans.len() * per_span];
-    cpu.install(|| {
-        ps.par_chunks_mut(per_span)
-            .zip(&spans)
-            .for_each_init(Scratch::default, |s, (p, &span)| partials(span, s, p));
-    });
-    let mut from = 0;
-    for (o, &to) in out.chunks_exact_mut(group * d).zip(&ends) {
-        combine(&ps[from * per_span..to * per_span], group, d, o);
-        from = to;
-    }
-    out
 }

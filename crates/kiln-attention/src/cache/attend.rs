@@ -199,13 +199,20 @@ impl KvCache {
             Store::Cpu(layers) => {
                 let qs = q.to_f32_vec()?;
                 let cfg = &self.cfg;
-                use crate::native::paged_attention_native as native;
                 let out = match (&self.device, &layers[layer]) {
-                    (Device::Cpu(cpu), [HostPool::F16(k), HostPool::F16(v)]) => {
-                        native(cpu, &qs, &k[..], &v[..], batch, cfg, attn)
-                    }
-                    (Device::Cpu(cpu), [HostPool::F32(k), HostPool::F32(v)]) => {
-                        native(cpu, &qs, &k[..], &v[..], batch, cfg, attn)
+                    (Device::Cpu(cpu), pools) => {
+                        let call = crate::native::Attend {
+                            cpu,
+                            q: &qs,
+                            batch,
+                            cfg,
+                            attn,
+                        };
+                        match pools {
+                            [HostPool::F16(k), HostPool::F16(v)] => call.attention(k, v),
+                            [HostPool::F32(k), HostPool::F32(v)] => call.attention(k, v),
+                            _ => return invalid("the host pools do not match the device".into()),
+                        }
                     }
                     (_, [HostPool::F32(k), HostPool::F32(v)]) => {
                         reference::paged_attention_host(&qs, k, v, batch, cfg, attn)
