@@ -98,7 +98,7 @@ impl GgmlType {
 
     /// Storage layout, for the types whose size this crate computes: the scalar types and the
     /// classic and k-quant block types. `None` for the others (importance-matrix quants etc.).
-    pub const fn block_layout(self) -> Option<BlockLayout> {
+    pub fn block_layout(self) -> Option<BlockLayout> {
         let (block_elems, block_bytes) = match self.0 {
             0 => (1, 4),
             1 | 30 => (1, 2),

@@ -157,7 +157,7 @@ impl GgufSource {
             .file
             .tensors()
             .iter()
-            .find(|t| DType::of_ggml(t.ggml_type).is_none())
+            .find(|t| DType::of_ggml(t.ggml_type.0).is_none())
         {
             Some(t) => Err(ModelError::Tensor {
                 file: self.describe().into(),
@@ -173,7 +173,7 @@ impl GgufSource {
 fn unsupported(t: GgmlType) -> String {
     let loadable: Vec<&str> = (0..64)
         .map(GgmlType)
-        .filter(|&t| DType::of_ggml(t).is_some())
+        .filter(|&t| DType::of_ggml(t.0).is_some())
         .filter_map(GgmlType::name)
         .collect();
     format!("type {t} is not supported ({})", loadable.join(", "))
@@ -207,7 +207,7 @@ impl WeightSource for GgufSource {
             )));
         }
         let dtype =
-            DType::of_ggml(info.ggml_type).ok_or_else(|| err(unsupported(info.ggml_type)))?;
+            DType::of_ggml(info.ggml_type.0).ok_or_else(|| err(unsupported(info.ggml_type)))?;
         let range = info
             .data_range()
             .ok_or_else(|| err("its data size is not known".into()))?;
@@ -218,5 +218,42 @@ impl WeightSource for GgufSource {
             tensor: name.clone(),
             source: Box::new(source),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// kiln-tensor's format rows and kiln-gguf's table of ggml types agree: each GGUF type kiln
+    /// loads names one dtype, whose block sizes are ggml's; kiln's own formats are no GGUF type.
+    #[test]
+    fn format_rows_agree_with_gguf_types() {
+        let mut names = Vec::new();
+        for &d in DType::WEIGHTS {
+            let Some(id) = d.ggml() else {
+                assert!(matches!(d, DType::Q4_Z | DType::Q8_Z), "{d:?}");
+                continue;
+            };
+            let t = GgmlType(id);
+            assert_eq!(DType::of_ggml(id), Some(d), "{t}");
+            let layout = t.block_layout().unwrap_or_else(|| panic!("{t}: no layout"));
+            assert_eq!(
+                (layout.block_elems as usize, layout.block_bytes as usize),
+                (d.block_elems(), d.block_bytes()),
+                "{t}"
+            );
+            names.push(t.name().unwrap_or_default());
+        }
+        let want = [
+            "F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K",
+            "Q5_K", "Q6_K",
+        ];
+        assert_eq!(names, want);
+        assert_eq!(
+            DType::of_ggml(GgmlType::Q8_1.0),
+            None,
+            "no kernel reads Q8_1"
+        );
     }
 }

@@ -71,12 +71,18 @@ impl DType {
         DType::Q8_Z,
     ];
 
-    /// The dtype a GGUF file's tensor of ggml type `t` loads as, when kiln reads that type.
-    pub fn of_ggml(t: kiln_gguf::GgmlType) -> Option<DType> {
+    /// The dtype a GGUF file's tensor of ggml type id `id` loads as, when kiln reads that type.
+    pub fn of_ggml(id: u32) -> Option<DType> {
         DType::WEIGHTS
             .iter()
             .copied()
-            .find(|d| d.format().ggml == Some(t))
+            .find(|d| d.format().ggml == Some(id))
+    }
+
+    /// The ggml type id a GGUF file stores this dtype under (`None` for kiln's own formats and
+    /// the index types).
+    pub fn ggml(self) -> Option<u32> {
+        self.format().ggml
     }
 
     /// True for the block-quantized formats.

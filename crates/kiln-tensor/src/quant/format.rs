@@ -1,20 +1,19 @@
 //! One row per element type: every fact about a format that more than one part of the crate
-//! reads (its GGUF type, block geometry, where its scales sit, its device layout, the WGSL
+//! reads (its GGUF type id, block geometry, where its scales sit, its device layout, the WGSL
 //! readers' switches, how the native CPU backend decodes it into integers) is written once,
-//! here, as ggml's `type_traits` table does. A GGUF format's block geometry is read from
-//! kiln-gguf's table of ggml types (the format's owner), not written again.
-
-use kiln_gguf::GgmlType;
+//! here, as ggml's `type_traits` table does. kiln-gguf, which depends on no other crate of the
+//! workspace (DESIGN §2), keeps the GGUF reader's own table of ggml block sizes; kiln-model's
+//! tests hold the two equal.
 
 use super::layout::{Arr, Piece, k_bit, k_two_bit, k4_nibble, q6_low};
-use crate::{DType, QK};
+use crate::{DType, QK, QK_K};
 
 /// The facts of one element type.
 #[derive(Debug)]
 pub(crate) struct Format {
-    /// The ggml type a GGUF file stores it as (`None` for kiln's own formats and the index
-    /// types).
-    pub ggml: Option<GgmlType>,
+    /// The ggml type id a GGUF file stores it under (`None` for kiln's own formats and the
+    /// index types).
+    pub ggml: Option<u32>,
     /// Elements per storage block: 1 for plain types, 32 or 256 for quantized ones.
     pub block_elems: usize,
     /// Bytes per block in the host (GGUF, or kiln's `Q4_Z`/`Q8_Z`) layout.
@@ -116,19 +115,13 @@ pub(crate) struct Ints {
     pub scales: fn(blk: &[u8], g: usize) -> [f32; 4],
 }
 
-/// A GGUF type's row: its geometry from kiln-gguf, the WGSL readers' switches, and no scales
-/// or integer reading until the row says otherwise.
-// Only ever evaluated at compile time, for the statics below: a row whose type had no layout
-// would fail the build, never a run.
-#[expect(clippy::panic)]
-const fn ggml(t: GgmlType, wgsl: Wgsl) -> Format {
-    let Some(layout) = t.block_layout() else {
-        panic!("a GGUF type kiln loads has a known block layout");
-    };
+/// A GGUF type's row: its ggml type id and block geometry, the WGSL readers' switches, and
+/// no scales or integer reading until the row says otherwise.
+const fn ggml(id: u32, [block_elems, block_bytes]: [usize; 2], wgsl: Wgsl) -> Format {
     Format {
-        ggml: Some(t),
-        block_elems: layout.block_elems as usize,
-        block_bytes: layout.block_bytes as usize,
+        ggml: Some(id),
+        block_elems,
+        block_bytes,
         scale_offsets: &[],
         device_words: (0, 0),
         pieces: &[],
@@ -175,10 +168,10 @@ impl DType {
     }
 }
 
-static F32: Format = ggml(GgmlType::F32, Wgsl::float("W_F32"));
+static F32: Format = ggml(0, [1, 4], Wgsl::float("W_F32"));
 static WORD: Format = plain(4, Wgsl::float("W_F32"));
-static F16: Format = ggml(GgmlType::F16, Wgsl::float("W_F16"));
-static BF16: Format = ggml(GgmlType::BF16, Wgsl::float("W_BF16"));
+static F16: Format = ggml(1, [1, 2], Wgsl::float("W_F16"));
+static BF16: Format = ggml(30, [1, 2], Wgsl::float("W_BF16"));
 
 /// `Ints::scales` of each format, by name, so that a kernel specialised for one format calls
 /// its own directly (and inlines it). Each reads the block's f16 fields through `half` (the
@@ -360,7 +353,8 @@ static Q8_0: Format = Format {
         scales: |b, g| scales::q8_0(b, g, scale_at),
     }),
     ..ggml(
-        GgmlType::Q8_0,
+        8,
+        [QK, 34],
         Wgsl {
             head1: true,
             sums: BlockSums::Bytes,
@@ -381,7 +375,8 @@ static Q4_0: Format = Format {
         scales: |b, g| scales::q4_0(b, g, scale_at),
     }),
     ..ggml(
-        GgmlType::Q4_0,
+        2,
+        [QK, 18],
         Wgsl {
             head1: true,
             sums: BlockSums::Nibbles,
@@ -402,7 +397,8 @@ static Q4_1: Format = Format {
         scales: |b, g| scales::q4_1(b, g, scale_at),
     }),
     ..ggml(
-        GgmlType::Q4_1,
+        3,
+        [QK, 20],
         Wgsl {
             dm_word: true,
             head1: true,
@@ -430,7 +426,8 @@ static Q5_0: Format = Format {
         scales: |b, g| scales::q5_0(b, g, scale_at),
     }),
     ..ggml(
-        GgmlType::Q5_0,
+        6,
+        [QK, 22],
         Wgsl {
             sub: true,
             ..Wgsl::quant("W_Q5_0", 2)
@@ -453,7 +450,8 @@ static Q5_1: Format = Format {
         scales: |b, g| scales::q5_1(b, g, scale_at),
     }),
     ..ggml(
-        GgmlType::Q5_1,
+        7,
+        [QK, 24],
         Wgsl {
             sub: true,
             ..Wgsl::quant("W_Q5_1", 2)
@@ -538,7 +536,8 @@ static Q2_K: Format = Format {
         scales: |b, g| scales::q2_k(b, g, scale_at),
     }),
     ..ggml(
-        GgmlType::Q2_K,
+        10,
+        [QK_K, 84],
         Wgsl {
             sub: true,
             ..Wgsl::quant("W_Q2_K", 3)
@@ -567,7 +566,8 @@ static Q3_K: Format = Format {
         scales: |b, g| scales::q3_k(b, g, scale_at),
     }),
     ..ggml(
-        GgmlType::Q3_K,
+        11,
+        [QK_K, 110],
         Wgsl {
             sub: true,
             ..Wgsl::quant("W_Q3_K", 3)
@@ -599,7 +599,8 @@ static Q4_K: Format = Format {
         scales: |b, g| scales::q4_k(b, g, scale_at),
     }),
     ..ggml(
-        GgmlType::Q4_K,
+        12,
+        [QK_K, 144],
         Wgsl {
             sub: true,
             scale_mins: true,
@@ -629,7 +630,8 @@ static Q5_K: Format = Format {
         scales: |b, g| scales::q5_k(b, g, scale_at),
     }),
     ..ggml(
-        GgmlType::Q5_K,
+        13,
+        [QK_K, 176],
         Wgsl {
             sub: true,
             scale_mins: true,
@@ -662,7 +664,8 @@ static Q6_K: Format = Format {
         scales: |b, g| scales::q6_k(b, g, scale_at),
     }),
     ..ggml(
-        GgmlType::Q6_K,
+        14,
+        [QK_K, 210],
         Wgsl {
             sub: true,
             ..Wgsl::quant("W_Q6_K", 4)
@@ -689,33 +692,6 @@ mod tests {
     use super::super::dequantize_block;
     use super::*;
     use rand::{Rng, SeedableRng};
-
-    /// Each GGUF type kiln loads names one dtype, whose sizes are ggml's, as kiln-gguf gives
-    /// them for a tensor; kiln's own formats are no GGUF type.
-    #[test]
-    fn gguf_types_map_to_their_rows() {
-        let mut seen = Vec::new();
-        for &d in DType::WEIGHTS {
-            let Some(t) = d.format().ggml else {
-                assert!(matches!(d, DType::Q4_Z | DType::Q8_Z), "{d:?}");
-                continue;
-            };
-            assert_eq!(DType::of_ggml(t), Some(d), "{t}");
-            let n = 4 * 256;
-            assert_eq!(
-                t.byte_size(n as u64),
-                d.bytes_for(n).map(|b| b as u64),
-                "{t}"
-            );
-            seen.push(t.name().unwrap_or_default());
-        }
-        let want = [
-            "F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K",
-            "Q5_K", "Q6_K",
-        ];
-        assert_eq!(seen, want);
-        assert_eq!(DType::of_ggml(GgmlType::Q8_1), None, "no kernel reads Q8_1");
-    }
 
     /// Random blocks whose f16 scales are finite and small.
     fn random_block(dtype: DType, rng: &mut impl Rng) -> Vec<u8> {
