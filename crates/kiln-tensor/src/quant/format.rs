@@ -115,26 +115,14 @@ pub(crate) struct Ints {
     pub scales: fn(blk: &[u8], g: usize) -> [f32; 4],
 }
 
-/// A GGUF type's row: its ggml type id and block geometry, the WGSL readers' switches, and
-/// no scales or integer reading until the row says otherwise.
-const fn ggml(id: u32, [block_elems, block_bytes]: [usize; 2], wgsl: Wgsl) -> Format {
+/// A row's geometry and WGSL switches, with its ggml type id (`None` for kiln's own formats
+/// and the index types); no scales, device pieces or integer reading until the row says
+/// otherwise.
+const fn row(ggml: Option<u32>, [block_elems, block_bytes]: [usize; 2], wgsl: Wgsl) -> Format {
     Format {
-        ggml: Some(id),
+        ggml,
         block_elems,
         block_bytes,
-        scale_offsets: &[],
-        device_words: (0, 0),
-        pieces: &[],
-        ints: None,
-        wgsl,
-    }
-}
-
-const fn plain(bytes: usize, wgsl: Wgsl) -> Format {
-    Format {
-        ggml: None,
-        block_elems: 1,
-        block_bytes: bytes,
         scale_offsets: &[],
         device_words: (0, 0),
         pieces: &[],
@@ -168,10 +156,10 @@ impl DType {
     }
 }
 
-static F32: Format = ggml(0, [1, 4], Wgsl::float("W_F32"));
-static WORD: Format = plain(4, Wgsl::float("W_F32"));
-static F16: Format = ggml(1, [1, 2], Wgsl::float("W_F16"));
-static BF16: Format = ggml(30, [1, 2], Wgsl::float("W_BF16"));
+static F32: Format = row(Some(0), [1, 4], Wgsl::float("W_F32"));
+static WORD: Format = row(None, [1, 4], Wgsl::float("W_F32"));
+static F16: Format = row(Some(1), [1, 2], Wgsl::float("W_F16"));
+static BF16: Format = row(Some(30), [1, 2], Wgsl::float("W_BF16"));
 
 /// `Ints::scales` of each format, by name, so that a kernel specialised for one format calls
 /// its own directly (and inlines it). Each reads the block's f16 fields through `half` (the
@@ -352,8 +340,8 @@ static Q8_0: Format = Format {
         },
         scales: |b, g| scales::q8_0(b, g, scale_at),
     }),
-    ..ggml(
-        8,
+    ..row(
+        Some(8),
         [QK, 34],
         Wgsl {
             head1: true,
@@ -374,8 +362,8 @@ static Q4_0: Format = Format {
         quants: |blk, _, q| nibble_quants(&blk[2..], 8, q),
         scales: |b, g| scales::q4_0(b, g, scale_at),
     }),
-    ..ggml(
-        2,
+    ..row(
+        Some(2),
         [QK, 18],
         Wgsl {
             head1: true,
@@ -396,8 +384,8 @@ static Q4_1: Format = Format {
         quants: |blk, _, q| nibble_quants(&blk[4..], 0, q),
         scales: |b, g| scales::q4_1(b, g, scale_at),
     }),
-    ..ggml(
-        3,
+    ..row(
+        Some(3),
         [QK, 20],
         Wgsl {
             dm_word: true,
@@ -425,8 +413,8 @@ static Q5_0: Format = Format {
         },
         scales: |b, g| scales::q5_0(b, g, scale_at),
     }),
-    ..ggml(
-        6,
+    ..row(
+        Some(6),
         [QK, 22],
         Wgsl {
             sub: true,
@@ -449,8 +437,8 @@ static Q5_1: Format = Format {
         },
         scales: |b, g| scales::q5_1(b, g, scale_at),
     }),
-    ..ggml(
-        7,
+    ..row(
+        Some(7),
         [QK, 24],
         Wgsl {
             sub: true,
@@ -461,9 +449,6 @@ static Q5_1: Format = Format {
 
 /// value = (q − z)·d = d·q − z·d.
 static Q4_Z: Format = Format {
-    ggml: None,
-    block_elems: QK,
-    block_bytes: 20,
     scale_offsets: &[0, 2],
     device_words: (2, 4),
     pieces: &[head(0..4, 0), quants(4..20, 0)],
@@ -474,21 +459,22 @@ static Q4_Z: Format = Format {
         quants: |blk, _, q| nibble_quants(&blk[4..], 0, q),
         scales: |b, g| scales::q4_z(b, g, scale_at),
     }),
-    wgsl: Wgsl {
-        sub: true,
-        zero_point: true,
-        dm_word: true,
-        head1: true,
-        sums: BlockSums::Nibbles,
-        ..Wgsl::quant("W_Q4_Z", 2)
-    },
+    ..row(
+        None,
+        [QK, 20],
+        Wgsl {
+            sub: true,
+            zero_point: true,
+            dm_word: true,
+            head1: true,
+            sums: BlockSums::Nibbles,
+            ..Wgsl::quant("W_Q4_Z", 2)
+        },
+    )
 };
 
 /// value = (q − z)·d = d·(q − 128) + (128 − z)·d, so that the quants fit an `i8`.
 static Q8_Z: Format = Format {
-    ggml: None,
-    block_elems: QK,
-    block_bytes: 36,
     scale_offsets: &[0, 2],
     device_words: (2, 8),
     pieces: &[head(0..4, 0), quants(4..36, 0)],
@@ -503,12 +489,16 @@ static Q8_Z: Format = Format {
         },
         scales: |b, g| scales::q8_z(b, g, scale_at),
     }),
-    wgsl: Wgsl {
-        sub: true,
-        zero_point: true,
-        head1: true,
-        ..Wgsl::quant("W_Q8_Z", 3)
-    },
+    ..row(
+        None,
+        [QK, 36],
+        Wgsl {
+            sub: true,
+            zero_point: true,
+            head1: true,
+            ..Wgsl::quant("W_Q8_Z", 3)
+        },
+    )
 };
 
 /// 2-bit field of element l of group g in a K-quant's 64 bytes of 2-bit quants.
@@ -535,8 +525,8 @@ static Q2_K: Format = Format {
         },
         scales: |b, g| scales::q2_k(b, g, scale_at),
     }),
-    ..ggml(
-        10,
+    ..row(
+        Some(10),
         [QK_K, 84],
         Wgsl {
             sub: true,
@@ -565,8 +555,8 @@ static Q3_K: Format = Format {
         },
         scales: |b, g| scales::q3_k(b, g, scale_at),
     }),
-    ..ggml(
-        11,
+    ..row(
+        Some(11),
         [QK_K, 110],
         Wgsl {
             sub: true,
@@ -598,8 +588,8 @@ static Q4_K: Format = Format {
         },
         scales: |b, g| scales::q4_k(b, g, scale_at),
     }),
-    ..ggml(
-        12,
+    ..row(
+        Some(12),
         [QK_K, 144],
         Wgsl {
             sub: true,
@@ -629,8 +619,8 @@ static Q5_K: Format = Format {
         },
         scales: |b, g| scales::q5_k(b, g, scale_at),
     }),
-    ..ggml(
-        13,
+    ..row(
+        Some(13),
         [QK_K, 176],
         Wgsl {
             sub: true,
@@ -663,8 +653,8 @@ static Q6_K: Format = Format {
         },
         scales: |b, g| scales::q6_k(b, g, scale_at),
     }),
-    ..ggml(
-        14,
+    ..row(
+        Some(14),
         [QK_K, 210],
         Wgsl {
             sub: true,
