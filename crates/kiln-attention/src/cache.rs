@@ -9,9 +9,10 @@
 //! [`AttnBatch`] (block tables, positions, slot mapping), uploaded once per step and shared by
 //! all layers.
 //!
-//! On the CPU backend the pools are host `f32` vectors holding exactly the values the device
-//! format would hold (rounded to f16, or quantized to INT8 or INT4 and back), so both backends compute
-//! the same attention.
+//! On the native CPU backend the pools are host vectors of each format's own bytes (as many
+//! as the GPU's, and as `kiln-kv`'s plan counts); on the reference they are `f32` vectors
+//! holding exactly the values the device format would hold (rounded to f16, or quantized to
+//! INT8 or INT4 and back), so every backend computes the same attention.
 
 use bytemuck::{Pod, Zeroable};
 use kiln_kv::{BlockCopy, BlockId, KvDtype};
@@ -21,9 +22,12 @@ mod attend;
 mod centres;
 mod write;
 
-use crate::stored::{CENTRED_PAIRS, KeyCentre};
+use crate::stored::{
+    CENTRED_PAIRS, CentreTurns, KeyCentre, hadamard, quantize_i4, quantize_i8, store_row,
+};
 use crate::{KvDeviceError, Result};
 use centres::centre_tensor;
+use half::slice::HalfFloatSliceExt;
 pub use write::{QkNorm, QkPrep, QkvRows};
 
 fn invalid<T>(msg: String) -> Result<T> {
@@ -132,35 +136,93 @@ enum Store {
     Gpu(Vec<Layer>),
 }
 
-/// A K or V pool in host memory: on the native backend's f16 cache the f16s themselves (half
-/// the bytes a decode step reads); otherwise f32 values exactly as the cache's format holds
-/// them (the reference's pools, and the native backend's other formats).
+/// A K or V pool in host memory. On the native backend each format's own bytes: f32, f16,
+/// INT8 with a scale per (slot, kv head) row, INT4 levels (in the rotated basis) with an f16
+/// scale and zero point per row. On the reference, f32 values exactly as the cache's format
+/// holds them (rounded to f16, or quantized and back), which its plain attention reads.
 #[derive(Debug, Clone)]
 pub(crate) enum HostPool {
     F32(Vec<f32>),
     F16(Vec<half::f16>),
+    /// Each row's values, then each row's scale.
+    I8 {
+        q: Vec<i8>,
+        scale: Vec<f32>,
+    },
+    /// Each row's levels, two a byte (element 2i in the low nibble, 2i + 1 in the high),
+    /// then each row's scale and zero point.
+    I4 {
+        q: Vec<u8>,
+        params: Vec<[half::f16; 2]>,
+    },
 }
 
 impl HostPool {
-    fn new(device: &Device, dtype: KvDtype, elems: usize) -> Self {
+    /// A zeroed pool of `rows` rows of `d` elements.
+    fn new(device: &Device, dtype: KvDtype, rows: usize, d: usize) -> Self {
+        let elems = rows * d;
         match (device, dtype) {
             (Device::Cpu(_), KvDtype::F16) => HostPool::F16(vec![half::f16::ZERO; elems]),
+            (Device::Cpu(_), KvDtype::Int8) => HostPool::I8 {
+                q: vec![0; elems],
+                scale: vec![0.0; rows],
+            },
+            (Device::Cpu(_), KvDtype::Int4) => HostPool::I4 {
+                q: vec![0; elems / 2],
+                params: vec![[half::f16::ZERO; 2]; rows],
+            },
             _ => HostPool::F32(vec![0f32; elems]),
         }
     }
 
-    fn copy_within(&mut self, src: std::ops::Range<usize>, dst: usize) {
+    fn bytes(&self) -> usize {
+        use std::mem::size_of_val;
         match self {
-            HostPool::F32(p) => p.copy_within(src, dst),
-            HostPool::F16(p) => p.copy_within(src, dst),
+            HostPool::F32(p) => size_of_val(&p[..]),
+            HostPool::F16(p) => size_of_val(&p[..]),
+            HostPool::I8 { q, scale } => size_of_val(&q[..]) + size_of_val(&scale[..]),
+            HostPool::I4 { q, params } => size_of_val(&q[..]) + size_of_val(&params[..]),
         }
     }
 
-    /// The pool's values as f32.
-    fn to_f32(&self) -> std::borrow::Cow<'_, [f32]> {
+    /// Copy rows `src` to the rows from `dst` on (rows of `d` elements).
+    fn copy_rows(&mut self, src: std::ops::Range<usize>, dst: usize, d: usize) {
+        let elems = |r: std::ops::Range<usize>, per: usize| r.start * per..r.end * per;
         match self {
-            HostPool::F32(p) => std::borrow::Cow::Borrowed(p),
-            HostPool::F16(p) => std::borrow::Cow::Owned(p.iter().map(|v| v.to_f32()).collect()),
+            HostPool::F32(p) => p.copy_within(elems(src, d), dst * d),
+            HostPool::F16(p) => p.copy_within(elems(src, d), dst * d),
+            HostPool::I8 { q, scale } => {
+                q.copy_within(elems(src.clone(), d), dst * d);
+                scale.copy_within(src, dst);
+            }
+            HostPool::I4 { q, params } => {
+                q.copy_within(elems(src.clone(), d / 2), dst * d / 2);
+                params.copy_within(src, dst);
+            }
+        }
+    }
+
+    /// Store `src` as row `r` in the pool's form of `dtype` (`scratch`: a row's room).
+    fn store(&mut self, dtype: KvDtype, r: usize, src: &[f32], scratch: &mut [f32]) {
+        let d = src.len();
+        match self {
+            HostPool::F32(p) => store_row(dtype, src, &mut p[r * d..][..d]),
+            HostPool::F16(p) => p[r * d..][..d].convert_from_f32_slice(src),
+            HostPool::I8 { q, scale } => scale[r] = quantize_i8(src, &mut q[r * d..][..d]),
+            HostPool::I4 { q, params } => {
+                let rotated = &mut scratch[..d];
+                rotated.copy_from_slice(src);
+                hadamard(rotated);
+                let mut levels = [0u8; MAX_HEAD_DIM];
+                let [scale, zero] = quantize_i4(rotated, &mut levels[..d]);
+                params[r] = [scale, zero].map(half::f16::from_f32);
+                for (b, l) in q[r * d / 2..][..d / 2]
+                    .iter_mut()
+                    .zip(levels.chunks_exact(2))
+                {
+                    *b = l[0] | (l[1] << 4);
+                }
+            }
         }
     }
 }
@@ -177,6 +239,8 @@ pub struct KvCache {
     /// `[layers, kv_heads, CENTRED_PAIRS]`: what an INT4 pool takes out of its keys (zero
     /// until [`KvCache::set_key_centres`]).
     centres: Vec<KeyCentre>,
+    /// The centres' turns at the positions written (read by native INT4 attention).
+    turns: CentreTurns,
 }
 
 impl std::fmt::Debug for KvCache {
@@ -252,7 +316,10 @@ impl KvCache {
         let store = match device {
             Device::Reference | Device::Cpu(_) => Store::Cpu(
                 (0..cfg.layers)
-                    .map(|_| [0, 1].map(|_| HostPool::new(device, cfg.dtype, elems)))
+                    .map(|_| {
+                        let rows = cfg.slots() * cfg.kv_heads;
+                        [0, 1].map(|_| HostPool::new(device, cfg.dtype, rows, cfg.head_dim))
+                    })
                     .collect(),
             ),
             Device::Wgpu(_) => {
@@ -301,6 +368,7 @@ impl KvCache {
                 Store::Gpu(layers)
             }
         };
+        let centres = vec![KeyCentre::default(); cfg.layers * cfg.kv_heads * CENTRED_PAIRS];
         Ok(Self {
             cfg,
             device: device.clone(),
@@ -310,12 +378,30 @@ impl KvCache {
                 i.subgroups && i.subgroup_size.0 as usize >= SHARED_LANES
             },
             store,
-            centres: vec![KeyCentre::default(); cfg.layers * cfg.kv_heads * CENTRED_PAIRS],
+            centres: centres.clone(),
+            turns: CentreTurns::new(&centres),
         })
     }
 
     pub fn config(&self) -> &KvCacheConfig {
         &self.cfg
+    }
+
+    /// Bytes the pools hold, scales included. On the native backend and the GPU each format's
+    /// own bytes (what `kiln-kv`'s plan counts per token); the reference holds every format
+    /// as f32 values.
+    pub fn pool_bytes(&self) -> usize {
+        let tensor = |t: &Tensor| t.dtype().bytes_for(t.elem_count()).unwrap_or(0);
+        match &self.store {
+            Store::Cpu(layers) => layers.iter().flatten().map(HostPool::bytes).sum(),
+            Store::Gpu(layers) => layers
+                .iter()
+                .map(|l| {
+                    let scales = l.scales.iter().flatten();
+                    tensor(&l.k) + tensor(&l.v) + scales.map(tensor).sum::<usize>()
+                })
+                .sum(),
+        }
     }
 
     /// Validate a step's sequences against the cache and upload their metadata.
@@ -429,14 +515,15 @@ impl KvCache {
         if pairs.iter().any(|(_, d)| pairs.iter().any(|(s, _)| s == d)) {
             return invalid("a block copy destination is also a source".into());
         }
-        let per_block = self.cfg.block_size * self.cfg.kv_heads * self.cfg.head_dim;
+        let rows = self.cfg.block_size * self.cfg.kv_heads;
+        let per_block = rows * self.cfg.head_dim;
         match &mut self.store {
             Store::Cpu(layers) => {
                 for pools in layers.iter_mut() {
                     for pool in pools.iter_mut() {
                         for &(s, d) in &pairs {
-                            let (s, d) = (s as usize * per_block, d as usize * per_block);
-                            pool.copy_within(s..s + per_block, d);
+                            let (s, d) = (s as usize * rows, d as usize * rows);
+                            pool.copy_rows(s..s + rows, d, self.cfg.head_dim);
                         }
                     }
                 }
@@ -445,12 +532,7 @@ impl KvCache {
             Store::Gpu(layers) => {
                 let flat: Vec<u32> = pairs.iter().flat_map(|&(s, d)| [s, d]).collect();
                 let pairs_t = Tensor::from_u32(&self.device, &[flat.len()], &flat)?;
-                let words = match self.cfg.dtype {
-                    KvDtype::F32 => per_block,
-                    KvDtype::F16 => per_block / 2,
-                    KvDtype::Int8 => per_block / 4,
-                    KvDtype::Int4 => per_block / 8,
-                };
+                let words = per_block * self.cfg.dtype.element_bits() as usize / 32;
                 let scale_words = self.cfg.block_size * self.cfg.kv_heads;
                 for l in layers.iter() {
                     let mut pools = vec![(&l.k, words), (&l.v, words)];

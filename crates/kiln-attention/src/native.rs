@@ -2,11 +2,15 @@
 //! table (no gathered copy), a span of positions at a time for all the query heads sharing a
 //! KV head, scores and softmax in f32, the spans combined as flash decoding does; a task a
 //! (token, KV head), or a span when a batch has too few of those to share among the threads.
-//! The plain reference (`reference.rs`, f64) is its oracle.
+//! Each pool format is read in its own bytes ([`KvRows`]): f32 and f16 rows as they are, INT8
+//! rows with their scales, INT4 rows widened a span at a time in their rotated basis, with
+//! the key centres added back to the scores. The plain reference (`reference.rs`, f64) is
+//! its oracle.
 
 use kiln_tensor::CpuContext;
 use rayon::prelude::*;
 
+use crate::stored::{CENTRED_PAIRS, CentreTurns, KeyCentre, hadamard};
 use crate::{AttnBatch, AttnConfig, KvCacheConfig};
 
 /// Where positions `from..=to` of a sequence start in a pool (`table` its block table, `bs`
@@ -27,29 +31,237 @@ fn slots(table: &[u32], bs: usize, row: usize, from: usize, to: usize, out: &mut
     }
 }
 
-/// An element of a host K/V pool (f32, or f16), with the backend's vector helpers for it.
-pub(crate) trait PoolElem: Copy + Send + Sync {
-    /// `q` · each row of `pool` at `starts`, into `out`.
-    fn dots(cpu: &CpuContext, q: &[f32], pool: &[Self], starts: &[usize], out: &mut [f32]);
-    /// `o += w[p] · row p` for each row of `pool` at `starts`, in order.
-    fn axpys(cpu: &CpuContext, w: &[f32], pool: &[Self], starts: &[usize], o: &mut [f32]);
+/// A K or V pool as native attention reads it, a span of rows at a time: `at` holds where
+/// each of the span's rows starts (in elements: slot · kv_heads · head_dim, plus the KV
+/// head's offset). [`KvRows::load`] runs once a span, before the query heads sharing its KV
+/// head take their scores and values.
+pub(crate) trait KvRows: Sync {
+    /// The rows are in the rotated basis (INT4): queries are rotated to meet the keys, and
+    /// outputs summed from the values rotated back, once a call.
+    const ROTATED: bool = false;
+    /// What the span's rows need beside the pool (the rows widened, the keys' centres' turns),
+    /// into `buf`.
+    fn load(&self, _cpu: &CpuContext, _span: &Span, _at: &[usize], _buf: &mut SpanBuf) {}
+    /// A query head · each key row, into `out`: `q` is the head in the model's basis, then
+    /// as the rows are (rotated for rotated rows).
+    fn dots(
+        &self,
+        cpu: &CpuContext,
+        q: [&[f32]; 2],
+        at: &[usize],
+        buf: &mut SpanBuf,
+        out: &mut [f32],
+    );
+    /// `o = Σ w[p] · value row p`, the rows in order (as they are: rotated rows give a
+    /// rotated `o`), into a zeroed `o` (`w` may be used up).
+    fn axpys(
+        &self,
+        cpu: &CpuContext,
+        w: &mut [f32],
+        at: &[usize],
+        buf: &mut SpanBuf,
+        o: &mut [f32],
+    );
 }
 
-impl PoolElem for f32 {
-    fn dots(cpu: &CpuContext, q: &[f32], pool: &[f32], starts: &[usize], out: &mut [f32]) {
-        cpu.dots(q, pool, starts, out)
+/// What [`KvRows::load`] keeps of a span for its heads.
+#[derive(Default)]
+pub(crate) struct SpanBuf {
+    /// The rows widened to f32, one after another (INT8; INT4, in the rotated basis).
+    rows: Vec<f32>,
+    /// Where each widened row starts.
+    starts: Vec<usize>,
+    /// Per row, the (cos, sin) of each of the KV head's key centres (INT4 keys).
+    turns: Vec<[f32; 2]>,
+    /// The KV head's centres that move a key (whose turns `turns` holds, in order).
+    centres: Vec<KeyCentre>,
+    /// Their indices among all layers' centres.
+    live: Vec<usize>,
+    /// A query head's terms of each of them: what multiplies a key's cos, and its sin.
+    terms: Vec<[f32; 2]>,
+}
+
+impl KvRows for [f32] {
+    fn dots(
+        &self,
+        cpu: &CpuContext,
+        [q, _]: [&[f32]; 2],
+        at: &[usize],
+        _: &mut SpanBuf,
+        out: &mut [f32],
+    ) {
+        cpu.dots(q, self, at, out)
     }
-    fn axpys(cpu: &CpuContext, w: &[f32], pool: &[f32], starts: &[usize], o: &mut [f32]) {
-        cpu.axpys(w, pool, starts, o)
+    fn axpys(&self, cpu: &CpuContext, w: &mut [f32], at: &[usize], _: &mut SpanBuf, o: &mut [f32]) {
+        cpu.axpys(w, self, at, o)
     }
 }
 
-impl PoolElem for half::f16 {
-    fn dots(cpu: &CpuContext, q: &[f32], pool: &[Self], starts: &[usize], out: &mut [f32]) {
-        cpu.dots_f16(q, pool, starts, out)
+impl KvRows for [half::f16] {
+    fn dots(
+        &self,
+        cpu: &CpuContext,
+        [q, _]: [&[f32]; 2],
+        at: &[usize],
+        _: &mut SpanBuf,
+        out: &mut [f32],
+    ) {
+        cpu.dots_f16(q, self, at, out)
     }
-    fn axpys(cpu: &CpuContext, w: &[f32], pool: &[Self], starts: &[usize], o: &mut [f32]) {
-        cpu.axpys_f16(w, pool, starts, o)
+    fn axpys(&self, cpu: &CpuContext, w: &mut [f32], at: &[usize], _: &mut SpanBuf, o: &mut [f32]) {
+        cpu.axpys_f16(w, self, at, o)
+    }
+}
+
+/// A quantized pool, read by widening a span's rows to f32 once for all the query heads
+/// that share them, then taking the f32 pools' dot products and sums over those.
+pub(crate) trait Widened: Sync {
+    /// As [`KvRows::ROTATED`].
+    const ROTATED: bool;
+    /// Elements a row.
+    fn head_dim(&self) -> usize;
+    /// The row that starts at element `a`, widened into `out` (a row long).
+    fn widen(&self, cpu: &CpuContext, a: usize, out: &mut [f32]);
+}
+
+impl<W: Widened> KvRows for W {
+    const ROTATED: bool = W::ROTATED;
+    fn load(&self, cpu: &CpuContext, _: &Span, at: &[usize], buf: &mut SpanBuf) {
+        let d = self.head_dim();
+        buf.rows.resize(at.len() * d, 0.0);
+        buf.starts.clear();
+        buf.starts.extend((0..at.len()).map(|p| p * d));
+        for (row, &a) in buf.rows.chunks_exact_mut(d).zip(at) {
+            self.widen(cpu, a, row);
+        }
+    }
+    fn dots(
+        &self,
+        cpu: &CpuContext,
+        [_, q]: [&[f32]; 2],
+        _: &[usize],
+        buf: &mut SpanBuf,
+        out: &mut [f32],
+    ) {
+        cpu.dots(q, &buf.rows, &buf.starts, out)
+    }
+    fn axpys(
+        &self,
+        cpu: &CpuContext,
+        w: &mut [f32],
+        _: &[usize],
+        buf: &mut SpanBuf,
+        o: &mut [f32],
+    ) {
+        cpu.axpys(w, &buf.rows, &buf.starts, o)
+    }
+}
+
+/// An INT8 pool: each row's values and scale (`d` elements a row), widened to the values the
+/// format stands for (value · scale).
+pub(crate) struct I8Rows<'a> {
+    pub q: &'a [i8],
+    pub scale: &'a [f32],
+    pub d: usize,
+}
+
+impl Widened for I8Rows<'_> {
+    const ROTATED: bool = false;
+    fn head_dim(&self) -> usize {
+        self.d
+    }
+    fn widen(&self, cpu: &CpuContext, a: usize, out: &mut [f32]) {
+        cpu.widen_i8(&self.q[a..a + self.d], self.scale[a / self.d], out);
+    }
+}
+
+/// An INT4 pool: each row's levels in the rotated basis (two a byte) and its scale and zero
+/// point, widened to the rotated values. Queries meet the keys rotated (q·k = Hq·Hk), and
+/// values are summed rotated (Σ p·v = H Σ p·Hv).
+pub(crate) struct I4Rows<'a> {
+    pub q: &'a [u8],
+    pub params: &'a [[half::f16; 2]],
+    pub d: usize,
+}
+
+impl Widened for I4Rows<'_> {
+    const ROTATED: bool = true;
+    fn head_dim(&self) -> usize {
+        self.d
+    }
+    fn widen(&self, cpu: &CpuContext, a: usize, out: &mut [f32]) {
+        let [scale, zero] = self.params[a / self.d].map(half::f16::to_f32);
+        cpu.widen_u4(&self.q[a / 2..][..self.d / 2], scale, zero, out);
+    }
+}
+
+/// An INT4 key pool with the layer's key centres (`[kv_heads, CENTRED_PAIRS]`): a key's
+/// score gets `q · R(p)·mean` of each centre back, `(cos, sin)` of its turn at the key's
+/// position `p` looked up in `turns`.
+pub(crate) struct CentredKeys<'a> {
+    pub rows: I4Rows<'a>,
+    pub centres: &'a [KeyCentre],
+    /// The index of the layer's first centre among all layers' (as `turns` counts them).
+    pub first: usize,
+    pub turns: &'a CentreTurns,
+}
+
+impl KvRows for CentredKeys<'_> {
+    const ROTATED: bool = true;
+    fn load(&self, cpu: &CpuContext, span: &Span, at: &[usize], buf: &mut SpanBuf) {
+        self.rows.load(cpu, span, at, buf);
+        let SpanBuf {
+            centres,
+            live,
+            turns,
+            ..
+        } = buf;
+        let head = self.first + span.kv_head * CENTRED_PAIRS;
+        live.clear();
+        live.extend((head..head + CENTRED_PAIRS).filter(|&i| self.turns.moves(i)));
+        centres.clear();
+        centres.extend(live.iter().map(|&i| self.centres[i - self.first]));
+        turns.clear();
+        for pos in span.lo..=span.hi {
+            turns.extend(live.iter().filter_map(|&i| self.turns.at(i, pos)));
+        }
+    }
+    fn dots(
+        &self,
+        cpu: &CpuContext,
+        q: [&[f32]; 2],
+        at: &[usize],
+        buf: &mut SpanBuf,
+        out: &mut [f32],
+    ) {
+        self.rows.dots(cpu, q, at, buf, out);
+        let q = q[0];
+        let n = buf.centres.len();
+        if n == 0 {
+            return;
+        }
+        // q · R(p)·(a, b) = cos·(q_lo·a + q_hi·b) + sin·(q_hi·a − q_lo·b).
+        buf.terms.clear();
+        buf.terms.extend(buf.centres.iter().map(|c| {
+            let (lo, hi) = (q[usize::from(c.lo)], q[usize::from(c.hi)]);
+            let [a, b] = c.mean;
+            [lo * a + hi * b, hi * a - lo * b]
+        }));
+        for (o, turns) in out.iter_mut().zip(buf.turns.chunks_exact(n)) {
+            for ([c, s], [x, y]) in turns.iter().zip(&buf.terms) {
+                *o += c * x + s * y;
+            }
+        }
+    }
+    fn axpys(
+        &self,
+        cpu: &CpuContext,
+        w: &mut [f32],
+        at: &[usize],
+        buf: &mut SpanBuf,
+        o: &mut [f32],
+    ) {
+        self.rows.axpys(cpu, w, at, buf, o)
     }
 }
 
@@ -68,7 +280,7 @@ fn partial_len(d: usize) -> usize {
 
 /// A span of one (token, KV head): the token, the KV head, and the positions `lo..=hi`.
 #[derive(Clone, Copy)]
-struct Span {
+pub(crate) struct Span {
     token: usize,
     kv_head: usize,
     lo: usize,
@@ -89,11 +301,13 @@ fn spans_of(batch: &AttnBatch, attn: &AttnConfig, t: usize, g: usize, out: &mut 
     }
 }
 
-/// What a task reuses: a span's scores and its slots.
+/// What a task reuses: a span's scores, its slots, and what its K and V rows loaded.
 #[derive(Default)]
 struct Scratch {
     scores: Vec<f32>,
     at: Vec<usize>,
+    k: SpanBuf,
+    v: SpanBuf,
 }
 
 /// A call of paged attention, but for the layer's pools: the queries, the step's block
@@ -109,9 +323,11 @@ pub(crate) struct Attend<'a> {
 impl Attend<'_> {
     /// The partials of every head sharing `span`'s KV head (`group` of them), into `out`
     /// (`group` partials): each key and value row is read from memory once for all of them.
-    fn span_partials<E: PoolElem>(
+    /// `qk` is the queries as the keys are (rotated for rotated keys).
+    fn span_partials<K: KvRows + ?Sized, V: KvRows + ?Sized>(
         &self,
-        [kp, vp]: [&[E]; 2],
+        (kp, vp): (&K, &V),
+        qk: &[f32],
         span: Span,
         scratch: &mut Scratch,
         out: &mut [f32],
@@ -120,17 +336,21 @@ impl Attend<'_> {
         let (bs, kvh, d, heads) = (cfg.block_size, cfg.kv_heads, cfg.head_dim, attn.heads);
         let group = heads / kvh;
         let table = &batch.tables[batch.info[2 * span.token] as usize..];
-        let Scratch { scores, at } = scratch;
+        let Scratch { scores, at, k, v } = scratch;
         slots(table, bs, kvh * d, span.lo, span.hi, at);
         // Where this KV head's row starts in each position's slot.
         at.iter_mut().for_each(|a| *a += span.kv_head * d);
         scores.resize(at.len(), 0.0);
+        kp.load(cpu, &span, at, k);
+        vp.load(cpu, &span, at, v);
         let q0 = (span.token * heads + span.kv_head * group) * d;
-        for (qrow, p) in self.q[q0..q0 + group * d]
+        let heads_of = q0..q0 + group * d;
+        for ((qrow, qk), p) in self.q[heads_of.clone()]
             .chunks_exact(d)
+            .zip(qk[heads_of].chunks_exact(d))
             .zip(out.chunks_exact_mut(partial_len(d)))
         {
-            E::dots(cpu, qrow, kp, at, scores);
+            kp.dots(cpu, [qrow, qk], at, k, scores);
             let mut max = f32::NEG_INFINITY;
             for v in scores.iter_mut() {
                 *v *= attn.scale;
@@ -140,7 +360,7 @@ impl Attend<'_> {
             let (head, o) = p.split_at_mut(2);
             head.copy_from_slice(&[max, sum]);
             o.fill(0.0);
-            E::axpys(cpu, scores, vp, at, o);
+            vp.axpys(cpu, scores, at, v, o);
         }
     }
 }
@@ -168,38 +388,75 @@ fn combine(partials: &[f32], group: usize, d: usize, out: &mut [f32]) {
     }
 }
 
+/// A task's computation of one span's partials (`Attend::span_partials` over given pools).
+trait Partials: Fn(Span, &mut Scratch, &mut [f32]) + Sync {}
+impl<F: Fn(Span, &mut Scratch, &mut [f32]) + Sync> Partials for F {}
+
 impl Attend<'_> {
     /// `reference::paged_attention_host`'s result over pools `kp` and `vp`, computed on the
     /// native backend's threads.
-    pub(crate) fn attention<E: PoolElem>(&self, kp: &[E], vp: &[E]) -> Vec<f32> {
-        let (cpu, q, batch, attn) = (self.cpu, self.q, self.batch, self.attn);
-        let (kvh, d, heads) = (self.cfg.kv_heads, self.cfg.head_dim, attn.heads);
-        let group = heads / kvh;
-        let per_span = group * partial_len(d);
-        let mut out = vec![0f32; q.len()];
-        let tokens = q.len() / (heads * d);
-        let partials =
-            |span: Span, s: &mut Scratch, p: &mut [f32]| self.span_partials([kp, vp], span, s, p);
-        if tokens * kvh >= 4 * cpu.threads() {
-            // Enough (token, KV head) pairs to share: a task a pair, its spans in turn.
-            cpu.install(|| {
-                out.par_chunks_mut(group * d).enumerate().for_each_init(
-                    <(Scratch, Vec<Span>, Vec<f32>)>::default,
-                    |(s, spans, ps), (idx, o)| {
-                        spans.clear();
-                        spans_of(batch, attn, idx / kvh, idx % kvh, spans);
-                        ps.resize(spans.len() * per_span, 0.0);
-                        for (&span, p) in spans.iter().zip(ps.chunks_exact_mut(per_span)) {
-                            partials(span, s, p);
-                        }
-                        combine(ps, group, d, o);
-                    },
-                );
-            });
-            return out;
-        }
-        // Few pairs (a decode step): a task a span, so that every thread has work; then each
-        // pair's spans combined.
+    pub(crate) fn attention<K, V>(&self, kp: &K, vp: &V) -> Vec<f32>
+    where
+        K: KvRows + ?Sized,
+        V: KvRows + ?Sized,
+    {
+        let (cpu, q, d) = (self.cpu, self.q, self.cfg.head_dim);
+        let rotated;
+        let qk = if K::ROTATED {
+            rotated = rotate_rows(q.to_vec(), d);
+            &rotated
+        } else {
+            q
+        };
+        let partials = |span: Span, s: &mut Scratch, p: &mut [f32]| {
+            self.span_partials((kp, vp), qk, span, s, p)
+        };
+        let tokens = q.len() / (self.attn.heads * d);
+        let out = if tokens * self.cfg.kv_heads >= 4 * cpu.threads() {
+            self.by_pairs(&partials)
+        } else {
+            self.by_spans(&partials)
+        };
+        if V::ROTATED { rotate_rows(out, d) } else { out }
+    }
+
+    /// Floats of one (token, KV head)'s output (its group's heads), and of a span's partials.
+    fn group_floats(&self) -> [usize; 2] {
+        let group = self.attn.heads / self.cfg.kv_heads;
+        [
+            group * self.cfg.head_dim,
+            group * partial_len(self.cfg.head_dim),
+        ]
+    }
+
+    /// Enough (token, KV head) pairs to share: a task a pair, its spans in turn.
+    fn by_pairs(&self, partials: &impl Partials) -> Vec<f32> {
+        let (batch, attn, kvh, d) = (self.batch, self.attn, self.cfg.kv_heads, self.cfg.head_dim);
+        let [per_pair, per_span] = self.group_floats();
+        let mut out = vec![0f32; self.q.len()];
+        self.cpu.install(|| {
+            out.par_chunks_mut(per_pair).enumerate().for_each_init(
+                <(Scratch, Vec<Span>, Vec<f32>)>::default,
+                |(s, spans, ps), (idx, o)| {
+                    spans.clear();
+                    spans_of(batch, attn, idx / kvh, idx % kvh, spans);
+                    ps.resize(spans.len() * per_span, 0.0);
+                    for (&span, p) in spans.iter().zip(ps.chunks_exact_mut(per_span)) {
+                        partials(span, s, p);
+                    }
+                    combine(ps, per_pair / d, d, o);
+                },
+            );
+        });
+        out
+    }
+
+    /// Few pairs (a decode step): a task a span, so that every thread has work; then each
+    /// pair's spans combined.
+    fn by_spans(&self, partials: &impl Partials) -> Vec<f32> {
+        let (batch, attn, kvh, d) = (self.batch, self.attn, self.cfg.kv_heads, self.cfg.head_dim);
+        let [per_pair, per_span] = self.group_floats();
+        let tokens = self.q.len() / (attn.heads * d);
         let mut spans = Vec::new();
         let mut ends = Vec::with_capacity(tokens * kvh);
         for t in 0..tokens {
@@ -209,16 +466,23 @@ impl Attend<'_> {
             }
         }
         let mut ps = vec![0f32; spans.len() * per_span];
-        cpu.install(|| {
+        self.cpu.install(|| {
             ps.par_chunks_mut(per_span)
                 .zip(&spans)
                 .for_each_init(Scratch::default, |s, (p, &span)| partials(span, s, p));
         });
+        let mut out = vec![0f32; self.q.len()];
         let mut from = 0;
-        for (o, &to) in out.chunks_exact_mut(group * d).zip(&ends) {
-            combine(&ps[from * per_span..to * per_span], group, d, o);
+        for (o, &to) in out.chunks_exact_mut(per_pair).zip(&ends) {
+            combine(&ps[from * per_span..to * per_span], per_pair / d, d, o);
             from = to;
         }
         out
     }
+}
+
+/// Each row of `d` of `x` rotated ([`hadamard`]: the INT4 basis, its own inverse).
+fn rotate_rows(mut x: Vec<f32>, d: usize) -> Vec<f32> {
+    x.chunks_exact_mut(d).for_each(hadamard);
+    x
 }

@@ -97,6 +97,78 @@ pub fn key_centres(
     out
 }
 
+/// RoPE's (cos, sin) of each key centre's frequency at each position written so far, kept
+/// by a native INT4 cache: its scores add each key's centres back, rotated to the key's
+/// position, from these (looked up, not evaluated per key and query), the very values
+/// [`KeyCentre::at`] took out when the key was stored.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct CentreTurns {
+    /// The distinct frequencies of the centres that move a key (a non-zero mean).
+    freqs: Vec<f32>,
+    /// Each centre's entry in `freqs` (none: its mean is zero, it adds nothing).
+    of: Vec<Option<usize>>,
+    /// `[positions, freqs]`.
+    table: Vec<[f32; 2]>,
+}
+
+impl CentreTurns {
+    /// The turns of `centres`, none covered yet.
+    pub(crate) fn new(centres: &[KeyCentre]) -> Self {
+        let mut freqs: Vec<f32> = Vec::new();
+        let of = centres
+            .iter()
+            .map(|c| {
+                (c.mean != [0.0; 2]).then(|| {
+                    freqs
+                        .iter()
+                        .position(|f| f.to_bits() == c.freq.to_bits())
+                        .unwrap_or_else(|| {
+                            freqs.push(c.freq);
+                            freqs.len() - 1
+                        })
+                })
+            })
+            .collect();
+        Self {
+            freqs,
+            of,
+            table: Vec::new(),
+        }
+    }
+
+    /// Positions covered.
+    pub(crate) fn positions(&self) -> usize {
+        self.table.len().checked_div(self.freqs.len()).unwrap_or(0)
+    }
+
+    /// Cover positions `0..n`.
+    pub(crate) fn cover(&mut self, n: usize) {
+        for pos in self.positions()..n {
+            let pos = pos as u32;
+            let turns = self.freqs.iter().map(|&f| {
+                let (c, s) = RopeConfig::cos_sin(&[f], pos, 0);
+                [c, s]
+            });
+            self.table.extend(turns);
+        }
+    }
+
+    /// Whether position `pos` is covered (or no centre needs it).
+    pub(crate) fn covers(&self, pos: usize) -> bool {
+        self.freqs.is_empty() || pos < self.positions()
+    }
+
+    /// Whether centre `i` moves a key (its mean is not zero).
+    pub(crate) fn moves(&self, i: usize) -> bool {
+        self.of[i].is_some()
+    }
+
+    /// Centre `i`'s frequency's (cos, sin) at `pos` (covered), or none if it adds nothing.
+    pub(crate) fn at(&self, i: usize, pos: usize) -> Option<[f32; 2]> {
+        self.of[i].map(|f| self.table[pos * self.freqs.len() + f])
+    }
+}
+
 /// Add `sign` × the head's centres at `pos` to a key row (−1 before storing, +1 after).
 pub(crate) fn shift_row(centres: &[KeyCentre], pos: u32, sign: f32, row: &mut [f32]) {
     for c in centres {
@@ -106,7 +178,7 @@ pub(crate) fn shift_row(centres: &[KeyCentre], pos: u32, sign: f32, row: &mut [f
     }
 }
 
-/// Store a row on the host exactly as the device format would hold it.
+/// Store a row on the host exactly as the device format would hold it, as f32 values.
 pub(crate) fn store_row(dtype: KvDtype, src: &[f32], dst: &mut [f32]) {
     match dtype {
         KvDtype::F32 => dst.copy_from_slice(src),
@@ -116,11 +188,10 @@ pub(crate) fn store_row(dtype: KvDtype, src: &[f32], dst: &mut [f32]) {
             }
         }
         KvDtype::Int8 => {
-            let amax = src.iter().fold(0f32, |a, v| a.max(v.abs()));
-            let scale = amax / 127.0;
-            let inv = if scale > 0.0 { 1.0 / scale } else { 0.0 };
-            for (d, s) in dst.iter_mut().zip(src) {
-                *d = f32::from((s * inv).round_ties_even() as i8) * scale;
+            let mut q = [0i8; MAX_ROW];
+            let scale = quantize_i8(src, &mut q[..src.len()]);
+            for (d, &q) in dst.iter_mut().zip(&q) {
+                *d = f32::from(q) * scale;
             }
         }
         KvDtype::Int4 => {
@@ -128,14 +199,46 @@ pub(crate) fn store_row(dtype: KvDtype, src: &[f32], dst: &mut [f32]) {
             // then reads exactly what the kernels reconstruct (H is its own inverse).
             dst.copy_from_slice(src);
             hadamard(dst);
-            let [scale, zero] = int4_params(dst);
-            let inv = if scale > 0.0 { 1.0 / scale } else { 0.0 };
-            for d in dst.iter_mut() {
-                *d = int4_level(*d, zero, inv) * scale + zero;
+            let mut levels = [0u8; MAX_ROW];
+            let [scale, zero] = quantize_i4(dst, &mut levels[..src.len()]);
+            for (d, &l) in dst.iter_mut().zip(&levels) {
+                *d = int4_value(l, scale, zero);
             }
             hadamard(dst);
         }
     }
+}
+
+/// The longest row [`store_row`] takes (the cache's largest head).
+const MAX_ROW: usize = crate::MAX_HEAD_DIM;
+
+/// An INT8 row: each value rounded (to nearest, ties to even) in steps of the row's largest
+/// magnitude / 127, into `q`; returns that step (the row's scale).
+pub(crate) fn quantize_i8(src: &[f32], q: &mut [i8]) -> f32 {
+    let amax = src.iter().fold(0f32, |a, v| a.max(v.abs()));
+    let scale = amax / 127.0;
+    let inv = if scale > 0.0 { 1.0 / scale } else { 0.0 };
+    for (q, s) in q.iter_mut().zip(src) {
+        *q = round_even(s * inv) as i8;
+    }
+    scale
+}
+
+/// An INT4 row, already in the rotated basis ([`hadamard`]): each value's level (0..=15, one
+/// a byte) into `levels`; returns the row's scale and zero point as stored (f16 values).
+pub(crate) fn quantize_i4(rotated: &[f32], levels: &mut [u8]) -> [f32; 2] {
+    let [scale, zero] = int4_params(rotated);
+    let inv = if scale > 0.0 { 1.0 / scale } else { 0.0 };
+    for (l, &x) in levels.iter_mut().zip(rotated) {
+        *l = int4_level(x, zero, inv) as u8;
+    }
+    [scale, zero]
+}
+
+/// The value an INT4 level stands for (in the rotated basis), as `CpuContext::widen_u4`
+/// computes it for the native backend's rows.
+fn int4_value(level: u8, scale: f32, zero: f32) -> f32 {
+    f32::from(level) * scale + zero
 }
 
 /// The Walsh–Hadamard rotation INT4 rows are quantized in, applied in place: orthonormal and
@@ -143,7 +246,7 @@ pub(crate) fn store_row(dtype: KvDtype, src: &[f32], dst: &mut [f32]) {
 /// the row. K rows have a few large channels and per-token quantization spends its 15 steps
 /// on them; rotated, every channel carries a share of them. Attention is unchanged by a
 /// rotation applied to Q and K alike (q·k = Hq·Hk) and to V and the output (H Σ p·Hv = Σ p·v).
-fn hadamard(x: &mut [f32]) {
+pub(crate) fn hadamard(x: &mut [f32]) {
     let n = hadamard_block(x.len());
     if n < 2 {
         return;
@@ -181,9 +284,24 @@ pub(crate) fn hadamard_norm(len: usize) -> f32 {
     1.0 / (hadamard_block(len).max(1) as f32).sqrt()
 }
 
+/// `x` rounded to the nearest integer, ties to even: `f32::round_ties_even`, which on
+/// x86-64 without SSE4.1 (the baseline kiln builds for) is a call into libm for every value
+/// the quantizers round. Below 2^22 in magnitude, adding 1.5 · 2^23 lands where the float
+/// steps are whole numbers, so the sum is rounded to one (to nearest, ties to even) and
+/// taking it away again is exact. (A result of zero may lose its sign, which no level or
+/// quant keeps.)
+fn round_even(x: f32) -> f32 {
+    const SHIFT: f32 = 12_582_912.0;
+    if x.abs() < 4_194_304.0 {
+        (x + SHIFT) - SHIFT
+    } else {
+        x.round_ties_even()
+    }
+}
+
 /// The quantization level of `x` (0..=15) against a row's scale inverse and zero point.
 fn int4_level(x: f32, zero: f32, inv: f32) -> f32 {
-    ((x - zero) * inv).round_ties_even().clamp(0.0, 15.0)
+    round_even((x - zero) * inv).clamp(0.0, 15.0)
 }
 
 /// Range shrink factors the INT4 quantizer tries per row (around the row's midpoint),
@@ -227,3 +345,28 @@ fn int4_params(src: &[f32]) -> [f32; 2] {
 }
 
 const F16_MAX: f32 = 65504.0;
+
+#[cfg(test)]
+mod tests {
+    use super::round_even;
+
+    /// Halves of both parities, values a step off them, the edges of the shortcut and
+    /// beyond, and non-finite values round as `round_ties_even` does.
+    #[test]
+    fn round_even_is_round_ties_even() {
+        let mut xs = vec![
+            0.0f32, -0.0, 1e-30, 0.49999997, 0.5, 1.5, 2.5, -2.5, -3.5, 126.5,
+        ];
+        xs.extend([127.49, 4_194_303.5, 4_194_304.0, 4_194_305.0, 1e9, f32::MAX]);
+        xs.extend([f32::INFINITY, f32::NEG_INFINITY]);
+        for i in 0..100_000 {
+            xs.push((i as f32 - 50_000.0) * 0.0625);
+            xs.push(f32::from_bits(0x3f00_0000 + i * 97));
+        }
+        for x in xs {
+            let (got, want) = (round_even(x), x.round_ties_even());
+            assert!(got == want, "{x}: {got} not {want}");
+        }
+        assert!(round_even(f32::NAN).is_nan());
+    }
+}

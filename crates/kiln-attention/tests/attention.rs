@@ -844,7 +844,7 @@ fn key_centres_recover_the_pre_rope_mean() {
 /// returns is what was written.
 #[test]
 fn key_centres_and_key_reads_check_the_cache() {
-    let mut devs = vec![Device::reference()];
+    let mut devs = vec![Device::reference(), kiln_testkit::native_cpu()];
     devs.extend(gpu());
     let (kvh, d, n) = (2usize, 64usize, 21usize);
     let mut r = StdRng::seed_from_u64(12);
@@ -1011,12 +1011,41 @@ fn bad_batches_are_errors() {
     assert!(e.to_string().contains("layer 1 of 1"), "{e}");
 }
 
+/// The native backend's pools and the GPU's hold each format's own bytes, as many as
+/// `kiln-kv`'s plan counts a token (the KV memory budget is spent as planned): INT8 a byte an
+/// element and a scale a row, INT4 half a byte and a scale and zero point.
+#[test]
+fn pools_hold_the_planned_bytes() {
+    let devs = std::iter::once(kiln_testkit::native_cpu()).chain(gpu());
+    for dev in devs {
+        for dtype in KvDtype::ALL {
+            let cfg = KvCacheConfig {
+                layers: 3,
+                kv_heads: 2,
+                head_dim: 64,
+                block_size: BS,
+                num_blocks: 5,
+                dtype,
+            };
+            let cache = KvCache::new(&dev, cfg).unwrap();
+            let shape = kiln_kv::KvShape {
+                num_layers: 3,
+                num_kv_heads: 2,
+                head_dim: 64,
+                dtype,
+            };
+            let planned = shape.bytes_per_token().unwrap() as usize * 5 * BS;
+            assert_eq!(cache.pool_bytes(), planned, "{dev:?} {dtype:?}");
+        }
+    }
+}
+
 /// Copy-on-write: after copying block 0 to block 3, a sequence reading block 3 sees block 0's
 /// rows, on every backend and storage type.
 #[test]
 fn copied_blocks_read_like_their_source() {
     let mut r = StdRng::seed_from_u64(8);
-    let mut devs = vec![Device::reference()];
+    let mut devs = vec![Device::reference(), kiln_testkit::native_cpu()];
     devs.extend(gpu());
     for dev in devs {
         for dtype in KvDtype::ALL {

@@ -15,6 +15,7 @@ use super::{
     invalid, variant,
 };
 use crate::Result;
+use crate::native::{CentredKeys, I4Rows, I8Rows};
 use crate::reference;
 use crate::stored::{CENTRED_PAIRS, hadamard_norm};
 
@@ -208,9 +209,48 @@ impl KvCache {
                             cfg,
                             attn,
                         };
+                        let d = hd;
                         match pools {
-                            [HostPool::F16(k), HostPool::F16(v)] => call.attention(k, v),
-                            [HostPool::F32(k), HostPool::F32(v)] => call.attention(k, v),
+                            [HostPool::F16(k), HostPool::F16(v)] => call.attention(&k[..], &v[..]),
+                            [HostPool::F32(k), HostPool::F32(v)] => call.attention(&k[..], &v[..]),
+                            [
+                                HostPool::I8 { q: k, scale: ks },
+                                HostPool::I8 { q: v, scale: vs },
+                            ] => call.attention(
+                                &I8Rows { q: k, scale: ks, d },
+                                &I8Rows { q: v, scale: vs, d },
+                            ),
+                            [
+                                HostPool::I4 { q: k, params: kp },
+                                HostPool::I4 { q: v, params: vp },
+                            ] => {
+                                let last = batch.info.iter().skip(1).step_by(2).max();
+                                if let Some(&p) = last.filter(|&&p| !self.turns.covers(p as usize))
+                                {
+                                    return invalid(format!(
+                                        "attention at position {p}: no key was written there"
+                                    ));
+                                }
+                                let first = layer * kvh * CENTRED_PAIRS;
+                                let keys = CentredKeys {
+                                    rows: I4Rows {
+                                        q: k,
+                                        params: kp,
+                                        d,
+                                    },
+                                    centres: &self.centres[first..][..kvh * CENTRED_PAIRS],
+                                    first,
+                                    turns: &self.turns,
+                                };
+                                call.attention(
+                                    &keys,
+                                    &I4Rows {
+                                        q: v,
+                                        params: vp,
+                                        d,
+                                    },
+                                )
+                            }
                             _ => return invalid("the host pools do not match the device".into()),
                         }
                     }

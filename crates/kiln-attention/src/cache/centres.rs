@@ -4,9 +4,9 @@
 use kiln_kv::KvDtype;
 use kiln_tensor::{Device, Tensor};
 
-use super::{KvCache, Store, invalid};
+use super::{HostPool, KvCache, Store, invalid};
 use crate::Result;
-use crate::stored::{CENTRED_PAIRS, KeyCentre};
+use crate::stored::{CENTRED_PAIRS, CentreTurns, KeyCentre};
 
 impl KvCache {
     /// Centre an INT4 pool's keys (`centres` is `[layers, kv_heads, CENTRED_PAIRS]`, as
@@ -45,6 +45,9 @@ impl KvCache {
             }
         }
         self.centres.copy_from_slice(centres);
+        let covered = self.turns.positions();
+        self.turns = CentreTurns::new(centres);
+        self.turns.cover(covered);
         Ok(())
     }
 
@@ -69,7 +72,10 @@ impl KvCache {
         }
         let row = self.cfg.kv_heads * self.cfg.head_dim;
         let pool = match &self.store {
-            Store::Cpu(layers) => layers[layer][0].to_f32(),
+            Store::Cpu(layers) => match &layers[layer][0] {
+                HostPool::F32(p) => std::borrow::Cow::Borrowed(p),
+                _ => return invalid("an f32 cache's host pool holds other values".into()),
+            },
             Store::Gpu(layers) => std::borrow::Cow::Owned(layers[layer].k.to_f32_vec()?),
         };
         Ok(slots

@@ -6,11 +6,9 @@ use bytemuck::{Pod, Zeroable};
 use kiln_kv::KvDtype;
 use kiln_tensor::{Access, DType, Device, KernelDef, Recorder, RopeLayout, RopePositions, Tensor};
 
-use half::slice::HalfFloatSliceExt;
-
 use super::{AttnBatch, HostPool, KvCache, Store, dtype_define, flag, invalid, variant};
 use crate::Result;
-use crate::stored::{CENTRED_PAIRS, hadamard_norm, shift_row, store_row};
+use crate::stored::{CENTRED_PAIRS, hadamard_norm, shift_row};
 
 // `hadamard.wgsl` (the INT4 rotation) and `centre.wgsl` (its key centres) come first.
 const WRITE_SRC: &str = concat!(
@@ -214,44 +212,38 @@ impl KvCache {
         vv: &[f32],
         batch: &AttnBatch,
     ) -> Result<()> {
-        let (kvh, hd) = (self.cfg.kv_heads, self.cfg.head_dim);
+        let (kvh, hd, dtype) = (self.cfg.kv_heads, self.cfg.head_dim, self.cfg.dtype);
         let Store::Cpu(layers) = &mut self.store else {
             return invalid("host write on a device cache".into());
         };
-        let row = kvh * hd;
-        let (kp, vp) = match &mut layers[layer] {
-            [HostPool::F32(k), HostPool::F32(v)] => (k, v),
-            [HostPool::F16(k), HostPool::F16(v)] => {
-                // f16 pools hold f16 caches, whose rows are plain conversions.
-                for (t, &slot) in batch.slots.iter().enumerate() {
-                    let (src, dst) = (t * row, slot as usize * row);
-                    k[dst..dst + row].convert_from_f32_slice(&kv[src..src + row]);
-                    v[dst..dst + row].convert_from_f32_slice(&vv[src..src + row]);
-                }
-                return Ok(());
-            }
-            _ => return invalid("a layer's K and V pools differ in type".into()),
-        };
+        let [kp, vp] = &mut layers[layer];
+        if let HostPool::I4 { .. } = kp {
+            // Attention adds the centres back from their turns at the keys' positions.
+            let last = batch.info.iter().skip(1).step_by(2).max();
+            self.turns.cover(last.map_or(0, |&p| p as usize + 1));
+        }
         let centres = &self.centres[layer * kvh * CENTRED_PAIRS..][..kvh * CENTRED_PAIRS];
-        let mut centred = vec![0f32; hd];
+        let (mut centred, mut scratch) = (vec![0f32; hd], vec![0f32; hd]);
         for (t, &slot) in batch.slots.iter().enumerate() {
             let pos = batch.info[2 * t + 1];
             for h in 0..kvh {
-                let src = t * row + h * hd;
-                let dst = slot as usize * row + h * hd;
-                let kd = &mut kp[dst..dst + hd];
-                if self.cfg.dtype == KvDtype::Int4 {
+                let src = (t * kvh + h) * hd;
+                let r = slot as usize * kvh + h;
+                let key = &kv[src..src + hd];
+                if dtype == KvDtype::Int4 {
                     // Stored less the centres, read back with them (what the kernels'
-                    // scores add back).
+                    // scores add back; an f32 pool holds the keys as read).
                     let c = &centres[h * CENTRED_PAIRS..][..CENTRED_PAIRS];
-                    centred.copy_from_slice(&kv[src..src + hd]);
+                    centred.copy_from_slice(key);
                     shift_row(c, pos, -1.0, &mut centred);
-                    store_row(self.cfg.dtype, &centred, kd);
-                    shift_row(c, pos, 1.0, kd);
+                    kp.store(dtype, r, &centred, &mut scratch);
+                    if let HostPool::F32(k) = kp {
+                        shift_row(c, pos, 1.0, &mut k[r * hd..][..hd]);
+                    }
                 } else {
-                    store_row(self.cfg.dtype, &kv[src..src + hd], kd);
+                    kp.store(dtype, r, key, &mut scratch);
                 }
-                store_row(self.cfg.dtype, &vv[src..src + hd], &mut vp[dst..dst + hd]);
+                vp.store(dtype, r, &vv[src..src + hd], &mut scratch);
             }
         }
         Ok(())

@@ -7,7 +7,10 @@
 use half::f16;
 
 use super::dot::{Rows, rows_portable};
-use super::vector::{axpy_portable, axpys_portable, dot_portable, dots_portable};
+use super::vector::{
+    axpy_portable, axpys_portable, dot_portable, dots_portable, widen_i8_portable,
+    widen_u4_portable,
+};
 use super::{Isa, QuantX};
 
 /// `out[r·m + i]` = row r of `rows` · row i of `x`, at level `isa` (which the CPU must have).
@@ -127,3 +130,27 @@ macro_rules! many {
 
 many!(dots_f32, axpys_f32, f32);
 many!(dots_f16, axpys_f16, f16);
+
+/// `vector::widen_i8_portable` at level `isa` (which the CPU must have).
+pub(crate) fn widen_i8(isa: Isa, q: &[i8], scale: f32, out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if isa >= Isa::Avx2 {
+        debug_assert!(isa <= Isa::detect());
+        // SAFETY: `isa` is at most `Isa::detect()`, which saw AVX2.
+        return unsafe { super::x86::widen_i8(q, scale, out) };
+    }
+    let _ = isa;
+    widen_i8_portable(q, scale, out)
+}
+
+/// `vector::widen_u4_portable` at level `isa` (which the CPU must have).
+pub(crate) fn widen_u4(isa: Isa, packed: &[u8], scale: f32, zero: f32, out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if isa >= Isa::Avx2 {
+        debug_assert!(isa <= Isa::detect());
+        // SAFETY: `isa` is at most `Isa::detect()`, which saw AVX2.
+        return unsafe { super::x86::widen_u4(packed, scale, zero, out) };
+    }
+    let _ = isa;
+    widen_u4_portable(packed, scale, zero, out)
+}

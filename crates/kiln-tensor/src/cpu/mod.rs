@@ -226,6 +226,19 @@ impl CpuContext {
         dispatch::axpys_f16(self.isa, w, pool, starts, y)
     }
 
+    /// `out[e] = q[e] · scale`: an INT8 cache's row widened. Fills `out[..q.len()]`, as far
+    /// as `out` goes.
+    pub fn widen_i8(&self, q: &[i8], scale: f32, out: &mut [f32]) {
+        dispatch::widen_i8(self.isa, q, scale, out)
+    }
+
+    /// `out[e] = level e · scale + zero` (a product, then a sum) for the 4-bit levels of
+    /// `packed`, two a byte (element 2i in byte i's low nibble, 2i + 1 in its high nibble):
+    /// an INT4 cache's row widened. Fills `out[..2 · packed.len()]`, as far as `out` goes.
+    pub fn widen_u4(&self, packed: &[u8], scale: f32, zero: f32, out: &mut [f32]) {
+        dispatch::widen_u4(self.isa, packed, scale, zero, out)
+    }
+
     /// `s[i] = e^(s[i] − shift)`, returning their sum (eight lanes summed in order, then the
     /// rest): a softmax's terms.
     pub fn exps(&self, s: &mut [f32], shift: f32) -> f32 {
@@ -516,6 +529,41 @@ mod tests {
                 (f64::from(want) - exact).abs() < 1e-4 * n as f64,
                 "{want} vs {exact}"
             );
+        }
+    }
+
+    /// INT8 values and 4-bit levels widen to the portable forms' bits at every ISA, for rows
+    /// with and without a tail past the last whole eight bytes, each level in the nibble it
+    /// names.
+    #[test]
+    fn widened_rows_match_the_portable_forms_bit_for_bit() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(5);
+        for bytes in [1, 4, 8, 13, 32, 128] {
+            let q: Vec<i8> = (0..bytes).map(|_| rng.random()).collect();
+            let scale = rng.random_range(0.001..0.1);
+            let mut want = vec![0f32; bytes];
+            vector::widen_i8_portable(&q, scale, &mut want);
+            for (e, w) in want.iter().enumerate() {
+                assert_eq!(*w, f32::from(q[e]) * scale, "element {e}");
+            }
+            for isa in Isa::available() {
+                let mut got = vec![0f32; bytes];
+                dispatch::widen_i8(isa, &q, scale, &mut got);
+                assert_eq!(got, want, "{isa} {bytes} values");
+            }
+            let packed: Vec<u8> = (0..bytes).map(|_| rng.random()).collect();
+            let (scale, zero) = (rng.random_range(0.01..0.5), rng.random_range(-2.0..2.0));
+            let mut want = vec![0f32; 2 * bytes];
+            vector::widen_u4_portable(&packed, scale, zero, &mut want);
+            for (e, w) in want.iter().enumerate() {
+                let level = (packed[e / 2] >> (4 * (e % 2))) & 15;
+                assert_eq!(*w, f32::from(level) * scale + zero, "element {e}");
+            }
+            for isa in Isa::available() {
+                let mut got = vec![0f32; 2 * bytes];
+                dispatch::widen_u4(isa, &packed, scale, zero, &mut got);
+                assert_eq!(got, want, "{isa} {bytes} bytes");
+            }
         }
     }
 

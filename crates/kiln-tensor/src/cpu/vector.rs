@@ -1,5 +1,6 @@
 //! Vector helpers of the native backend for kernels outside this crate (paged attention):
-//! dot products and `y += w·x` over f32 or f16 rows.
+//! dot products and `y += w·x` over f32 or f16 rows, and an INT8 or INT4 cache's rows widened
+//! to the values they stand for.
 //!
 //! Numerics, defined by the portable forms here and reproduced bit for bit by the x86 ones:
 //! a dot product runs eight lanes, the product of element `e` added to lane `e % 8`, the lanes
@@ -87,5 +88,21 @@ pub(super) fn dots_portable<E: Elem>(a: &[f32], pool: &[E], starts: &[usize], ou
 pub(super) fn axpys_portable<E: Elem>(w: &[f32], pool: &[E], starts: &[usize], y: &mut [f32]) {
     for (&w, &s) in w.iter().zip(starts) {
         axpy_portable(w, &pool[s..s + y.len()], y);
+    }
+}
+
+/// `out[e] = q[e] · scale`.
+pub(super) fn widen_i8_portable(q: &[i8], scale: f32, out: &mut [f32]) {
+    for (o, &q) in out.iter_mut().zip(q) {
+        *o = f32::from(q) * scale;
+    }
+}
+
+/// `out[e] = level e · scale + zero` (a product, then a sum), for the levels of `packed`, two
+/// a byte: element 2i in byte i's low nibble, 2i + 1 in its high nibble.
+pub(super) fn widen_u4_portable(packed: &[u8], scale: f32, zero: f32, out: &mut [f32]) {
+    for (pair, &b) in out.chunks_exact_mut(2).zip(packed) {
+        pair[0] = f32::from(b & 15) * scale + zero;
+        pair[1] = f32::from(b >> 4) * scale + zero;
     }
 }

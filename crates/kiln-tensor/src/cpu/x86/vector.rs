@@ -1,11 +1,12 @@
 //! x86-64 forms of the vector helpers (`cpu::vector` defines them): dot products and
-//! `y += w·x` over f32 or f16 rows, one row or many rows of a pool, on AVX2 with F16C.
+//! `y += w·x` over f32 or f16 rows, one row or many rows of a pool, on AVX2 with F16C, and
+//! 4-bit levels widened to values.
 
 use std::arch::x86_64::*;
 
 use half::f16;
 
-use super::super::vector::{LANES, axpy_portable, tail};
+use super::super::vector::{LANES, axpy_portable, tail, widen_i8_portable, widen_u4_portable};
 
 /// Eight f32s from `x` (at least eight long).
 #[inline]
@@ -126,3 +127,50 @@ macro_rules! many {
 
 many!(dots_f32, axpys_f32, f32, load8);
 many!(dots_f16, axpys_f16, f16, widen8);
+
+/// `vector::widen_i8_portable`, eight values a step.
+#[target_feature(enable = "avx2")]
+pub(in crate::cpu) fn widen_i8(q: &[i8], scale: f32, out: &mut [f32]) {
+    let n = q.len().min(out.len());
+    let s = _mm256_set1_ps(scale);
+    for (o, q) in out[..n].chunks_exact_mut(8).zip(q[..n].chunks_exact(8)) {
+        let eight = _mm_cvtsi64_si128(bytemuck::pod_read_unaligned(bytemuck::cast_slice(q)));
+        let v = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(eight)), s);
+        o.copy_from_slice(&bytemuck::cast::<__m256, [f32; 8]>(v));
+    }
+    let whole = n / 8 * 8;
+    widen_i8_portable(&q[whole..n], scale, &mut out[whole..n]);
+}
+
+/// `vector::widen_u4_portable`, sixteen levels (eight bytes) a step.
+#[target_feature(enable = "avx2")]
+pub(in crate::cpu) fn widen_u4(packed: &[u8], scale: f32, zero: f32, out: &mut [f32]) {
+    let n = packed.len().min(out.len() / 2);
+    let (s, z, low) = (
+        _mm256_set1_ps(scale),
+        _mm256_set1_ps(zero),
+        _mm_set1_epi8(15),
+    );
+    let value = |levels: __m128i| {
+        _mm256_add_ps(
+            _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(levels)), s),
+            z,
+        )
+    };
+    for (o, b) in out[..2 * n]
+        .chunks_exact_mut(16)
+        .zip(packed[..n].chunks_exact(8))
+    {
+        let bytes = _mm_cvtsi64_si128(bytemuck::pod_read_unaligned(b));
+        let lo = _mm_and_si128(bytes, low);
+        let hi = _mm_and_si128(_mm_srli_epi16(bytes, 4), low);
+        // Low and high nibbles alternate: element 2i, then 2i + 1.
+        let levels = _mm_unpacklo_epi8(lo, hi);
+        o[..8].copy_from_slice(&bytemuck::cast::<__m256, [f32; 8]>(value(levels)));
+        o[8..].copy_from_slice(&bytemuck::cast::<__m256, [f32; 8]>(value(_mm_srli_si128(
+            levels, 8,
+        ))));
+    }
+    let whole = n / 8 * 8;
+    widen_u4_portable(&packed[whole..n], scale, zero, &mut out[2 * whole..2 * n]);
+}
