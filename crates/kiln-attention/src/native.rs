@@ -39,6 +39,10 @@ pub(crate) trait KvRows: Sync {
     /// The rows are in the rotated basis (INT4): queries are rotated to meet the keys, and
     /// outputs summed from the values rotated back, once a call.
     const ROTATED: bool = false;
+    /// Positions a span over rows of `d` elements.
+    fn span(_d: usize) -> usize {
+        SPAN
+    }
     /// What the span's rows need beside the pool (the rows widened, the keys' centres' turns),
     /// into `buf`.
     fn load(&self, _cpu: &CpuContext, _span: &Span, _at: &[usize], _buf: &mut SpanBuf) {}
@@ -81,7 +85,33 @@ pub(crate) struct SpanBuf {
     terms: Vec<[f32; 2]>,
 }
 
-impl KvRows for [f32] {
+/// An element of a pool read as it is (f32, or f16), with the backend's vector helpers for it.
+pub(crate) trait PoolElem: Copy + Send + Sync {
+    /// `q` · each row of `pool` at `starts`, into `out`.
+    fn dots(cpu: &CpuContext, q: &[f32], pool: &[Self], starts: &[usize], out: &mut [f32]);
+    /// `o += w[p] · row p` for each row of `pool` at `starts`, in order.
+    fn axpys(cpu: &CpuContext, w: &[f32], pool: &[Self], starts: &[usize], o: &mut [f32]);
+}
+
+impl PoolElem for f32 {
+    fn dots(cpu: &CpuContext, q: &[f32], pool: &[f32], starts: &[usize], out: &mut [f32]) {
+        cpu.dots(q, pool, starts, out)
+    }
+    fn axpys(cpu: &CpuContext, w: &[f32], pool: &[f32], starts: &[usize], o: &mut [f32]) {
+        cpu.axpys(w, pool, starts, o)
+    }
+}
+
+impl PoolElem for half::f16 {
+    fn dots(cpu: &CpuContext, q: &[f32], pool: &[Self], starts: &[usize], out: &mut [f32]) {
+        cpu.dots_f16(q, pool, starts, out)
+    }
+    fn axpys(cpu: &CpuContext, w: &[f32], pool: &[Self], starts: &[usize], o: &mut [f32]) {
+        cpu.axpys_f16(w, pool, starts, o)
+    }
+}
+
+impl<E: PoolElem> KvRows for [E] {
     fn dots(
         &self,
         cpu: &CpuContext,
@@ -90,49 +120,75 @@ impl KvRows for [f32] {
         _: &mut SpanBuf,
         out: &mut [f32],
     ) {
-        cpu.dots(q, self, at, out)
+        E::dots(cpu, q, self, at, out)
     }
     fn axpys(&self, cpu: &CpuContext, w: &mut [f32], at: &[usize], _: &mut SpanBuf, o: &mut [f32]) {
-        cpu.axpys(w, self, at, o)
+        E::axpys(cpu, w, self, at, o)
     }
 }
 
-impl KvRows for [half::f16] {
-    fn dots(
-        &self,
-        cpu: &CpuContext,
-        [q, _]: [&[f32]; 2],
-        at: &[usize],
-        _: &mut SpanBuf,
-        out: &mut [f32],
-    ) {
-        cpu.dots_f16(q, self, at, out)
-    }
-    fn axpys(&self, cpu: &CpuContext, w: &mut [f32], at: &[usize], _: &mut SpanBuf, o: &mut [f32]) {
-        cpu.axpys_f16(w, self, at, o)
-    }
+/// A quantized pool's rows: each row's `d` elements stored as `Q`s, and its parameters. Read
+/// by widening a span's rows to f32 once for all the query heads that share them, then taking
+/// the f32 pools' dot products and sums over those.
+pub(crate) struct QuantRows<'a, Q: Stored> {
+    pub q: &'a [Q],
+    pub params: &'a [Q::Params],
+    pub d: usize,
 }
 
-/// A quantized pool, read by widening a span's rows to f32 once for all the query heads
-/// that share them, then taking the f32 pools' dot products and sums over those.
-pub(crate) trait Widened: Sync {
+/// An INT8 pool: each row's values and scale, widened to the values the format stands for
+/// (value · scale).
+pub(crate) type I8Rows<'a> = QuantRows<'a, i8>;
+
+/// An INT4 pool: each row's levels in the rotated basis (two a byte) and its scale and zero
+/// point, widened to the rotated values. Queries meet the keys rotated (q·k = Hq·Hk), and
+/// values are summed rotated (Σ p·v = H Σ p·Hv).
+pub(crate) type I4Rows<'a> = QuantRows<'a, u8>;
+
+/// What a quantized format stores its elements as.
+pub(crate) trait Stored: Sized + Sync {
+    /// A row's parameters.
+    type Params: Copy + Sync;
+    /// Elements one stored value holds.
+    const ELEMS: usize;
     /// As [`KvRows::ROTATED`].
     const ROTATED: bool;
-    /// Elements a row.
-    fn head_dim(&self) -> usize;
-    /// The row that starts at element `a`, widened into `out` (a row long).
-    fn widen(&self, cpu: &CpuContext, a: usize, out: &mut [f32]);
+    /// A row's stored values `q` with its parameters, widened into `out`.
+    fn widen(cpu: &CpuContext, q: &[Self], params: Self::Params, out: &mut [f32]);
 }
 
-impl<W: Widened> KvRows for W {
-    const ROTATED: bool = W::ROTATED;
+impl Stored for i8 {
+    type Params = f32;
+    const ELEMS: usize = 1;
+    const ROTATED: bool = false;
+    fn widen(cpu: &CpuContext, q: &[i8], scale: f32, out: &mut [f32]) {
+        cpu.widen_i8(q, scale, out)
+    }
+}
+
+impl Stored for u8 {
+    type Params = [half::f16; 2];
+    const ELEMS: usize = 2;
+    const ROTATED: bool = true;
+    fn widen(cpu: &CpuContext, q: &[u8], params: [half::f16; 2], out: &mut [f32]) {
+        let [scale, zero] = params.map(half::f16::to_f32);
+        cpu.widen_u4(q, scale, zero, out)
+    }
+}
+
+impl<Q: Stored> KvRows for QuantRows<'_, Q> {
+    const ROTATED: bool = Q::ROTATED;
+    fn span(d: usize) -> usize {
+        (WIDE_FLOATS / d).clamp(8, SPAN)
+    }
     fn load(&self, cpu: &CpuContext, _: &Span, at: &[usize], buf: &mut SpanBuf) {
-        let d = self.head_dim();
+        let d = self.d;
         buf.rows.resize(at.len() * d, 0.0);
         buf.starts.clear();
         buf.starts.extend((0..at.len()).map(|p| p * d));
         for (row, &a) in buf.rows.chunks_exact_mut(d).zip(at) {
-            self.widen(cpu, a, row);
+            let q = &self.q[a / Q::ELEMS..][..d / Q::ELEMS];
+            Q::widen(cpu, q, self.params[a / d], row);
         }
     }
     fn dots(
@@ -157,44 +213,6 @@ impl<W: Widened> KvRows for W {
     }
 }
 
-/// An INT8 pool: each row's values and scale (`d` elements a row), widened to the values the
-/// format stands for (value · scale).
-pub(crate) struct I8Rows<'a> {
-    pub q: &'a [i8],
-    pub scale: &'a [f32],
-    pub d: usize,
-}
-
-impl Widened for I8Rows<'_> {
-    const ROTATED: bool = false;
-    fn head_dim(&self) -> usize {
-        self.d
-    }
-    fn widen(&self, cpu: &CpuContext, a: usize, out: &mut [f32]) {
-        cpu.widen_i8(&self.q[a..a + self.d], self.scale[a / self.d], out);
-    }
-}
-
-/// An INT4 pool: each row's levels in the rotated basis (two a byte) and its scale and zero
-/// point, widened to the rotated values. Queries meet the keys rotated (q·k = Hq·Hk), and
-/// values are summed rotated (Σ p·v = H Σ p·Hv).
-pub(crate) struct I4Rows<'a> {
-    pub q: &'a [u8],
-    pub params: &'a [[half::f16; 2]],
-    pub d: usize,
-}
-
-impl Widened for I4Rows<'_> {
-    const ROTATED: bool = true;
-    fn head_dim(&self) -> usize {
-        self.d
-    }
-    fn widen(&self, cpu: &CpuContext, a: usize, out: &mut [f32]) {
-        let [scale, zero] = self.params[a / self.d].map(half::f16::to_f32);
-        cpu.widen_u4(&self.q[a / 2..][..self.d / 2], scale, zero, out);
-    }
-}
-
 /// An INT4 key pool with the layer's key centres (`[kv_heads, CENTRED_PAIRS]`): a key's
 /// score gets `q · R(p)·mean` of each centre back, `(cos, sin)` of its turn at the key's
 /// position `p` looked up in `turns`.
@@ -208,6 +226,9 @@ pub(crate) struct CentredKeys<'a> {
 
 impl KvRows for CentredKeys<'_> {
     const ROTATED: bool = true;
+    fn span(d: usize) -> usize {
+        <I4Rows<'_> as KvRows>::span(d)
+    }
     fn load(&self, cpu: &CpuContext, span: &Span, at: &[usize], buf: &mut SpanBuf) {
         self.rows.load(cpu, span, at, buf);
         let SpanBuf {
@@ -265,12 +286,17 @@ impl KvRows for CentredKeys<'_> {
     }
 }
 
-/// Positions a span. A (query token, KV head) reads its keys a span at a time: each span's
-/// scores, softmax terms and weighted values are kept apart (their max, sum and output) and
-/// the spans are then combined in order. Spans start at multiples of `SPAN` positions, so a
-/// token's result depends on its position and window only, never on its batch or on how
-/// the spans were shared among threads.
+/// Positions a span (at most; [`KvRows::span`]). A (query token, KV head) reads its keys a
+/// span at a time: each span's scores, softmax terms and weighted values are kept apart
+/// (their max, sum and output) and the spans are then combined in order. Spans start at
+/// multiples of the pool's span length, so a token's result depends on its position and
+/// window (and the cache's format and head size) only, never on its batch or on how the spans
+/// were shared among threads.
 const SPAN: usize = 64;
+
+/// Floats of a span's K (or V) rows a widened pool keeps at a time: 16 KiB each, so both
+/// stay in the L1 cache while the heads sharing them read them.
+const WIDE_FLOATS: usize = 4096;
 
 /// Floats a head's partial result over one span: its max score, its sum of terms, then its
 /// `head_dim` outputs.
@@ -287,16 +313,22 @@ pub(crate) struct Span {
     hi: usize,
 }
 
-/// The spans of token `t` for KV head `g`, in order, pushed to `out`.
-fn spans_of(batch: &AttnBatch, attn: &AttnConfig, t: usize, g: usize, out: &mut Vec<Span>) {
+/// The spans (of `len` positions) of token `t` for KV head `g`, in order, pushed to `out`.
+fn spans_of(
+    batch: &AttnBatch,
+    attn: &AttnConfig,
+    (t, g): (usize, usize),
+    len: usize,
+    out: &mut Vec<Span>,
+) {
     let pos = batch.info[2 * t + 1] as usize;
     let first = attn.window.map_or(0, |w| (pos + 1).saturating_sub(w));
-    for c in first / SPAN..=pos / SPAN {
+    for c in first / len..=pos / len {
         out.push(Span {
             token: t,
             kv_head: g,
-            lo: first.max(c * SPAN),
-            hi: pos.min(c * SPAN + SPAN - 1),
+            lo: first.max(c * len),
+            hi: pos.min(c * len + len - 1),
         });
     }
 }
@@ -411,11 +443,12 @@ impl Attend<'_> {
         let partials = |span: Span, s: &mut Scratch, p: &mut [f32]| {
             self.span_partials((kp, vp), qk, span, s, p)
         };
+        let len = K::span(d).min(V::span(d));
         let tokens = q.len() / (self.attn.heads * d);
         let out = if tokens * self.cfg.kv_heads >= 4 * cpu.threads() {
-            self.by_pairs(&partials)
+            self.by_pairs(&partials, len)
         } else {
-            self.by_spans(&partials)
+            self.by_spans(&partials, len)
         };
         if V::ROTATED { rotate_rows(out, d) } else { out }
     }
@@ -430,7 +463,7 @@ impl Attend<'_> {
     }
 
     /// Enough (token, KV head) pairs to share: a task a pair, its spans in turn.
-    fn by_pairs(&self, partials: &impl Partials) -> Vec<f32> {
+    fn by_pairs(&self, partials: &impl Partials, len: usize) -> Vec<f32> {
         let (batch, attn, kvh, d) = (self.batch, self.attn, self.cfg.kv_heads, self.cfg.head_dim);
         let [per_pair, per_span] = self.group_floats();
         let mut out = vec![0f32; self.q.len()];
@@ -439,7 +472,7 @@ impl Attend<'_> {
                 <(Scratch, Vec<Span>, Vec<f32>)>::default,
                 |(s, spans, ps), (idx, o)| {
                     spans.clear();
-                    spans_of(batch, attn, idx / kvh, idx % kvh, spans);
+                    spans_of(batch, attn, (idx / kvh, idx % kvh), len, spans);
                     ps.resize(spans.len() * per_span, 0.0);
                     for (&span, p) in spans.iter().zip(ps.chunks_exact_mut(per_span)) {
                         partials(span, s, p);
@@ -453,7 +486,7 @@ impl Attend<'_> {
 
     /// Few pairs (a decode step): a task a span, so that every thread has work; then each
     /// pair's spans combined.
-    fn by_spans(&self, partials: &impl Partials) -> Vec<f32> {
+    fn by_spans(&self, partials: &impl Partials, len: usize) -> Vec<f32> {
         let (batch, attn, kvh, d) = (self.batch, self.attn, self.cfg.kv_heads, self.cfg.head_dim);
         let [per_pair, per_span] = self.group_floats();
         let tokens = self.q.len() / (attn.heads * d);
@@ -461,7 +494,7 @@ impl Attend<'_> {
         let mut ends = Vec::with_capacity(tokens * kvh);
         for t in 0..tokens {
             for g in 0..kvh {
-                spans_of(batch, attn, t, g, &mut spans);
+                spans_of(batch, attn, (t, g), len, &mut spans);
                 ends.push(spans.len());
             }
         }

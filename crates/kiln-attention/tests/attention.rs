@@ -617,29 +617,30 @@ fn split_key_decode_matches_reference() {
 /// On the native backend a decode token's output does not depend on its batch: alone (too few
 /// (token, KV head) pairs to share, so each span of keys is a task) and among eleven other
 /// sequences (a task a pair, its spans in turn) it is the same to the bit, over one span and
-/// many, with and without a window, for every cache format.
+/// many, with and without a window, for every cache format, and with rows of 256 (the widened
+/// formats' shorter spans).
 #[test]
 fn native_decode_attention_is_batch_invariant() {
     let mut r = StdRng::seed_from_u64(31);
     let mut lens = vec![(1, 1), (70, 1), (200, 1), (130, 1)];
     lens.extend([(20, 1); 8]);
     let dev = kiln_testkit::native_cpu();
-    for window in [None, Some(100)] {
-        let c = case_of(&mut r, 2, 8, 64, window, &lens);
-        for dtype in [KvDtype::F32, KvDtype::F16, KvDtype::Int8, KvDtype::Int4] {
+    for (window, d) in [(None, 64), (Some(100), 64), (None, 256)] {
+        let c = case_of(&mut r, 2, 8, d, window, &lens);
+        for dtype in KvDtype::ALL {
             let all = run(&dev, &c, dtype);
             let row = c.heads * c.head_dim;
             for (i, s) in c.seqs.iter().enumerate() {
                 let alone = Case {
                     seqs: vec![s.clone()],
-                    ..case_of(&mut r, 2, 8, 64, window, &[])
+                    ..case_of(&mut r, 2, 8, d, window, &[])
                 };
                 let got = run(&dev, &alone, dtype);
                 assert!(
                     got.iter()
                         .zip(&all[i * row..(i + 1) * row])
                         .all(|(a, b)| a.to_bits() == b.to_bits()),
-                    "sequence {i} (context {}) {dtype:?} window={window:?}: alone != in the batch",
+                    "sequence {i} (context {}) {dtype:?} d={d} window={window:?}: alone != in the batch",
                     s.context
                 );
             }
@@ -1011,6 +1012,18 @@ fn bad_batches_are_errors() {
     assert!(e.to_string().contains("layer 1 of 1"), "{e}");
 }
 
+/// A cache of `layers` layers and `blocks` blocks of two KV heads of 64.
+fn small_cache(layers: usize, blocks: usize, dtype: KvDtype) -> KvCacheConfig {
+    KvCacheConfig {
+        layers,
+        kv_heads: 2,
+        head_dim: 64,
+        block_size: BS,
+        num_blocks: blocks,
+        dtype,
+    }
+}
+
 /// The native backend's pools and the GPU's hold each format's own bytes, as many as
 /// `kiln-kv`'s plan counts a token (the KV memory budget is spent as planned): INT8 a byte an
 /// element and a scale a row, INT4 half a byte and a scale and zero point.
@@ -1019,15 +1032,7 @@ fn pools_hold_the_planned_bytes() {
     let devs = std::iter::once(kiln_testkit::native_cpu()).chain(gpu());
     for dev in devs {
         for dtype in KvDtype::ALL {
-            let cfg = KvCacheConfig {
-                layers: 3,
-                kv_heads: 2,
-                head_dim: 64,
-                block_size: BS,
-                num_blocks: 5,
-                dtype,
-            };
-            let cache = KvCache::new(&dev, cfg).unwrap();
+            let cache = KvCache::new(&dev, small_cache(3, 5, dtype)).unwrap();
             let shape = kiln_kv::KvShape {
                 num_layers: 3,
                 num_kv_heads: 2,
@@ -1049,14 +1054,7 @@ fn copied_blocks_read_like_their_source() {
     devs.extend(gpu());
     for dev in devs {
         for dtype in KvDtype::ALL {
-            let cfg = KvCacheConfig {
-                layers: 2,
-                kv_heads: 2,
-                head_dim: 64,
-                block_size: BS,
-                num_blocks: 4,
-                dtype,
-            };
+            let cfg = small_cache(2, 4, dtype);
             let mut cache = KvCache::new(&dev, cfg).unwrap();
             let (kvh, d, n) = (2usize, 64usize, 11usize);
             let k = randv(&mut r, n * kvh * d);

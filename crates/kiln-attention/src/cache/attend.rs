@@ -217,8 +217,16 @@ impl KvCache {
                                 HostPool::I8 { q: k, scale: ks },
                                 HostPool::I8 { q: v, scale: vs },
                             ] => call.attention(
-                                &I8Rows { q: k, scale: ks, d },
-                                &I8Rows { q: v, scale: vs, d },
+                                &I8Rows {
+                                    q: k,
+                                    params: ks,
+                                    d,
+                                },
+                                &I8Rows {
+                                    q: v,
+                                    params: vs,
+                                    d,
+                                },
                             ),
                             [
                                 HostPool::I4 { q: k, params: kp },
