@@ -7,6 +7,8 @@
 //! the key centres added back to the scores. The plain reference (`reference.rs`, f64) is
 //! its oracle.
 
+use std::cell::Cell;
+
 use kiln_tensor::CpuContext;
 use rayon::prelude::*;
 
@@ -468,18 +470,20 @@ impl Attend<'_> {
         let [per_pair, per_span] = self.group_floats();
         let mut out = vec![0f32; self.q.len()];
         self.cpu.install(|| {
-            out.par_chunks_mut(per_pair).enumerate().for_each_init(
-                <(Scratch, Vec<Span>, Vec<f32>)>::default,
-                |(s, spans, ps), (idx, o)| {
-                    spans.clear();
-                    spans_of(batch, attn, (idx / kvh, idx % kvh), len, spans);
-                    ps.resize(spans.len() * per_span, 0.0);
-                    for (&span, p) in spans.iter().zip(ps.chunks_exact_mut(per_span)) {
-                        partials(span, s, p);
-                    }
-                    combine(ps, per_pair / d, d, o);
-                },
-            );
+            out.par_chunks_mut(per_pair)
+                .enumerate()
+                .for_each(|(idx, o)| {
+                    kept(|k| {
+                        k.spans.clear();
+                        spans_of(batch, attn, (idx / kvh, idx % kvh), len, &mut k.spans);
+                        k.partials.resize(k.spans.len() * per_span, 0.0);
+                        let ps = k.partials.chunks_exact_mut(per_span);
+                        for (&span, p) in k.spans.iter().zip(ps) {
+                            partials(span, &mut k.scratch, p);
+                        }
+                        combine(&k.partials, per_pair / d, d, o);
+                    })
+                });
         });
         out
     }
@@ -490,28 +494,64 @@ impl Attend<'_> {
         let (batch, attn, kvh, d) = (self.batch, self.attn, self.cfg.kv_heads, self.cfg.head_dim);
         let [per_pair, per_span] = self.group_floats();
         let tokens = self.q.len() / (attn.heads * d);
-        let mut spans = Vec::new();
-        let mut ends = Vec::with_capacity(tokens * kvh);
+        // The caller's lists, taken from its thread and given back (see `kept`).
+        let mut call = CALL.take();
+        let Kept {
+            spans,
+            ends,
+            partials: ps,
+            ..
+        } = &mut call;
+        spans.clear();
+        ends.clear();
         for t in 0..tokens {
             for g in 0..kvh {
-                spans_of(batch, attn, (t, g), len, &mut spans);
+                spans_of(batch, attn, (t, g), len, spans);
                 ends.push(spans.len());
             }
         }
-        let mut ps = vec![0f32; spans.len() * per_span];
+        ps.resize(spans.len() * per_span, 0.0);
         self.cpu.install(|| {
             ps.par_chunks_mut(per_span)
-                .zip(&spans)
-                .for_each_init(Scratch::default, |s, (p, &span)| partials(span, s, p));
+                .zip(&*spans)
+                .for_each(|(p, &span)| kept(|k| partials(span, &mut k.scratch, p)));
         });
         let mut out = vec![0f32; self.q.len()];
         let mut from = 0;
-        for (o, &to) in out.chunks_exact_mut(per_pair).zip(&ends) {
+        for (o, &to) in out.chunks_exact_mut(per_pair).zip(&*ends) {
             combine(&ps[from * per_span..to * per_span], per_pair / d, d, o);
             from = to;
         }
+        CALL.set(call);
         out
     }
+}
+
+/// What a thread keeps between calls, so that once warm a step allocates nothing for it: a
+/// task's scratch, a call's spans (and where each pair's end), and their partials.
+#[derive(Default)]
+struct Kept {
+    scratch: Scratch,
+    spans: Vec<Span>,
+    ends: Vec<usize>,
+    partials: Vec<f32>,
+}
+
+thread_local! {
+    /// A pool thread's [`Kept`], for the tasks it runs.
+    static TASK: Cell<Kept> = Cell::default();
+    /// A calling thread's [`Kept`], for a call's lists.
+    static CALL: Cell<Kept> = Cell::default();
+}
+
+/// `f` over this thread's task [`Kept`], taken out while `f` runs and put back after: a
+/// nested use (none is made: a task does not wait on the pool) would find it empty rather than
+/// borrowed.
+fn kept<R>(f: impl FnOnce(&mut Kept) -> R) -> R {
+    let mut k = TASK.take();
+    let r = f(&mut k);
+    TASK.set(k);
+    r
 }
 
 /// Each row of `d` of `x` rotated ([`hadamard`]: the INT4 basis, its own inverse).

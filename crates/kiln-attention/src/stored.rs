@@ -5,7 +5,7 @@
 //! ([`KeyCentre`], mirrored by `centre.wgsl`).
 
 use kiln_kv::KvDtype;
-use kiln_tensor::{RopeConfig, RopeLayout};
+use kiln_tensor::RopeConfig;
 
 /// Channel pairs per (layer, kv head) whose mean an INT4 cache takes out of its keys.
 pub const CENTRED_PAIRS: usize = 8;
@@ -51,9 +51,9 @@ pub fn key_centres(
     let d = rope.head_dim;
     let (rot, inv) = (rope.rotary_dim, rope.inv_freq());
     let mut pairs: Vec<(usize, usize, f32)> = (0..rot / 2)
-        .map(|j| match rope.layout {
-            RopeLayout::HalfSplit => (j, j + rot / 2, inv[j]),
-            RopeLayout::Interleaved => (2 * j, 2 * j + 1, inv[j]),
+        .map(|j| {
+            let (lo, hi) = rope.layout.pair(0, j, rot / 2);
+            (lo, hi, inv[j])
         })
         .collect();
     pairs.extend((rot..d).step_by(2).map(|c| (c, c + 1, 0.0)));

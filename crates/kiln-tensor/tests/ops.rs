@@ -920,6 +920,8 @@ fn gelu_and_softcap_hold_known_values_and_reject_bad_caps() {
     assert_eq!(rec.pending_dispatches(), 0);
 }
 
+/// Every device's RoPE against the reference's, which evaluates each (cos, sin) from the
+/// config: the native backend's bit for bit, the adapters' within rounding.
 #[test]
 fn rope_matches_cpu_in_both_layouts_and_scalings() {
     let mut r = rng(6);
@@ -955,6 +957,16 @@ fn rope_matches_cpu_in_both_layouts_and_scalings() {
                     y.to_f32_vec().unwrap()
                 };
                 let want = run(&Device::reference());
+                // The native backend reads the table's (cos, sin), the very values the
+                // reference evaluates: the same bits.
+                let native = run(&kiln_testkit::native_cpu());
+                assert!(
+                    native
+                        .iter()
+                        .zip(&want)
+                        .all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "native rope {layout:?} {scaling:?} {head_dim}/{rotary_dim}"
+                );
                 // Dimensions past the rotary ones pass through untouched.
                 for t in 0..tokens * heads {
                     assert_eq!(

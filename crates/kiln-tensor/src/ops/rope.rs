@@ -21,6 +21,16 @@ pub enum RopeLayout {
     Interleaved,
 }
 
+impl RopeLayout {
+    /// The channels of pair `j` in a head starting at `base`, of `half` pairs rotated.
+    pub fn pair(self, base: usize, j: usize, half: usize) -> (usize, usize) {
+        match self {
+            RopeLayout::HalfSplit => (base + j, base + j + half),
+            RopeLayout::Interleaved => (base + 2 * j, base + 2 * j + 1),
+        }
+    }
+}
+
 /// Frequency scaling for context extension.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum RopeScaling {
@@ -245,10 +255,13 @@ impl Recorder {
             });
         }
         let Some(ctx) = self.gpu().cloned() else {
-            return Ok(Tensor::cpu_f32(
-                x.shape().to_vec(),
-                rope_ref(host_f32(x)?, positions_host, heads, &cfg),
-            ));
+            let (shape, x) = (x.shape().to_vec(), host_f32(x)?);
+            // The native backend reads the table's (cos, sin); the reference evaluates them.
+            let out = match self.device().native() {
+                Some(_) => rope_table(x, positions_host, heads, &cfg, host_f32(&table.table)?),
+                None => rope_ref(x, positions_host, heads, &cfg),
+            };
+            return Ok(Tensor::cpu_f32(shape, out));
         };
         let Some(pos) = positions.uploaded.clone() else {
             return Err(TensorError::DeviceMismatch { op: OP });
@@ -280,6 +293,32 @@ impl Recorder {
     }
 }
 
+/// [`rope_ref`] with each (cos, sin) read from the table (`[positions, rotary_dim / 2, 2]`,
+/// the same values): the native backend's.
+fn rope_table(
+    x: &[f32],
+    positions: &[u32],
+    heads: usize,
+    cfg: &RopeConfig,
+    table: &[f32],
+) -> Vec<f32> {
+    let (hd, half) = (cfg.head_dim, cfg.rotary_dim / 2);
+    let mut out = x.to_vec();
+    for (t, &pos) in positions.iter().enumerate() {
+        let turns = &table[pos as usize * 2 * half..][..2 * half];
+        for h in 0..heads {
+            let base = (t * heads + h) * hd;
+            for (j, cs) in turns.chunks_exact(2).enumerate() {
+                let (c, s) = (cs[0], cs[1]);
+                let (a, b) = cfg.layout.pair(base, j, half);
+                out[a] = x[a] * c - x[b] * s;
+                out[b] = x[b] * c + x[a] * s;
+            }
+        }
+    }
+    out
+}
+
 /// CPU reference, straight from the config (no table).
 pub(crate) fn rope_ref(x: &[f32], positions: &[u32], heads: usize, cfg: &RopeConfig) -> Vec<f32> {
     let (hd, rot) = (cfg.head_dim, cfg.rotary_dim);
@@ -291,10 +330,7 @@ pub(crate) fn rope_ref(x: &[f32], positions: &[u32], heads: usize, cfg: &RopeCon
             let base = (t * heads + h) * hd;
             for j in 0..half {
                 let (c, s) = RopeConfig::cos_sin(&inv, pos, j);
-                let (a, b) = match cfg.layout {
-                    RopeLayout::HalfSplit => (base + j, base + j + half),
-                    RopeLayout::Interleaved => (base + 2 * j, base + 2 * j + 1),
-                };
+                let (a, b) = cfg.layout.pair(base, j, half);
                 out[a] = x[a] * c - x[b] * s;
                 out[b] = x[b] * c + x[a] * s;
             }
