@@ -6,11 +6,15 @@
 //! reach; compare formats within one run.
 //!
 //! Shapes: SmolLM2-135M (9 query heads on 3 KV heads of 64) and Gemma 3 270M (4 on 1 of 256).
+//! The INT4 cache's keys are centred on eight channel pairs a KV head, as a calibrated one's
+//! are, so its scores pay for adding the centres back.
 //!
 //! Run: `cargo bench -p kiln-attention --bench attention` (filter with e.g. `-- int4`).
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
-use kiln_attention::{AttnBatch, AttnConfig, KvCache, KvCacheConfig, SeqBatch};
+use kiln_attention::{
+    AttnBatch, AttnConfig, CENTRED_PAIRS, KeyCentre, KvCache, KvCacheConfig, SeqBatch,
+};
 use kiln_kv::{BlockId, KvDtype};
 use kiln_tensor::{BackendChoice, Device, DeviceOptions, Recorder, Tensor};
 
@@ -55,6 +59,21 @@ fn step(
         dtype,
     };
     let mut cache = KvCache::new(dev, cfg)?;
+    if dtype == KvDtype::Int4 {
+        // As a calibrated INT4 cache has them: every KV head's keys centred on eight pairs.
+        let centres: Vec<KeyCentre> = (0..kv_heads * CENTRED_PAIRS)
+            .map(|i| {
+                let j = i % CENTRED_PAIRS;
+                KeyCentre {
+                    lo: j as u16,
+                    hi: (j + head_dim / 2) as u16,
+                    freq: 10_000f32.powf(-2.0 * j as f32 / head_dim as f32),
+                    mean: [2.0, -1.0],
+                }
+            })
+            .collect();
+        cache.set_key_centres(&centres)?;
+    }
     let seq = |query_len| SeqBatch {
         block_table: &table,
         query_len,

@@ -23,7 +23,7 @@ mod centres;
 mod write;
 
 use crate::stored::{
-    CENTRED_PAIRS, CentreTurns, KeyCentre, hadamard, quantize_i4, quantize_i8, store_row,
+    CENTRED_PAIRS, CentreTurns, KeyCentre, quantize_i4_row, quantize_i8, store_row,
 };
 use crate::{KvDeviceError, Result};
 use centres::centre_tensor;
@@ -91,6 +91,11 @@ pub struct AttnBatch {
 }
 
 impl AttnBatch {
+    /// Each query token's absolute position, in order.
+    pub(crate) fn positions(&self) -> impl Iterator<Item = u32> + '_ {
+        self.info.iter().skip(1).step_by(2).copied()
+    }
+
     /// Query tokens in the step.
     pub fn tokens(&self) -> usize {
         self.tokens
@@ -210,11 +215,8 @@ impl HostPool {
             HostPool::F16(p) => p[r * d..][..d].convert_from_f32_slice(src),
             HostPool::I8 { q, scale } => scale[r] = quantize_i8(src, &mut q[r * d..][..d]),
             HostPool::I4 { q, params } => {
-                let rotated = &mut scratch[..d];
-                rotated.copy_from_slice(src);
-                hadamard(rotated);
                 let mut levels = [0u8; MAX_HEAD_DIM];
-                let [scale, zero] = quantize_i4(rotated, &mut levels[..d]);
+                let [scale, zero] = quantize_i4_row(src, &mut scratch[..d], &mut levels[..d]);
                 params[r] = [scale, zero].map(half::f16::from_f32);
                 for (b, l) in q[r * d / 2..][..d / 2]
                     .iter_mut()
@@ -241,6 +243,8 @@ pub struct KvCache {
     centres: Vec<KeyCentre>,
     /// The centres' turns at the positions written (read by native INT4 attention).
     turns: CentreTurns,
+    /// A key has been written (the centres can no longer change).
+    written: bool,
 }
 
 impl std::fmt::Debug for KvCache {
@@ -326,9 +330,11 @@ impl KvCache {
                 let pool = |what| -> Result<Tensor> {
                     let t = match cfg.dtype {
                         KvDtype::F32 => Tensor::zeros(device, DType::F32, &[elems]),
-                        KvDtype::F16 => Tensor::zeros(device, DType::U32, &[elems / 2]),
-                        KvDtype::Int8 => Tensor::zeros(device, DType::U32, &[elems / 4]),
-                        KvDtype::Int4 => Tensor::zeros(device, DType::U32, &[elems / 8]),
+                        // Packed into words.
+                        d => {
+                            let words = elems * d.element_bits() as usize / 32;
+                            Tensor::zeros(device, DType::U32, &[words])
+                        }
                     };
                     t.map_err(|source| KvDeviceError::Pool {
                         what,
@@ -380,6 +386,7 @@ impl KvCache {
             store,
             centres: centres.clone(),
             turns: CentreTurns::new(&centres),
+            written: false,
         })
     }
 

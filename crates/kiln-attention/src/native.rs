@@ -1,11 +1,11 @@
-//! Paged attention on the native CPU backend: keys and values read in place through the block
-//! table (no gathered copy), a span of positions at a time for all the query heads sharing a
+//! Paged attention on the native CPU backend: keys and values found through the block table
+//! (no gathered copy of the context), a span of positions at a time for all the query heads sharing a
 //! KV head, scores and softmax in f32, the spans combined as flash decoding does; a task a
 //! (token, KV head), or a span when a batch has too few of those to share among the threads.
-//! Each pool format is read in its own bytes ([`KvRows`]): f32 and f16 rows as they are, INT8
-//! rows with their scales, INT4 rows widened a span at a time in their rotated basis, with
-//! the key centres added back to the scores. The plain reference (`reference.rs`, f64) is
-//! its oracle.
+//! Each pool format is read in its own bytes ([`KvRows`]): f32 and f16 rows in place, INT8
+//! and INT4 rows widened to f32 a span at a time for the heads sharing them (INT4 in its
+//! rotated basis, its key centres added back to the scores). The plain reference
+//! (`reference.rs`, f64) is its oracle.
 
 use std::cell::Cell;
 
@@ -522,6 +522,7 @@ impl Attend<'_> {
             combine(&ps[from * per_span..to * per_span], per_pair / d, d, o);
             from = to;
         }
+        call.trim();
         CALL.set(call);
         out
     }
@@ -537,6 +538,18 @@ struct Kept {
     partials: Vec<f32>,
 }
 
+/// The most floats of partials a thread keeps between calls (4 MiB): a long context's
+/// partials are given back rather than held for good.
+const KEEP_FLOATS: usize = 1 << 20;
+
+impl Kept {
+    fn trim(&mut self) {
+        if self.partials.capacity() > KEEP_FLOATS {
+            self.partials = Vec::new();
+        }
+    }
+}
+
 thread_local! {
     /// A pool thread's [`Kept`], for the tasks it runs.
     static TASK: Cell<Kept> = Cell::default();
@@ -550,6 +563,7 @@ thread_local! {
 fn kept<R>(f: impl FnOnce(&mut Kept) -> R) -> R {
     let mut k = TASK.take();
     let r = f(&mut k);
+    k.trim();
     TASK.set(k);
     r
 }

@@ -1,5 +1,7 @@
-//! The K/V values each pool format holds, computed on the host: the CPU backend stores rows
-//! through [`store_row`], so it attends over exactly what the device kernels reconstruct, and
+//! The K/V values each pool format holds, computed on the host: the reference stores rows
+//! through [`store_row`] (the values, as f32) and the native backend through the same
+//! quantizers ([`quantize_i8`], [`quantize_i4_row`]: the format's bytes), so both attend over
+//! exactly what the device kernels reconstruct, and
 //! the INT4 format's rotation and quantizer are defined here (mirrored by `kv_write.wgsl`,
 //! `hadamard.wgsl` and the attention kernels), as is the centring of its keys
 //! ([`KeyCentre`], mirrored by `centre.wgsl`).
@@ -107,7 +109,9 @@ pub(crate) struct CentreTurns {
     freqs: Vec<f32>,
     /// Each centre's entry in `freqs` (none: its mean is zero, it adds nothing).
     of: Vec<Option<usize>>,
-    /// `[positions, freqs]`.
+    /// Positions covered (`0..covered`), whether or not a centre needs them.
+    covered: usize,
+    /// `[covered, freqs]`.
     table: Vec<[f32; 2]>,
 }
 
@@ -132,18 +136,14 @@ impl CentreTurns {
         Self {
             freqs,
             of,
+            covered: 0,
             table: Vec::new(),
         }
     }
 
-    /// Positions covered.
-    pub(crate) fn positions(&self) -> usize {
-        self.table.len().checked_div(self.freqs.len()).unwrap_or(0)
-    }
-
     /// Cover positions `0..n`.
     pub(crate) fn cover(&mut self, n: usize) {
-        for pos in self.positions()..n {
+        for pos in self.covered..n {
             let pos = pos as u32;
             let turns = self.freqs.iter().map(|&f| {
                 let (c, s) = RopeConfig::cos_sin(&[f], pos, 0);
@@ -151,11 +151,12 @@ impl CentreTurns {
             });
             self.table.extend(turns);
         }
+        self.covered = self.covered.max(n);
     }
 
     /// Whether position `pos` is covered (or no centre needs it).
     pub(crate) fn covers(&self, pos: usize) -> bool {
-        self.freqs.is_empty() || pos < self.positions()
+        self.freqs.is_empty() || pos < self.covered
     }
 
     /// Whether centre `i` moves a key (its mean is not zero).
@@ -197,10 +198,8 @@ pub(crate) fn store_row(dtype: KvDtype, src: &[f32], dst: &mut [f32]) {
         KvDtype::Int4 => {
             // Quantized in the rotated basis, stored back in the model's: the host attention
             // then reads exactly what the kernels reconstruct (H is its own inverse).
-            dst.copy_from_slice(src);
-            hadamard(dst);
             let mut levels = [0u8; MAX_ROW];
-            let [scale, zero] = quantize_i4(dst, &mut levels[..src.len()]);
+            let [scale, zero] = quantize_i4_row(src, dst, &mut levels[..src.len()]);
             for (d, &l) in dst.iter_mut().zip(&levels) {
                 *d = int4_value(l, scale, zero);
             }
@@ -224,12 +223,15 @@ pub(crate) fn quantize_i8(src: &[f32], q: &mut [i8]) -> f32 {
     scale
 }
 
-/// An INT4 row, already in the rotated basis ([`hadamard`]): each value's level (0..=15, one
-/// a byte) into `levels`; returns the row's scale and zero point as stored (f16 values).
-pub(crate) fn quantize_i4(rotated: &[f32], levels: &mut [u8]) -> [f32; 2] {
+/// An INT4 row: `src` rotated ([`hadamard`]) into `rotated`, then each rotated value's level
+/// (0..=15, one a byte) into `levels`; returns the row's scale and zero point as stored (f16
+/// values).
+pub(crate) fn quantize_i4_row(src: &[f32], rotated: &mut [f32], levels: &mut [u8]) -> [f32; 2] {
+    rotated.copy_from_slice(src);
+    hadamard(rotated);
     let [scale, zero] = int4_params(rotated);
     let inv = if scale > 0.0 { 1.0 / scale } else { 0.0 };
-    for (l, &x) in levels.iter_mut().zip(rotated) {
+    for (l, &x) in levels.iter_mut().zip(&*rotated) {
         *l = int4_level(x, zero, inv) as u8;
     }
     [scale, zero]

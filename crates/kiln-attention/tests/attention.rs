@@ -931,6 +931,12 @@ fn key_centres_and_key_reads_check_the_cache() {
         }
         int4.set_key_centres(&good).unwrap();
         assert_eq!(int4.key_centres(), &good[..]);
+        // Once a key is stored, its centres are fixed.
+        let mut rec = Recorder::new(&dev);
+        int4.write(&mut rec, 0, &kt, &kt, &batch).unwrap();
+        rec.submit().unwrap();
+        let e = int4.set_key_centres(&good).unwrap_err();
+        assert!(e.to_string().contains("before any key is written"), "{e}");
     }
 }
 

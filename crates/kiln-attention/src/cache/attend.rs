@@ -232,9 +232,8 @@ impl KvCache {
                                 HostPool::I4 { q: k, params: kp },
                                 HostPool::I4 { q: v, params: vp },
                             ] => {
-                                let last = batch.info.iter().skip(1).step_by(2).max();
-                                if let Some(&p) = last.filter(|&&p| !self.turns.covers(p as usize))
-                                {
+                                let last = batch.positions().max();
+                                if let Some(p) = last.filter(|&p| !self.turns.covers(p as usize)) {
                                     return invalid(format!(
                                         "attention at position {p}: no key was written there"
                                     ));
@@ -302,11 +301,8 @@ impl KvCache {
                     KvDtype::Int4 => 32,
                 };
                 let longest = batch
-                    .info
-                    .iter()
-                    .skip(1)
-                    .step_by(2)
-                    .map(|&pos| pos as usize + 1)
+                    .positions()
+                    .map(|pos| pos as usize + 1)
                     .max()
                     .unwrap_or(0)
                     .min(attn.window.unwrap_or(usize::MAX));

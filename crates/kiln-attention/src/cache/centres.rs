@@ -12,8 +12,8 @@ impl KvCache {
     /// Centre an INT4 pool's keys (`centres` is `[layers, kv_heads, CENTRED_PAIRS]`, as
     /// [`key_centres`](crate::key_centres) measures them per layer): from now on each key is
     /// stored less its head's centres rotated to its position, and attention adds them back
-    /// ([`KeyCentre`]). Call it before anything is written: rows already stored keep the
-    /// centres they were written with.
+    /// ([`KeyCentre`]). Only before any key is written: a stored row is read back with the
+    /// centres in force, so changing them would move the keys already stored.
     pub fn set_key_centres(&mut self, centres: &[KeyCentre]) -> Result<()> {
         let (kvh, hd) = (self.cfg.kv_heads, self.cfg.head_dim);
         if self.cfg.dtype != KvDtype::Int4 {
@@ -21,6 +21,11 @@ impl KvCache {
                 "key centres apply to an int4 cache, not {}",
                 self.cfg.dtype
             ));
+        }
+        if self.written {
+            return invalid(
+                "key centres are set before any key is written (stored keys would move)".into(),
+            );
         }
         if centres.len() != self.centres.len() {
             return invalid(format!(
@@ -45,9 +50,7 @@ impl KvCache {
             }
         }
         self.centres.copy_from_slice(centres);
-        let covered = self.turns.positions();
         self.turns = CentreTurns::new(centres);
-        self.turns.cover(covered);
         Ok(())
     }
 

@@ -108,6 +108,7 @@ impl KvCache {
         let (kvh, hd) = (self.cfg.kv_heads, self.cfg.head_dim);
         self.check_rows("K", k, batch.tokens, kvh)?;
         self.check_rows("V", v, batch.tokens, kvh)?;
+        self.written = true;
         if let Store::Cpu(_) = &self.store {
             return self.write_host(layer, &k.to_f32_vec()?, &v.to_f32_vec()?, batch);
         }
@@ -164,8 +165,7 @@ impl KvCache {
                 cfg.head_dim
             ));
         }
-        let batch_pos = batch.info.iter().skip(1).step_by(2);
-        if rope.len() != t || !rope.positions().iter().eq(batch_pos) {
+        if rope.len() != t || !rope.positions().iter().copied().eq(batch.positions()) {
             return invalid("the RoPE positions are not the batch's".into());
         }
         if let Some(n) = prep.norm {
@@ -179,6 +179,7 @@ impl KvCache {
                 }
             }
         }
+        self.written = true;
         if let Store::Cpu(_) = &self.store {
             // The plain ops, then the host write: what the kernel computes in one launch.
             let take = |(src, stride, col): Source<'_>, n: usize| -> Result<Tensor> {
@@ -219,8 +220,8 @@ impl KvCache {
         let [kp, vp] = &mut layers[layer];
         if let HostPool::I4 { .. } = kp {
             // Attention adds the centres back from their turns at the keys' positions.
-            let last = batch.info.iter().skip(1).step_by(2).max();
-            self.turns.cover(last.map_or(0, |&p| p as usize + 1));
+            self.turns
+                .cover(batch.positions().max().map_or(0, |p| p as usize + 1));
         }
         let centres = &self.centres[layer * kvh * CENTRED_PAIRS..][..kvh * CENTRED_PAIRS];
         let (mut centred, mut scratch) = (vec![0f32; hd], vec![0f32; hd]);

@@ -302,34 +302,37 @@ fn rope_table(
     cfg: &RopeConfig,
     table: &[f32],
 ) -> Vec<f32> {
-    let (hd, half) = (cfg.head_dim, cfg.rotary_dim / 2);
-    let mut out = x.to_vec();
-    for (t, &pos) in positions.iter().enumerate() {
-        let turns = &table[pos as usize * 2 * half..][..2 * half];
-        for h in 0..heads {
-            let base = (t * heads + h) * hd;
-            for (j, cs) in turns.chunks_exact(2).enumerate() {
-                let (c, s) = (cs[0], cs[1]);
-                let (a, b) = cfg.layout.pair(base, j, half);
-                out[a] = x[a] * c - x[b] * s;
-                out[b] = x[b] * c + x[a] * s;
-            }
-        }
-    }
-    out
+    let half = cfg.rotary_dim / 2;
+    rotate_pairs(x, positions, heads, cfg, |pos, j| {
+        let at = (pos as usize * half + j) * 2;
+        (table[at], table[at + 1])
+    })
 }
 
 /// CPU reference, straight from the config (no table).
 pub(crate) fn rope_ref(x: &[f32], positions: &[u32], heads: usize, cfg: &RopeConfig) -> Vec<f32> {
-    let (hd, rot) = (cfg.head_dim, cfg.rotary_dim);
-    let half = rot / 2;
     let inv = cfg.inv_freq();
+    rotate_pairs(x, positions, heads, cfg, |pos, j| {
+        RopeConfig::cos_sin(&inv, pos, j)
+    })
+}
+
+/// Each token's heads of `x` with every rotated pair `j` turned by `turn(position, j)`'s
+/// (cos, sin); channels past the rotary ones as they are.
+fn rotate_pairs(
+    x: &[f32],
+    positions: &[u32],
+    heads: usize,
+    cfg: &RopeConfig,
+    turn: impl Fn(u32, usize) -> (f32, f32),
+) -> Vec<f32> {
+    let (hd, half) = (cfg.head_dim, cfg.rotary_dim / 2);
     let mut out = x.to_vec();
     for (t, &pos) in positions.iter().enumerate() {
         for h in 0..heads {
             let base = (t * heads + h) * hd;
             for j in 0..half {
-                let (c, s) = RopeConfig::cos_sin(&inv, pos, j);
+                let (c, s) = turn(pos, j);
                 let (a, b) = cfg.layout.pair(base, j, half);
                 out[a] = x[a] * c - x[b] * s;
                 out[b] = x[b] * c + x[a] * s;

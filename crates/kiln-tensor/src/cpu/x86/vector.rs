@@ -1,6 +1,6 @@
 //! x86-64 forms of the vector helpers (`cpu::vector` defines them): dot products and
 //! `y += w·x` over f32 or f16 rows, one row or many rows of a pool, on AVX2 with F16C, and
-//! 4-bit levels widened to values.
+//! an INT8 or INT4 cache's rows widened to values.
 
 use std::arch::x86_64::*;
 
