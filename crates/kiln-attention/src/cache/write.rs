@@ -6,7 +6,9 @@ use bytemuck::{Pod, Zeroable};
 use kiln_kv::KvDtype;
 use kiln_tensor::{Access, DType, Device, KernelDef, Recorder, RopeLayout, RopePositions, Tensor};
 
-use super::{AttnBatch, HostPool, KvCache, Store, dtype_define, flag, invalid, variant};
+use super::{
+    AttnBatch, HostPool, KvCache, MAX_HEAD_DIM, Store, dtype_define, flag, invalid, variant,
+};
 use crate::Result;
 use crate::stored::{CENTRED_PAIRS, hadamard_norm, shift_row};
 
@@ -224,7 +226,9 @@ impl KvCache {
                 .cover(batch.positions().max().map_or(0, |p| p as usize + 1));
         }
         let centres = &self.centres[layer * kvh * CENTRED_PAIRS..][..kvh * CENTRED_PAIRS];
-        let (mut centred, mut scratch) = (vec![0f32; hd], vec![0f32; hd]);
+        // A row's room (head_dim is at most MAX_HEAD_DIM): no allocation a write.
+        let (mut centred, mut scratch) = ([0f32; MAX_HEAD_DIM], [0f32; MAX_HEAD_DIM]);
+        let centred = &mut centred[..hd];
         for (t, &slot) in batch.slots.iter().enumerate() {
             let pos = batch.info[2 * t + 1];
             for h in 0..kvh {
@@ -236,8 +240,8 @@ impl KvCache {
                     // scores add back; an f32 pool holds the keys as read).
                     let c = &centres[h * CENTRED_PAIRS..][..CENTRED_PAIRS];
                     centred.copy_from_slice(key);
-                    shift_row(c, pos, -1.0, &mut centred);
-                    kp.store(dtype, r, &centred, &mut scratch);
+                    shift_row(c, pos, -1.0, centred);
+                    kp.store(dtype, r, centred, &mut scratch);
                     if let HostPool::F32(k) = kp {
                         shift_row(c, pos, 1.0, &mut k[r * hd..][..hd]);
                     }
