@@ -87,6 +87,8 @@ pub struct AttnBatch {
     /// most [`SHARED_LANES`] consecutive query tokens of one sequence. On the device they
     /// follow `info` in its buffer.
     groups: Vec<[u32; 2]>,
+    /// `info` (with `groups`), `tables` and `slots` uploaded: a GPU cache's only (the host
+    /// pools read the lists).
     device: Option<[Tensor; 3]>,
 }
 
@@ -465,9 +467,10 @@ impl KvCache {
             return invalid("a batch needs at least one sequence".into());
         }
         let tokens = slots.len();
-        let device = match &self.device {
-            Device::Reference => None,
-            d => Some([
+        // The host pools read the lists themselves; a GPU's kernels read them uploaded.
+        let device = match (&self.store, &self.device) {
+            (Store::Cpu(_), _) => None,
+            (Store::Gpu(_), d) => Some([
                 {
                     let mut words = info.clone();
                     words.extend(groups.iter().flatten());

@@ -429,16 +429,19 @@ impl<F: Fn(Span, &mut Scratch, &mut [f32]) + Sync> Partials for F {}
 impl Attend<'_> {
     /// `reference::paged_attention_host`'s result over pools `kp` and `vp`, computed on the
     /// native backend's threads.
-    pub(crate) fn attention<K, V>(&self, kp: &K, vp: &V) -> Vec<f32>
+    pub(crate) fn attention<K, V>(&self, kp: &K, vp: &V, out: &mut [f32])
     where
         K: KvRows + ?Sized,
         V: KvRows + ?Sized,
     {
         let (cpu, q, d) = (self.cpu, self.q, self.cfg.head_dim);
-        let rotated;
+        // The query in the keys' basis, in this thread's kept buffer.
+        let mut rotated = QUERY.take();
         let qk = if K::ROTATED {
-            rotated = rotate_rows(q.to_vec(), d);
-            &rotated
+            rotated.clear();
+            rotated.extend_from_slice(q);
+            rotated.chunks_exact_mut(d).for_each(hadamard);
+            &rotated[..]
         } else {
             q
         };
@@ -447,12 +450,17 @@ impl Attend<'_> {
         };
         let len = K::span(d).min(V::span(d));
         let tokens = q.len() / (self.attn.heads * d);
-        let out = if tokens * self.cfg.kv_heads >= 4 * cpu.threads() {
-            self.by_pairs(&partials, len)
+        if tokens * self.cfg.kv_heads >= 4 * cpu.threads() {
+            self.by_pairs(&partials, len, out);
         } else {
-            self.by_spans(&partials, len)
-        };
-        if V::ROTATED { rotate_rows(out, d) } else { out }
+            self.by_spans(&partials, len, out);
+        }
+        if V::ROTATED {
+            out.chunks_exact_mut(d).for_each(hadamard);
+        }
+        if rotated.capacity() <= KEEP_FLOATS {
+            QUERY.set(rotated);
+        }
     }
 
     /// Floats of one (token, KV head)'s output (its group's heads), and of a span's partials.
@@ -465,10 +473,9 @@ impl Attend<'_> {
     }
 
     /// Enough (token, KV head) pairs to share: a task a pair, its spans in turn.
-    fn by_pairs(&self, partials: &impl Partials, len: usize) -> Vec<f32> {
+    fn by_pairs(&self, partials: &impl Partials, len: usize, out: &mut [f32]) {
         let (batch, attn, kvh, d) = (self.batch, self.attn, self.cfg.kv_heads, self.cfg.head_dim);
         let [per_pair, per_span] = self.group_floats();
-        let mut out = vec![0f32; self.q.len()];
         self.cpu.install(|| {
             out.par_chunks_mut(per_pair)
                 .enumerate()
@@ -485,12 +492,11 @@ impl Attend<'_> {
                     })
                 });
         });
-        out
     }
 
     /// Few pairs (a decode step): a task a span, so that every thread has work; then each
     /// pair's spans combined.
-    fn by_spans(&self, partials: &impl Partials, len: usize) -> Vec<f32> {
+    fn by_spans(&self, partials: &impl Partials, len: usize, out: &mut [f32]) {
         let (batch, attn, kvh, d) = (self.batch, self.attn, self.cfg.kv_heads, self.cfg.head_dim);
         let [per_pair, per_span] = self.group_floats();
         let tokens = self.q.len() / (attn.heads * d);
@@ -516,7 +522,6 @@ impl Attend<'_> {
                 .zip(&*spans)
                 .for_each(|(p, &span)| kept(|k| partials(span, &mut k.scratch, p)));
         });
-        let mut out = vec![0f32; self.q.len()];
         let mut from = 0;
         for (o, &to) in out.chunks_exact_mut(per_pair).zip(&*ends) {
             combine(&ps[from * per_span..to * per_span], per_pair / d, d, o);
@@ -524,7 +529,6 @@ impl Attend<'_> {
         }
         call.trim();
         CALL.set(call);
-        out
     }
 }
 
@@ -555,6 +559,8 @@ thread_local! {
     static TASK: Cell<Kept> = Cell::default();
     /// A calling thread's [`Kept`], for a call's lists.
     static CALL: Cell<Kept> = Cell::default();
+    /// A calling thread's query rotated into the INT4 keys' basis.
+    static QUERY: Cell<Vec<f32>> = Cell::default();
 }
 
 /// `f` over this thread's task [`Kept`], taken out while `f` runs and put back after: a
@@ -566,10 +572,4 @@ fn kept<R>(f: impl FnOnce(&mut Kept) -> R) -> R {
     k.trim();
     TASK.set(k);
     r
-}
-
-/// Each row of `d` of `x` rotated ([`hadamard`]: the INT4 basis, its own inverse).
-fn rotate_rows(mut x: Vec<f32>, d: usize) -> Vec<f32> {
-    x.chunks_exact_mut(d).for_each(hadamard);
-    x
 }

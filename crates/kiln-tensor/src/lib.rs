@@ -5,6 +5,7 @@ mod device;
 mod dtype;
 mod error;
 mod gpu;
+mod host;
 mod ops;
 mod quant;
 mod recorder;

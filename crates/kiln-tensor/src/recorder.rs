@@ -305,7 +305,7 @@ impl Recorder {
         what: &'static str,
     ) -> Result<Tensor> {
         match &self.device {
-            Device::Wgpu(ctx) => Tensor::gpu_output(ctx, dtype, shape.to_vec(), what),
+            Device::Wgpu(ctx) => Tensor::gpu_output(ctx, dtype, shape, what),
             Device::Reference | Device::Cpu(_) => Tensor::zeros(&self.device, dtype, shape),
         }
     }

@@ -4,38 +4,12 @@ use std::fmt;
 use std::sync::Arc;
 
 use half::{bf16, f16};
+use smallvec::SmallVec;
 
 use crate::gpu::{GpuBuffer, GpuContext};
+use crate::host::{self, HostData};
 use crate::quant;
 use crate::{DType, Device, Result, TensorError};
-
-/// Host bytes kept in `u32` words so that every typed view is aligned.
-#[derive(Debug)]
-pub(crate) struct HostData {
-    words: Vec<u32>,
-    bytes: usize,
-}
-
-impl HostData {
-    pub(crate) fn from_bytes(b: &[u8]) -> Self {
-        let mut words = vec![0u32; b.len().div_ceil(4)];
-        bytemuck::cast_slice_mut::<u32, u8>(&mut words)[..b.len()].copy_from_slice(b);
-        Self {
-            words,
-            bytes: b.len(),
-        }
-    }
-    pub(crate) fn from_words(words: Vec<u32>) -> Self {
-        let bytes = words.len() * 4;
-        Self { words, bytes }
-    }
-    pub(crate) fn bytes(&self) -> &[u8] {
-        &bytemuck::cast_slice::<u32, u8>(&self.words)[..self.bytes]
-    }
-    pub(crate) fn f32s(&self) -> &[f32] {
-        bytemuck::cast_slice(&self.words)
-    }
-}
 
 /// One binding's worth of a tensor on the device: whole rows `[row0, row0 + rows)`.
 #[derive(Debug)]
@@ -63,9 +37,22 @@ pub(crate) enum Storage {
 /// (matmul weights, embedding tables) consume chunk by chunk.
 #[derive(Clone)]
 pub struct Tensor {
-    shape: Vec<usize>,
+    shape: Shape,
     dtype: DType,
     storage: Arc<Storage>,
+}
+
+/// A tensor's dimensions, inline up to four (no allocation a tensor).
+pub(crate) type Shape = SmallVec<[usize; 4]>;
+
+/// A CPU tensor's storage, when this was its last owner, goes to its thread's spares
+/// ([`host`]) for the next CPU tensor to reuse.
+impl Drop for Tensor {
+    fn drop(&mut self) {
+        if matches!(*self.storage, Storage::Cpu(_)) && Arc::strong_count(&self.storage) == 1 {
+            host::give_back(std::mem::replace(&mut self.storage, host::vacant()));
+        }
+    }
 }
 
 impl fmt::Debug for Tensor {
@@ -100,12 +87,27 @@ fn check_shape(shape: &[usize], dtype: DType, what: &str) -> Result<usize> {
 }
 
 impl Tensor {
-    fn wrap(shape: Vec<usize>, dtype: DType, storage: Storage) -> Self {
+    fn wrap(shape: &[usize], dtype: DType, storage: Storage) -> Self {
+        Self::over(shape, dtype, Arc::new(storage))
+    }
+
+    fn over(shape: &[usize], dtype: DType, storage: Arc<Storage>) -> Self {
         Self {
-            shape,
+            shape: shape.into(),
             dtype,
-            storage: Arc::new(storage),
+            storage,
         }
+    }
+
+    /// A host tensor whose `bytes` bytes `fill` writes, in spare storage when this thread
+    /// has some that holds them.
+    fn host_with(
+        shape: &[usize],
+        dtype: DType,
+        bytes: usize,
+        fill: impl FnOnce(&mut [u32]),
+    ) -> Self {
+        Self::over(shape, dtype, host::storage(bytes, fill))
     }
 
     /// Upload host-layout bytes (GGUF blocks for the GGUF block dtypes, kiln's `Q4_Z`/`Q8_Z`
@@ -127,11 +129,11 @@ impl Tensor {
         }
         crate::quant::check_blocks(dtype, bytes)?;
         match device {
-            Device::Reference | Device::Cpu(_) => Ok(Self::wrap(
-                shape.to_vec(),
-                dtype,
-                Storage::Cpu(HostData::from_bytes(bytes)),
-            )),
+            Device::Reference | Device::Cpu(_) => {
+                Ok(Self::host_with(shape, dtype, bytes.len(), |w| {
+                    bytemuck::cast_slice_mut::<u32, u8>(w)[..bytes.len()].copy_from_slice(bytes)
+                }))
+            }
             Device::Wgpu(ctx) => Self::upload_chunks(ctx, dtype, shape, bytes),
         }
     }
@@ -196,7 +198,7 @@ impl Tensor {
             }
         }
         Ok(Self::wrap(
-            shape.to_vec(),
+            shape,
             dtype,
             Storage::Gpu {
                 ctx: ctx.clone(),
@@ -215,7 +217,13 @@ impl Tensor {
                 op: "zeros",
                 detail: format!("{n} elements is not a whole number of {dtype:?} blocks"),
             })?;
-        Self::from_bytes(device, dtype.stored(), shape, &vec![0u8; bytes])
+        match device {
+            // Host storage comes zeroed.
+            Device::Reference | Device::Cpu(_) => {
+                Ok(Self::host_with(shape, dtype.stored(), bytes, |_| {}))
+            }
+            Device::Wgpu(_) => Self::from_bytes(device, dtype.stored(), shape, &vec![0u8; bytes]),
+        }
     }
 
     pub fn from_f32(device: &Device, shape: &[usize], data: &[f32]) -> Result<Self> {
@@ -247,23 +255,50 @@ impl Tensor {
         Self::from_bytes(device, dtype, shape, &q)
     }
 
-    /// A CPU tensor from computed values (op results of the reference backend).
-    pub(crate) fn cpu_f32(shape: Vec<usize>, v: Vec<f32>) -> Self {
-        Self::wrap(
-            shape,
-            DType::F32,
-            Storage::Cpu(HostData::from_words(bytemuck::cast_vec(v))),
-        )
+    /// An F32 host tensor whose every value `fill` writes (an op's output on the CPU
+    /// backends), in spare storage when this thread has some that holds it.
+    pub(crate) fn host_f32_with<E>(
+        shape: &[usize],
+        fill: impl FnOnce(&mut [f32]) -> std::result::Result<(), E>,
+    ) -> std::result::Result<Self, E> {
+        let n: usize = shape.iter().product();
+        let mut r = Ok(());
+        let t = Self::host_with(shape, DType::F32, n * 4, |w| {
+            r = fill(bytemuck::cast_slice_mut(w));
+        });
+        r.map(|()| t)
     }
-    pub(crate) fn cpu_u32(shape: Vec<usize>, v: Vec<u32>) -> Self {
-        Self::wrap(shape, DType::U32, Storage::Cpu(HostData::from_words(v)))
+
+    /// [`Tensor::host_f32_with`] for a U32 tensor.
+    pub(crate) fn host_u32_with(shape: &[usize], fill: impl FnOnce(&mut [u32])) -> Self {
+        let n: usize = shape.iter().product();
+        Self::host_with(shape, DType::U32, n * 4, fill)
+    }
+
+    /// An F32 tensor on `device` whose every value `fill` writes: on the CPU backends into
+    /// the tensor's own storage (a dropped tensor's, reused, once a step has run), on a GPU
+    /// into host memory that is then uploaded.
+    pub fn from_f32_with<E: From<TensorError>>(
+        device: &Device,
+        shape: &[usize],
+        fill: impl FnOnce(&mut [f32]) -> std::result::Result<(), E>,
+    ) -> std::result::Result<Self, E> {
+        let n = check_shape(shape, DType::F32, "from_f32_with")?;
+        match device {
+            Device::Reference | Device::Cpu(_) => Self::host_f32_with(shape, fill),
+            Device::Wgpu(_) => {
+                let mut v = vec![0f32; n];
+                fill(&mut v)?;
+                Ok(Self::from_f32(device, shape, &v)?)
+            }
+        }
     }
 
     /// An uninitialised (pooled) device tensor that a kernel is about to fill.
     pub(crate) fn gpu_output(
         ctx: &Arc<GpuContext>,
         dtype: DType,
-        shape: Vec<usize>,
+        shape: &[usize],
         op: &'static str,
     ) -> Result<Self> {
         let n: usize = shape.iter().product();
@@ -337,11 +372,21 @@ impl Tensor {
                 detail: format!("{:?} cannot become {shape:?}", self.shape),
             });
         }
-        Ok(Self {
-            shape: shape.to_vec(),
-            dtype: self.dtype,
-            storage: self.storage.clone(),
-        })
+        Ok(Self::over(shape, self.dtype, self.storage.clone()))
+    }
+
+    /// The values of an F32 tensor of the CPU backends, borrowed (a GPU tensor's are read
+    /// with [`Tensor::to_f32_vec`]).
+    pub fn host_f32(&self) -> Result<&[f32]> {
+        match &*self.storage {
+            Storage::Cpu(h) if self.dtype == DType::F32 => Ok(&h.f32s()[..self.elem_count()]),
+            Storage::Cpu(_) => Err(TensorError::DType {
+                op: "host_f32",
+                what: "borrowing f32 values",
+                dtype: self.dtype,
+            }),
+            Storage::Gpu { .. } => Err(TensorError::DeviceMismatch { op: "host_f32" }),
+        }
     }
 
     /// Host-layout bytes (GGUF blocks for quantized dtypes). Blocks on device work.
@@ -372,6 +417,9 @@ impl Tensor {
 
     /// Values as f32 (F16 widened, quantized dequantized). Blocks on device work.
     pub fn to_f32_vec(&self) -> Result<Vec<f32>> {
+        if let Ok(v) = self.host_f32() {
+            return Ok(v.to_vec());
+        }
         let b = self.to_bytes()?;
         match self.dtype() {
             DType::F32 => Ok(b
@@ -407,6 +455,9 @@ impl Tensor {
                 what: "reading back as u32",
                 dtype: self.dtype(),
             });
+        }
+        if let Storage::Cpu(h) = &*self.storage {
+            return Ok(h.u32s()[..self.elem_count()].to_vec());
         }
         let b = self.to_bytes()?;
         Ok(b.chunks_exact(4)

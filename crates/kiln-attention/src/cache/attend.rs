@@ -198,75 +198,89 @@ impl KvCache {
         let window = attn.window.unwrap_or(0);
         match &self.store {
             Store::Cpu(layers) => {
-                let qs = q.to_f32_vec()?;
+                let qs = q.host_f32()?;
                 let cfg = &self.cfg;
-                let out = match (&self.device, &layers[layer]) {
-                    (Device::Cpu(cpu), pools) => {
-                        let call = crate::native::Attend {
-                            cpu,
-                            q: &qs,
-                            batch,
-                            cfg,
-                            attn,
-                        };
-                        let d = hd;
-                        match pools {
-                            [HostPool::F16(k), HostPool::F16(v)] => call.attention(&k[..], &v[..]),
-                            [HostPool::F32(k), HostPool::F32(v)] => call.attention(&k[..], &v[..]),
-                            [
-                                HostPool::I8 { q: k, scale: ks },
-                                HostPool::I8 { q: v, scale: vs },
-                            ] => call.attention(
-                                &I8Rows {
-                                    q: k,
-                                    params: ks,
-                                    d,
-                                },
-                                &I8Rows {
-                                    q: v,
-                                    params: vs,
-                                    d,
-                                },
-                            ),
-                            [
-                                HostPool::I4 { q: k, params: kp },
-                                HostPool::I4 { q: v, params: vp },
-                            ] => {
-                                let last = batch.positions().max();
-                                if let Some(p) = last.filter(|&p| !self.turns.covers(p as usize)) {
-                                    return invalid(format!(
-                                        "attention at position {p}: no key was written there"
-                                    ));
+                Tensor::from_f32_with(&self.device, q.shape(), |out| {
+                    match (&self.device, &layers[layer]) {
+                        (Device::Cpu(cpu), pools) => {
+                            let call = crate::native::Attend {
+                                cpu,
+                                q: qs,
+                                batch,
+                                cfg,
+                                attn,
+                            };
+                            let d = hd;
+                            match pools {
+                                [HostPool::F16(k), HostPool::F16(v)] => {
+                                    call.attention(&k[..], &v[..], out)
                                 }
-                                let first = layer * kvh * CENTRED_PAIRS;
-                                let keys = CentredKeys {
-                                    rows: I4Rows {
+                                [HostPool::F32(k), HostPool::F32(v)] => {
+                                    call.attention(&k[..], &v[..], out)
+                                }
+                                [
+                                    HostPool::I8 { q: k, scale: ks },
+                                    HostPool::I8 { q: v, scale: vs },
+                                ] => call.attention(
+                                    &I8Rows {
                                         q: k,
-                                        params: kp,
+                                        params: ks,
                                         d,
                                     },
-                                    centres: &self.centres[first..][..kvh * CENTRED_PAIRS],
-                                    first,
-                                    turns: &self.turns,
-                                };
-                                call.attention(
-                                    &keys,
-                                    &I4Rows {
+                                    &I8Rows {
                                         q: v,
-                                        params: vp,
+                                        params: vs,
                                         d,
                                     },
-                                )
+                                    out,
+                                ),
+                                [
+                                    HostPool::I4 { q: k, params: kp },
+                                    HostPool::I4 { q: v, params: vp },
+                                ] => {
+                                    let last = batch.positions().max();
+                                    if let Some(p) =
+                                        last.filter(|&p| !self.turns.covers(p as usize))
+                                    {
+                                        return invalid(format!(
+                                            "attention at position {p}: no key was written there"
+                                        ));
+                                    }
+                                    let first = layer * kvh * CENTRED_PAIRS;
+                                    let keys = CentredKeys {
+                                        rows: I4Rows {
+                                            q: k,
+                                            params: kp,
+                                            d,
+                                        },
+                                        centres: &self.centres[first..][..kvh * CENTRED_PAIRS],
+                                        first,
+                                        turns: &self.turns,
+                                    };
+                                    call.attention(
+                                        &keys,
+                                        &I4Rows {
+                                            q: v,
+                                            params: vp,
+                                            d,
+                                        },
+                                        out,
+                                    )
+                                }
+                                _ => {
+                                    return invalid(
+                                        "the host pools do not match the device".into(),
+                                    );
+                                }
                             }
-                            _ => return invalid("the host pools do not match the device".into()),
                         }
+                        (_, [HostPool::F32(k), HostPool::F32(v)]) => out.copy_from_slice(
+                            &reference::paged_attention_host(qs, k, v, batch, cfg, attn),
+                        ),
+                        _ => return invalid("the host pools do not match the device".into()),
                     }
-                    (_, [HostPool::F32(k), HostPool::F32(v)]) => {
-                        reference::paged_attention_host(&qs, k, v, batch, cfg, attn)
-                    }
-                    _ => return invalid("the host pools do not match the device".into()),
-                };
-                Ok(Tensor::from_f32(&self.device, q.shape(), &out)?)
+                    Ok(())
+                })
             }
             Store::Gpu(layers) => {
                 let l = &layers[layer];

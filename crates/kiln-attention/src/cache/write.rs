@@ -112,7 +112,7 @@ impl KvCache {
         self.check_rows("V", v, batch.tokens, kvh)?;
         self.written = true;
         if let Store::Cpu(_) = &self.store {
-            return self.write_host(layer, &k.to_f32_vec()?, &v.to_f32_vec()?, batch);
+            return self.write_host(layer, k.host_f32()?, v.host_f32()?, batch);
         }
         let row = kvh * hd;
         self.launch_write(
@@ -184,12 +184,19 @@ impl KvCache {
         self.written = true;
         if let Store::Cpu(_) = &self.store {
             // The plain ops, then the host write: what the kernel computes in one launch.
+            // A source's rows of `n` heads: itself when nothing else shares its rows.
             let take = |(src, stride, col): Source<'_>, n: usize| -> Result<Tensor> {
-                let all = src.to_f32_vec()?;
-                let rows: Vec<f32> = (0..t)
-                    .flat_map(|i| all[i * stride + col..][..n * hd].to_vec())
-                    .collect();
-                Ok(Tensor::from_f32(&Device::Reference, &[t * n, hd], &rows)?)
+                let width = n * hd;
+                if stride == width {
+                    return Ok(src.reshape(&[t * n, hd])?);
+                }
+                let all = src.host_f32()?;
+                Tensor::from_f32_with(&Device::Reference, &[t * n, hd], |rows| {
+                    for (i, r) in rows.chunks_exact_mut(width).enumerate() {
+                        r.copy_from_slice(&all[i * stride + col..][..width]);
+                    }
+                    Ok(())
+                })
             };
             let (mut q, mut k) = (take(sources[0], heads)?, take(sources[1], kvh)?);
             let v = take(sources[2], kvh)?;
@@ -199,7 +206,7 @@ impl KvCache {
             }
             let q = rec.rope(&q.reshape(&[t, heads, hd])?, rope)?;
             let k = rec.rope(&k.reshape(&[t, kvh, hd])?, rope)?;
-            self.write_host(layer, &k.to_f32_vec()?, &v.to_f32_vec()?, batch)?;
+            self.write_host(layer, k.host_f32()?, v.host_f32()?, batch)?;
             return Ok(q);
         }
         let q = rec.output(DType::F32, &[t, heads, hd], "kv_write")?;

@@ -34,37 +34,91 @@ pub(crate) struct Fused<'a> {
     pub residual: Option<&'a [f32]>,
 }
 
-/// Y = epilogue(norm(X) · Wᵀ) for `m` rows of X (f32, `k` = W's columns wide), `[m][n]` (`n/2`
-/// wide with a GLU), each step on the pool and each element as the reference computes it.
+/// A matmul's buffers between X and Y, kept between calls.
+#[derive(Default)]
+pub(crate) struct LinearScratch {
+    /// X's rows normed.
+    normed: Vec<f32>,
+    /// The products by weight row, `[n][m]` (Y itself when `m` is 1 and no GLU follows).
+    by_row: Vec<f32>,
+}
+
+/// The most floats a kept buffer of [`LinearScratch`] holds past a call (16 MiB): a long
+/// prompt's are given back.
+const KEEP_FLOATS: usize = 4 << 20;
+
+impl LinearScratch {
+    fn trim(&mut self) {
+        for v in [&mut self.normed, &mut self.by_row] {
+            if v.capacity() > KEEP_FLOATS {
+                *v = Vec::new();
+            }
+        }
+    }
+}
+
+/// Y = epilogue(norm(X) · Wᵀ) for `m` rows of X (f32, `k` = W's columns wide) into `y`,
+/// `[m][n]` (`n/2` wide with a GLU), each step on the pool and each element as the reference
+/// computes it.
 pub(crate) fn linear_native(
     ctx: &CpuContext,
     x: &[f32],
     m: usize,
     w: &Tensor,
     fused: &Fused<'_>,
-) -> Result<Vec<f32>> {
-    let Storage::Cpu(h) = w.storage() else {
-        return Err(TensorError::DeviceMismatch { op: "matmul" });
-    };
+    y: &mut [f32],
+) -> Result<()> {
+    let mut scratch = ctx.linear.lock().unwrap_or_else(|p| p.into_inner());
+    let r = linear_in(ctx, x, m, w, fused, y, &mut scratch);
+    scratch.trim();
+    r
+}
+
+fn linear_in(
+    ctx: &CpuContext,
+    x: &[f32],
+    m: usize,
+    w: &Tensor,
+    fused: &Fused<'_>,
+    y: &mut [f32],
+    scratch: &mut LinearScratch,
+) -> Result<()> {
     let (n, k) = (w.rows(), w.cols());
-    let normed;
+    let LinearScratch { normed, by_row } = scratch;
     let x = match fused.norm {
         Some((g, eps)) => {
-            let mut out = vec![0f32; x.len()];
+            normed.resize(x.len(), 0.0);
             ctx.pool().install(|| {
-                out.par_chunks_mut(k)
+                normed
+                    .par_chunks_mut(k)
                     .zip(x.par_chunks(k))
                     .for_each(|(o, row)| rms_norm_row(row, g, eps, o));
             });
-            normed = out;
             &normed[..]
         }
         None => x,
     };
+    if m == 1 && fused.glu.is_none() {
+        // Y's one row is the products.
+        products(ctx, x, m, w, y)?;
+        one_row(y, fused);
+    } else {
+        by_row.resize(n * m, 0.0);
+        products(ctx, x, m, w, by_row)?;
+        epilogue(ctx, by_row, m, n, fused, y);
+    }
+    Ok(())
+}
+
+/// X · Wᵀ by weight row into `by_row` (`[n][m]`), the weight's rows split between the
+/// pool's threads.
+fn products(ctx: &CpuContext, x: &[f32], m: usize, w: &Tensor, by_row: &mut [f32]) -> Result<()> {
+    let Storage::Cpu(h) = w.storage() else {
+        return Err(TensorError::DeviceMismatch { op: "matmul" });
+    };
+    let (n, k) = (w.rows(), w.cols());
     let dtype = w.dtype();
     let chunk = rows_per_task(n, ctx.threads());
-    // Products by weight row: `[n][m]`.
-    let mut by_row = vec![0f32; n * m];
     match &dtype.format().ints {
         Some(ints) if k.is_multiple_of(32) => {
             let mut qx = ctx.quant_x.lock().unwrap_or_else(|p| p.into_inner());
@@ -120,7 +174,7 @@ pub(crate) fn linear_native(
             }
         }
     }
-    Ok(epilogue(ctx, by_row, m, n, fused))
+    Ok(())
 }
 
 /// Rows of Y a task of the epilogue: the products of a weight row for them are read as one
@@ -132,10 +186,27 @@ thread_local! {
     static Y: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
 
+/// The bias and the residual on Y's one row, the products themselves (no GLU).
+fn one_row(y: &mut [f32], fused: &Fused<'_>) {
+    if let Some(b) = fused.bias {
+        y.iter_mut().zip(b).for_each(|(v, b)| *v += b);
+    }
+    if let Some(r) = fused.residual {
+        y.iter_mut().zip(r).for_each(|(v, r)| *v += r);
+    }
+}
+
 /// Y `[m][n]` (`n/2` wide with a GLU) from the products by weight row `[n][m]`: the bias,
 /// then the GLU, then the residual, a task a few rows of Y (without a GLU the products are
 /// transposed straight into Y's rows).
-fn epilogue(ctx: &CpuContext, by_row: Vec<f32>, m: usize, n: usize, fused: &Fused<'_>) -> Vec<f32> {
+fn epilogue(
+    ctx: &CpuContext,
+    by_row: &[f32],
+    m: usize,
+    n: usize,
+    fused: &Fused<'_>,
+    y: &mut [f32],
+) {
     let width = if fused.glu.is_some() { n / 2 } else { n };
     let residual = |i: usize, out: &mut [f32]| {
         if let Some(r) = fused.residual {
@@ -149,21 +220,13 @@ fn epilogue(ctx: &CpuContext, by_row: Vec<f32>, m: usize, n: usize, fused: &Fuse
         activation::glu(row, act, out);
         residual(i, out);
     };
-    if m == 1 {
-        // The products are Y's one row already.
-        let mut row = by_row;
-        if let Some(b) = fused.bias {
-            row.iter_mut().zip(b).for_each(|(v, b)| *v += b);
-        }
-        let Some(act) = fused.glu else {
-            residual(0, &mut row);
-            return row;
-        };
-        let mut y = vec![0f32; width];
-        gated(act, 0, &row, &mut y);
-        return y;
+    if m == 1
+        && let Some(act) = fused.glu
+    {
+        // The products are Y's one `[gate; up]` row.
+        gated(act, 0, by_row, y);
+        return;
     }
-    let mut y = vec![0f32; m * width];
     ctx.pool().install(|| {
         y.par_chunks_mut(Y_ROWS * width)
             .enumerate()
@@ -171,7 +234,7 @@ fn epilogue(ctx: &CpuContext, by_row: Vec<f32>, m: usize, n: usize, fused: &Fuse
                 let (i0, rows) = (c * Y_ROWS, ys.len() / width);
                 let Some(act) = fused.glu else {
                     // Y's rows are the products' rows: transposed straight into them.
-                    transpose(&by_row, m, n, i0, ys, fused.bias);
+                    transpose(by_row, m, n, i0, ys, fused.bias);
                     for (r, out) in ys.chunks_exact_mut(width).enumerate() {
                         residual(i0 + r, out);
                     }
@@ -180,7 +243,7 @@ fn epilogue(ctx: &CpuContext, by_row: Vec<f32>, m: usize, n: usize, fused: &Fuse
                 Y.with(|t| {
                     let mut t = t.borrow_mut();
                     t.resize(rows * n, 0.0);
-                    transpose(&by_row, m, n, i0, &mut t, fused.bias);
+                    transpose(by_row, m, n, i0, &mut t, fused.bias);
                     for (r, (row, out)) in t
                         .chunks_exact(n)
                         .zip(ys.chunks_exact_mut(width))
@@ -191,7 +254,6 @@ fn epilogue(ctx: &CpuContext, by_row: Vec<f32>, m: usize, n: usize, fused: &Fuse
                 })
             });
     });
-    y
 }
 
 /// Columns of the products a step of [`transpose`]: their rows for a task's rows of Y (a few

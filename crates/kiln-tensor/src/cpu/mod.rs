@@ -24,7 +24,7 @@ mod vector;
 mod x86;
 
 pub(crate) use act::QuantX;
-pub(crate) use linear::{Fused, linear_native};
+pub(crate) use linear::{Fused, LinearScratch, linear_native};
 
 use std::fmt;
 use std::str::FromStr;
@@ -110,6 +110,8 @@ pub struct CpuContext {
     pool: rayon::ThreadPool,
     /// The quantized X of the matmul in progress, its buffers kept between calls.
     quant_x: Mutex<QuantX>,
+    /// The matmul's buffers between X and Y, kept between calls.
+    linear: Mutex<LinearScratch>,
 }
 
 impl fmt::Debug for CpuContext {
@@ -156,6 +158,7 @@ impl CpuContext {
             isa,
             pool,
             quant_x: Mutex::default(),
+            linear: Mutex::default(),
         })
     }
 

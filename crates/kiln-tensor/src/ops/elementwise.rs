@@ -5,8 +5,9 @@
 use bytemuck::{Pod, Zeroable};
 
 use super::matmul::Activation;
-use super::{R1W, R2W, host_f32, require_dtype, require_same_shape};
+use super::{R1W, R2W, require_dtype, require_same_shape};
 use crate::gpu::KernelDef;
+use crate::tensor::Shape;
 use crate::{DType, Recorder, Result, Tensor, TensorError};
 
 const SRC: &str = include_str!("../../wgsl/elementwise.wgsl");
@@ -73,14 +74,15 @@ impl Recorder {
             });
         }
         let Some(ctx) = self.gpu().cloned() else {
-            let v = host_f32(a)?
-                .iter()
-                .zip(host_f32(b)?)
-                .map(|(&x, &y)| f(x, y))
-                .collect();
-            return Ok(Tensor::cpu_f32(a.shape().to_vec(), v));
+            let (x, y) = (a.host_f32()?, b.host_f32()?);
+            return Tensor::host_f32_with(a.shape(), |out| {
+                for ((o, &x), &y) in out.iter_mut().zip(x).zip(y) {
+                    *o = f(x, y);
+                }
+                Ok(())
+            });
         };
-        let out = Tensor::gpu_output(&ctx, DType::F32, a.shape().to_vec(), op)?;
+        let out = Tensor::gpu_output(&ctx, DType::F32, a.shape(), op)?;
         let n = a.elem_count();
         let params = Params {
             n: n as u32,
@@ -117,10 +119,15 @@ impl Recorder {
             });
         }
         let Some(ctx) = self.gpu().cloned() else {
-            let v = host_f32(a)?.iter().map(|&x| f(x, s)).collect();
-            return Ok(Tensor::cpu_f32(a.shape().to_vec(), v));
+            let x = a.host_f32()?;
+            return Tensor::host_f32_with(a.shape(), |out| {
+                for (o, &x) in out.iter_mut().zip(x) {
+                    *o = f(x, s);
+                }
+                Ok(())
+            });
         };
-        let out = Tensor::gpu_output(&ctx, DType::F32, a.shape().to_vec(), op)?;
+        let out = Tensor::gpu_output(&ctx, DType::F32, a.shape(), op)?;
         let n = a.elem_count();
         let params = Params {
             n: n as u32,
@@ -199,14 +206,18 @@ impl Recorder {
             });
         }
         let f = width / 2;
-        let mut shape = y.shape().to_vec();
+        let mut shape = Shape::from(y.shape());
         if let Some(last) = shape.last_mut() {
             *last = f;
         }
         let Some(ctx) = self.gpu().cloned() else {
-            return Ok(Tensor::cpu_f32(shape, glu_ref(host_f32(y)?, f, act)));
+            let y = y.host_f32()?;
+            return Tensor::host_f32_with(&shape, |out| {
+                glu_ref(y, f, act, out);
+                Ok(())
+            });
         };
-        let out = Tensor::gpu_output(&ctx, DType::F32, shape, OP)?;
+        let out = Tensor::gpu_output(&ctx, DType::F32, &shape, OP)?;
         let n = y.elem_count() / 2;
         let params = Params {
             n: n as u32,
@@ -226,13 +237,11 @@ impl Recorder {
     }
 }
 
-/// CPU reference of `glu` over rows `[gate | up]` of width `2·f`.
-pub(crate) fn glu_ref(y: &[f32], f: usize, act: Activation) -> Vec<f32> {
-    let mut out = vec![0f32; y.len() / 2];
+/// CPU reference of `glu` over rows `[gate | up]` of width `2·f`, into `out` (half as long).
+pub(crate) fn glu_ref(y: &[f32], f: usize, act: Activation, out: &mut [f32]) {
     for (row, o) in y.chunks_exact(2 * f).zip(out.chunks_exact_mut(f)) {
         glu_row(row, act, o);
     }
-    out
 }
 
 /// One row of [`glu_ref`]: `row` is `[gate; up]`, `out` half as wide.

@@ -6,9 +6,9 @@ use std::sync::Arc;
 
 use bytemuck::{Pod, Zeroable};
 
-use super::{R2W, WEIGHT_DTYPES, check_indices, host_f32, host_row, require_dtype, weight_defines};
+use super::{R2W, WEIGHT_DTYPES, check_indices, host_row, require_dtype, weight_defines};
 use crate::gpu::KernelDef;
-use crate::tensor::Storage;
+use crate::tensor::{Shape, Storage};
 use crate::{DType, Device, Recorder, Result, Tensor, TensorError};
 
 const SRC: &str = concat!(
@@ -60,12 +60,12 @@ impl Recorder {
                 detail: "an empty table".into(),
             });
         }
-        let shape = vec![ids.len(), k];
+        let shape = [ids.len(), k];
         let Some(ctx) = self.gpu().cloned() else {
-            return Ok(Tensor::cpu_f32(shape, embedding_ref(table, ids)?));
+            return Tensor::host_f32_with(&shape, |out| embedding_ref(table, ids, out));
         };
         let ids_t = Tensor::from_u32(&self.device().clone(), &[ids.len()], ids)?;
-        let out = Tensor::gpu_output(&ctx, DType::F32, shape, OP)?;
+        let out = Tensor::gpu_output(&ctx, DType::F32, &shape, OP)?;
         let Storage::Gpu { chunks, .. } = table.storage() else {
             return Err(TensorError::DeviceMismatch { op: OP });
         };
@@ -101,14 +101,12 @@ impl Recorder {
     }
 }
 
-/// CPU reference.
-pub(crate) fn embedding_ref(table: &Tensor, ids: &[u32]) -> Result<Vec<f32>> {
-    let k = table.cols();
-    let mut out = vec![0f32; ids.len() * k];
-    for (t, &id) in ids.iter().enumerate() {
-        host_row(table, id as usize, &mut out[t * k..(t + 1) * k])?;
+/// CPU reference: the rows `ids` of `table`, into `out`.
+pub(crate) fn embedding_ref(table: &Tensor, ids: &[u32], out: &mut [f32]) -> Result<()> {
+    for (&id, o) in ids.iter().zip(out.chunks_exact_mut(table.cols())) {
+        host_row(table, id as usize, o)?;
     }
-    Ok(out)
+    Ok(())
 }
 
 /// Column indices checked against the width of the tensors they will gather from, and
@@ -182,13 +180,16 @@ impl Recorder {
                 ),
             });
         }
-        let mut shape = x.shape().to_vec();
+        let mut shape = Shape::from(x.shape());
         if let Some(last) = shape.last_mut() {
             *last = n;
         }
         let (Some(ctx), Some(t)) = (self.gpu().cloned(), &idx.uploaded) else {
-            let y = gather_cols_ref(host_f32(x)?, k, &idx.host);
-            return Ok(Tensor::cpu_f32(shape, y));
+            let xs = x.host_f32()?;
+            return Tensor::host_f32_with(&shape, |out| {
+                gather_cols_ref(xs, k, &idx.host, out);
+                Ok(())
+            });
         };
         // Activations are op outputs, one binding each; a chunked input would be read wrong.
         if x.chunk_count() != 1 {
@@ -197,7 +198,7 @@ impl Recorder {
                 detail: format!("input {:?} spans {} bindings", x.shape(), x.chunk_count()),
             });
         }
-        let y = Tensor::gpu_output(&ctx, DType::F32, shape, OP)?;
+        let y = Tensor::gpu_output(&ctx, DType::F32, &shape, OP)?;
         let params = Params {
             n_ids: n as u32,
             k: k as u32,
@@ -222,8 +223,10 @@ impl Recorder {
 }
 
 /// CPU reference of `gather_cols`: rows of `x` (`k` wide) gathered by `idx`.
-pub(crate) fn gather_cols_ref(x: &[f32], k: usize, idx: &[u32]) -> Vec<f32> {
-    x.chunks_exact(k)
-        .flat_map(|row| idx.iter().map(|&i| row[i as usize]))
-        .collect()
+pub(crate) fn gather_cols_ref(x: &[f32], k: usize, idx: &[u32], out: &mut [f32]) {
+    for (row, o) in x.chunks_exact(k).zip(out.chunks_exact_mut(idx.len())) {
+        for (o, &i) in o.iter_mut().zip(idx) {
+            *o = row[i as usize];
+        }
+    }
 }

@@ -16,12 +16,10 @@ use bytemuck::{Pod, Zeroable};
 use super::elementwise::glu_ref;
 use super::matmul_code::{ROWS_R, rows_accumulators, rows_x_broadcast};
 use super::rows::rms_norm_ref;
-use super::{
-    Define, WEIGHT_DTYPES, dot, flag, host_f32, host_row, number, require_dtype, weight_defines,
-};
+use super::{Define, WEIGHT_DTYPES, dot, flag, host_row, number, require_dtype, weight_defines};
 use crate::gpu::{Access, GpuContext, KernelDef};
 use crate::recorder::Bind;
-use crate::tensor::Storage;
+use crate::tensor::{Shape, Storage};
 use crate::{DType, MatvecShape, Recorder, Result, Tensor, TensorError};
 
 /// Rows of X up to which the matrix-vector kernel is used (on CPU-type adapters).
@@ -219,7 +217,7 @@ struct Checked {
     k: usize,
     /// Rows of W.
     n: usize,
-    shape: Vec<usize>,
+    shape: Shape,
 }
 
 impl Recorder {
@@ -287,12 +285,12 @@ impl Recorder {
         let pairs_ok = ops.glu.is_none() || w.chunk_count() == 1;
         if fusable && pairs_ok {
             if let Some(group) = rows_group(&ctx, w, c.m, c.k) {
-                let y = Tensor::gpu_output(&ctx, DType::F32, c.shape.clone(), OP)?;
+                let y = Tensor::gpu_output(&ctx, DType::F32, &c.shape, OP)?;
                 self.matmul_rows(x, w, &y, epi, ops.norm, group)?;
                 return Ok(y);
             }
             if c.m <= max_vec {
-                let y = Tensor::gpu_output(&ctx, DType::F32, c.shape.clone(), OP)?;
+                let y = Tensor::gpu_output(&ctx, DType::F32, &c.shape, OP)?;
                 self.matmul_vec(x, w, &y, epi, ops.norm)?;
                 return Ok(y);
             }
@@ -306,11 +304,11 @@ impl Recorder {
             }
             None => x,
         };
-        let mut shape = x.shape().to_vec();
+        let mut shape = Shape::from(x.shape());
         if let Some(last) = shape.last_mut() {
             *last = c.n;
         }
-        let y = Tensor::gpu_output(&ctx, DType::F32, shape, OP)?;
+        let y = Tensor::gpu_output(&ctx, DType::F32, &shape, OP)?;
         if c.m <= max_vec {
             let bias_epi = ops.bias.map_or(Epilogue::None, Epilogue::Bias);
             self.matmul_vec(x, w, &y, bias_epi, None)?;
@@ -332,11 +330,16 @@ impl Recorder {
         const OP: &str = "matmul";
         require_dtype(OP, "the input", x, &[DType::F32])?;
         require_dtype(OP, "the weight", w, WEIGHT_DTYPES)?;
-        let mut ts = vec![x, w];
-        ts.extend(ops.bias);
-        ts.extend(ops.residual);
-        ts.extend(ops.norm.map(|n| n.weight));
-        self.check_device(OP, &ts)?;
+        let operands = [
+            Some(x),
+            Some(w),
+            ops.bias,
+            ops.residual,
+            ops.norm.map(|n| n.weight),
+        ];
+        for t in operands.into_iter().flatten() {
+            self.check_device(OP, &[t])?;
+        }
         let k = x.cols();
         if w.shape().len() != 2 || w.cols() != k {
             return Err(TensorError::Shape {
@@ -380,7 +383,7 @@ impl Recorder {
                 });
             }
         }
-        let mut shape = x.shape().to_vec();
+        let mut shape = Shape::from(x.shape());
         if let Some(last) = shape.last_mut() {
             *last = n_out;
         }
@@ -567,38 +570,43 @@ fn linear_host(
     c: &Checked,
     native: Option<&crate::cpu::CpuContext>,
 ) -> Result<Tensor> {
-    let b = ops.bias.map(host_f32).transpose()?;
+    let b = ops.bias.map(Tensor::host_f32).transpose()?;
     if let Some(cpu) = native {
         let fused = crate::cpu::Fused {
             norm: match ops.norm {
-                Some(n) => Some((host_f32(n.weight)?, n.eps)),
+                Some(n) => Some((n.weight.host_f32()?, n.eps)),
                 None => None,
             },
             bias: b,
             glu: ops.glu,
-            residual: ops.residual.map(host_f32).transpose()?,
+            residual: ops.residual.map(Tensor::host_f32).transpose()?,
         };
-        let y = crate::cpu::linear_native(cpu, host_f32(x)?, c.m, w, &fused)?;
-        return Ok(Tensor::cpu_f32(c.shape.clone(), y));
+        let x = x.host_f32()?;
+        return Tensor::host_f32_with(&c.shape, |y| {
+            crate::cpu::linear_native(cpu, x, c.m, w, &fused, y)
+        });
     }
-    let normed;
+    let mut normed = Vec::new();
     let xs = match ops.norm {
         Some(n) => {
-            normed = rms_norm_ref(host_f32(x)?, host_f32(n.weight)?, n.eps);
+            normed.resize(x.elem_count(), 0.0);
+            rms_norm_ref(x.host_f32()?, n.weight.host_f32()?, n.eps, &mut normed);
             &normed[..]
         }
-        None => host_f32(x)?,
+        None => x.host_f32()?,
     };
-    let mut y = matmul_ref(xs, c.m, w, b)?;
-    if let Some(act) = ops.glu {
-        y = glu_ref(&y, c.n / 2, act);
-    }
-    if let Some(r) = ops.residual {
-        for (v, r) in y.iter_mut().zip(host_f32(r)?) {
-            *v += r;
+    let products = matmul_ref(xs, c.m, w, b)?;
+    let residual = ops.residual.map(Tensor::host_f32).transpose()?;
+    Tensor::host_f32_with(&c.shape, |y| {
+        match ops.glu {
+            Some(act) => glu_ref(&products, c.n / 2, act, y),
+            None => y.copy_from_slice(&products),
         }
-    }
-    Ok(Tensor::cpu_f32(c.shape.clone(), y))
+        if let Some(r) = residual {
+            y.iter_mut().zip(r).for_each(|(v, r)| *v += r);
+        }
+        Ok(())
+    })
 }
 
 /// Rows of X per launch of the CPU-adapter kernel (`matmul_rows.wgsl`), or `None` when that

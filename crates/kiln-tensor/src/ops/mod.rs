@@ -172,19 +172,6 @@ pub(crate) fn require_same_shape(op: &'static str, a: &Tensor, b: &Tensor) -> Re
     }
 }
 
-/// The f32 values of a CPU tensor.
-pub(crate) fn host_f32(t: &Tensor) -> Result<&[f32]> {
-    match t.storage() {
-        Storage::Cpu(h) if t.dtype() == DType::F32 => Ok(&h.f32s()[..t.elem_count()]),
-        Storage::Cpu(_) => Err(TensorError::DType {
-            op: "cpu",
-            what: "f32 access",
-            dtype: t.dtype(),
-        }),
-        Storage::Gpu { .. } => Err(TensorError::DeviceMismatch { op: "cpu" }),
-    }
-}
-
 /// Row `row` of a CPU weight `[rows, k]` of any float or block dtype, as f32.
 pub(crate) fn host_row(w: &Tensor, row: usize, out: &mut [f32]) -> Result<()> {
     let Storage::Cpu(h) = w.storage() else {

@@ -2,7 +2,7 @@
 
 use bytemuck::{Pod, Zeroable};
 
-use super::{R3W, host_f32, require_dtype};
+use super::{R3W, require_dtype};
 use crate::gpu::KernelDef;
 use crate::{DType, Device, Recorder, Result, Tensor, TensorError};
 
@@ -255,18 +255,24 @@ impl Recorder {
             });
         }
         let Some(ctx) = self.gpu().cloned() else {
-            let (shape, x) = (x.shape().to_vec(), host_f32(x)?);
+            let (shape, x) = (x.shape(), x.host_f32()?);
             // The native backend reads the table's (cos, sin); the reference evaluates them.
-            let out = match self.device().native() {
-                Some(_) => rope_table(x, positions_host, heads, &cfg, host_f32(&table.table)?),
-                None => rope_ref(x, positions_host, heads, &cfg),
+            let table = match self.device().native() {
+                Some(_) => Some(table.table.host_f32()?),
+                None => None,
             };
-            return Ok(Tensor::cpu_f32(shape, out));
+            return Tensor::host_f32_with(shape, |out| {
+                match table {
+                    Some(table) => rope_table(x, positions_host, heads, &cfg, table, out),
+                    None => rope_ref(x, positions_host, heads, &cfg, out),
+                }
+                Ok(())
+            });
         };
         let Some(pos) = positions.uploaded.clone() else {
             return Err(TensorError::DeviceMismatch { op: OP });
         };
-        let out = Tensor::gpu_output(&ctx, DType::F32, x.shape().to_vec(), OP)?;
+        let out = Tensor::gpu_output(&ctx, DType::F32, x.shape(), OP)?;
         let params = Params {
             tokens: tokens as u32,
             heads: heads as u32,
@@ -301,33 +307,41 @@ fn rope_table(
     heads: usize,
     cfg: &RopeConfig,
     table: &[f32],
-) -> Vec<f32> {
+    out: &mut [f32],
+) {
     let half = cfg.rotary_dim / 2;
-    rotate_pairs(x, positions, heads, cfg, |pos, j| {
+    rotate_pairs(x, positions, heads, cfg, out, |pos, j| {
         let at = (pos as usize * half + j) * 2;
         (table[at], table[at + 1])
     })
 }
 
-/// CPU reference, straight from the config (no table).
-pub(crate) fn rope_ref(x: &[f32], positions: &[u32], heads: usize, cfg: &RopeConfig) -> Vec<f32> {
+/// CPU reference, straight from the config (no table), into `out`.
+pub(crate) fn rope_ref(
+    x: &[f32],
+    positions: &[u32],
+    heads: usize,
+    cfg: &RopeConfig,
+    out: &mut [f32],
+) {
     let inv = cfg.inv_freq();
-    rotate_pairs(x, positions, heads, cfg, |pos, j| {
+    rotate_pairs(x, positions, heads, cfg, out, |pos, j| {
         RopeConfig::cos_sin(&inv, pos, j)
     })
 }
 
-/// Each token's heads of `x` with every rotated pair `j` turned by `turn(position, j)`'s
-/// (cos, sin); channels past the rotary ones as they are.
+/// Each token's heads of `x` into `out`, every rotated pair `j` turned by
+/// `turn(position, j)`'s (cos, sin); channels past the rotary ones as they are.
 fn rotate_pairs(
     x: &[f32],
     positions: &[u32],
     heads: usize,
     cfg: &RopeConfig,
+    out: &mut [f32],
     turn: impl Fn(u32, usize) -> (f32, f32),
-) -> Vec<f32> {
+) {
     let (hd, half) = (cfg.head_dim, cfg.rotary_dim / 2);
-    let mut out = x.to_vec();
+    out.copy_from_slice(x);
     for (t, &pos) in positions.iter().enumerate() {
         for h in 0..heads {
             let base = (t * heads + h) * hd;
@@ -339,5 +353,4 @@ fn rotate_pairs(
             }
         }
     }
-    out
 }

@@ -2,7 +2,7 @@
 
 use bytemuck::{Pod, Zeroable};
 
-use super::{R1W, R2W, host_f32, require_dtype, subgroup_defines};
+use super::{R1W, R2W, require_dtype, subgroup_defines};
 use crate::gpu::KernelDef;
 use crate::{DType, Recorder, Result, Tensor, TensorError};
 
@@ -91,12 +91,13 @@ impl Recorder {
             });
         }
         let Some(ctx) = self.gpu().cloned() else {
-            return Ok(Tensor::cpu_f32(
-                x.shape().to_vec(),
-                rms_norm_ref(host_f32(x)?, host_f32(weight)?, eps),
-            ));
+            let (xs, w) = (x.host_f32()?, weight.host_f32()?);
+            return Tensor::host_f32_with(x.shape(), |out| {
+                rms_norm_ref(xs, w, eps, out);
+                Ok(())
+            });
         };
-        let out = Tensor::gpu_output(&ctx, DType::F32, x.shape().to_vec(), OP)?;
+        let out = Tensor::gpu_output(&ctx, DType::F32, x.shape(), OP)?;
         self.rows_launch(&RMS_NORM, "RMS_NORM", x, Some(weight), &out, eps)?;
         Ok(out)
     }
@@ -106,12 +107,13 @@ impl Recorder {
         const OP: &str = "softmax";
         self.rows_check(OP, x)?;
         let Some(ctx) = self.gpu().cloned() else {
-            return Ok(Tensor::cpu_f32(
-                x.shape().to_vec(),
-                softmax_ref(host_f32(x)?, x.cols()),
-            ));
+            let xs = x.host_f32()?;
+            return Tensor::host_f32_with(x.shape(), |out| {
+                softmax_ref(xs, x.cols(), out);
+                Ok(())
+            });
         };
-        let out = Tensor::gpu_output(&ctx, DType::F32, x.shape().to_vec(), OP)?;
+        let out = Tensor::gpu_output(&ctx, DType::F32, x.shape(), OP)?;
         self.rows_launch(&SOFTMAX, "SOFTMAX", x, None, &out, 0.0)?;
         Ok(out)
     }
@@ -121,10 +123,13 @@ impl Recorder {
     pub fn argmax(&mut self, x: &Tensor) -> Result<Tensor> {
         const OP: &str = "argmax";
         self.rows_check(OP, x)?;
-        let shape = x.shape()[..x.shape().len().saturating_sub(1)].to_vec();
-        let shape = if shape.is_empty() { vec![1] } else { shape };
+        let rows = &x.shape()[..x.shape().len().saturating_sub(1)];
+        let shape = if rows.is_empty() { &[1][..] } else { rows };
         let Some(ctx) = self.gpu().cloned() else {
-            return Ok(Tensor::cpu_u32(shape, argmax_ref(host_f32(x)?, x.cols())));
+            let xs = x.host_f32()?;
+            return Ok(Tensor::host_u32_with(shape, |out| {
+                argmax_ref(xs, x.cols(), out)
+            }));
         };
         let out = Tensor::gpu_output(&ctx, DType::U32, shape, OP)?;
         self.rows_launch(&ARGMAX, "ARGMAX", x, None, &out, 0.0)?;
@@ -133,12 +138,10 @@ impl Recorder {
 }
 
 /// CPU reference (sum of squares in f64, as a reference should be exact-ish).
-pub(crate) fn rms_norm_ref(x: &[f32], w: &[f32], eps: f32) -> Vec<f32> {
-    let mut out = vec![0f32; x.len()];
+pub(crate) fn rms_norm_ref(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
     for (row, o) in x.chunks_exact(w.len()).zip(out.chunks_exact_mut(w.len())) {
         rms_norm_row(row, w, eps, o);
     }
-    out
 }
 
 /// One row of [`rms_norm_ref`] into `out` (as wide as `w`).
@@ -151,27 +154,25 @@ pub(crate) fn rms_norm_row(row: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
 }
 
 /// CPU reference.
-pub(crate) fn softmax_ref(x: &[f32], cols: usize) -> Vec<f32> {
-    let mut out = Vec::with_capacity(x.len());
-    for row in x.chunks_exact(cols) {
+pub(crate) fn softmax_ref(x: &[f32], cols: usize, out: &mut [f32]) {
+    for (row, o) in x.chunks_exact(cols).zip(out.chunks_exact_mut(cols)) {
         let m = row.iter().fold(f32::NEG_INFINITY, |a, &v| a.max(v));
         let s: f64 = row.iter().map(|&v| f64::from((v - m).exp())).sum();
-        out.extend(row.iter().map(|&v| ((v - m).exp() as f64 / s) as f32));
+        for (o, &v) in o.iter_mut().zip(row) {
+            *o = ((v - m).exp() as f64 / s) as f32;
+        }
     }
-    out
 }
 
-/// CPU reference: first index of the maximum.
-pub(crate) fn argmax_ref(x: &[f32], cols: usize) -> Vec<u32> {
-    x.chunks_exact(cols)
-        .map(|row| {
-            let mut best = 0;
-            for (i, &v) in row.iter().enumerate() {
-                if v > row[best] {
-                    best = i;
-                }
+/// CPU reference: first index of the maximum of each row, into `out` (one a row).
+pub(crate) fn argmax_ref(x: &[f32], cols: usize, out: &mut [u32]) {
+    for (row, o) in x.chunks_exact(cols).zip(out) {
+        let mut best = 0;
+        for (i, &v) in row.iter().enumerate() {
+            if v > row[best] {
+                best = i;
             }
-            best as u32
-        })
-        .collect()
+        }
+        *o = best as u32;
+    }
 }

@@ -18,7 +18,7 @@
 
 use bytemuck::{Pod, Zeroable};
 
-use super::{host_f32, require_dtype, subgroup_defines};
+use super::{require_dtype, subgroup_defines};
 use crate::gpu::{Access, KernelDef};
 use crate::{DType, Recorder, Result, Tensor, TensorError};
 
@@ -189,21 +189,19 @@ impl Recorder {
                 .map_err(|detail| TensorError::Invalid { op: OP, detail })?;
         }
         let Some(ctx) = self.gpu().cloned() else {
-            let x = host_f32(logits)?;
-            let picks = rows
-                .iter()
-                .map(|&(row, how)| {
+            let x = logits.host_f32()?;
+            return Ok(Tensor::host_u32_with(&[rows.len()], |picks| {
+                for (p, &(row, how)) in picks.iter_mut().zip(rows) {
                     let processed = process(&x[row * vocab..(row + 1) * vocab], how);
-                    pick(processed, how).unwrap_or(NO_TOKEN)
-                })
-                .collect();
-            return Ok(Tensor::cpu_u32(vec![rows.len()], picks));
+                    *p = pick(processed, how).unwrap_or(NO_TOKEN);
+                }
+            }));
         };
         let info = info_words(rows, vocab);
         let device = self.device().clone();
         let info = Tensor::from_u32(&device, &[info.len()], &info)?;
-        let work = Tensor::gpu_output(&ctx, DType::F32, vec![rows.len(), vocab], OP)?;
-        let out = Tensor::gpu_output(&ctx, DType::U32, vec![rows.len()], OP)?;
+        let work = Tensor::gpu_output(&ctx, DType::F32, &[rows.len(), vocab], OP)?;
+        let out = Tensor::gpu_output(&ctx, DType::U32, &[rows.len()], OP)?;
         let params = Params {
             n: rows.len() as u32,
             vocab: vocab as u32,
