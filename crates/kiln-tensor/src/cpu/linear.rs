@@ -68,23 +68,9 @@ pub(crate) fn linear_native(
     fused: &Fused<'_>,
     y: &mut [f32],
 ) -> Result<()> {
-    let mut scratch = ctx.linear.lock().unwrap_or_else(|p| p.into_inner());
-    let r = linear_in(ctx, x, m, w, fused, y, &mut scratch);
-    scratch.trim();
-    r
-}
-
-fn linear_in(
-    ctx: &CpuContext,
-    x: &[f32],
-    m: usize,
-    w: &Tensor,
-    fused: &Fused<'_>,
-    y: &mut [f32],
-    scratch: &mut LinearScratch,
-) -> Result<()> {
     let (n, k) = (w.rows(), w.cols());
-    let LinearScratch { normed, by_row } = scratch;
+    let mut scratch = ctx.linear.lock().unwrap_or_else(|p| p.into_inner());
+    let LinearScratch { normed, by_row } = &mut *scratch;
     let x = match fused.norm {
         Some((g, eps)) => {
             normed.resize(x.len(), 0.0);
@@ -98,16 +84,15 @@ fn linear_in(
         }
         None => x,
     };
-    if m == 1 && fused.glu.is_none() {
+    let r = if m == 1 && fused.glu.is_none() {
         // Y's one row is the products.
-        products(ctx, x, m, w, y)?;
-        one_row(y, fused);
+        products(ctx, x, m, w, y).map(|()| one_row(y, fused))
     } else {
         by_row.resize(n * m, 0.0);
-        products(ctx, x, m, w, by_row)?;
-        epilogue(ctx, by_row, m, n, fused, y);
-    }
-    Ok(())
+        products(ctx, x, m, w, by_row).map(|()| epilogue(ctx, by_row, m, n, fused, y))
+    };
+    scratch.trim();
+    r
 }
 
 /// X · Wᵀ by weight row into `by_row` (`[n][m]`), the weight's rows split between the
