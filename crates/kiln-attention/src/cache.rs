@@ -14,9 +14,13 @@
 //! holding exactly the values the device format would hold (rounded to f16, or quantized to
 //! INT8 or INT4 and back), so every backend computes the same attention.
 
+use std::borrow::Borrow;
+
+use crate::native::CallLists;
+
 use bytemuck::{Pod, Zeroable};
 use kiln_kv::{BlockCopy, BlockId, KvDtype};
-use kiln_tensor::{Access, DType, Device, KernelDef, Recorder, Tensor};
+use kiln_tensor::{Access, DType, Device, Keep, KernelDef, Recorder, Tensor};
 
 mod attend;
 mod centres;
@@ -74,8 +78,9 @@ pub struct AttnConfig {
     pub window: Option<usize>,
 }
 
-/// A step's attention metadata, validated against the cache and uploaded once.
-#[derive(Debug)]
+/// A step's attention metadata, validated against the cache and uploaded once. The default
+/// is empty, for [`KvCache::batch_into`] to fill.
+#[derive(Debug, Default)]
 pub struct AttnBatch {
     pub(crate) tokens: usize,
     /// Per query token: (offset of its block table in `tables`, absolute position).
@@ -247,6 +252,8 @@ pub struct KvCache {
     turns: CentreTurns,
     /// A key has been written (the centres can no longer change).
     written: bool,
+    /// Native attention's lists, kept from call to call.
+    call: Keep<CallLists>,
 }
 
 impl std::fmt::Debug for KvCache {
@@ -389,6 +396,7 @@ impl KvCache {
             centres: centres.clone(),
             turns: CentreTurns::new(&centres),
             written: false,
+            call: Keep::default(),
         })
     }
 
@@ -416,10 +424,34 @@ impl KvCache {
     /// Validate a step's sequences against the cache and upload their metadata.
     /// Sequences are laid out in order along the token dimension of Q, K and V.
     pub fn batch(&self, seqs: &[SeqBatch<'_>]) -> Result<AttnBatch> {
+        let mut batch = AttnBatch::default();
+        self.batch_into(seqs, &mut batch)?;
+        Ok(batch)
+    }
+
+    /// [`KvCache::batch`] into `batch`, its lists reused (a step after the first allocates
+    /// none on a host cache). After an error `batch` holds no tokens.
+    pub fn batch_into<'a>(
+        &self,
+        seqs: impl IntoIterator<Item = impl Borrow<SeqBatch<'a>>>,
+        batch: &mut AttnBatch,
+    ) -> Result<()> {
         let bs = self.cfg.block_size;
-        let (mut info, mut tables, mut slots) = (Vec::new(), Vec::new(), Vec::new());
-        let mut groups = Vec::new();
-        for (i, s) in seqs.iter().enumerate() {
+        batch.tokens = 0;
+        batch.device = None;
+        let AttnBatch {
+            info,
+            tables,
+            slots,
+            groups,
+            ..
+        } = batch;
+        for l in [&mut *info, &mut *tables, &mut *slots] {
+            l.clear();
+        }
+        groups.clear();
+        for (i, s) in seqs.into_iter().enumerate() {
+            let s = s.borrow();
             if s.query_len == 0 || s.query_len > s.context_len {
                 return invalid(format!(
                     "sequence {i}: query_len {} must be in 1..=context_len {}",
@@ -468,7 +500,7 @@ impl KvCache {
         }
         let tokens = slots.len();
         // The host pools read the lists themselves; a GPU's kernels read them uploaded.
-        let device = match (&self.store, &self.device) {
+        batch.device = match (&self.store, &self.device) {
             (Store::Cpu(_), _) => None,
             (Store::Gpu(_), d) => Some([
                 {
@@ -476,18 +508,12 @@ impl KvCache {
                     words.extend(groups.iter().flatten());
                     Tensor::from_u32(d, &[words.len()], &words)?
                 },
-                Tensor::from_u32(d, &[tables.len()], &tables)?,
-                Tensor::from_u32(d, &[tokens], &slots)?,
+                Tensor::from_u32(d, &[tables.len()], tables)?,
+                Tensor::from_u32(d, &[tokens], slots)?,
             ]),
         };
-        Ok(AttnBatch {
-            tokens,
-            info,
-            tables,
-            slots,
-            groups,
-            device,
-        })
+        batch.tokens = tokens;
+        Ok(())
     }
 
     fn check_rows(&self, what: &str, t: &Tensor, tokens: usize, heads: usize) -> Result<()> {

@@ -9,7 +9,7 @@
 
 use std::cell::Cell;
 
-use kiln_tensor::CpuContext;
+use kiln_tensor::{CpuContext, Keep};
 use rayon::prelude::*;
 
 use crate::stored::{CENTRED_PAIRS, CentreTurns, KeyCentre, hadamard};
@@ -352,6 +352,8 @@ pub(crate) struct Attend<'a> {
     pub batch: &'a AttnBatch,
     pub cfg: &'a KvCacheConfig,
     pub attn: &'a AttnConfig,
+    /// The cache's lists for a call, kept from call to call.
+    pub lists: &'a Keep<CallLists>,
 }
 
 impl Attend<'_> {
@@ -435,32 +437,35 @@ impl Attend<'_> {
         V: KvRows + ?Sized,
     {
         let (cpu, q, d) = (self.cpu, self.q, self.cfg.head_dim);
-        // The query in the keys' basis, in this thread's kept buffer.
-        let mut rotated = QUERY.take();
-        let qk = if K::ROTATED {
-            rotated.clear();
-            rotated.extend_from_slice(q);
-            rotated.chunks_exact_mut(d).for_each(hadamard);
-            &rotated[..]
-        } else {
-            q
-        };
-        let partials = |span: Span, s: &mut Scratch, p: &mut [f32]| {
-            self.span_partials((kp, vp), qk, span, s, p)
-        };
-        let len = K::span(d).min(V::span(d));
-        let tokens = q.len() / (self.attn.heads * d);
-        if tokens * self.cfg.kv_heads >= 4 * cpu.threads() {
-            self.by_pairs(&partials, len, out);
-        } else {
-            self.by_spans(&partials, len, out);
-        }
-        if V::ROTATED {
-            out.chunks_exact_mut(d).for_each(hadamard);
-        }
-        if rotated.capacity() <= KEEP_FLOATS {
-            QUERY.set(rotated);
-        }
+        self.lists.with(|lists| {
+            let CallLists {
+                kept: call,
+                query: rotated,
+            } = &mut *lists;
+            // The query in the keys' basis.
+            let qk = if K::ROTATED {
+                rotated.clear();
+                rotated.extend_from_slice(q);
+                rotated.chunks_exact_mut(d).for_each(hadamard);
+                &rotated[..]
+            } else {
+                q
+            };
+            let partials = |span: Span, s: &mut Scratch, p: &mut [f32]| {
+                self.span_partials((kp, vp), qk, span, s, p)
+            };
+            let len = K::span(d).min(V::span(d));
+            let tokens = q.len() / (self.attn.heads * d);
+            if tokens * self.cfg.kv_heads >= 4 * cpu.threads() {
+                self.by_pairs(&partials, len, out);
+            } else {
+                self.by_spans(&partials, len, out, call);
+            }
+            if V::ROTATED {
+                out.chunks_exact_mut(d).for_each(hadamard);
+            }
+            lists.trim();
+        })
     }
 
     /// Floats of one (token, KV head)'s output (its group's heads), and of a span's partials.
@@ -496,18 +501,16 @@ impl Attend<'_> {
 
     /// Few pairs (a decode step): a task a span, so that every thread has work; then each
     /// pair's spans combined.
-    fn by_spans(&self, partials: &impl Partials, len: usize, out: &mut [f32]) {
+    fn by_spans(&self, partials: &impl Partials, len: usize, out: &mut [f32], call: &mut Kept) {
         let (batch, attn, kvh, d) = (self.batch, self.attn, self.cfg.kv_heads, self.cfg.head_dim);
         let [per_pair, per_span] = self.group_floats();
         let tokens = self.q.len() / (attn.heads * d);
-        // The caller's lists, taken from its thread and given back (see `kept`).
-        let mut call = CALL.take();
         let Kept {
             spans,
             ends,
             partials: ps,
             ..
-        } = &mut call;
+        } = call;
         spans.clear();
         ends.clear();
         for t in 0..tokens {
@@ -527,8 +530,6 @@ impl Attend<'_> {
             combine(&ps[from * per_span..to * per_span], per_pair / d, d, o);
             from = to;
         }
-        call.trim();
-        CALL.set(call);
     }
 }
 
@@ -554,13 +555,27 @@ impl Kept {
     }
 }
 
+/// What a cache keeps between attention calls: a call's lists ([`Kept`]: its spans, where
+/// each pair's end, their partials) and the query rotated into the INT4 keys' basis. Kept by
+/// the cache, not a thread: a step runs on whichever of the pool's threads takes it.
+#[derive(Default)]
+pub(crate) struct CallLists {
+    kept: Kept,
+    query: Vec<f32>,
+}
+
+impl CallLists {
+    fn trim(&mut self) {
+        self.kept.trim();
+        if self.query.capacity() > KEEP_FLOATS {
+            self.query = Vec::new();
+        }
+    }
+}
+
 thread_local! {
     /// A pool thread's [`Kept`], for the tasks it runs.
     static TASK: Cell<Kept> = Cell::default();
-    /// A calling thread's [`Kept`], for a call's lists.
-    static CALL: Cell<Kept> = Cell::default();
-    /// A calling thread's query rotated into the INT4 keys' basis.
-    static QUERY: Cell<Vec<f32>> = Cell::default();
 }
 
 /// `f` over this thread's task [`Kept`], taken out while `f` runs and put back after: a

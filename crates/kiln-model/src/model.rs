@@ -1,10 +1,10 @@
 //! The decoder forward pass (Llama, Mistral, Qwen2/3, Gemma 3) over a batch that mixes
 //! prefill chunks and decode tokens.
 
-use kiln_attention::{AttnConfig, KvCache, QkNorm, QkPrep, QkvRows, SeqBatch};
+use kiln_attention::{AttnBatch, AttnConfig, KvCache, QkNorm, QkPrep, QkvRows, SeqBatch};
 use kiln_kv::BlockId;
 use kiln_tensor::{
-    Activation as Act, ColumnIndex, Device, LinearOps, Recorder, RmsNorm, RopeConfig,
+    Activation as Act, ColumnIndex, Device, Keep, LinearOps, Recorder, RmsNorm, RopeConfig,
     RopePositions, RopeTable, Tensor,
 };
 
@@ -106,6 +106,19 @@ pub struct Model {
     /// One table per distinct RoPE of the layers (Gemma 3: local and global).
     ropes: Vec<RopeTable>,
     weight_bytes: u64,
+    /// The last step's lists, their room kept for the next.
+    lists: Keep<StepLists>,
+}
+
+/// A step's lists: its token ids, their positions, the rows that get logits, the attention
+/// batch and the positions for each RoPE table.
+#[derive(Default)]
+struct StepLists {
+    ids: Vec<u32>,
+    positions: Vec<u32>,
+    last: Vec<u32>,
+    batch: AttnBatch,
+    ropes: Vec<RopePositions>,
 }
 
 impl std::fmt::Debug for Model {
@@ -178,10 +191,30 @@ impl Model {
         seqs: &[SeqInput<'_>],
         at: LogitsAt<'_>,
     ) -> Result<Tensor> {
+        self.lists
+            .with(|lists| self.forward_with(rec, cache, seqs, at, lists))
+    }
+
+    /// [`Model::forward`] with the step's lists in `lists`.
+    fn forward_with(
+        &self,
+        rec: &mut Recorder,
+        cache: &mut KvCache,
+        seqs: &[SeqInput<'_>],
+        at: LogitsAt<'_>,
+        lists: &mut StepLists,
+    ) -> Result<Tensor> {
         let cfg = &self.cfg;
-        let mut ids = Vec::new();
-        let mut positions = Vec::new();
-        let mut last = Vec::with_capacity(seqs.len());
+        let StepLists {
+            ids,
+            positions,
+            last,
+            batch,
+            ropes,
+        } = lists;
+        for l in [&mut *ids, &mut *positions, &mut *last] {
+            l.clear();
+        }
         if let LogitsAt::Tail(n) = at
             && n.len() != seqs.len()
         {
@@ -225,24 +258,30 @@ impl Model {
             }
             last.extend((ids.len() - tail..ids.len()).map(|r| r as u32));
         }
-        let sb: Vec<SeqBatch<'_>> = seqs
-            .iter()
-            .map(|s| SeqBatch {
-                block_table: s.block_table,
-                query_len: s.tokens.len(),
-                context_len: s.context_len,
-            })
-            .collect();
-        let batch = cache.batch(&sb)?;
+        let sb = seqs.iter().map(|s| SeqBatch {
+            block_table: s.block_table,
+            query_len: s.tokens.len(),
+            context_len: s.context_len,
+        });
+        cache.batch_into(sb, batch)?;
+        let batch = &*batch;
         // Uploaded once per table, used by Q and K of every layer that rotates with it.
-        let positions: Vec<RopePositions> = self
-            .ropes
-            .iter()
-            .map(|r| r.positions(&positions))
-            .collect::<std::result::Result<_, _>>()?;
+        if ropes.len() == self.ropes.len() {
+            for p in ropes.iter_mut() {
+                p.set(positions)?;
+            }
+        } else {
+            *ropes = self
+                .ropes
+                .iter()
+                .map(|r| r.positions(positions))
+                .collect::<std::result::Result<_, _>>()?;
+        }
+        let positions = &*ropes;
+        let ids = &ids[..];
         let t = ids.len();
         let (d, heads) = (cfg.head_dim, cfg.heads);
-        let mut x = rec.embedding(&self.embed, &ids)?;
+        let mut x = rec.embedding(&self.embed, ids)?;
         if let Some(s) = cfg.embed_scale {
             x = rec.scale(&x, s)?;
         }
@@ -268,7 +307,7 @@ impl Model {
             let q = match &l.qkv {
                 Stack::One(p) => {
                     let qkv = p.apply(rec, &x, norm, None, None)?;
-                    cache.write_qkv(rec, li, QkvRows::Stacked(&qkv), &prep, &batch)?
+                    cache.write_qkv(rec, li, QkvRows::Stacked(&qkv), &prep, batch)?
                 }
                 Stack::Apart(ps) => {
                     let [q, k, v] = [&ps[0], &ps[1], &ps[2]];
@@ -277,11 +316,11 @@ impl Model {
                         k.apply(rec, &x, norm, None, None)?,
                         v.apply(rec, &x, norm, None, None)?,
                     );
-                    cache.write_qkv(rec, li, QkvRows::Separate([&q, &k, &v]), &prep, &batch)?
+                    cache.write_qkv(rec, li, QkvRows::Separate([&q, &k, &v]), &prep, batch)?
                 }
             };
             let a = cache
-                .attention(rec, li, &q, &batch, &l.attn)?
+                .attention(rec, li, &q, batch, &l.attn)?
                 .reshape(&[t, heads * d])?;
             x = match &l.post_attn_norm {
                 None => l.o.apply(rec, &a, None, None, Some(&x))?,
@@ -319,7 +358,7 @@ impl Model {
         // final norm fused into it.
         let every_row = last.iter().enumerate().all(|(i, &r)| i == r as usize) && last.len() == t;
         let x = match at {
-            LogitsAt::Last | LogitsAt::Tail(_) if !every_row => rec.embedding(&x, &last)?,
+            LogitsAt::Last | LogitsAt::Tail(_) if !every_row => rec.embedding(&x, last)?,
             _ => x,
         };
         let head = self.lm_head.as_ref().unwrap_or(&self.embed);

@@ -6,6 +6,7 @@ mod dtype;
 mod error;
 mod gpu;
 mod host;
+mod keep;
 mod ops;
 mod quant;
 mod recorder;
@@ -19,6 +20,7 @@ pub use device::{
 pub use dtype::{DType, QK, QK_K};
 pub use error::{Result, TensorError};
 pub use gpu::{Access, GpuContext, KernelDef, TemplateError};
+pub use keep::Keep;
 pub use ops::sample;
 pub use ops::{
     Activation, ColumnIndex, LinearOps, RmsNorm, RopeConfig, RopeLayout, RopePositions,

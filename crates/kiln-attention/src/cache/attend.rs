@@ -209,6 +209,7 @@ impl KvCache {
                                 batch,
                                 cfg,
                                 attn,
+                                lists: &self.call,
                             };
                             let d = hd;
                             match pools {

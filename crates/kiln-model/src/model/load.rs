@@ -243,6 +243,7 @@ impl Model {
             layers,
             ropes,
             weight_bytes,
+            lists: Default::default(),
         })
     }
 }

@@ -34,9 +34,11 @@ pub(crate) struct Fused<'a> {
     pub residual: Option<&'a [f32]>,
 }
 
-/// A matmul's buffers between X and Y, kept between calls.
+/// A matmul's buffers between X and Y, kept between calls ([`CpuContext`]'s).
 #[derive(Default)]
 pub(crate) struct LinearScratch {
+    /// X quantized.
+    quant_x: QuantX,
     /// X's rows normed.
     normed: Vec<f32>,
     /// The products by weight row, `[n][m]` (Y itself when `m` is 1 and no GLU follows).
@@ -69,35 +71,47 @@ pub(crate) fn linear_native(
     y: &mut [f32],
 ) -> Result<()> {
     let (n, k) = (w.rows(), w.cols());
-    let mut scratch = ctx.linear.lock().unwrap_or_else(|p| p.into_inner());
-    let LinearScratch { normed, by_row } = &mut *scratch;
-    let x = match fused.norm {
-        Some((g, eps)) => {
-            normed.resize(x.len(), 0.0);
-            ctx.pool().install(|| {
-                normed
-                    .par_chunks_mut(k)
-                    .zip(x.par_chunks(k))
-                    .for_each(|(o, row)| rms_norm_row(row, g, eps, o));
-            });
-            &normed[..]
-        }
-        None => x,
-    };
-    let r = if m == 1 && fused.glu.is_none() {
-        // Y's one row is the products.
-        products(ctx, x, m, w, y).map(|()| one_row(y, fused))
-    } else {
-        by_row.resize(n * m, 0.0);
-        products(ctx, x, m, w, by_row).map(|()| epilogue(ctx, by_row, m, n, fused, y))
-    };
-    scratch.trim();
-    r
+    ctx.linear.with(|scratch| {
+        let LinearScratch {
+            quant_x,
+            normed,
+            by_row,
+        } = &mut *scratch;
+        let x = match fused.norm {
+            Some((g, eps)) => {
+                normed.resize(x.len(), 0.0);
+                ctx.pool().install(|| {
+                    normed
+                        .par_chunks_mut(k)
+                        .zip(x.par_chunks(k))
+                        .for_each(|(o, row)| rms_norm_row(row, g, eps, o));
+                });
+                &normed[..]
+            }
+            None => x,
+        };
+        let r = if m == 1 && fused.glu.is_none() {
+            // Y's one row is the products.
+            products(ctx, x, m, w, quant_x, y).map(|()| one_row(y, fused))
+        } else {
+            by_row.resize(n * m, 0.0);
+            products(ctx, x, m, w, quant_x, by_row).map(|()| epilogue(ctx, by_row, m, n, fused, y))
+        };
+        scratch.trim();
+        r
+    })
 }
 
 /// X · Wᵀ by weight row into `by_row` (`[n][m]`), the weight's rows split between the
 /// pool's threads.
-fn products(ctx: &CpuContext, x: &[f32], m: usize, w: &Tensor, by_row: &mut [f32]) -> Result<()> {
+fn products(
+    ctx: &CpuContext,
+    x: &[f32],
+    m: usize,
+    w: &Tensor,
+    qx: &mut QuantX,
+    by_row: &mut [f32],
+) -> Result<()> {
     let Storage::Cpu(h) = w.storage() else {
         return Err(TensorError::DeviceMismatch { op: "matmul" });
     };
@@ -106,9 +120,7 @@ fn products(ctx: &CpuContext, x: &[f32], m: usize, w: &Tensor, by_row: &mut [f32
     let chunk = rows_per_task(n, ctx.threads());
     match &dtype.format().ints {
         Some(ints) if k.is_multiple_of(32) => {
-            let mut qx = ctx.quant_x.lock().unwrap_or_else(|p| p.into_inner());
-            let q: &mut QuantX = &mut qx;
-            ctx.pool().install(|| q.fill(x, m, k));
+            ctx.pool().install(|| qx.fill(x, m, k));
             let f = dtype.format();
             let row_bytes = k / f.block_elems * f.block_bytes;
             let isa = ctx.isa();

@@ -28,9 +28,10 @@ pub(crate) use linear::{Fused, LinearScratch, linear_native};
 
 use std::fmt;
 use std::str::FromStr;
-use std::sync::Mutex;
+
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use crate::Keep;
 use crate::device::DeviceOptions;
 use crate::{Result, TensorError};
 
@@ -108,10 +109,8 @@ impl FromStr for Isa {
 pub struct CpuContext {
     isa: Isa,
     pool: rayon::ThreadPool,
-    /// The quantized X of the matmul in progress, its buffers kept between calls.
-    quant_x: Mutex<QuantX>,
-    /// The matmul's buffers between X and Y, kept between calls.
-    linear: Mutex<LinearScratch>,
+    /// The matmul's buffers (X quantized, X normed, the products), kept between calls.
+    linear: Keep<LinearScratch>,
 }
 
 impl fmt::Debug for CpuContext {
@@ -157,8 +156,7 @@ impl CpuContext {
         Ok(Self {
             isa,
             pool,
-            quant_x: Mutex::default(),
-            linear: Mutex::default(),
+            linear: Keep::default(),
         })
     }
 
@@ -261,16 +259,26 @@ impl CpuContext {
         let done = AtomicBool::new(false);
         self.pool.install(|| {
             let home = rayon::current_thread_index();
-            rayon::scope(|s| {
-                for _ in 1..self.threads() {
-                    s.spawn(|_| keep_awake(&done, home));
-                }
-                let r = f();
-                done.store(true, Ordering::Release);
-                r
-            })
+            beside(self.threads() - 1, &done, home, f)
         })
     }
+}
+
+/// `f` on this thread with `n` [`keep_awake`] jobs beside it, `done` set when `f` returns:
+/// each job the other half of a [`rayon::join`], so on the stack (a scope's spawned jobs are
+/// boxed, an allocation a thread a step).
+fn beside<R: Send>(
+    n: usize,
+    done: &AtomicBool,
+    home: Option<usize>,
+    f: impl FnOnce() -> R + Send,
+) -> R {
+    if n == 0 {
+        let r = f();
+        done.store(true, Ordering::Release);
+        return r;
+    }
+    rayon::join(|| beside(n - 1, done, home, f), || keep_awake(done, home)).0
 }
 
 /// Idle rounds of [`keep_awake`] between its yields of the core to the OS.

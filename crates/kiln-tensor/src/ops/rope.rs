@@ -169,18 +169,13 @@ impl RopeTable {
     /// Validate the positions of a step's tokens and upload them once, for every `rope` of the
     /// step (Q and K of every layer).
     pub fn positions(&self, positions: &[u32]) -> Result<RopePositions> {
-        super::check_indices("rope", "position", positions, self.max_positions)?;
-        let device = self.table.device();
-        let uploaded = if device.is_cpu() {
-            None
-        } else {
-            Some(Tensor::from_u32(&device, &[positions.len()], positions)?)
-        };
-        Ok(RopePositions {
+        let mut p = RopePositions {
             table: self.clone(),
-            host: positions.to_vec(),
-            uploaded,
-        })
+            host: Vec::new(),
+            uploaded: None,
+        };
+        p.set(positions)?;
+        Ok(p)
     }
 }
 
@@ -204,6 +199,21 @@ impl RopePositions {
     /// The positions, checked against the table.
     pub fn positions(&self) -> &[u32] {
         &self.host
+    }
+
+    /// Another step's positions for the same table, in place of these (the host list's
+    /// room reused: a step after the first allocates nothing for them on a CPU backend).
+    /// After an error there are none.
+    pub fn set(&mut self, positions: &[u32]) -> Result<()> {
+        self.host.clear();
+        self.uploaded = None;
+        super::check_indices("rope", "position", positions, self.table.max_positions)?;
+        let device = self.table.table.device();
+        if !device.is_cpu() {
+            self.uploaded = Some(Tensor::from_u32(&device, &[positions.len()], positions)?);
+        }
+        self.host.extend_from_slice(positions);
+        Ok(())
     }
 
     /// The table they index.
