@@ -6,8 +6,8 @@
 //! stored less their head's centres ([`KvCache::set_key_centres`]). A step first writes the
 //! new tokens' K/V rows into their slots ([`KvCache::write`]), then runs paged attention for
 //! every query token of the batch in one launch ([`KvCache::attention`]); both read the same
-//! [`AttnBatch`] (block tables, positions, slot mapping), uploaded once per step and shared by
-//! all layers.
+//! [`AttnBatch`] (block tables, positions, slot mapping), built once per step (and uploaded
+//! once, for a GPU cache) and shared by all layers.
 //!
 //! On the native CPU backend the pools are host vectors of each format's own bytes (as many
 //! as the GPU's, and as `kiln-kv`'s plan counts); on the reference they are `f32` vectors
@@ -78,8 +78,8 @@ pub struct AttnConfig {
     pub window: Option<usize>,
 }
 
-/// A step's attention metadata, validated against the cache and uploaded once. The default
-/// is empty, for [`KvCache::batch_into`] to fill.
+/// A step's attention metadata, validated against the cache (and uploaded once, for a GPU
+/// cache). The default is empty, for [`KvCache::batch_into`] to fill.
 #[derive(Debug, Default)]
 pub struct AttnBatch {
     pub(crate) tokens: usize,
@@ -98,6 +98,16 @@ pub struct AttnBatch {
 }
 
 impl AttnBatch {
+    /// No tokens, the lists' room kept.
+    fn clear(&mut self) {
+        self.tokens = 0;
+        self.info.clear();
+        self.tables.clear();
+        self.slots.clear();
+        self.groups.clear();
+        self.device = None;
+    }
+
     /// Each query token's absolute position, in order.
     pub(crate) fn positions(&self) -> impl Iterator<Item = u32> + '_ {
         self.info.iter().skip(1).step_by(2).copied()
@@ -421,8 +431,8 @@ impl KvCache {
         }
     }
 
-    /// Validate a step's sequences against the cache and upload their metadata.
-    /// Sequences are laid out in order along the token dimension of Q, K and V.
+    /// Validate a step's sequences against the cache (and upload their metadata, for a GPU
+    /// cache). Sequences are laid out in order along the token dimension of Q, K and V.
     pub fn batch(&self, seqs: &[SeqBatch<'_>]) -> Result<AttnBatch> {
         let mut batch = AttnBatch::default();
         self.batch_into(seqs, &mut batch)?;
@@ -430,15 +440,27 @@ impl KvCache {
     }
 
     /// [`KvCache::batch`] into `batch`, its lists reused (a step after the first allocates
-    /// none on a host cache). After an error `batch` holds no tokens.
+    /// none on a host cache). After an error `batch` is empty.
     pub fn batch_into<'a>(
         &self,
         seqs: impl IntoIterator<Item = impl Borrow<SeqBatch<'a>>>,
         batch: &mut AttnBatch,
     ) -> Result<()> {
+        batch.clear();
+        let r = self.fill_batch(seqs, batch);
+        if r.is_err() {
+            batch.clear();
+        }
+        r
+    }
+
+    /// [`KvCache::batch_into`] into an empty `batch`.
+    fn fill_batch<'a>(
+        &self,
+        seqs: impl IntoIterator<Item = impl Borrow<SeqBatch<'a>>>,
+        batch: &mut AttnBatch,
+    ) -> Result<()> {
         let bs = self.cfg.block_size;
-        batch.tokens = 0;
-        batch.device = None;
         let AttnBatch {
             info,
             tables,
@@ -446,10 +468,6 @@ impl KvCache {
             groups,
             ..
         } = batch;
-        for l in [&mut *info, &mut *tables, &mut *slots] {
-            l.clear();
-        }
-        groups.clear();
         for (i, s) in seqs.into_iter().enumerate() {
             let s = s.borrow();
             if s.query_len == 0 || s.query_len > s.context_len {

@@ -191,6 +191,11 @@ impl Model {
         seqs: &[SeqInput<'_>],
         at: LogitsAt<'_>,
     ) -> Result<Tensor> {
+        // On a GPU the step's uploads go back to the buffer pool as the step ends, before
+        // the recorder is submitted, as every intermediate does; its lists are new each step.
+        if !self.device.is_cpu() {
+            return self.forward_with(rec, cache, seqs, at, &mut StepLists::default());
+        }
         self.lists
             .with(|lists| self.forward_with(rec, cache, seqs, at, lists))
     }

@@ -3,10 +3,10 @@
 //! A decode step makes and drops the same tensors every step (a layer's projections, its
 //! attention output, the next hidden state). Each CPU tensor dropped as the only owner of its
 //! storage gives that storage (the `Arc` and its words) to the spares; the next CPU tensor
-//! made takes the smallest spare that holds it. Once the spares have seen one step, a step
-//! of the same shapes allocates nothing for its tensors. The spares are the process's, not a
-//! thread's: a step runs on whichever of the pool's threads takes it, and a tensor may be
-//! dropped on another thread than the one that made it.
+//! made takes the smallest spare that holds it (in at most a quarter more room). Once the spares
+//! have seen one step, a step of the same shapes allocates nothing for its tensors. The
+//! spares are the process's, not a thread's: a step runs on whichever of the pool's threads
+//! takes it, and a tensor may be dropped on another thread than the one that made it.
 
 use std::sync::{Arc, LazyLock, Mutex, MutexGuard};
 
@@ -68,7 +68,7 @@ impl Spares {
     }
 
     /// Host storage of `bytes` bytes that `fill` writes (the words past `bytes` are zero):
-    /// the smallest spare that holds them, else new.
+    /// the smallest spare that holds them in at most a quarter more room, else new.
     fn storage(&self, bytes: usize, fill: impl FnOnce(&mut [u32])) -> Arc<Storage> {
         let words = bytes.div_ceil(4);
         let mut s = self.take(words).unwrap_or_else(|| {
@@ -87,14 +87,18 @@ impl Spares {
         s
     }
 
-    /// The smallest spare of at least `words` words, taken out.
+    /// The smallest spare of `words` to `words` and a quarter words, taken out. No larger
+    /// one: a tensor that lives long (a weight, made at load) would hold the rest of a larger
+    /// spare's room, outside the caps, for good.
     fn take(&self, words: usize) -> Option<Arc<Storage>> {
         let mut list = self.list();
         let (_, at) = list
             .iter()
             .enumerate()
             .filter_map(|(i, s)| match &**s {
-                Storage::Cpu(h) if h.words.capacity() >= words => Some((h.words.capacity(), i)),
+                Storage::Cpu(h) if (words..=words + words / 4).contains(&h.words.capacity()) => {
+                    Some((h.words.capacity(), i))
+                }
                 _ => None,
             })
             .min()?;
@@ -158,15 +162,22 @@ mod tests {
         let (pb, ps) = (words_ptr(&big), words_ptr(&small));
         sp.give_back(big);
         sp.give_back(small);
-        // 40 bytes fit both: the smaller is taken, refilled and zero past what `fill` wrote.
-        let s = sp.storage(40, |w| w[0] = 7);
+        // 56 bytes fit both: the smaller is taken, refilled and zero past what `fill` wrote.
+        let s = sp.storage(56, |w| w[0] = 7);
         assert_eq!(words_ptr(&s), ps);
         let Storage::Cpu(h) = &*s else { unreachable!() };
-        assert_eq!(h.bytes().len(), 40);
-        assert_eq!(h.u32s(), &[7, 0, 0, 0, 0, 0, 0, 0, 0, 0]);
+        assert_eq!(h.bytes().len(), 56);
+        assert_eq!(h.u32s()[0], 7);
+        assert!(h.u32s()[1..].iter().all(|&w| w == 0));
+        assert_eq!(h.u32s().len(), 14);
         let b = sp.storage(4000, |_| {});
         assert_eq!(words_ptr(&b), pb);
         assert!(sp.list().is_empty());
+        // A spare much larger than asked stays for a request its size.
+        sp.give_back(b);
+        let tiny = sp.storage(16, |_| {});
+        assert_ne!(words_ptr(&tiny), pb);
+        assert_eq!(sp.list().len(), 1);
     }
 
     #[test]

@@ -45,7 +45,7 @@ pub struct Tensor {
 /// A tensor's dimensions, inline up to four (no allocation a tensor).
 pub(crate) type Shape = SmallVec<[usize; 4]>;
 
-/// A CPU tensor's storage, when this was its last owner, goes to its thread's spares
+/// A CPU tensor's storage, when this was its last owner, goes to the process's spares
 /// ([`host`]) for the next CPU tensor to reuse.
 impl Drop for Tensor {
     fn drop(&mut self) {
@@ -99,8 +99,7 @@ impl Tensor {
         }
     }
 
-    /// A host tensor whose `bytes` bytes `fill` writes, in spare storage when this thread
-    /// has some that holds them.
+    /// A host tensor whose `bytes` bytes `fill` writes, in spare storage when a spare fits.
     fn host_with(
         shape: &[usize],
         dtype: DType,
@@ -256,7 +255,7 @@ impl Tensor {
     }
 
     /// An F32 host tensor whose every value `fill` writes (an op's output on the CPU
-    /// backends), in spare storage when this thread has some that holds it.
+    /// backends), in spare storage when a spare fits.
     pub(crate) fn host_f32_with<E>(
         shape: &[usize],
         fill: impl FnOnce(&mut [f32]) -> std::result::Result<(), E>,

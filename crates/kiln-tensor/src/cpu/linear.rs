@@ -41,7 +41,8 @@ pub(crate) struct LinearScratch {
     quant_x: QuantX,
     /// X's rows normed.
     normed: Vec<f32>,
-    /// The products by weight row, `[n][m]` (Y itself when `m` is 1 and no GLU follows).
+    /// The products by weight row, `[n][m]` (unused when `m` is 1 and no GLU follows: the
+    /// products are then written into Y's row).
     by_row: Vec<f32>,
 }
 
@@ -220,6 +221,7 @@ fn epilogue(
     if m == 1
         && let Some(act) = fused.glu
     {
+        debug_assert!(fused.bias.is_none(), "a bias with a GLU is refused");
         // The products are Y's one `[gate; up]` row.
         gated(act, 0, by_row, y);
         return;

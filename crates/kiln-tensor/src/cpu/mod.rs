@@ -264,9 +264,11 @@ impl CpuContext {
     }
 }
 
-/// `f` on this thread with `n` [`keep_awake`] jobs beside it, `done` set when `f` returns:
-/// each job the other half of a [`rayon::join`], so on the stack (a scope's spawned jobs are
-/// boxed, an allocation a thread a step).
+/// `f` on this thread with `n` [`keep_awake`] jobs beside it, `done` set when `f` returns or
+/// unwinds (else a panic in a step would leave the jobs spinning and the step's `join`s
+/// waiting for them): each job the other half of a [`rayon::join`], so on the stack (a
+/// scope's spawned jobs are boxed, an allocation a thread a step). `n` nested joins deep: a
+/// few hundred bytes of stack a pool thread.
 fn beside<R: Send>(
     n: usize,
     done: &AtomicBool,
@@ -274,11 +276,19 @@ fn beside<R: Send>(
     f: impl FnOnce() -> R + Send,
 ) -> R {
     if n == 0 {
-        let r = f();
-        done.store(true, Ordering::Release);
-        return r;
+        let _done = SetOnDrop(done);
+        return f();
     }
     rayon::join(|| beside(n - 1, done, home, f), || keep_awake(done, home)).0
+}
+
+/// Sets its flag when dropped.
+struct SetOnDrop<'a>(&'a AtomicBool);
+
+impl Drop for SetOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Release);
+    }
 }
 
 /// Idle rounds of [`keep_awake`] between its yields of the core to the OS.
@@ -586,5 +596,21 @@ mod tests {
             e.contains("neon") && e.contains("scalar, avx2 or avx512"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn a_step_that_panics_ends_with_its_panic_and_the_pool_goes_on() {
+        let ctx = CpuContext::new(&DeviceOptions {
+            threads: Some(3),
+            ..DeviceOptions::default()
+        })
+        .unwrap();
+        for _ in 0..4 {
+            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                ctx.step(|| -> u32 { panic!("a step's panic") })
+            }));
+            assert!(r.is_err());
+        }
+        assert_eq!(ctx.step(|| 7), 7);
     }
 }
