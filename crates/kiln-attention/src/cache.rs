@@ -16,8 +16,6 @@
 
 use std::borrow::Borrow;
 
-use crate::native::CallLists;
-
 use bytemuck::{Pod, Zeroable};
 use kiln_kv::{BlockCopy, BlockId, KvDtype};
 use kiln_tensor::{Access, DType, Device, Keep, KernelDef, Recorder, Tensor};
@@ -26,6 +24,7 @@ mod attend;
 mod centres;
 mod write;
 
+use crate::native::CallLists;
 use crate::stored::{
     CENTRED_PAIRS, CentreTurns, KeyCentre, quantize_i4_row, quantize_i8, store_row,
 };

@@ -1,7 +1,8 @@
 //! Paged attention on the native CPU backend: keys and values found through the block table
-//! (no gathered copy of the context), a span of positions at a time for all the query heads sharing a
-//! KV head, scores and softmax in f32, the spans combined as flash decoding does; a task a
-//! (token, KV head), or a span when a batch has too few of those to share among the threads.
+//! (no gathered copy of the context), a span of positions at a time for all the query heads
+//! sharing a KV head, scores and softmax in f32, the spans combined as flash decoding does; a
+//! task a (token, KV head), or a span when a batch has too few of those to share among the
+//! threads.
 //! Each pool format is read in its own bytes ([`KvRows`]): f32 and f16 rows in place, INT8
 //! and INT4 rows widened to f32 a span at a time for the heads sharing them (INT4 in its
 //! rotated basis, its key centres added back to the scores). The plain reference
@@ -533,8 +534,9 @@ impl Attend<'_> {
     }
 }
 
-/// What a thread keeps between calls, so that once warm a step allocates nothing for it: a
-/// task's scratch, a call's spans (and where each pair's end), and their partials.
+/// Lists kept between calls, so that once warm a step allocates nothing for them: a task's
+/// scratch (a pool thread's, [`TASK`]), a call's spans (and where each pair's end) and their
+/// partials (a cache's, [`CallLists`]).
 #[derive(Default)]
 struct Kept {
     scratch: Scratch,

@@ -83,6 +83,13 @@ pub enum TensorError {
         #[source]
         source: wgpu::Error,
     },
+    /// A logits row's sampling parameters are out of range.
+    #[error("sample: row {row}: {source}")]
+    Sampling {
+        row: usize,
+        #[source]
+        source: crate::ops::sample::SamplingError,
+    },
     /// Bad op arguments not covered above (zero-sized dims, bad eps, ...).
     #[error("{op}: invalid argument: {detail}")]
     Invalid { op: &'static str, detail: String },

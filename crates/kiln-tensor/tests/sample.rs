@@ -6,7 +6,7 @@
 mod common;
 
 use common::{gpus, randn, rng};
-use kiln_tensor::sample::{LogitEdit, NO_TOKEN, RowSampling, pick, process};
+use kiln_tensor::sample::{LogitEdit, NO_TOKEN, RowSampling, SamplingError, pick, process};
 use kiln_tensor::{Device, Recorder, Tensor, TensorError};
 use rand::Rng;
 
@@ -226,11 +226,22 @@ fn bad_rows_are_refused_before_anything_runs() {
         ..RowSampling::greedy()
     };
     let hot = knobs(-1.0, 0, 1.0, 0.0);
-    for bad in [&outside, &twice, &hot] {
-        let e = rec.sample(&t, &[(0, bad)]).unwrap_err();
+    for (bad, why) in [
+        (
+            &outside,
+            SamplingError::EditOutsideVocab { id: 10, vocab: 10 },
+        ),
+        (&twice, SamplingError::TwoEdits(1)),
+        (&hot, SamplingError::Temperature(-1.0)),
+    ] {
+        let e = rec.sample(&t, &[(1, &ok), (0, bad)]).unwrap_err();
         assert!(
-            matches!(e, TensorError::Invalid { op: "sample", .. }),
+            matches!(&e, TensorError::Sampling { row: 0, source } if *source == why),
             "{e}"
+        );
+        assert_eq!(
+            std::error::Error::source(&e).map(ToString::to_string),
+            Some(why.to_string())
         );
     }
 }

@@ -199,88 +199,8 @@ impl KvCache {
         match &self.store {
             Store::Cpu(layers) => {
                 let qs = q.host_f32()?;
-                let cfg = &self.cfg;
                 Tensor::from_f32_with(&self.device, q.shape(), |out| {
-                    match (&self.device, &layers[layer]) {
-                        (Device::Cpu(cpu), pools) => {
-                            let call = crate::native::Attend {
-                                cpu,
-                                q: qs,
-                                batch,
-                                cfg,
-                                attn,
-                                lists: &self.call,
-                            };
-                            let d = hd;
-                            match pools {
-                                [HostPool::F16(k), HostPool::F16(v)] => {
-                                    call.attention(&k[..], &v[..], out)
-                                }
-                                [HostPool::F32(k), HostPool::F32(v)] => {
-                                    call.attention(&k[..], &v[..], out)
-                                }
-                                [
-                                    HostPool::I8 { q: k, scale: ks },
-                                    HostPool::I8 { q: v, scale: vs },
-                                ] => call.attention(
-                                    &I8Rows {
-                                        q: k,
-                                        params: ks,
-                                        d,
-                                    },
-                                    &I8Rows {
-                                        q: v,
-                                        params: vs,
-                                        d,
-                                    },
-                                    out,
-                                ),
-                                [
-                                    HostPool::I4 { q: k, params: kp },
-                                    HostPool::I4 { q: v, params: vp },
-                                ] => {
-                                    let last = batch.positions().max();
-                                    if let Some(p) =
-                                        last.filter(|&p| !self.turns.covers(p as usize))
-                                    {
-                                        return invalid(format!(
-                                            "attention at position {p}: no key was written there"
-                                        ));
-                                    }
-                                    let first = layer * kvh * CENTRED_PAIRS;
-                                    let keys = CentredKeys {
-                                        rows: I4Rows {
-                                            q: k,
-                                            params: kp,
-                                            d,
-                                        },
-                                        centres: &self.centres[first..][..kvh * CENTRED_PAIRS],
-                                        first,
-                                        turns: &self.turns,
-                                    };
-                                    call.attention(
-                                        &keys,
-                                        &I4Rows {
-                                            q: v,
-                                            params: vp,
-                                            d,
-                                        },
-                                        out,
-                                    )
-                                }
-                                _ => {
-                                    return invalid(
-                                        "the host pools do not match the device".into(),
-                                    );
-                                }
-                            }
-                        }
-                        (_, [HostPool::F32(k), HostPool::F32(v)]) => out.copy_from_slice(
-                            &reference::paged_attention_host(qs, k, v, batch, cfg, attn),
-                        ),
-                        _ => return invalid("the host pools do not match the device".into()),
-                    }
-                    Ok(())
+                    self.host_attention(&layers[layer], layer, qs, batch, attn, out)
                 })
             }
             Store::Gpu(layers) => {
@@ -379,6 +299,92 @@ impl KvCache {
                 Ok(out)
             }
         }
+    }
+
+    /// [`KvCache::attention`] over a host cache's pools of `layer` into `out`: the native
+    /// kernels, or the reference's.
+    fn host_attention(
+        &self,
+        pools: &[HostPool; 2],
+        layer: usize,
+        qs: &[f32],
+        batch: &AttnBatch,
+        attn: &AttnConfig,
+        out: &mut [f32],
+    ) -> Result<()> {
+        let (cfg, kvh, hd) = (&self.cfg, self.cfg.kv_heads, self.cfg.head_dim);
+        match (&self.device, pools) {
+            (Device::Cpu(cpu), pools) => {
+                let call = crate::native::Attend {
+                    cpu,
+                    q: qs,
+                    batch,
+                    cfg,
+                    attn,
+                    lists: &self.call,
+                };
+                let d = hd;
+                match pools {
+                    [HostPool::F16(k), HostPool::F16(v)] => call.attention(&k[..], &v[..], out),
+                    [HostPool::F32(k), HostPool::F32(v)] => call.attention(&k[..], &v[..], out),
+                    [
+                        HostPool::I8 { q: k, scale: ks },
+                        HostPool::I8 { q: v, scale: vs },
+                    ] => call.attention(
+                        &I8Rows {
+                            q: k,
+                            params: ks,
+                            d,
+                        },
+                        &I8Rows {
+                            q: v,
+                            params: vs,
+                            d,
+                        },
+                        out,
+                    ),
+                    [
+                        HostPool::I4 { q: k, params: kp },
+                        HostPool::I4 { q: v, params: vp },
+                    ] => {
+                        let last = batch.positions().max();
+                        if let Some(p) = last.filter(|&p| !self.turns.covers(p as usize)) {
+                            return invalid(format!(
+                                "attention at position {p}: no key was written there"
+                            ));
+                        }
+                        let first = layer * kvh * CENTRED_PAIRS;
+                        let keys = CentredKeys {
+                            rows: I4Rows {
+                                q: k,
+                                params: kp,
+                                d,
+                            },
+                            centres: &self.centres[first..][..kvh * CENTRED_PAIRS],
+                            first,
+                            turns: &self.turns,
+                        };
+                        call.attention(
+                            &keys,
+                            &I4Rows {
+                                q: v,
+                                params: vp,
+                                d,
+                            },
+                            out,
+                        )
+                    }
+                    _ => {
+                        return invalid("the host pools do not match the device".into());
+                    }
+                }
+            }
+            (_, [HostPool::F32(k), HostPool::F32(v)]) => {
+                out.copy_from_slice(&reference::paged_attention_host(qs, k, v, batch, cfg, attn))
+            }
+            _ => return invalid("the host pools do not match the device".into()),
+        }
+        Ok(())
     }
 }
 

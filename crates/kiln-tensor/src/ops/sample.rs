@@ -110,39 +110,51 @@ impl RowSampling {
     }
 
     /// Rejects what no row may ask (the engine validates requests earlier, naming fields).
-    fn check(&self, vocab: usize) -> std::result::Result<(), String> {
+    fn check(&self, vocab: usize) -> std::result::Result<(), SamplingError> {
         let t = self.temperature;
         if !(t.is_finite() && t >= 0.0) {
-            return Err(format!("temperature must be finite and >= 0, got {t}"));
+            return Err(SamplingError::Temperature(t));
         }
         if !(self.top_p > 0.0 && self.top_p <= 1.0) {
-            return Err(format!("top_p must be in (0, 1], got {}", self.top_p));
+            return Err(SamplingError::TopP(self.top_p));
         }
         if !(0.0..=1.0).contains(&self.min_p) {
-            return Err(format!("min_p must be in [0, 1], got {}", self.min_p));
+            return Err(SamplingError::MinP(self.min_p));
         }
         let mut ids: Vec<u32> = self.edits.iter().map(|e| e.id).collect();
         ids.sort_unstable();
-        if let Some(&bad) = ids.iter().find(|&&id| id as usize >= vocab) {
-            return Err(format!(
-                "edit of token {bad} outside the vocabulary of {vocab}"
-            ));
+        if let Some(&id) = ids.iter().find(|&&id| id as usize >= vocab) {
+            return Err(SamplingError::EditOutsideVocab { id, vocab });
         }
-        if ids.windows(2).any(|w| w[0] == w[1]) {
-            return Err("two edits of one token".into());
+        if let Some(w) = ids.windows(2).find(|w| w[0] == w[1]) {
+            return Err(SamplingError::TwoEdits(w[0]));
         }
         if let Some(e) = self
             .edits
             .iter()
             .find(|e| !(e.rep.is_finite() && e.rep > 0.0))
         {
-            return Err(format!(
-                "repetition factor must be finite and > 0, got {}",
-                e.rep
-            ));
+            return Err(SamplingError::Repetition(e.rep));
         }
         Ok(())
     }
+}
+
+/// What a row's [`RowSampling`] asks that no row may.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum SamplingError {
+    #[error("temperature must be finite and >= 0, got {0}")]
+    Temperature(f32),
+    #[error("top_p must be in (0, 1], got {0}")]
+    TopP(f32),
+    #[error("min_p must be in [0, 1], got {0}")]
+    MinP(f32),
+    #[error("edit of token {id} outside the vocabulary of {vocab}")]
+    EditOutsideVocab { id: u32, vocab: usize },
+    #[error("two edits of token {0}")]
+    TwoEdits(u32),
+    #[error("repetition factor must be finite and > 0, got {0}")]
+    Repetition(f32),
 }
 
 /// Parameters of `sample.wgsl`.
@@ -186,7 +198,7 @@ impl Recorder {
                 });
             }
             how.check(vocab)
-                .map_err(|detail| TensorError::Invalid { op: OP, detail })?;
+                .map_err(|source| TensorError::Sampling { row, source })?;
         }
         let Some(ctx) = self.gpu().cloned() else {
             let x = logits.host_f32()?;
