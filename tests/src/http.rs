@@ -83,6 +83,11 @@ pub async fn get(addr: SocketAddr, path: &str) -> Reply {
     whole(send(addr, "GET", path, Vec::new(), &[]).await).await
 }
 
+/// `DELETE path`.
+pub async fn delete(addr: SocketAddr, path: &str) -> Reply {
+    whole(send(addr, "DELETE", path, Vec::new(), &[]).await).await
+}
+
 /// An open SSE response.
 #[derive(Debug)]
 pub struct SseStream {

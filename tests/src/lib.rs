@@ -26,11 +26,9 @@ pub mod http;
 
 use std::sync::Arc;
 
-use kiln_engine::{
-    Checkpoint, EngineHandle, EngineOptions, FaultPlan, KvSize, MetricsCompat, Serving,
-    ServingConfig, SpeculativeConfig,
-};
-use kiln_http::{HttpConfig, HttpServer};
+use kiln_api::{MetricsCompat, Serving, ServingConfig};
+use kiln_engine::{Checkpoint, EngineHandle, EngineOptions, FaultPlan, KvSize, SpeculativeConfig};
+use kiln_http::HttpServer;
 use kiln_model::LoadOptions;
 use kiln_server::pb::generation_client::GenerationClient;
 use kiln_server::pb::models_client::ModelsClient;
@@ -60,9 +58,10 @@ pub struct Options {
     pub faults: FaultPlan,
     /// How long without progress, holding work, before health says stuck.
     pub stuck_after: Duration,
+    /// Both front doors' settings (`server.api` is what they share).
     pub server: ServerConfig,
-    /// The HTTP front door's settings (model id and API key as the gRPC server's).
-    pub http: HttpConfig,
+    /// How long a drain lets requests in flight finish.
+    pub drain_timeout: Duration,
 }
 
 impl Default for Options {
@@ -81,7 +80,7 @@ impl Default for Options {
             faults: FaultPlan::default(),
             stuck_after: ServingConfig::default().stuck_after,
             server,
-            http: HttpConfig::new(model_id),
+            drain_timeout: ServingConfig::default().drain_timeout,
         }
     }
 }
@@ -107,13 +106,12 @@ pub fn start_engine(opts: &Options) -> EngineHandle {
         .engine
 }
 
-/// What `kiln serve` shares between its front doors by default: the server's drain timeout
-/// and vLLM's metric names besides kiln's.
+/// What `kiln serve` shares between its front doors by default: vLLM's metric names besides
+/// kiln's.
 pub fn serving_config(cfg: &ServerConfig) -> ServingConfig {
     ServingConfig {
-        drain_timeout: cfg.drain_timeout,
         metrics_compat: MetricsCompat::Vllm {
-            model_name: cfg.model_id.clone(),
+            model_name: cfg.api.model_id().to_owned(),
         },
         ..ServingConfig::default()
     }
@@ -131,11 +129,11 @@ impl TestServer {
     /// Binds, loads the default model, warms up and serves.
     pub async fn start(opts: Options) -> Self {
         let serving = ServingConfig {
-            drain_timeout: opts.server.drain_timeout,
+            drain_timeout: opts.drain_timeout,
             stuck_after: opts.stuck_after,
             ..serving_config(&opts.server)
         };
-        let t = Self::bind_serving(opts.server.clone(), opts.http.clone(), serving).await;
+        let t = Self::bind_serving(opts.server.clone(), serving).await;
         let engine = tokio::task::spawn_blocking(move || start_engine(&opts))
             .await
             .expect("engine start-up task");
@@ -143,20 +141,16 @@ impl TestServer {
         t
     }
 
-    /// Binds without a model: health says NOT_SERVING until `server.attach`.
+    /// Binds both front doors over one `Serving`, without a model: health says NOT_SERVING
+    /// until `server.attach`.
     pub async fn bind(cfg: ServerConfig) -> Self {
-        let http = HttpConfig::new(cfg.model_id.clone());
-        Self::bind_both(cfg, http).await
-    }
-
-    /// Binds both front doors over one `Serving`, without a model.
-    pub async fn bind_both(cfg: ServerConfig, http: HttpConfig) -> Self {
         let serving = serving_config(&cfg);
-        Self::bind_serving(cfg, http, serving).await
+        Self::bind_serving(cfg, serving).await
     }
 
-    /// [`bind_both`](Self::bind_both) with the shared serving settings given.
-    pub async fn bind_serving(cfg: ServerConfig, http: HttpConfig, serving: ServingConfig) -> Self {
+    /// [`bind`](Self::bind) with the shared serving settings given.
+    pub async fn bind_serving(cfg: ServerConfig, serving: ServingConfig) -> Self {
+        let http = cfg.api.clone();
         let localhost: SocketAddr = "127.0.0.1:0".parse().expect("address");
         let serving = Arc::new(Serving::new(serving));
         let server = Server::bind_with(localhost, Some(localhost), cfg, serving.clone())

@@ -245,7 +245,7 @@ async fn a_full_queue_is_resource_exhausted() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_api_key_guards_the_kiln_services_but_not_health() {
     let mut opts = Options::default();
-    opts.server.api_key = Some("s3cret".into());
+    opts.server.api.api_key = Some("s3cret".into());
     let t = TestServer::start(opts).await;
     let mut g = t.generation();
     let err = g.generate(greedy("Hi", 2)).await.expect_err("no key");
@@ -279,7 +279,7 @@ async fn an_api_key_guards_the_kiln_services_but_not_health() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn oversized_requests_are_refused_before_decoding() {
     let mut opts = Options::default();
-    opts.server.max_request_bytes = 1024;
+    opts.server.api.max_request_bytes = 1024;
     let t = TestServer::start(opts).await;
     let mut g = t.generation();
     let err = g

@@ -466,6 +466,7 @@ async fn constraints_and_tool_calls_over_grpc() {
             tool_choice: Some(pb::ToolChoice {
                 choice: Some(pb::tool_choice::Choice::Mode(mode.into())),
             }),
+            ..Default::default()
         })),
         ..greedy("", 64)
     };

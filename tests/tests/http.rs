@@ -564,9 +564,8 @@ async fn api_key_loading_and_a_full_queue() {
         max_waiting: 1,
         ..Options::default()
     };
-    opts.server.api_key = Some("s3cret".into());
-    opts.http.api_key = Some("s3cret".into());
-    let t = TestServer::bind_both(opts.server.clone(), opts.http.clone()).await;
+    opts.server.api.api_key = Some("s3cret".into());
+    let t = TestServer::bind(opts.server.clone()).await;
     let http = t.http_addr();
     let h = get(http, "/health").await;
     assert_eq!(
@@ -686,9 +685,11 @@ async fn a_dropped_stream_aborts_within_one_step_and_frees_its_blocks() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_error_after_the_headers_is_an_error_event_and_metrics_are_shared() {
-    let mut opts = Options::default();
-    // The drain cancels at once whatever is still running.
-    opts.server.drain_timeout = Duration::ZERO;
+    let opts = Options {
+        // The drain cancels at once whatever is still running.
+        drain_timeout: Duration::ZERO,
+        ..Options::default()
+    };
     let t = TestServer::start(opts).await;
     let http = t.http_addr();
     let mut g = t.generation();

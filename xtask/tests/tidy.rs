@@ -1,7 +1,7 @@
 //! Tidy: the crate dependency graph points one way (ARCHITECTURE.md), checked on the resolved
 //! graph (`cargo metadata`), transitive dependencies included: the bookkeeping crates and
 //! xtask link no GPU stack (xtask no kiln crate), only the server crate (and what sits on it)
-//! links protobuf; the README shows the Python client as it is; and `unsafe` appears only in
+//! links protobuf, the front doors' core (kiln-api) no wire format; the README shows the Python client as it is; and `unsafe` appears only in
 //! the native CPU backend's dispatch module, each block with a `// SAFETY:` line.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -36,9 +36,14 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "kiln-tokenizer",
         ],
     ),
-    ("kiln-server", &["kiln-engine", "kiln-tokenizer"]),
+    // What every front door shares; it speaks no wire format (see NO_WIRE).
+    ("kiln-api", &["kiln-engine", "kiln-tokenizer"]),
+    (
+        "kiln-server",
+        &["kiln-api", "kiln-engine", "kiln-tokenizer"],
+    ),
     // The other front door: beside kiln-server, never on it (it must not link protobuf).
-    ("kiln-http", &["kiln-engine", "kiln-tokenizer"]),
+    ("kiln-http", &["kiln-api", "kiln-engine", "kiln-tokenizer"]),
     // Automation that must build in seconds: it runs the kiln binary for what needs kiln.
     ("xtask", &[]),
 ];
@@ -56,6 +61,10 @@ const GPU: &[&str] = &["wgpu", "naga"];
 /// Only these (the server and what sits on top of it) may link protobuf.
 const PROTOBUF_USERS: &[&str] = &["kiln-server", "kiln", "kiln-tests", "kiln-benches"];
 const PROTOBUF: &[&str] = &["prost", "tonic", "protox"];
+
+/// The front doors' shared core knows no wire format: no HTTP framework, no gRPC.
+const NO_WIRE: &[&str] = &["kiln-api", "kiln-engine"];
+const WIRE: &[&str] = &["axum", "tonic", "prost", "hyper"];
 
 /// Whether `name` is the package `family` or one of its `family-*` crates.
 fn in_family(name: &str, family: &[&str]) -> bool {
@@ -192,6 +201,14 @@ fn check(g: &Graph) -> Result<usize, String> {
                 g.path(name, p).join(" -> ")
             ));
         }
+        if NO_WIRE.contains(&name.as_str())
+            && let Some(p) = closure.iter().find(|d| in_family(d, WIRE))
+        {
+            return Err(format!(
+                "{name} links {p} ({}): the front doors' core speaks no wire format",
+                g.path(name, p).join(" -> ")
+            ));
+        }
         if NO_GPU.contains(&name.as_str())
             && let Some(p) = closure.iter().find(|d| in_family(d, GPU))
         {
@@ -271,6 +288,13 @@ fn transitive_dependencies_are_caught() {
     let proto = graph(&[("kiln-engine", "tonic-health"), ("tonic-health", "prost")]);
     let e = check(&proto).unwrap_err();
     assert!(e.starts_with("kiln-engine links "), "{e}");
+    let wire = graph(&[("kiln-engine", "axum"), ("axum", "hyper")]);
+    let e = check(&wire).unwrap_err();
+    assert!(
+        e.contains("kiln-engine links axum (kiln-engine -> axum)")
+            || e.contains("kiln-engine links hyper (kiln-engine -> axum -> hyper)"),
+        "{e}"
+    );
 }
 
 /// The bodies of the README's ```python fenced blocks.

@@ -20,6 +20,7 @@ use llguidance::{Matcher, ParserFactory};
 use serde_json::{Value, json};
 
 use crate::EngineError;
+use crate::field::{ConstraintKind, Field};
 use crate::metrics::EngineMetrics;
 
 /// What a request's output must match.
@@ -39,21 +40,21 @@ pub enum Constraint {
 }
 
 impl Constraint {
-    /// The request field an error about it names.
-    pub fn field(&self) -> &'static str {
+    /// Which kind it is, as an error about it names it.
+    pub fn kind(&self) -> ConstraintKind {
         match self {
-            Self::JsonSchema(_) => "constraint.json_schema",
-            Self::JsonObject => "constraint.json_object",
-            Self::Regex(_) => "constraint.regex",
-            Self::Choice(_) => "constraint.choice",
-            Self::Grammar(_) => "constraint.grammar",
+            Self::JsonSchema(_) => ConstraintKind::JsonSchema,
+            Self::JsonObject => ConstraintKind::JsonObject,
+            Self::Regex(_) => ConstraintKind::Regex,
+            Self::Choice(_) => ConstraintKind::Choice,
+            Self::Grammar(_) => ConstraintKind::Grammar,
         }
     }
 
     /// The llguidance grammar. JSON comes out compact, as Python's `json.dumps` writes it
     /// (`", "` between items, `": "` after keys, no other whitespace), unless the schema's own
     /// `x-guidance` options say otherwise: free whitespace lets a small model pad forever.
-    fn grammar(&self) -> Result<TopLevelGrammar, String> {
+    fn grammar(&self) -> Result<TopLevelGrammar, BadConstraint> {
         let json_options = json!({
             "whitespace_flexible": false,
             "item_separator": ", ",
@@ -74,16 +75,16 @@ impl Constraint {
             }
             Self::Regex(rx) => {
                 if rx.is_empty() {
-                    return Err("is empty".into());
+                    return Err(BadConstraint::Empty);
                 }
                 TopLevelGrammar::from_regex(rx)
             }
             Self::Choice(choices) => {
                 if choices.is_empty() {
-                    return Err("lists no choices".into());
+                    return Err(BadConstraint::NoChoices);
                 }
                 if let Some(i) = choices.iter().position(String::is_empty) {
-                    return Err(format!("choice {i} is empty"));
+                    return Err(BadConstraint::EmptyChoice(i));
                 }
                 // A JSON string is a Lark string literal with the same escapes.
                 let literals: Vec<String> = choices
@@ -94,12 +95,23 @@ impl Constraint {
             }
             Self::Grammar(g) => {
                 if g.trim().is_empty() {
-                    return Err("is empty".into());
+                    return Err(BadConstraint::Empty);
                 }
                 TopLevelGrammar::from_lark(g.clone())
             }
         })
     }
+}
+
+/// Why a constraint cannot be compiled before llguidance sees it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BadConstraint {
+    #[error("is empty")]
+    Empty,
+    #[error("lists no choices")]
+    NoChoices,
+    #[error("choice {0} is empty")]
+    EmptyChoice(usize),
 }
 
 /// The tokenizer as llguidance sees it: the byte trie of every token, and encoding through
@@ -224,8 +236,10 @@ impl ConstraintCompiler {
     /// The constraint's matcher, fresh; an invalid schema, regex or grammar is an
     /// `InvalidArgument` naming the field and what llguidance found wrong.
     pub fn compile(&self, c: &Constraint) -> Result<Matcher, EngineError> {
-        let field = c.field();
-        let grammar = c.grammar().map_err(|e| EngineError::invalid(field, e))?;
+        let field = Field::Constraint(c.kind());
+        let grammar = c
+            .grammar()
+            .map_err(|e| EngineError::invalid_because(field, "cannot be compiled", e))?;
         let parser = self
             .factory
             .create_parser(grammar)

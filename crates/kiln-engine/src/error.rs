@@ -10,6 +10,7 @@ use kiln_model::ModelError;
 use kiln_scheduler::SchedulerError;
 use kiln_tokenizer::TokenizerError;
 
+use crate::field::Field;
 use crate::sampling::SampleError;
 
 /// A cause shared by everything it ended (one failed step ends every request in it).
@@ -22,7 +23,7 @@ pub enum EngineError {
     /// The request is malformed; `field` names the offending field (INVALID_ARGUMENT).
     #[error("{field}: {reason}")]
     InvalidArgument {
-        field: String,
+        field: Field,
         reason: String,
         /// What refused it, when something did (the tokenizer, the scheduler).
         #[source]
@@ -81,9 +82,9 @@ impl PartialEq for EngineError {
 }
 
 impl EngineError {
-    pub(crate) fn invalid(field: impl Into<String>, reason: impl Into<String>) -> Self {
+    pub(crate) fn invalid(field: Field, reason: impl Into<String>) -> Self {
         Self::InvalidArgument {
-            field: field.into(),
+            field,
             reason: reason.into(),
             source: None,
         }
@@ -91,12 +92,12 @@ impl EngineError {
 
     /// `field` refused by `source` (kept as the cause).
     pub(crate) fn invalid_because(
-        field: impl Into<String>,
+        field: Field,
         reason: impl Into<String>,
         source: impl Error + Send + Sync + 'static,
     ) -> Self {
         Self::InvalidArgument {
-            field: field.into(),
+            field,
             reason: reason.into(),
             source: Some(Arc::new(source)),
         }
@@ -212,7 +213,7 @@ mod tests {
             "internal error: KV bookkeeping: seq 3 has no block table"
         );
         let e = EngineError::invalid_because(
-            "prompt",
+            Field::Prompt,
             "cannot be scheduled",
             SchedulerError::EmptyPrompt(SeqId(1)),
         );
@@ -220,7 +221,10 @@ mod tests {
             error_chain(&e),
             "prompt: cannot be scheduled: sequence SeqId(1) has an empty prompt"
         );
-        assert_eq!(e, EngineError::invalid("prompt", "cannot be scheduled"));
+        assert_eq!(
+            e,
+            EngineError::invalid(Field::Prompt, "cannot be scheduled")
+        );
         let a = EngineError::from(InternalError::StreamClosed);
         assert_eq!(a, a.clone());
         assert_ne!(a, EngineError::from(InternalError::StreamClosed));

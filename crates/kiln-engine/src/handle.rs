@@ -14,6 +14,7 @@ use tokio::sync::{mpsc as tmpsc, oneshot};
 use crate::EngineError;
 use crate::constraint::{ConstraintCompiler, ConstraintError, Guide};
 use crate::error::{InternalError, InvariantError};
+use crate::field::Field;
 use crate::metrics::EngineMetrics;
 use crate::request::{Event, Output, OutputBuilder, Prompt, Request, RequestId};
 
@@ -49,6 +50,18 @@ pub struct EngineInfo {
     pub device: String,
 }
 
+/// Prompt text longer than any prompt that fits the context could be.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "{bytes} bytes of text cannot fit this model's maximum context length of {max_model_len} \
+     tokens (at most {max_bytes} bytes)"
+)]
+pub struct PromptTooLong {
+    pub bytes: usize,
+    pub max_model_len: usize,
+    pub max_bytes: usize,
+}
+
 /// How much normalization can shrink text before it is split into tokens: NFKC turns a
 /// 3-byte full-width letter into 1 byte. A prompt's byte bound allows for it.
 pub(crate) const NORMALIZED_SHRINK: usize = 4;
@@ -56,18 +69,13 @@ pub(crate) const NORMALIZED_SHRINK: usize = 4;
 impl EngineInfo {
     /// Refuses, before tokenizing, prompt text too long for the context whatever its tokens
     /// (tokenizing megabytes costs seconds and gigabytes for a request that must fail).
-    pub fn check_prompt_text(&self, field: &str, text: &str) -> Result<(), EngineError> {
+    pub fn check_prompt_text(&self, text: &str) -> Result<(), PromptTooLong> {
         if text.len() > self.max_prompt_bytes {
-            return Err(EngineError::invalid(
-                field,
-                format!(
-                    "{} bytes of text cannot fit this model's maximum context length of {} \
-                     tokens (at most {} bytes)",
-                    text.len(),
-                    self.max_model_len,
-                    self.max_prompt_bytes
-                ),
-            ));
+            return Err(PromptTooLong {
+                bytes: text.len(),
+                max_model_len: self.max_model_len,
+                max_bytes: self.max_prompt_bytes,
+            });
         }
         Ok(())
     }
@@ -176,7 +184,7 @@ impl EngineHandle {
             Some(c) => {
                 let g = self.grammars().map_err(|e| {
                     EngineError::invalid_because(
-                        c.field(),
+                        Field::Constraint(c.kind()),
                         "structured output is not available for this model",
                         e,
                     )
@@ -331,28 +339,28 @@ impl EngineHandle {
         let ids = match &r.prompt {
             Prompt::Text(t) => {
                 if t.is_empty() {
-                    return Err(EngineError::invalid("prompt", "is empty"));
+                    return Err(EngineError::invalid(Field::Prompt, "is empty"));
                 }
-                info.check_prompt_text("prompt", t)?;
-                self.shared
-                    .tokenizer
-                    .encode(t)
-                    .map_err(|e| EngineError::invalid_because("prompt", "cannot be tokenized", e))?
+                info.check_prompt_text(t)
+                    .map_err(|e| EngineError::invalid_because(Field::Prompt, "is too long", e))?;
+                self.shared.tokenizer.encode(t).map_err(|e| {
+                    EngineError::invalid_because(Field::Prompt, "cannot be tokenized", e)
+                })?
             }
             Prompt::TokenIds(ids) => ids.clone(),
         };
         if ids.is_empty() {
-            return Err(EngineError::invalid("prompt", "has no tokens"));
+            return Err(EngineError::invalid(Field::Prompt, "has no tokens"));
         }
         if let Some(bad) = ids.iter().find(|&&t| t as usize >= vocab) {
             return Err(EngineError::invalid(
-                "prompt.token_ids",
+                Field::PromptTokenIds,
                 format!("token id {bad} is outside the vocabulary (0..{vocab})"),
             ));
         }
         if ids.len() >= info.max_model_len {
             return Err(EngineError::invalid(
-                "prompt",
+                Field::Prompt,
                 format!(
                     "{} tokens leave no room to generate: this model's maximum context length \
                      is {} tokens",
@@ -363,10 +371,10 @@ impl EngineHandle {
         }
         r.sampling
             .validate(vocab)
-            .map_err(|e| EngineError::invalid(format!("sampling.{}", e.field), e.reason))?;
+            .map_err(|e| EngineError::invalid(e.field, e.reason))?;
         if r.n == 0 || r.n > info.max_n {
             return Err(EngineError::invalid(
-                "sampling.n",
+                Field::N,
                 format!("{} is outside 1..={}", r.n, info.max_n),
             ));
         }
@@ -375,7 +383,7 @@ impl EngineHandle {
         if let Some(max) = st.max_new_tokens {
             if max == 0 {
                 return Err(EngineError::invalid(
-                    "stopping.max_new_tokens",
+                    Field::MaxNewTokens,
                     "must be at least 1",
                 ));
             }
@@ -383,7 +391,7 @@ impl EngineHandle {
             // clients and routers already match on ("maximum context length").
             if max > room {
                 return Err(EngineError::invalid(
-                    "stopping.max_new_tokens",
+                    Field::MaxNewTokens,
                     format!(
                         "this model's maximum context length is {} tokens; the request asks \
                          for {} ({} in the prompt, {max} to generate)",
@@ -397,13 +405,13 @@ impl EngineHandle {
         let max_new = st.max_new_tokens(room);
         if st.min_new_tokens > max_new {
             return Err(EngineError::invalid(
-                "stopping.min_new_tokens",
+                Field::MinNewTokens,
                 format!("{} exceeds max_new_tokens {max_new}", st.min_new_tokens),
             ));
         }
         if st.stop.len() > info.max_stop_strings {
             return Err(EngineError::invalid(
-                "stopping.stop",
+                Field::Stop,
                 format!(
                     "{} stop strings; at most {}",
                     st.stop.len(),
@@ -412,11 +420,11 @@ impl EngineHandle {
             ));
         }
         if st.stop.iter().any(String::is_empty) {
-            return Err(EngineError::invalid("stopping.stop", "empty stop string"));
+            return Err(EngineError::invalid(Field::Stop, "empty stop string"));
         }
         if let Some(bad) = st.stop_token_ids.iter().find(|&&t| t as usize >= vocab) {
             return Err(EngineError::invalid(
-                "stopping.stop_token_ids",
+                Field::StopTokenIds,
                 format!("{bad} is outside the vocabulary (0..{vocab})"),
             ));
         }
@@ -430,7 +438,7 @@ impl EngineHandle {
             }
             if banned.len() >= vocab {
                 return Err(EngineError::invalid(
-                    "stopping.stop_token_ids",
+                    Field::StopTokenIds,
                     format!(
                         "with min_new_tokens {} they and EOS ban all {vocab} tokens: nothing \
                          could be generated",
@@ -441,7 +449,7 @@ impl EngineHandle {
         }
         if r.output.top_logprobs > info.max_top_logprobs {
             return Err(EngineError::invalid(
-                "output.top_logprobs",
+                Field::TopLogprobs,
                 format!(
                     "{} exceeds the limit {}",
                     r.output.top_logprobs, info.max_top_logprobs

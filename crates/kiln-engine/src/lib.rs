@@ -4,21 +4,22 @@ mod batch;
 mod builder;
 mod constraint;
 mod error;
+mod field;
 mod handle;
 mod metrics;
 mod output;
 mod request;
 mod sampling;
-mod serving;
 mod speculative;
 mod start;
 mod step_loop;
 
 pub use builder::{BuildError, Built, Checkpoint, EngineOptions, KvSize, build};
-pub use constraint::{Constraint, ConstraintCompiler, ConstraintError};
+pub use constraint::{BadConstraint, Constraint, ConstraintCompiler, ConstraintError};
 pub use error::{Cause, EngineError, InternalError, InvariantError, StartError, error_chain};
+pub use field::{ConstraintKind, Field};
 pub use handle::{
-    EngineHandle, EngineInfo, EngineStats, KvEventBatch, RequestStream, ShutdownMode,
+    EngineHandle, EngineInfo, EngineStats, KvEventBatch, PromptTooLong, RequestStream, ShutdownMode,
 };
 pub use kiln_kv::CacheEvent;
 /// The structured-output engine kiln drives (its `Matcher` is what
@@ -30,10 +31,6 @@ pub use request::{
     SpecStats, StoppingCriteria, Summary, Timing, TokenLogprobs, Usage,
 };
 pub use sampling::{ParamError, SamplingParams, TokenLogprob};
-pub use serving::{
-    AttachError, Health, MetricsCompat, NotServing, Serving, ServingConfig, bearer_matches, echo,
-    model_not_served, new_request_id, usable_request_id,
-};
 pub use speculative::{DraftModel, SpecMethod, SpeculativeConfig, TokenizerMismatch};
 pub use start::{DeviceSampling, Engine, EngineConfig};
 pub use step_loop::FaultPlan;

@@ -6,6 +6,7 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
+use crate::field::Field;
 use kiln_tensor::sample::{LogitEdit, RowSampling, by_logit_desc, pick, sanitize};
 
 /// Per-request sampling settings (engine-level, plain Rust; the gRPC layer converts to it).
@@ -58,20 +59,20 @@ impl SamplingParams {
         let bad = |field, rule, got: f32| Err(ParamError::new(field, format!("{rule}, got {got}")));
         let (t, rp) = (self.temperature, self.repetition_penalty);
         if !(t.is_finite() && t >= 0.0) {
-            return bad("temperature", "must be finite and >= 0", t);
+            return bad(Field::Temperature, "must be finite and >= 0", t);
         }
         if !(self.top_p > 0.0 && self.top_p <= 1.0) {
-            return bad("top_p", "must be in (0, 1]", self.top_p);
+            return bad(Field::TopP, "must be in (0, 1]", self.top_p);
         }
         if !(0.0..=1.0).contains(&self.min_p) {
-            return bad("min_p", "must be in [0, 1]", self.min_p);
+            return bad(Field::MinP, "must be in [0, 1]", self.min_p);
         }
         if !(rp.is_finite() && rp > 0.0) {
-            return bad("repetition_penalty", "must be finite and > 0", rp);
+            return bad(Field::RepetitionPenalty, "must be finite and > 0", rp);
         }
         for (field, v) in [
-            ("presence_penalty", self.presence_penalty),
-            ("frequency_penalty", self.frequency_penalty),
+            (Field::PresencePenalty, self.presence_penalty),
+            (Field::FrequencyPenalty, self.frequency_penalty),
         ] {
             if !(-2.0..=2.0).contains(&v) {
                 return bad(field, "must be in [-2, 2]", v);
@@ -80,10 +81,10 @@ impl SamplingParams {
         for (&id, &bias) in &self.logit_bias {
             if id as usize >= vocab {
                 let reason = format!("token id {id} is outside the vocabulary of {vocab}");
-                return Err(ParamError::new("logit_bias", reason));
+                return Err(ParamError::new(Field::LogitBias, reason));
             }
             if !(-100.0..=100.0).contains(&bias) {
-                return bad("logit_bias", "each bias must be in [-100, 100]", bias);
+                return bad(Field::LogitBias, "each bias must be in [-100, 100]", bias);
             }
         }
         Ok(())
@@ -109,12 +110,12 @@ impl SamplingParams {
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 #[error("{field}: {reason}")]
 pub struct ParamError {
-    pub field: &'static str,
+    pub field: Field,
     pub reason: String,
 }
 
 impl ParamError {
-    fn new(field: &'static str, reason: String) -> Self {
+    fn new(field: Field, reason: String) -> Self {
         Self { field, reason }
     }
 }
@@ -719,21 +720,36 @@ mod tests {
         assert_eq!(SamplingParams::default().validate(10), Ok(()));
         let (inf, nan) = (f32::INFINITY, f32::NAN);
         let cases = [
-            ("temperature", with(|p| p.temperature = -0.1)),
-            ("temperature", with(|p| p.temperature = nan)),
-            ("temperature", with(|p| p.temperature = inf)),
-            ("top_p", with(|p| p.top_p = 0.0)),
-            ("top_p", with(|p| p.top_p = 1.01)),
-            ("min_p", with(|p| p.min_p = -0.1)),
-            ("min_p", with(|p| p.min_p = 1.5)),
-            ("repetition_penalty", with(|p| p.repetition_penalty = 0.0)),
-            ("repetition_penalty", with(|p| p.repetition_penalty = inf)),
-            ("presence_penalty", with(|p| p.presence_penalty = 2.5)),
-            ("presence_penalty", with(|p| p.presence_penalty = nan)),
-            ("frequency_penalty", with(|p| p.frequency_penalty = -2.5)),
-            ("logit_bias", with(|p| p.logit_bias = [(10, 1.0)].into())),
-            ("logit_bias", with(|p| p.logit_bias = [(1, 101.0)].into())),
-            ("logit_bias", with(|p| p.logit_bias = [(1, nan)].into())),
+            (Field::Temperature, with(|p| p.temperature = -0.1)),
+            (Field::Temperature, with(|p| p.temperature = nan)),
+            (Field::Temperature, with(|p| p.temperature = inf)),
+            (Field::TopP, with(|p| p.top_p = 0.0)),
+            (Field::TopP, with(|p| p.top_p = 1.01)),
+            (Field::MinP, with(|p| p.min_p = -0.1)),
+            (Field::MinP, with(|p| p.min_p = 1.5)),
+            (
+                Field::RepetitionPenalty,
+                with(|p| p.repetition_penalty = 0.0),
+            ),
+            (
+                Field::RepetitionPenalty,
+                with(|p| p.repetition_penalty = inf),
+            ),
+            (Field::PresencePenalty, with(|p| p.presence_penalty = 2.5)),
+            (Field::PresencePenalty, with(|p| p.presence_penalty = nan)),
+            (
+                Field::FrequencyPenalty,
+                with(|p| p.frequency_penalty = -2.5),
+            ),
+            (
+                Field::LogitBias,
+                with(|p| p.logit_bias = [(10, 1.0)].into()),
+            ),
+            (
+                Field::LogitBias,
+                with(|p| p.logit_bias = [(1, 101.0)].into()),
+            ),
+            (Field::LogitBias, with(|p| p.logit_bias = [(1, nan)].into())),
         ];
         for (field, p) in cases {
             let e = p.validate(10).unwrap_err();

@@ -17,6 +17,7 @@ use tokio::sync::oneshot;
 
 use crate::EngineError;
 use crate::error::{InternalError, InvariantError, error_chain};
+use crate::field::Field;
 use crate::handle::{Command, EngineInfo, EngineStats, KvEventBatch, ShutdownMode, Submission};
 use crate::metrics::EngineMetrics;
 use crate::output::ReqState;
@@ -165,7 +166,7 @@ impl Loop {
                 kiln_scheduler::SchedulerError::Overloaded { waiting, limit } => {
                     EngineError::Overloaded { waiting, limit }
                 }
-                other => EngineError::invalid_because("prompt", "cannot be scheduled", other),
+                other => EngineError::invalid_because(Field::Prompt, "cannot be scheduled", other),
             };
             let _ = sub.tx.send(Event::Error(err));
             return;

@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 
 use common::{config, tiny_engine};
 use kiln_engine::{
-    CacheEvent, EngineError, EngineHandle, Event, FinishReason, Output, Request, SamplingParams,
-    ShutdownMode,
+    CacheEvent, EngineError, EngineHandle, Event, Field, FinishReason, Output, Request,
+    SamplingParams, ShutdownMode,
 };
 use kiln_tensor::Device;
 
@@ -157,7 +157,9 @@ fn context_length_ends_generation() {
     assert_eq!(out.outputs[0].token_ids.len(), 16 - 7);
     // The prompt alone may not fill the context.
     let err = e.submit(Request::tokens((0..16).collect())).unwrap_err();
-    assert!(matches!(err, EngineError::InvalidArgument { ref field, .. } if field == "prompt"));
+    assert!(
+        matches!(err, EngineError::InvalidArgument { ref field, .. } if *field == Field::Prompt)
+    );
 }
 
 #[test]
@@ -235,7 +237,7 @@ fn penalties_and_bias_change_the_pick() {
 fn invalid_requests_name_the_field() {
     let e = engine();
     let field = |r: Request| match e.submit(r) {
-        Err(EngineError::InvalidArgument { field, .. }) => field,
+        Err(EngineError::InvalidArgument { field, .. }) => field.path(),
         other => panic!("expected INVALID_ARGUMENT, got {other:?}"),
     };
     assert_eq!(field(Request::text("")), "prompt");
@@ -329,7 +331,7 @@ fn admission_keeps_its_promises() {
     // 7 + 34 = 41 tokens: refused up front, naming the limit.
     match e.submit(prompt().max_new_tokens(34)) {
         Err(EngineError::InvalidArgument { field, reason, .. }) => {
-            assert_eq!(field, "stopping.max_new_tokens");
+            assert_eq!(field, Field::MaxNewTokens);
             assert!(
                 reason.contains("maximum context length is 40 tokens") && reason.contains("41"),
                 "{reason}"

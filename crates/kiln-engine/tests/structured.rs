@@ -10,8 +10,8 @@ mod common;
 
 use common::{config, default_engine, tiny_engine};
 use kiln_engine::{
-    Constraint, ConstraintCompiler, ConstraintError, EngineError, EngineHandle, FinishReason,
-    Output, Request, SamplingParams,
+    Constraint, ConstraintCompiler, ConstraintError, ConstraintKind, EngineError, EngineHandle,
+    Field, FinishReason, Output, Request, SamplingParams,
 };
 use kiln_tensor::Device;
 use serde_json::{Value, json};
@@ -279,20 +279,32 @@ fn bad_constraints_are_refused_before_queueing_naming_the_field() {
             Constraint::JsonSchema(
                 json!({"type": "object", "properties": {"a": {"type": "no-such-type"}}}),
             ),
-            "constraint.json_schema",
+            Field::Constraint(ConstraintKind::JsonSchema),
         ),
-        (Constraint::Regex("[a-".into()), "constraint.regex"),
-        (Constraint::Regex(String::new()), "constraint.regex"),
-        (Constraint::Choice(Vec::new()), "constraint.choice"),
+        (
+            Constraint::Regex("[a-".into()),
+            Field::Constraint(ConstraintKind::Regex),
+        ),
+        (
+            Constraint::Regex(String::new()),
+            Field::Constraint(ConstraintKind::Regex),
+        ),
+        (
+            Constraint::Choice(Vec::new()),
+            Field::Constraint(ConstraintKind::Choice),
+        ),
         (
             Constraint::Choice(vec!["a".into(), String::new()]),
-            "constraint.choice",
+            Field::Constraint(ConstraintKind::Choice),
         ),
         (
             Constraint::Grammar("start: undefined_rule".into()),
-            "constraint.grammar",
+            Field::Constraint(ConstraintKind::Grammar),
         ),
-        (Constraint::Grammar("start: (".into()), "constraint.grammar"),
+        (
+            Constraint::Grammar("start: (".into()),
+            Field::Constraint(ConstraintKind::Grammar),
+        ),
     ];
     for (c, field) in cases {
         match e.submit(prompt().max_new_tokens(4).constrain(c.clone())) {

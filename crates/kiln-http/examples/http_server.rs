@@ -12,8 +12,9 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 
-use kiln_engine::{Checkpoint, EngineOptions, Serving, ServingConfig, build, error_chain};
-use kiln_http::{HttpConfig, HttpServer};
+use kiln_api::{ApiConfig, Serving, ServingConfig};
+use kiln_engine::{Checkpoint, EngineOptions, build, error_chain};
+use kiln_http::HttpServer;
 use kiln_model::LoadOptions;
 use kiln_tensor::{Device, DeviceOptions};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -71,7 +72,7 @@ async fn run(path: PathBuf) -> Result<(), Box<dyn std::error::Error>> {
     let http = HttpServer::bind(
         "127.0.0.1:0".parse()?,
         serving.clone(),
-        HttpConfig::new("smollm2"),
+        ApiConfig::new("smollm2"),
     )
     .await?;
     let addr = http.local_addr();

@@ -2,14 +2,15 @@
 //! validates what it owns (vocabulary, sampling ranges, context room, `n`); this edge checks
 //! what only the wire has (shapes of `prompt`, `stop`, `messages`, another model's name).
 
-use kiln_engine::{
-    Constraint, EngineInfo, OutputOptions, Prompt, Request, SamplingParams, StoppingCriteria,
+use kiln_api::{
+    ApiConfig, ApiError, Conversation, Field, Message, MessagePart, PastCall, ReplyFormat, Role,
+    SamplingOverlay, Tool, echo,
 };
-use kiln_tokenizer::{ChatOptions, Tokenizer, ToolChoice, ToolFormat, ToolSpec, push_tool};
-use serde_json::{Map, Value};
+use kiln_engine::{Constraint, EngineInfo, OutputOptions, Prompt, Request};
+use kiln_tokenizer::{Tokenizer, ToolChoice};
+use serde_json::Value;
 
-use crate::config::HttpConfig;
-use crate::error::{Api, ApiError};
+use crate::error::{ConstraintVia, Door, ErrorReply};
 use crate::openai::{ChatMessageIn, ChatRequest, Common, CompletionRequest};
 
 /// The legacy completions API's default `max_tokens` (OpenAI's and vLLM's).
@@ -25,160 +26,114 @@ pub(crate) struct Plan {
     pub include_usage: bool,
     /// Alternatives per token when logprobs were asked for.
     pub logprobs: Option<usize>,
-    /// Which body field the constraint came from (`response_format`, `structured_outputs`
-    /// or `tool_choice`), so the engine's refusal names it.
-    pub constraint_via: Option<&'static str>,
-    /// Chat with tools on: the syntax to read calls back in.
-    pub tools: Option<ToolFormat>,
+    /// Which body field the constraint came from, so the engine's refusal names it.
+    pub constraint_via: Option<ConstraintVia>,
+    /// How outputs read (reasoning, tool calls).
+    pub reply: ReplyFormat,
 }
 
-impl Plan {
-    /// The body field an engine error about `constraint.<kind>` is about.
-    pub(crate) fn constraint_param(&self, engine_field: &str) -> Option<String> {
-        let kind = engine_field.strip_prefix("constraint.")?;
-        Some(match (self.constraint_via?, kind) {
-            ("response_format", "json_schema") => "response_format.json_schema.schema".into(),
-            ("response_format", _) => "response_format".into(),
-            ("tool_choice", _) => "tool_choice".into(),
-            (via, "json_schema") => format!("{via}.json"),
-            (via, kind) => format!("{via}.{kind}"),
-        })
-    }
+/// An error of the front-door core, in `door`'s words.
+pub(crate) fn core(
+    door: Door,
+    via: Option<ConstraintVia>,
+) -> impl Fn(kiln_api::ApiError) -> ErrorReply {
+    move |e| ErrorReply::from_api(&e, door, via)
 }
 
-pub(crate) fn check_model(c: &Common, cfg: &HttpConfig) -> Result<(), ApiError> {
-    match &c.model {
-        Some(m) if !m.is_empty() && *m != cfg.model_id => {
-            Err(ApiError::model_not_found(m, &cfg.model_id))
-        }
-        _ => Ok(()),
-    }
-}
-
-/// `/v1/chat/completions`: the messages rendered with the chat template (`--chat-template` over
-/// the model's own) and tokenized as rendered (the template writes BOS itself when the model
-/// wants one).
+/// `/v1/chat/completions`: the messages rendered as every door renders a conversation.
 pub(crate) fn chat(
     body: &ChatRequest,
     common: &Common,
     label: &str,
     tok: &Tokenizer,
     info: &EngineInfo,
-    cfg: &HttpConfig,
-) -> Result<Plan, ApiError> {
-    check_model(common, cfg)?;
-    let (tools, specs) = tools(body)?;
-    let choice = tool_choice(body.tool_choice.as_ref(), &specs)?;
-    let template = cfg
-        .chat_template
-        .as_deref()
-        .or_else(|| tok.chat_template())
-        .ok_or_else(|| {
-            ApiError::invalid(
-                "messages",
-                "this model has no chat template (start the server with --chat-template FILE, \
-                 or use /v1/completions)",
-            )
-        })?;
-    if body.messages.is_empty() {
-        return Err(ApiError::invalid(
-            "messages",
-            "must hold at least one message",
-        ));
+    cfg: &ApiConfig,
+) -> Result<Plan, ErrorReply> {
+    let err = core(Door::Chat, None);
+    cfg.check_model(common.model.as_deref()).map_err(&err)?;
+    let mut conversation = Conversation::new(
+        body.messages
+            .iter()
+            .enumerate()
+            .map(|(i, m)| message(i, m))
+            .collect::<Result<_, _>>()?,
+    );
+    conversation.tools = tools(body)?;
+    conversation.tool_choice = tool_choice(body.tool_choice.as_ref())?;
+    conversation.add_generation_prompt = body.add_generation_prompt.unwrap_or(true);
+    if let Some(kwargs) = &body.chat_template_kwargs {
+        conversation.template_kwargs = kwargs.clone();
     }
-    let messages = body
-        .messages
-        .iter()
-        .enumerate()
-        .map(|(i, m)| message(i, m))
-        .collect::<Result<Vec<_>, _>>()?;
-    let options = ChatOptions {
-        add_generation_prompt: body.add_generation_prompt.unwrap_or(true),
-    };
-    let tools_on = choice.tools_on(&specs);
-    let extra = if tools_on {
-        serde_json::json!({"tools": tools})
-    } else {
-        serde_json::json!({})
-    };
-    let rendered = tok
-        .render_chat_for_tokens(
-            Some(template),
-            &messages,
-            &options,
-            &extra,
-            cfg.special_tokens_in_content,
-        )
-        .map_err(|e| ApiError::invalid("messages", e))?;
-    info.check_prompt_text("messages", rendered.text())
-        .map_err(|e| ApiError::from_engine(&e, Api::Chat))?;
-    let format = ToolFormat::for_template(template.source());
-    let ids = tok
-        .encode_chat(&rendered)
-        .map_err(|e| ApiError::invalid("messages", e))?;
     let logprobs = match (body.logprobs, body.top_logprobs) {
         (Some(true), top) => Some(top.unwrap_or(0) as usize),
         (_, Some(top)) if top > 0 => {
-            return Err(ApiError::invalid("top_logprobs", "needs `logprobs: true`"));
+            return Err(ErrorReply::invalid(
+                "top_logprobs",
+                "needs `logprobs: true`",
+            ));
         }
         _ => None,
     };
     let max_tokens = body.max_completion_tokens.or(common.max_tokens);
-    let mut r = request(common, max_tokens, None, logprobs, info, cfg)?;
-    r.prompt = Prompt::TokenIds(ids);
+    let mut r = request(common, max_tokens, None, logprobs, info, cfg, Door::Chat)?;
     r.label = label.to_owned();
-    // A forced call is generated under a grammar of the function's parameter schema, so its
-    // arguments always parse and validate.
-    let forced = choice.forced(&specs);
-    if !forced.is_empty() {
-        if r.constraint.is_some() {
-            return Err(ApiError::invalid(
-                "tool_choice",
-                "a forced tool call cannot be combined with response_format or structured_outputs",
-            ));
-        }
-        r.constraint = Some(Constraint::Grammar(format.call_grammar(&forced)));
+    let mut via = constraint_via(common, &r);
+    let prepared = conversation.prepare(tok, info, cfg).map_err(&err)?;
+    if prepared.forced.is_some() {
+        via = Some(ConstraintVia::ToolChoice);
     }
-    let mut plan = plan(common, vec![r], logprobs)?;
-    plan.tools = tools_on.then_some(format);
-    if !forced.is_empty() {
-        plan.constraint_via = Some("tool_choice");
-    }
+    let reply = prepared.apply(&mut r).map_err(&err)?;
+    let mut plan = plan(common, vec![r], logprobs, via)?;
+    plan.reply = reply;
     Ok(plan)
 }
 
-/// `tools`: as sent (for the template) and as specs (name and parameter schema).
-fn tools(body: &ChatRequest) -> Result<(Vec<Value>, Vec<ToolSpec>), ApiError> {
+/// `tools`: OpenAI function tools.
+fn tools(body: &ChatRequest) -> Result<Vec<Tool>, ErrorReply> {
     let Some(list) = &body.tools else {
-        return Ok((Vec::new(), Vec::new()));
+        return Ok(Vec::new());
     };
-    let mut specs: Vec<ToolSpec> = Vec::with_capacity(list.len());
-    for (i, t) in list.iter().enumerate() {
-        let field = |f: &str| format!("tools[{i}]{f}");
-        if t.get("type").and_then(Value::as_str) != Some("function") {
-            return Err(ApiError::invalid(field(".type"), "must be \"function\""));
-        }
-        let f = t.get("function").filter(|f| f.is_object()).ok_or_else(|| {
-            ApiError::invalid(field(".function"), "expected an object with `name`")
-        })?;
-        let name = f.get("name").and_then(Value::as_str).unwrap_or_default();
-        push_tool(&mut specs, name, f.get("parameters").cloned())
-            .map_err(|(part, why)| ApiError::invalid(field(&format!(".function.{part}")), why))?;
-    }
-    Ok((list.clone(), specs))
+    list.iter()
+        .enumerate()
+        .map(|(i, t)| {
+            let field = |f: &str| format!("tools[{i}]{f}");
+            if t.get("type").and_then(Value::as_str) != Some("function") {
+                return Err(ErrorReply::invalid(field(".type"), "must be \"function\""));
+            }
+            let f = t.get("function").filter(|f| f.is_object()).ok_or_else(|| {
+                ErrorReply::invalid(field(".function"), "expected an object with `name`")
+            })?;
+            Ok(Tool {
+                name: f
+                    .get("name")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default()
+                    .to_owned(),
+                description: f
+                    .get("description")
+                    .and_then(Value::as_str)
+                    .map(str::to_owned),
+                parameters: f.get("parameters").cloned(),
+            })
+        })
+        .collect()
 }
 
-/// `tool_choice` against the tools given (unset: `auto` with tools, `none` without).
-fn tool_choice(v: Option<&Value>, specs: &[ToolSpec]) -> Result<ToolChoice, ApiError> {
-    let bad = |why: String| ApiError::invalid("tool_choice", why);
-    let choice = match v {
-        None | Some(Value::Null) if specs.is_empty() => ToolChoice::None,
-        None | Some(Value::Null) => ToolChoice::Auto,
+/// `tool_choice` (unset: the core's default for the tools given).
+fn tool_choice(v: Option<&Value>) -> Result<Option<ToolChoice>, ErrorReply> {
+    let bad = |why: String| ErrorReply::invalid("tool_choice", why);
+    Ok(Some(match v {
+        None | Some(Value::Null) => return Ok(None),
         Some(Value::String(s)) => match s.as_str() {
             "none" => ToolChoice::None,
             "auto" => ToolChoice::Auto,
             "required" => ToolChoice::Required,
-            other => return Err(bad(format!("`{other}` is not one of none, auto, required"))),
+            other => {
+                return Err(bad(format!(
+                    "`{}` is not one of none, auto, required",
+                    echo(other)
+                )));
+            }
         },
         Some(o @ Value::Object(_)) => {
             let name = o
@@ -191,80 +146,108 @@ fn tool_choice(v: Option<&Value>, specs: &[ToolSpec]) -> Result<ToolChoice, ApiE
             ToolChoice::Function(name.to_owned())
         }
         Some(_) => return Err(bad("expected a string or an object".into())),
-    };
-    choice.check(specs).map_err(bad)?;
-    Ok(choice)
+    }))
 }
 
-/// One message as the template sees it: `role`, `content` as one string, and the tool fields
-/// templates read.
-fn message(i: usize, m: &ChatMessageIn) -> Result<Value, ApiError> {
-    const ROLES: [&str; 6] = [
-        "system",
-        "developer",
-        "user",
-        "assistant",
-        "tool",
-        "function",
-    ];
-    if !ROLES.contains(&m.role.as_str()) {
-        return Err(ApiError::invalid(
-            format!("messages[{i}].role"),
-            format!("`{}` is not one of {}", m.role, ROLES.join(", ")),
-        ));
-    }
+/// One message as the core reads it: its role, its content as one string, and the tool and
+/// reasoning fields of a turn.
+fn message(i: usize, m: &ChatMessageIn) -> Result<Message, ErrorReply> {
+    let bad = |part: MessagePart, why: String| {
+        let e = ApiError::invalid(Field::Message { index: i, part }, why);
+        ErrorReply::from_api(&e, Door::Chat, None)
+    };
+    let role = Role::parse(&m.role).ok_or_else(|| {
+        bad(
+            MessagePart::Role,
+            format!(
+                "`{}` is not one of {}, function",
+                echo(&m.role),
+                Role::NAMES.join(", ")
+            ),
+        )
+    })?;
     let content = match &m.content {
         Value::String(s) => s.clone(),
-        Value::Null if m.role == "assistant" => String::new(),
+        Value::Null if role == Role::Assistant => String::new(),
         Value::Null => {
-            return Err(ApiError::invalid(
-                format!("messages[{i}].content"),
-                "missing (only an assistant message may leave it out)",
+            return Err(bad(
+                MessagePart::Content,
+                "missing (only an assistant message may leave it out)".into(),
             ));
         }
-        Value::Array(parts) => {
-            let mut texts = Vec::with_capacity(parts.len());
-            for (j, p) in parts.iter().enumerate() {
-                let field = format!("messages[{i}].content[{j}]");
-                match p.get("type").and_then(Value::as_str) {
-                    Some("text") => match p.get("text").and_then(Value::as_str) {
-                        Some(t) => texts.push(t),
-                        None => return Err(ApiError::invalid(field + ".text", "missing")),
-                    },
-                    Some(other) => {
-                        return Err(ApiError::invalid(
-                            field + ".type",
-                            format!("`{other}` is not supported (this model reads text parts)"),
-                        ));
-                    }
-                    None => {
-                        return Err(ApiError::invalid(field, "expected an object with `type`"));
-                    }
-                }
-            }
-            // As vLLM joins a message's text parts.
-            texts.join("\n")
-        }
+        Value::Array(parts) => text_parts(parts, &format!("messages[{i}].content"))?,
         _ => {
-            return Err(ApiError::invalid(
-                format!("messages[{i}].content"),
-                "expected a string or an array of content parts",
+            return Err(bad(
+                MessagePart::Content,
+                "expected a string or an array of content parts".into(),
             ));
         }
     };
-    let mut out = Map::new();
-    out.insert("role".into(), Value::String(m.role.clone()));
-    out.insert("content".into(), Value::String(content));
-    if let Some(n) = &m.name {
-        out.insert("name".into(), Value::String(n.clone()));
+    let mut out = Message::new(role, content);
+    out.name = m.name.clone();
+    out.tool_call_id = m.tool_call_id.clone();
+    out.tool_calls = match &m.tool_calls {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::Array(calls)) => calls
+            .iter()
+            .enumerate()
+            .map(|(j, c)| past_call(c).ok_or_else(|| {
+                ErrorReply::invalid(
+                    format!("messages[{i}].tool_calls[{j}]"),
+                    "expected {\"id\", \"type\": \"function\", \"function\": {\"name\", \"arguments\"}}",
+                )
+            }))
+            .collect::<Result<_, _>>()?,
+        Some(_) => return Err(bad(MessagePart::ToolCalls, "expected an array".into())),
+    };
+    // vLLM's current name and DeepSeek's (llama.cpp, Open WebUI).
+    out.reasoning = m.reasoning_content.clone().or_else(|| m.reasoning.clone());
+    Ok(out)
+}
+
+/// A message's text parts joined as vLLM joins them.
+fn text_parts(parts: &[Value], field: &str) -> Result<String, ErrorReply> {
+    let mut texts = Vec::with_capacity(parts.len());
+    for (j, p) in parts.iter().enumerate() {
+        let field = format!("{field}[{j}]");
+        match p.get("type").and_then(Value::as_str) {
+            Some("text") => match p.get("text").and_then(Value::as_str) {
+                Some(t) => texts.push(t),
+                None => return Err(ErrorReply::invalid(field + ".text", "missing")),
+            },
+            Some(other) => {
+                return Err(ErrorReply::invalid(
+                    field + ".type",
+                    format!(
+                        "`{}` is not supported (this model reads text parts)",
+                        echo(other)
+                    ),
+                ));
+            }
+            None => return Err(ErrorReply::invalid(field, "expected an object with `type`")),
+        }
     }
-    if let Some(id) = &m.tool_call_id {
-        out.insert("tool_call_id".into(), Value::String(id.clone()));
-    }
-    if let Some(calls) = &m.tool_calls {
-        out.insert("tool_calls".into(), calls.clone());
-    }
-    Ok(Value::Object(out))
+    Ok(texts.join("\n"))
+}
+
+/// A call of an assistant turn in the history (`arguments` as JSON text, or as an object
+/// some clients send).
+fn past_call(c: &Value) -> Option<PastCall> {
+    let f = c.get("function")?;
+    let arguments = match f.get("arguments") {
+        Some(Value::String(s)) => s.clone(),
+        None | Some(Value::Null) => "{}".to_owned(),
+        Some(other) => other.to_string(),
+    };
+    Some(PastCall {
+        id: c
+            .get("id")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_owned(),
+        name: f.get("name")?.as_str()?.to_owned(),
+        arguments,
+    })
 }
 
 /// `/v1/completions`: one engine request per prompt.
@@ -273,19 +256,20 @@ pub(crate) fn completion(
     common: &Common,
     label: &str,
     info: &EngineInfo,
-    cfg: &HttpConfig,
-) -> Result<Plan, ApiError> {
-    check_model(common, cfg)?;
+    cfg: &ApiConfig,
+) -> Result<Plan, ErrorReply> {
+    cfg.check_model(common.model.as_deref())
+        .map_err(core(Door::Completions, None))?;
     if body.echo == Some(true) {
-        return Err(ApiError::invalid("echo", "is not supported"));
+        return Err(ErrorReply::invalid("echo", "is not supported"));
     }
     if body.suffix.as_deref().is_some_and(|s| !s.is_empty()) {
-        return Err(ApiError::invalid("suffix", "is not supported"));
+        return Err(ErrorReply::invalid("suffix", "is not supported"));
     }
     if let Some(b) = body.best_of
         && b != common.n.unwrap_or(1)
     {
-        return Err(ApiError::invalid(
+        return Err(ErrorReply::invalid(
             "best_of",
             "is not supported unless equal to n",
         ));
@@ -299,7 +283,9 @@ pub(crate) fn completion(
         logprobs,
         info,
         cfg,
+        Door::Completions,
     )?;
+    let via = constraint_via(common, &template);
     let requests = prompts
         .into_iter()
         .enumerate()
@@ -314,34 +300,40 @@ pub(crate) fn completion(
             r
         })
         .collect();
-    plan(common, requests, logprobs)
+    plan(common, requests, logprobs, via)
 }
 
-fn plan(c: &Common, requests: Vec<Request>, logprobs: Option<usize>) -> Result<Plan, ApiError> {
+/// Which field the request's constraint came from.
+fn constraint_via(c: &Common, r: &Request) -> Option<ConstraintVia> {
+    r.constraint.as_ref().map(|_| {
+        if c.structured_outputs.as_ref().is_some_and(|v| !v.is_null()) {
+            ConstraintVia::StructuredOutputs
+        } else {
+            ConstraintVia::ResponseFormat
+        }
+    })
+}
+
+fn plan(
+    c: &Common,
+    requests: Vec<Request>,
+    logprobs: Option<usize>,
+    constraint_via: Option<ConstraintVia>,
+) -> Result<Plan, ErrorReply> {
     let stream = c.stream.unwrap_or(false);
     let include_usage = c
         .stream_options
         .and_then(|o| o.include_usage)
         .unwrap_or(false);
     if c.stream_options.is_some() && !stream {
-        return Err(ApiError::invalid(
+        return Err(ErrorReply::invalid(
             "stream_options",
             "only allowed with `stream: true`",
         ));
     }
-    let constraint_via = requests
-        .first()
-        .and_then(|r| r.constraint.as_ref())
-        .map(|_| {
-            if c.structured_outputs.as_ref().is_some_and(|v| !v.is_null()) {
-                "structured_outputs"
-            } else {
-                "response_format"
-            }
-        });
     Ok(Plan {
         constraint_via,
-        tools: None,
+        reply: ReplyFormat::default(),
         n: requests.first().map_or(1, |r| r.n),
         requests,
         stream,
@@ -351,9 +343,9 @@ fn plan(c: &Common, requests: Vec<Request>, logprobs: Option<usize>) -> Result<P
 }
 
 /// `prompt`: a string, an array of strings, an array of token ids, or an array of those.
-fn prompts(v: &Value) -> Result<Vec<Prompt>, ApiError> {
-    let bad = |why: &str| ApiError::invalid("prompt", why);
-    let ids = |items: &[Value]| -> Result<Vec<u32>, ApiError> {
+fn prompts(v: &Value) -> Result<Vec<Prompt>, ErrorReply> {
+    let bad = |why: &str| ErrorReply::invalid("prompt", why);
+    let ids = |items: &[Value]| -> Result<Vec<u32>, ErrorReply> {
         items
             .iter()
             .map(|x| {
@@ -393,21 +385,23 @@ fn prompts(v: &Value) -> Result<Vec<Prompt>, ApiError> {
     }
 }
 
-/// The engine request both endpoints share (its prompt is set by the caller).
+/// The engine request both endpoints share (its prompt is set by the caller): the body's
+/// sampling over the server's defaults, and its length under the server's limit.
 fn request(
     c: &Common,
     max_tokens: Option<u32>,
-    endpoint_default: Option<usize>,
+    wire_default: Option<usize>,
     logprobs: Option<usize>,
     info: &EngineInfo,
-    cfg: &HttpConfig,
-) -> Result<Request, ApiError> {
-    let d = SamplingParams::default();
+    cfg: &ApiConfig,
+    door: Door,
+) -> Result<Request, ErrorReply> {
     let top_k = match c.top_k {
-        None | Some(-1) | Some(0) => 0,
-        Some(k) if k > 0 => usize::try_from(k).unwrap_or(usize::MAX),
+        None => None,
+        Some(-1 | 0) => Some(0),
+        Some(k) if k > 0 => Some(usize::try_from(k).unwrap_or(usize::MAX)),
         Some(k) => {
-            return Err(ApiError::invalid(
+            return Err(ErrorReply::invalid(
                 "top_k",
                 format!("must be -1 (off) or positive, got {k}"),
             ));
@@ -419,70 +413,35 @@ fn request(
             .iter()
             .map(|(k, &v)| {
                 k.parse::<u32>().map(|id| (id, v)).map_err(|_| {
-                    ApiError::invalid("logit_bias", format!("key `{k}` is not a token id"))
+                    ErrorReply::invalid(
+                        "logit_bias",
+                        format!("key `{}` is not a token id", echo(k)),
+                    )
                 })
             })
             .collect::<Result<_, _>>()?,
     };
-    let sampling = SamplingParams {
-        temperature: c.temperature.unwrap_or(d.temperature),
+    let overlay = SamplingOverlay {
+        temperature: c.temperature,
         top_k,
-        top_p: c.top_p.unwrap_or(d.top_p),
-        min_p: c.min_p.unwrap_or(d.min_p),
-        repetition_penalty: c.repetition_penalty.unwrap_or(d.repetition_penalty),
-        presence_penalty: c.presence_penalty.unwrap_or(d.presence_penalty),
-        frequency_penalty: c.frequency_penalty.unwrap_or(d.frequency_penalty),
+        top_p: c.top_p,
+        min_p: c.min_p,
+        repetition_penalty: c.repetition_penalty,
+        presence_penalty: c.presence_penalty,
+        frequency_penalty: c.frequency_penalty,
         logit_bias,
     };
-    let stop = match &c.stop {
-        None | Some(Value::Null) => Vec::new(),
-        Some(Value::String(s)) => vec![s.clone()],
-        Some(Value::Array(items)) => items
-            .iter()
-            .map(|x| {
-                x.as_str()
-                    .map(str::to_owned)
-                    .ok_or_else(|| ApiError::invalid("stop", "expected strings"))
-            })
-            .collect::<Result<_, _>>()?,
-        Some(_) => {
-            return Err(ApiError::invalid(
-                "stop",
-                "expected a string or an array of strings",
-            ));
-        }
-    };
-    let limit = cfg
-        .max_tokens
-        .unwrap_or(info.max_model_len)
-        .min(info.max_model_len);
-    let max_new_tokens = match max_tokens {
-        Some(m) if m as usize > limit => {
-            return Err(ApiError::invalid(
-                "max_tokens",
-                format!("{m} exceeds the limit {limit}"),
-            ));
-        }
-        m => m.map(|m| m as usize),
-    };
-    let mut r = Request::tokens(Vec::new());
-    r.sampling = sampling;
+    let mut r = cfg
+        .request(info, &overlay, max_tokens.map(|m| m as usize), wire_default)
+        .map_err(core(door, None))?;
+    r.stopping.stop = stop(c.stop.as_ref())?;
+    r.stopping.min_new_tokens = c.min_tokens.map_or(0, |m| m as usize);
+    r.stopping.stop_token_ids = c.stop_token_ids.clone().unwrap_or_default();
+    r.stopping.include_stop_str_in_output = c.include_stop_str_in_output.unwrap_or(false);
+    r.stopping.ignore_eos = c.ignore_eos.unwrap_or(false);
     // Any 64-bit integer seeds (negative ones too, as two's complement).
     r.seed = c.seed.map(|s| s as u64);
     r.n = c.n.map_or(1, |n| n as usize);
-    r.stopping = StoppingCriteria {
-        max_new_tokens,
-        // Unset: the server's default, else the endpoint's, else up to the context.
-        default_max_new_tokens: cfg
-            .default_max_tokens
-            .or(endpoint_default)
-            .map(|m| m.min(limit)),
-        min_new_tokens: c.min_tokens.map_or(0, |m| m as usize),
-        stop,
-        stop_token_ids: c.stop_token_ids.clone().unwrap_or_default(),
-        include_stop_str_in_output: c.include_stop_str_in_output.unwrap_or(false),
-        ignore_eos: c.ignore_eos.unwrap_or(false),
-    };
     r.output = OutputOptions {
         logprobs: logprobs.is_some(),
         top_logprobs: logprobs.unwrap_or(0),
@@ -492,9 +451,29 @@ fn request(
     Ok(r)
 }
 
+/// `stop`: a string or an array of strings.
+fn stop(v: Option<&Value>) -> Result<Vec<String>, ErrorReply> {
+    match v {
+        None | Some(Value::Null) => Ok(Vec::new()),
+        Some(Value::String(s)) => Ok(vec![s.clone()]),
+        Some(Value::Array(items)) => items
+            .iter()
+            .map(|x| {
+                x.as_str()
+                    .map(str::to_owned)
+                    .ok_or_else(|| ErrorReply::invalid("stop", "expected strings"))
+            })
+            .collect(),
+        Some(_) => Err(ErrorReply::invalid(
+            "stop",
+            "expected a string or an array of strings",
+        )),
+    }
+}
+
 /// The constraint `response_format` or `structured_outputs` asks for (at most one of them);
 /// the engine compiles it and refuses what does not compile.
-fn constraint(c: &Common) -> Result<Option<Constraint>, ApiError> {
+fn constraint(c: &Common) -> Result<Option<Constraint>, ErrorReply> {
     let from_format = match &c.response_format {
         None | Some(Value::Null) => None,
         Some(f) => response_format(f)?,
@@ -504,7 +483,7 @@ fn constraint(c: &Common) -> Result<Option<Constraint>, ApiError> {
         Some(s) => structured_outputs(s)?,
     };
     match (from_format, from_vllm) {
-        (Some(_), Some(_)) => Err(ApiError::invalid(
+        (Some(_), Some(_)) => Err(ErrorReply::invalid(
             "structured_outputs",
             "cannot be combined with a `response_format` other than text; use one",
         )),
@@ -513,14 +492,14 @@ fn constraint(c: &Common) -> Result<Option<Constraint>, ApiError> {
 }
 
 /// OpenAI's `response_format`.
-fn response_format(f: &Value) -> Result<Option<Constraint>, ApiError> {
+fn response_format(f: &Value) -> Result<Option<Constraint>, ErrorReply> {
     let ty = f.get("type").and_then(Value::as_str);
     match ty {
         Some("text") => Ok(None),
         Some("json_object") => Ok(Some(Constraint::JsonObject)),
         Some("json_schema") => {
             let Some(js) = f.get("json_schema").filter(|v| v.is_object()) else {
-                return Err(ApiError::invalid(
+                return Err(ErrorReply::invalid(
                     "response_format.json_schema",
                     "expected an object with `name` and `schema`",
                 ));
@@ -529,21 +508,21 @@ fn response_format(f: &Value) -> Result<Option<Constraint>, ApiError> {
                 Some(schema @ (Value::Object(_) | Value::Bool(_))) => {
                     Ok(Some(Constraint::JsonSchema(schema.clone())))
                 }
-                Some(_) => Err(ApiError::invalid(
+                Some(_) => Err(ErrorReply::invalid(
                     "response_format.json_schema.schema",
                     "expected a JSON Schema object",
                 )),
-                None => Err(ApiError::invalid(
+                None => Err(ErrorReply::invalid(
                     "response_format.json_schema.schema",
                     "missing",
                 )),
             }
         }
-        Some(other) => Err(ApiError::invalid(
+        Some(other) => Err(ErrorReply::invalid(
             "response_format.type",
             format!("`{other}` is not one of text, json_object, json_schema"),
         )),
-        None => Err(ApiError::invalid(
+        None => Err(ErrorReply::invalid(
             "response_format",
             "expected an object with `type`",
         )),
@@ -551,9 +530,9 @@ fn response_format(f: &Value) -> Result<Option<Constraint>, ApiError> {
 }
 
 /// vLLM's `structured_outputs` body extension: exactly one kind of constraint.
-fn structured_outputs(s: &Value) -> Result<Option<Constraint>, ApiError> {
+fn structured_outputs(s: &Value) -> Result<Option<Constraint>, ErrorReply> {
     let Value::Object(map) = s else {
-        return Err(ApiError::invalid(
+        return Err(ErrorReply::invalid(
             "structured_outputs",
             "expected an object with one of json, regex, choice, grammar, json_object",
         ));
@@ -568,13 +547,13 @@ fn structured_outputs(s: &Value) -> Result<Option<Constraint>, ApiError> {
             "json" => match v {
                 Value::String(text) => {
                     let schema = serde_json::from_str(text).map_err(|e| {
-                        ApiError::invalid(field(k), format!("is not valid JSON: {e}"))
+                        ErrorReply::invalid(field(k), format!("is not valid JSON: {e}"))
                     })?;
                     Constraint::JsonSchema(schema)
                 }
                 Value::Object(_) | Value::Bool(_) => Constraint::JsonSchema(v.clone()),
                 _ => {
-                    return Err(ApiError::invalid(
+                    return Err(ErrorReply::invalid(
                         field(k),
                         "expected a JSON Schema (an object or JSON text)",
                     ));
@@ -583,7 +562,7 @@ fn structured_outputs(s: &Value) -> Result<Option<Constraint>, ApiError> {
             "regex" | "grammar" => {
                 let text = v
                     .as_str()
-                    .ok_or_else(|| ApiError::invalid(field(k), "expected a string"))?;
+                    .ok_or_else(|| ErrorReply::invalid(field(k), "expected a string"))?;
                 if k == "regex" {
                     Constraint::Regex(text.to_owned())
                 } else {
@@ -593,20 +572,20 @@ fn structured_outputs(s: &Value) -> Result<Option<Constraint>, ApiError> {
             "choice" => {
                 let items = v
                     .as_array()
-                    .ok_or_else(|| ApiError::invalid(field(k), "expected an array of strings"))?;
+                    .ok_or_else(|| ErrorReply::invalid(field(k), "expected an array of strings"))?;
                 let choices = items
                     .iter()
                     .map(|x| x.as_str().map(str::to_owned))
                     .collect::<Option<Vec<_>>>()
-                    .ok_or_else(|| ApiError::invalid(field(k), "expected an array of strings"))?;
+                    .ok_or_else(|| ErrorReply::invalid(field(k), "expected an array of strings"))?;
                 Constraint::Choice(choices)
             }
             "json_object" if v == &Value::Bool(true) => Constraint::JsonObject,
             "json_object" => {
-                return Err(ApiError::invalid(field(k), "expected true or false"));
+                return Err(ErrorReply::invalid(field(k), "expected true or false"));
             }
             other => {
-                return Err(ApiError::invalid(
+                return Err(ErrorReply::invalid(
                     field(other),
                     "is not supported (kiln serves json, regex, choice, grammar, json_object)",
                 ));
@@ -619,7 +598,7 @@ fn structured_outputs(s: &Value) -> Result<Option<Constraint>, ApiError> {
         1 => Ok(found.pop().map(|(_, c)| c)),
         _ => {
             let names: Vec<&str> = found.iter().map(|(k, _)| k.as_str()).collect();
-            Err(ApiError::invalid(
+            Err(ErrorReply::invalid(
                 "structured_outputs",
                 format!(
                     "only one kind of constraint at a time, got {}",
@@ -678,14 +657,14 @@ mod tests {
         let parts = m(serde_json::json!({"role": "user", "content": [
             {"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}));
         let out = parts.map(|p| message(0, &p).ok());
-        assert_eq!(
-            out.ok().flatten(),
-            Some(serde_json::json!({"role": "user", "content": "a\nb"}))
-        );
+        assert_eq!(out.ok().flatten(), Some(Message::new(Role::User, "a\nb")));
         let tool = m(serde_json::json!({"role": "tool", "content": "42", "tool_call_id": "c1"}));
         assert_eq!(
             tool.map(|t| message(1, &t).ok()).ok().flatten(),
-            Some(serde_json::json!({"role": "tool", "content": "42", "tool_call_id": "c1"}))
+            Some(Message {
+                tool_call_id: Some("c1".into()),
+                ..Message::new(Role::Tool, "42")
+            })
         );
         for (v, param) in [
             (

@@ -1,12 +1,16 @@
 #![doc = include_str!("../README.md")]
 
-mod config;
+mod agents;
+mod anthropic;
 mod convert;
 mod error;
 mod openai;
 mod respond;
+mod responses;
+mod responses_out;
 mod server;
+mod store;
+mod turn;
 
-pub use config::HttpConfig;
-pub use error::ApiError;
+pub use error::ErrorReply;
 pub use server::{HttpError, HttpServer, REQUEST_ID};

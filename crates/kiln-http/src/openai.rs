@@ -62,6 +62,8 @@ pub(crate) struct ChatRequest {
     /// `none`, `auto` (the default with tools), `required`, or
     /// `{"type": "function", "function": {"name": ...}}`.
     pub tool_choice: Option<Value>,
+    /// vLLM: more template variables (`{"enable_thinking": false}` turns Qwen3's thinking off).
+    pub chat_template_kwargs: Option<serde_json::Map<String, Value>>,
 }
 
 /// One message as sent; `content` is a string, an array of parts, or null (an assistant turn
@@ -74,6 +76,10 @@ pub(crate) struct ChatMessageIn {
     pub name: Option<String>,
     pub tool_call_id: Option<String>,
     pub tool_calls: Option<Value>,
+    /// An assistant turn's reasoning, by DeepSeek's name (llama.cpp, Open WebUI) ...
+    pub reasoning_content: Option<String>,
+    /// ... or vLLM's.
+    pub reasoning: Option<String>,
 }
 
 /// `POST /v1/completions`: these fields and [`Common`]'s.
@@ -139,8 +145,14 @@ pub(crate) struct ChatChoice {
 #[derive(Debug, Serialize)]
 pub(crate) struct AssistantMessage {
     pub role: &'static str,
-    /// `null` when the reply is only tool calls.
+    /// `null` when the reply is only tool calls (or only reasoning).
     pub content: Option<String>,
+    /// With `--reasoning-parser`: the reasoning, under both names clients read (vLLM's
+    /// `reasoning`, and DeepSeek's `reasoning_content`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reasoning: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tool_calls: Option<Vec<ToolCallOut>>,
 }
@@ -192,6 +204,11 @@ pub(crate) struct ChatDelta {
     pub role: Option<&'static str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub content: Option<String>,
+    /// Reasoning deltas, under both names (as in [`AssistantMessage`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reasoning: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tool_calls: Option<Vec<ToolCallOut>>,
 }

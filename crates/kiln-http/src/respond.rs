@@ -9,15 +9,14 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use axum::response::sse;
-use kiln_engine::{
-    Delta, Event, FinishReason, Output, RequestStream, SeqOutput, TokenLogprobs, Usage,
-};
-use kiln_tokenizer::{DecodeOptions, Tokenizer, ToolFormat};
+use kiln_api::{Finish, Reply, ReplyFormat, ReplyStream};
+use kiln_engine::{Delta, Event, Output, RequestStream, SeqOutput, TokenLogprobs, Usage};
+use kiln_tokenizer::{DecodeOptions, Tokenizer, ToolCall};
 use serde::Serialize;
 use serde_json::{Map, Value};
 use tokio_stream::Stream;
 
-use crate::error::{Api, ApiError};
+use crate::error::{Door, ErrorReply};
 use crate::openai::{
     AssistantMessage, ChatChoice, ChatChunk, ChatChunkChoice, ChatCompletion, ChatDelta,
     ChatLogprobs, ChatTokenLogprob, ChatTopLogprob, Completion, CompletionChoice,
@@ -33,14 +32,14 @@ pub(crate) struct Ctx {
     pub id: String,
     pub created: u64,
     pub model: String,
-    pub api: Api,
+    pub door: Door,
     /// Outputs per prompt (choice index = prompt index × n + output index).
     pub n: usize,
     pub logprobs: bool,
     pub tokenizer: Tokenizer,
-    /// Chat with tools on: outputs are read for calls in this syntax (streamed ones are held
-    /// until they end, then sent as one delta).
-    pub tools: Option<ToolFormat>,
+    /// How outputs read: reasoning split off, calls read out with tools on (streamed content
+    /// is then held until the output ends, and sent as one delta).
+    pub reply: ReplyFormat,
 }
 
 impl Ctx {
@@ -84,27 +83,12 @@ impl Ctx {
     }
 }
 
-/// A choice's text as a chat message: its tool calls read out when tools are on (the
-/// `finish_reason` becomes `tool_calls` when the output ended by itself with calls).
-fn assistant_text(
-    ctx: &Ctx,
-    text: &str,
-    finish_reason: Option<&'static str>,
-    streamed: bool,
-) -> (
-    Option<String>,
-    Option<Vec<ToolCallOut>>,
-    Option<&'static str>,
-) {
-    let Some(format) = ctx.tools else {
-        return (Some(text.to_owned()), None, finish_reason);
-    };
-    let parsed = format.parse(text);
-    if parsed.calls.is_empty() {
-        return (Some(text.to_owned()), None, finish_reason);
+/// Calls read from a reply, as OpenAI's `tool_calls` (with `index` in a stream delta).
+pub(crate) fn tool_calls(calls: Vec<ToolCall>, streamed: bool) -> Option<Vec<ToolCallOut>> {
+    if calls.is_empty() {
+        return None;
     }
-    let calls = parsed
-        .calls
+    let calls = calls
         .into_iter()
         .enumerate()
         .map(|(index, c)| ToolCallOut {
@@ -117,20 +101,17 @@ fn assistant_text(
             },
         })
         .collect();
-    let reason = match finish_reason {
-        Some("stop") => Some("tool_calls"),
-        other => other,
-    };
-    (parsed.content, Some(calls), reason)
+    Some(calls)
 }
 
 /// OpenAI's `finish_reason` and vLLM's `stop_reason` (the stop string or token id).
-fn finish(f: &FinishReason) -> (&'static str, Option<Value>) {
+pub(crate) fn finish(f: &Finish) -> (&'static str, Option<Value>) {
     match f {
-        FinishReason::Length | FinishReason::ContextLength => ("length", None),
-        FinishReason::EosToken | FinishReason::ConstraintComplete => ("stop", None),
-        FinishReason::StopSequence(s) => ("stop", Some(Value::String(s.clone()))),
-        FinishReason::StopToken(id) => ("stop", Some(Value::from(*id))),
+        Finish::Length | Finish::ContextLength => ("length", None),
+        Finish::Eos | Finish::ConstraintComplete => ("stop", None),
+        Finish::StopSequence(s) => ("stop", Some(Value::String(s.clone()))),
+        Finish::StopToken(id) => ("stop", Some(Value::from(*id))),
+        Finish::ToolCalls => ("tool_calls", None),
     }
 }
 
@@ -197,17 +178,18 @@ fn completion_logprobs(
     out
 }
 
-/// Each prompt's outputs as choices (index = prompt × n + output), and the summed usage.
+/// Each prompt's outputs, read as replies, as choices (index = prompt × n + output), and
+/// the summed usage.
 fn choices<T>(
     ctx: &Ctx,
     outs: &[Output],
-    mut choice: impl FnMut(usize, &SeqOutput, Option<&'static str>, Option<Value>) -> T,
+    mut choice: impl FnMut(usize, &SeqOutput, Reply) -> T,
 ) -> (Vec<T>, Usage) {
     let mut all = Vec::new();
     for (p, out) in outs.iter().enumerate() {
         for (i, o) in out.outputs.iter().enumerate() {
-            let (reason, stop) = o.finish.as_ref().map(finish).unzip();
-            all.push(choice(p * ctx.n + i, o, reason, stop.flatten()));
+            let reply = ctx.reply.read(&o.text, o.finish.as_ref());
+            all.push(choice(p * ctx.n + i, o, reply));
         }
     }
     (all, total_usage(outs))
@@ -224,21 +206,22 @@ pub(crate) fn total_usage(outs: &[Output]) -> Usage {
 
 /// A whole chat completion (chat has one prompt).
 pub(crate) fn chat_completion(ctx: &Ctx, outs: &[Output]) -> ChatCompletion {
-    let (choices, usage) = choices(ctx, outs, |index, o, finish_reason, stop_reason| {
-        let (content, tool_calls, finish_reason) =
-            assistant_text(ctx, &o.text, finish_reason, false);
+    let (choices, usage) = choices(ctx, outs, |index, o, reply| {
+        let (finish_reason, stop_reason) = reply.finish.as_ref().map(finish).unzip();
         ChatChoice {
             index,
             message: AssistantMessage {
                 role: "assistant",
-                content,
-                tool_calls,
+                content: reply.content,
+                reasoning_content: reply.reasoning.clone(),
+                reasoning: reply.reasoning,
+                tool_calls: tool_calls(reply.calls, false),
             },
             logprobs: ctx
                 .logprobs
                 .then(|| chat_logprobs(&ctx.tokenizer, &o.logprobs)),
             finish_reason,
-            stop_reason,
+            stop_reason: stop_reason.flatten(),
         }
     });
     ChatCompletion {
@@ -254,7 +237,8 @@ pub(crate) fn chat_completion(ctx: &Ctx, outs: &[Output]) -> ChatCompletion {
 
 /// A whole text completion, choices of every prompt in order.
 pub(crate) fn completion(ctx: &Ctx, outs: &[Output]) -> Completion {
-    let (choices, usage) = choices(ctx, outs, |index, o, finish_reason, stop_reason| {
+    let (choices, usage) = choices(ctx, outs, |index, o, reply| {
+        let (finish_reason, stop_reason) = reply.finish.as_ref().map(finish).unzip();
         CompletionChoice {
             index,
             text: o.text.clone(),
@@ -262,7 +246,7 @@ pub(crate) fn completion(ctx: &Ctx, outs: &[Output]) -> Completion {
                 .logprobs
                 .then(|| completion_logprobs(&ctx.tokenizer, &o.logprobs, &mut 0)),
             finish_reason,
-            stop_reason,
+            stop_reason: stop_reason.flatten(),
         }
     });
     Completion {
@@ -301,8 +285,9 @@ pub(crate) struct EventStream {
     started: Vec<bool>,
     /// Per choice: bytes of text sent so far (completions' `text_offset`).
     offsets: Vec<usize>,
-    /// Per choice, tools on: text and logprobs held until the output ends.
-    held: Vec<String>,
+    /// Per choice: how its text reads so far (reasoning, held tool calls).
+    readers: Vec<ReplyStream>,
+    /// Per choice, tools on: logprobs held until the output ends.
     held_logprobs: Vec<Vec<TokenLogprobs>>,
     done: bool,
     /// Called once with the summed usage when every request finished.
@@ -327,6 +312,7 @@ impl EventStream {
     ) -> Self {
         let choices = streams.len() * ctx.n;
         Self {
+            readers: (0..choices).map(|_| ctx.reply.stream()).collect(),
             ctx,
             streams: streams.into_iter().map(Some).collect(),
             next: 0,
@@ -335,7 +321,6 @@ impl EventStream {
             include_usage,
             started: vec![false; choices],
             offsets: vec![0; choices],
-            held: vec![String::new(); choices],
             held_logprobs: vec![Vec::new(); choices],
             done: false,
             on_finish: Some(on_finish),
@@ -360,63 +345,79 @@ impl EventStream {
             // Text held back (a possible stop string, half a character): nothing to show yet.
             return;
         }
-        let (reason, stop) = d.finish.as_ref().map(finish).unzip();
-        if self.ctx.api == Api::Chat && self.ctx.tools.is_some() {
-            // Tools on: the text is held until the output ends, then read for calls.
-            self.held[index].push_str(&d.text);
+        match self.ctx.door {
+            Door::Completions => self.completion_delta(index, d),
+            _ => self.chat_delta(index, d),
+        }
+    }
+
+    /// A chat delta read as the reply goes: reasoning and content as they come (content held
+    /// to the end with tools on, then sent with the calls in one chunk).
+    fn chat_delta(&mut self, index: usize, d: Delta) {
+        let reader = &mut self.readers[index];
+        let piece = reader.push(&d.text);
+        let mut reasoning = piece.reasoning;
+        let mut content = piece.content;
+        let mut end = Reply::default();
+        if let Some(f) = &d.finish {
+            end = reader.finish(Some(f));
+            reasoning.push_str(end.reasoning.as_deref().unwrap_or_default());
+            content.push_str(end.content.as_deref().unwrap_or_default());
+        }
+        let lps = if self.ctx.reply.tools.is_some() {
             self.held_logprobs[index].extend(d.logprobs);
             if d.finish.is_none() {
-                return;
+                if reasoning.is_empty() {
+                    return;
+                }
+                Vec::new()
+            } else {
+                std::mem::take(&mut self.held_logprobs[index])
             }
-            let text = std::mem::take(&mut self.held[index]);
-            let lps = std::mem::take(&mut self.held_logprobs[index]);
-            let first = !std::mem::replace(&mut self.started[index], true);
-            let (ctx, usage) = (&self.ctx, self.usage_slot());
-            let (content, tool_calls, reason) = assistant_text(ctx, &text, reason, true);
-            let delta = ChatDelta {
-                role: first.then_some("assistant"),
-                content,
-                tool_calls,
-            };
-            let chunk = ctx.chat_chunk(index, delta, &lps, (reason, stop.flatten()), usage);
-            self.send(&chunk);
-            return;
-        }
+        } else {
+            d.logprobs
+        };
         let first = !std::mem::replace(&mut self.started[index], true);
+        let (reason, stop) = end.finish.as_ref().map(finish).unzip();
+        let reasoning = (!reasoning.is_empty()).then_some(reasoning);
+        let delta = ChatDelta {
+            role: first.then_some("assistant"),
+            content: (first || !content.is_empty()).then_some(content),
+            reasoning_content: reasoning.clone(),
+            reasoning,
+            tool_calls: tool_calls(end.calls, true),
+        };
         let (ctx, usage) = (&self.ctx, self.usage_slot());
-        match ctx.api {
-            Api::Chat => {
-                let delta = ChatDelta {
-                    role: first.then_some("assistant"),
-                    content: (first || !d.text.is_empty()).then(|| d.text.clone()),
-                    tool_calls: None,
-                };
-                let end = (reason, stop.flatten());
-                let chunk = ctx.chat_chunk(index, delta, &d.logprobs, end, usage);
-                self.send(&chunk);
-            }
-            Api::Completions => {
-                let logprobs = ctx.logprobs.then(|| {
-                    completion_logprobs(&ctx.tokenizer, &d.logprobs, &mut self.offsets[index])
-                });
-                let chunk = Completion {
-                    id: ctx.id.clone(),
-                    object: "text_completion",
-                    created: ctx.created,
-                    model: ctx.model.clone(),
-                    system_fingerprint: FINGERPRINT,
-                    choices: vec![CompletionChoice {
-                        index,
-                        text: d.text,
-                        logprobs,
-                        finish_reason: reason,
-                        stop_reason: stop.flatten(),
-                    }],
-                    usage,
-                };
-                self.send(&chunk);
-            }
-        }
+        let chunk = ctx.chat_chunk(index, delta, &lps, (reason, stop.flatten()), usage);
+        self.send(&chunk);
+    }
+
+    fn completion_delta(&mut self, index: usize, d: Delta) {
+        let end = d
+            .finish
+            .as_ref()
+            .map(|f| self.readers[index].finish(Some(f)));
+        let (reason, stop) = end.and_then(|e| e.finish).as_ref().map(finish).unzip();
+        let (ctx, usage) = (&self.ctx, self.usage_slot());
+        let logprobs = ctx
+            .logprobs
+            .then(|| completion_logprobs(&ctx.tokenizer, &d.logprobs, &mut self.offsets[index]));
+        let chunk = Completion {
+            id: ctx.id.clone(),
+            object: "text_completion",
+            created: ctx.created,
+            model: ctx.model.clone(),
+            system_fingerprint: FINGERPRINT,
+            choices: vec![CompletionChoice {
+                index,
+                text: d.text,
+                logprobs,
+                finish_reason: reason,
+                stop_reason: stop.flatten(),
+            }],
+            usage,
+        };
+        self.send(&chunk);
     }
 
     fn finished(&mut self, prompt: usize, usage: &Usage) {
@@ -428,12 +429,8 @@ impl EventStream {
         if self.include_usage {
             let ctx = &self.ctx;
             let usage = Some(Some(self.usage.into()));
-            match ctx.api {
-                Api::Chat => {
-                    let chunk = ctx.chunk_of(Vec::new(), usage);
-                    self.send(&chunk);
-                }
-                Api::Completions => {
+            match ctx.door {
+                Door::Completions => {
                     let chunk = Completion {
                         id: ctx.id.clone(),
                         object: "text_completion",
@@ -443,6 +440,10 @@ impl EventStream {
                         choices: Vec::new(),
                         usage,
                     };
+                    self.send(&chunk);
+                }
+                _ => {
+                    let chunk = ctx.chunk_of(Vec::new(), usage);
                     self.send(&chunk);
                 }
             }
@@ -455,7 +456,7 @@ impl EventStream {
     }
 
     /// Ends the stream with an error event; the other prompts' requests are aborted.
-    fn fail(&mut self, e: &ApiError) {
+    fn fail(&mut self, e: &ErrorReply) {
         self.streams.clear();
         self.queue
             .push_back(sse::Event::default().data(e.body_json()));
@@ -466,10 +467,13 @@ impl EventStream {
         match ev {
             Some(Event::Delta(d)) => self.delta(prompt, d),
             Some(Event::Finished(s)) => self.finished(prompt, &s.usage),
-            Some(Event::Error(e)) => self.fail(&ApiError::from_engine(&e, self.ctx.api)),
-            None => self.fail(&ApiError::from_engine(
-                &kiln_engine::EngineError::ShuttingDown,
-                self.ctx.api,
+            Some(Event::Error(e)) => {
+                self.fail(&ErrorReply::from_api(&e.into(), self.ctx.door, None))
+            }
+            None => self.fail(&ErrorReply::from_api(
+                &kiln_engine::EngineError::ShuttingDown.into(),
+                self.ctx.door,
+                None,
             )),
         }
     }

@@ -12,11 +12,9 @@ use axum::response::sse::{KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::serve::ListenerExt;
-use http::{HeaderValue, StatusCode, header};
-use kiln_engine::{
-    EngineError, EngineHandle, Health, Output, RequestStream, Serving, Usage, bearer_matches,
-    new_request_id, usable_request_id,
-};
+use http::{StatusCode, header};
+use kiln_api::{ApiConfig, Health, Serving, edge};
+use kiln_engine::{EngineError, EngineHandle, Output, RequestStream, Usage};
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 use tokio::net::TcpListener;
@@ -24,19 +22,23 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_stream::StreamExt;
 
-use crate::config::HttpConfig;
+use crate::agents;
 use crate::convert::{self, Plan};
-use crate::error::{Api, ApiError};
+use crate::error::{Door, ErrorReply, Shape};
 use crate::openai::{ChatRequest, Common, CompletionRequest, ModelCard, ModelList};
 use crate::respond::{self, Ctx, EventStream};
+use crate::store::{ResponseStore, STORE_BYTES};
 
 /// The header a request id travels in (taken from the client or made here; echoed back).
-pub const REQUEST_ID: &str = "x-request-id";
+pub const REQUEST_ID: &str = edge::REQUEST_ID;
 
 /// The routes counted in metrics under their own name; anything else counts as `other`.
-const ENDPOINTS: [&str; 7] = [
+const ENDPOINTS: [&str; 10] = [
     "/v1/chat/completions",
     "/v1/completions",
+    "/v1/responses",
+    "/v1/messages",
+    "/v1/messages/count_tokens",
     "/v1/models",
     "/health",
     "/version",
@@ -57,11 +59,13 @@ pub enum HttpError {
 }
 
 #[derive(Debug)]
-struct App {
-    serving: Arc<Serving>,
-    cfg: HttpConfig,
+pub(crate) struct App {
+    pub serving: Arc<Serving>,
+    pub cfg: ApiConfig,
     /// Unix seconds at bind (`created` of the model card).
     started: u64,
+    /// Responses kept for `GET /v1/responses/{id}` and `previous_response_id`.
+    pub store: Arc<ResponseStore>,
 }
 
 /// A running HTTP server. [`shutdown`](Self::shutdown) drains; dropping it stops listening.
@@ -79,7 +83,7 @@ impl HttpServer {
     pub async fn bind(
         listen: SocketAddr,
         serving: Arc<Serving>,
-        cfg: HttpConfig,
+        cfg: ApiConfig,
     ) -> Result<Self, HttpError> {
         let bind = |source| HttpError::Bind {
             addr: listen,
@@ -89,6 +93,7 @@ impl HttpServer {
         let addr = listener.local_addr().map_err(bind)?;
         let app = Arc::new(App {
             serving: serving.clone(),
+            store: Arc::new(ResponseStore::new(cfg.responses_store, STORE_BYTES)),
             cfg,
             started: unix_now(),
         });
@@ -146,7 +151,7 @@ impl Drop for HttpServer {
     }
 }
 
-fn unix_now() -> u64 {
+pub(crate) fn unix_now() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())
@@ -156,20 +161,25 @@ fn router(app: Arc<App>) -> Router {
     Router::new()
         .route("/v1/chat/completions", post(chat))
         .route("/v1/completions", post(completions))
+        .route("/v1/responses", post(agents::create_response))
+        .route(
+            "/v1/responses/{id}",
+            get(agents::get_response).delete(agents::delete_response),
+        )
+        .route("/v1/messages", post(agents::messages))
+        .route("/v1/messages/count_tokens", post(agents::count_tokens))
         .route("/v1/models", get(models))
         .route("/v1/models/{id}", get(model))
         .route("/health", get(health))
         .route("/version", get(version))
         .route("/metrics", get(metrics))
-        .fallback(|req: Request| async move { ApiError::not_found(req.uri().path()) })
+        .fallback(|req: Request| async move {
+            let path = req.uri().path();
+            ErrorReply::no_route(path).shaped(shape_of(path))
+        })
         .method_not_allowed_fallback(|req: Request| async move {
-            ApiError {
-                status: StatusCode::METHOD_NOT_ALLOWED,
-                message: format!("{} does not take {}", req.uri().path(), req.method()),
-                kind: "invalid_request_error",
-                param: None,
-                code: None,
-            }
+            let path = req.uri().path();
+            ErrorReply::method_not_allowed(path, req.method()).shaped(shape_of(path))
         })
         .layer(middleware::from_fn_with_state(app.clone(), edge))
         .with_state(app)
@@ -177,39 +187,35 @@ fn router(app: Arc<App>) -> Router {
 
 /// What every call passes through: the request id, auth for `/v1/`, and the call count.
 async fn edge(State(app): State<Arc<App>>, mut req: Request, next: Next) -> Response {
-    let id = match req
-        .headers()
-        .get(REQUEST_ID)
-        .filter(|v| usable_request_id(v.as_bytes()))
-    {
-        Some(v) => v.clone(),
-        None => {
-            // Hex digits are always a valid header value.
-            let v = HeaderValue::from_str(&new_request_id())
-                .unwrap_or_else(|_| HeaderValue::from_static("unknown"));
-            req.headers_mut().insert(REQUEST_ID, v.clone());
-            v
-        }
-    };
+    let id = edge::request_id(req.headers_mut());
     let path = req.uri().path().to_owned();
     let endpoint = endpoint(&path);
-    let mut resp = match &app.cfg.api_key {
-        Some(key)
-            if path.starts_with("/v1/")
-                && !bearer_matches(
-                    req.headers()
-                        .get(header::AUTHORIZATION)
-                        .map(HeaderValue::as_bytes),
-                    key,
-                ) =>
-        {
-            ApiError::unauthorized().into_response()
-        }
-        _ => next.run(req).await,
+    let mut resp = if path.starts_with("/v1/")
+        && !edge::authorized(req.headers(), app.cfg.api_key.as_deref())
+    {
+        ErrorReply::unauthorized()
+            .shaped(shape_of(&path))
+            .into_response()
+    } else {
+        next.run(req).await
     };
     resp.headers_mut().insert(REQUEST_ID, id);
     app.serving.record("http", endpoint, resp.status().as_str());
     resp
+}
+
+/// Why generation or reads are refused (loading, draining), in `door`'s shape.
+pub(crate) fn unavailable(door: Door) -> impl Fn(kiln_api::NotServing) -> ErrorReply {
+    move |e| ErrorReply::from_api(&e.into(), door, None)
+}
+
+/// The error shape a path's clients read.
+fn shape_of(path: &str) -> Shape {
+    if path.starts_with("/v1/messages") {
+        Shape::Anthropic
+    } else {
+        Shape::OpenAi
+    }
 }
 
 fn endpoint(path: &str) -> &'static str {
@@ -219,11 +225,14 @@ fn endpoint(path: &str) -> &'static str {
     if path.starts_with("/v1/models/") {
         return "/v1/models/{id}";
     }
+    if path.starts_with("/v1/responses/") {
+        return "/v1/responses/{id}";
+    }
     "other"
 }
 
 /// Reads a JSON object body: 413 over the limit, 400 when it is not JSON or not an object.
-async fn body(req: Request, limit: usize) -> Result<Value, ApiError> {
+pub(crate) async fn body(req: Request, limit: usize) -> Result<Value, ErrorReply> {
     let declared = req
         .headers()
         .get(header::CONTENT_LENGTH)
@@ -233,7 +242,7 @@ async fn body(req: Request, limit: usize) -> Result<Value, ApiError> {
         // Read the body away first (up to a cap), so a client still writing it reads the 413
         // instead of a broken pipe.
         discard(req.into_body()).await;
-        return Err(ApiError::too_large(limit));
+        return Err(ErrorReply::too_large(limit));
     }
     let bytes = axum::body::to_bytes(req.into_body(), limit)
         .await
@@ -242,15 +251,15 @@ async fn body(req: Request, limit: usize) -> Result<Value, ApiError> {
             let over = std::error::Error::source(&e)
                 .is_some_and(|s| s.to_string().contains("length limit"));
             if over {
-                ApiError::too_large(limit)
+                ErrorReply::too_large(limit)
             } else {
-                ApiError::bad_body(format!("cannot read the request body: {e}"))
+                ErrorReply::bad_body(format!("cannot read the request body: {e}"))
             }
         })?;
     match serde_json::from_slice::<Value>(&bytes) {
         Ok(v @ Value::Object(_)) => Ok(v),
-        Ok(_) => Err(ApiError::bad_body("the body must be a JSON object")),
-        Err(e) => Err(ApiError::bad_body(format!(
+        Ok(_) => Err(ErrorReply::bad_body("the body must be a JSON object")),
+        Err(e) => Err(ErrorReply::bad_body(format!(
             "the body is not valid JSON: {e}"
         ))),
     }
@@ -276,11 +285,11 @@ async fn discard(body: axum::body::Body) {
 }
 
 /// Reads one view of the body, naming the field that has the wrong type.
-fn fields<T: DeserializeOwned>(v: &Value) -> Result<T, ApiError> {
+pub(crate) fn fields<T: DeserializeOwned>(v: &Value) -> Result<T, ErrorReply> {
     serde_path_to_error::deserialize(v).map_err(json_error)
 }
 
-fn json_error(e: serde_path_to_error::Error<serde_json::Error>) -> ApiError {
+fn json_error(e: serde_path_to_error::Error<serde_json::Error>) -> ErrorReply {
     let path = e.path().to_string();
     let msg = e.into_inner().to_string();
     if let Some(field) = msg
@@ -292,68 +301,68 @@ fn json_error(e: serde_path_to_error::Error<serde_json::Error>) -> ApiError {
         } else {
             format!("{path}.{field}")
         };
-        return ApiError::invalid(param, "missing");
+        return ErrorReply::invalid(param, "missing");
     }
     if path == "." {
-        return ApiError::bad_body(format!("the body must be a JSON object: {msg}"));
+        return ErrorReply::bad_body(format!("the body must be a JSON object: {msg}"));
     }
-    ApiError::invalid(path, msg)
+    ErrorReply::invalid(path, msg)
 }
 
-async fn chat(State(app): State<Arc<App>>, req: Request) -> Result<Response, ApiError> {
-    let v = body(req, app.cfg.max_body_bytes).await?;
+async fn chat(State(app): State<Arc<App>>, req: Request) -> Result<Response, ErrorReply> {
+    let v = body(req, app.cfg.max_request_bytes).await?;
     let (common, chat): (Common, ChatRequest) = (fields(&v)?, fields(&v)?);
     let engine = app
         .serving
         .for_work()
-        .map_err(ApiError::not_serving)?
+        .map_err(unavailable(Door::Chat))?
         .clone();
     let id = format!("chatcmpl-{:032x}", rand::random::<u128>());
     log_start(&id, common.user.as_deref());
     let submitted = off_the_workers(app.clone(), move |app| {
         let (tok, info) = (engine.tokenizer(), engine.info());
         let plan = convert::chat(&chat, &common, &id, tok, info, &app.cfg)?;
-        submit(app, &engine, plan, id, Api::Chat)
+        submit(app, &engine, plan, id, Door::Chat)
     })
     .await?;
     respond(submitted).await
 }
 
-async fn completions(State(app): State<Arc<App>>, req: Request) -> Result<Response, ApiError> {
-    let v = body(req, app.cfg.max_body_bytes).await?;
+async fn completions(State(app): State<Arc<App>>, req: Request) -> Result<Response, ErrorReply> {
+    let v = body(req, app.cfg.max_request_bytes).await?;
     let (common, completion): (Common, CompletionRequest) = (fields(&v)?, fields(&v)?);
     let engine = app
         .serving
         .for_work()
-        .map_err(ApiError::not_serving)?
+        .map_err(unavailable(Door::Chat))?
         .clone();
     let id = format!("cmpl-{:032x}", rand::random::<u128>());
     log_start(&id, common.user.as_deref());
     let submitted = off_the_workers(app.clone(), move |app| {
         let plan = convert::completion(&completion, &common, &id, engine.info(), &app.cfg)?;
-        submit(app, &engine, plan, id, Api::Completions)
+        submit(app, &engine, plan, id, Door::Completions)
     })
     .await?;
     respond(submitted).await
 }
 
-fn log_start(id: &str, user: Option<&str>) {
-    let user = user.map(kiln_engine::echo);
+pub(crate) fn log_start(id: &str, user: Option<&str>) {
+    let user = user.map(kiln_api::echo);
     tracing::debug!(request_id = id, user = user.as_deref(), "request accepted");
 }
 
 /// Runs `work` (rendering, tokenizing, submitting: CPU work that grows with the prompt) on
 /// tokio's blocking pool, so a long prompt never holds up the async workers that answer
 /// health probes and stream other requests' tokens.
-async fn off_the_workers<T: Send + 'static>(
+pub(crate) async fn off_the_workers<T: Send + 'static>(
     app: Arc<App>,
-    work: impl FnOnce(&App) -> Result<T, ApiError> + Send + 'static,
-) -> Result<T, ApiError> {
+    work: impl FnOnce(&App) -> Result<T, ErrorReply> + Send + 'static,
+) -> Result<T, ErrorReply> {
     tokio::task::spawn_blocking(move || work(&app))
         .await
         .map_err(|e| {
             tracing::error!(error = %e, "preparing a request failed");
-            ApiError::internal("preparing the request failed")
+            ErrorReply::internal("preparing the request failed")
         })?
 }
 
@@ -372,28 +381,21 @@ fn submit(
     engine: &EngineHandle,
     mut plan: Plan,
     id: String,
-    api: Api,
-) -> Result<Submitted, ApiError> {
+    door: Door,
+) -> Result<Submitted, ErrorReply> {
     let ctx = Ctx {
         id,
         created: unix_now(),
-        model: app.cfg.model_id.clone(),
-        api,
+        model: app.cfg.model_id().to_owned(),
+        door,
         n: plan.n,
         logprobs: plan.logprobs.is_some(),
         tokenizer: engine.tokenizer().clone(),
-        tools: plan.tools,
+        reply: plan.reply,
     };
     let requests = std::mem::take(&mut plan.requests);
-    let refused = |e: EngineError| {
-        let mut err = ApiError::from_engine(&e, api);
-        if let EngineError::InvalidArgument { field, .. } = &e
-            && let Some(param) = plan.constraint_param(field)
-        {
-            err.rename_param(field, param);
-        }
-        err
-    };
+    let via = plan.constraint_via;
+    let refused = |e: EngineError| ErrorReply::from_api(&e.into(), door, via);
     let mut streams = Vec::with_capacity(requests.len());
     for r in requests {
         streams.push(engine.submit(r).map_err(refused)?);
@@ -407,14 +409,14 @@ fn submit(
 }
 
 /// Answers whole or as a stream.
-async fn respond(s: Submitted) -> Result<Response, ApiError> {
+async fn respond(s: Submitted) -> Result<Response, ErrorReply> {
     let Submitted {
         ctx,
         streams,
         stream,
         include_usage,
     } = s;
-    let api = ctx.api;
+    let door = ctx.door;
     if stream {
         let log_id = ctx.id.clone();
         let on_finish = Box::new(move |u: &Usage| log_done(&log_id, u));
@@ -429,17 +431,17 @@ async fn respond(s: Submitted) -> Result<Response, ApiError> {
         outs.push(
             s.collect()
                 .await
-                .map_err(|e| ApiError::from_engine(&e, api))?,
+                .map_err(|e| ErrorReply::from_api(&e.into(), door, None))?,
         );
     }
     log_done(&ctx.id, &respond::total_usage(&outs));
-    Ok(match api {
-        Api::Chat => axum::Json(respond::chat_completion(&ctx, &outs)).into_response(),
-        Api::Completions => axum::Json(respond::completion(&ctx, &outs)).into_response(),
+    Ok(match door {
+        Door::Completions => axum::Json(respond::completion(&ctx, &outs)).into_response(),
+        _ => axum::Json(respond::chat_completion(&ctx, &outs)).into_response(),
     })
 }
 
-fn log_done(id: &str, u: &Usage) {
+pub(crate) fn log_done(id: &str, u: &Usage) {
     tracing::info!(
         request_id = id,
         prompt_tokens = u.prompt_tokens,
@@ -449,9 +451,9 @@ fn log_done(id: &str, u: &Usage) {
     );
 }
 
-fn card(app: &App, engine: &EngineHandle) -> ModelCard {
+fn card(app: &App, engine: &EngineHandle, id: &str) -> ModelCard {
     ModelCard {
-        id: app.cfg.model_id.clone(),
+        id: id.to_owned(),
         object: "model",
         created: app.started,
         owned_by: "kiln",
@@ -459,21 +461,29 @@ fn card(app: &App, engine: &EngineHandle) -> ModelCard {
     }
 }
 
-async fn models(State(app): State<Arc<App>>) -> Result<Response, ApiError> {
-    let engine = app.serving.loaded().map_err(ApiError::not_serving)?;
+async fn models(State(app): State<Arc<App>>) -> Result<Response, ErrorReply> {
+    let engine = app.serving.loaded().map_err(unavailable(Door::Chat))?;
     Ok(axum::Json(ModelList {
         object: "list",
-        data: vec![card(&app, engine)],
+        data: app
+            .cfg
+            .model_ids
+            .iter()
+            .map(|id| card(&app, engine, id))
+            .collect(),
     })
     .into_response())
 }
 
-async fn model(State(app): State<Arc<App>>, Path(id): Path<String>) -> Result<Response, ApiError> {
-    let engine = app.serving.loaded().map_err(ApiError::not_serving)?;
-    if id != app.cfg.model_id {
-        return Err(ApiError::model_not_found(&id, &app.cfg.model_id));
-    }
-    Ok(axum::Json(card(&app, engine)).into_response())
+async fn model(
+    State(app): State<Arc<App>>,
+    Path(id): Path<String>,
+) -> Result<Response, ErrorReply> {
+    let engine = app.serving.loaded().map_err(unavailable(Door::Chat))?;
+    app.cfg
+        .check_model(Some(&id))
+        .map_err(convert::core(Door::Chat, None))?;
+    Ok(axum::Json(card(&app, engine, &id)).into_response())
 }
 
 /// 200 while serving; 503 while loading, draining or stuck (the body says which).

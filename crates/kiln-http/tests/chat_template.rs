@@ -1,5 +1,5 @@
 //! Chat needs a template: a model without one answers chat with a 400 that says so (while
-//! completions work), and `HttpConfig::chat_template` (`--chat-template FILE`) supplies one,
+//! completions work), and `ApiConfig::chat_template` (`--chat-template FILE`) supplies one,
 //! rendered as given. The tiny random llama with a byte-level tokenizer has none.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -7,8 +7,9 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use kiln_engine::{Engine, EngineConfig, Serving, ServingConfig};
-use kiln_http::{HttpConfig, HttpServer};
+use kiln_api::{ApiConfig, Serving, ServingConfig};
+use kiln_engine::{Engine, EngineConfig};
+use kiln_http::HttpServer;
 use kiln_kv::BlockManagerConfig;
 use kiln_model::{LoadOptions, Model, ModelFiles};
 use kiln_scheduler::SchedulerConfig;
@@ -29,7 +30,7 @@ async fn server(template: Option<&str>) -> (HttpServer, Arc<Serving>) {
     assert!(tokenizer.chat_template().is_none());
     let cfg = EngineConfig::new(SchedulerConfig::new(BlockManagerConfig::new(64)));
     let serving = Arc::new(Serving::new(ServingConfig::default()));
-    let mut http = HttpConfig::new("tiny");
+    let mut http = ApiConfig::new("tiny");
     http.chat_template = template.map(|t| Arc::new(ChatTemplate::new("test", t).unwrap()));
     let server = HttpServer::bind("127.0.0.1:0".parse().unwrap(), serving.clone(), http)
         .await

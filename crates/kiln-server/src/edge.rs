@@ -8,14 +8,13 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use http::HeaderValue;
-use kiln_engine::{bearer_matches, usable_request_id};
+use kiln_api::edge;
 use tonic::body::Body;
 use tonic::{Code, Status};
 use tower::{Layer, Service};
 
 /// The metadata key of the request id.
-pub const REQUEST_ID: &str = "x-request-id";
+pub const REQUEST_ID: &str = edge::REQUEST_ID;
 
 /// Services under auth; health and reflection stay open for probes and tools.
 const PROTECTED_PREFIX: &str = "/kiln.v1.";
@@ -59,29 +58,13 @@ where
     }
 
     fn call(&mut self, mut req: http::Request<B>) -> Self::Future {
-        let id = match req
-            .headers()
-            .get(REQUEST_ID)
-            .filter(|v| usable_request_id(v.as_bytes()))
-        {
-            Some(v) => v.clone(),
-            None => {
-                let v = new_request_id();
-                req.headers_mut().insert(REQUEST_ID, v.clone());
-                v
-            }
-        };
-        if let Some(key) = &self.api_key
-            && req.uri().path().starts_with(PROTECTED_PREFIX)
-            && !bearer_matches(
-                req.headers()
-                    .get(http::header::AUTHORIZATION)
-                    .map(HeaderValue::as_bytes),
-                key,
-            )
+        let id = edge::request_id(req.headers_mut());
+        if req.uri().path().starts_with(PROTECTED_PREFIX)
+            && !edge::authorized(req.headers(), self.api_key.as_deref())
         {
             let status = Status::unauthenticated(
-                "this server needs an API key: send metadata `authorization: Bearer <key>`",
+                "this server needs an API key: send metadata `authorization: Bearer <key>` \
+                 or `x-api-key: <key>`",
             );
             let mut resp = status.into_http::<Body>();
             resp.headers_mut().insert(REQUEST_ID, id);
@@ -117,12 +100,6 @@ fn client_caused(resp: http::Response<Body>) -> http::Response<Body> {
     };
     let message = format!("the request message: {}", status.message());
     Status::new(code, message).into_http::<Body>()
-}
-
-fn new_request_id() -> HeaderValue {
-    // Hex digits are always a valid header value.
-    HeaderValue::from_str(&kiln_engine::new_request_id())
-        .unwrap_or_else(|_| HeaderValue::from_static("unknown"))
 }
 
 /// A malformed `grpc-timeout` header value.

@@ -8,7 +8,9 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use kiln_engine::{Delta, EngineError, Event, Output, RequestStream, Summary, usable_request_id};
+use kiln_api::ReplyStream;
+use kiln_api::edge::usable_request_id;
+use kiln_engine::{Delta, EngineError, Event, Output, RequestStream, Summary};
 use tokio_stream::Stream;
 use tonic::{Code, Request, Response, Status};
 
@@ -173,6 +175,7 @@ impl pb::generation_server::Generation for GenerationService {
         };
         let stream = GenStream {
             pending: Vec::new(),
+            readers: Vec::new(),
             deadline: call
                 .deadline
                 .map(|d| Box::pin(tokio::time::sleep_until(d.into()))),
@@ -194,6 +197,8 @@ struct GenStream {
     reply: ReplyOptions,
     /// Per output index: tokens not sent yet (`stream_interval` > 1).
     pending: Vec<Option<Delta>>,
+    /// Per output index: how its text reads so far.
+    readers: Vec<ReplyStream>,
     state: Arc<State>,
 }
 
@@ -208,6 +213,14 @@ impl GenStream {
     }
 
     /// Adds a delta to its output's pending tokens; returns a message when they are due.
+    fn reader(&mut self, index: usize) -> &mut ReplyStream {
+        let format = self.reply.format;
+        if self.readers.len() <= index {
+            self.readers.resize_with(index + 1, || format.stream());
+        }
+        &mut self.readers[index]
+    }
+
     fn push(&mut self, d: Delta) -> Option<pb::GenerateResponse> {
         let i = d.index;
         if self.pending.len() <= i {
@@ -224,7 +237,7 @@ impl GenStream {
             }
         }
         // With tools on, an output is held until it ends, then read for calls.
-        let held = self.reply.tools.is_some();
+        let held = self.reply.format.tools.is_some();
         let due = slot.as_ref().is_some_and(|p| {
             p.finish.is_some() || (!held && p.token_ids.len() >= self.reply.stream_interval)
         });
@@ -232,7 +245,9 @@ impl GenStream {
             return None;
         }
         let p = slot.take()?;
-        Some(self.message(vec![convert::delta(&p, self.reply)]))
+        let reply = self.reply;
+        let out = convert::delta(&p, self.reader(i), reply);
+        Some(self.message(vec![out]))
     }
 
     /// The last message: what is still pending, usage and timing.
@@ -240,7 +255,10 @@ impl GenStream {
         let outputs = std::mem::take(&mut self.pending)
             .into_iter()
             .flatten()
-            .map(|p| convert::delta(&p, self.reply))
+            .map(|p| {
+                let reply = self.reply;
+                convert::delta(&p, self.reader(p.index), reply)
+            })
             .collect();
         let mut msg = self.message(outputs);
         msg.usage = Some(convert::usage(&s.usage));

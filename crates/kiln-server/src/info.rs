@@ -9,7 +9,7 @@ use tonic::{Request, Response, Status};
 use crate::convert::{self, u32_sat};
 use crate::pb;
 use crate::server::State;
-use crate::status::{from_engine, invalid};
+use crate::status::{from_api, from_api_in, from_engine, invalid};
 
 #[derive(Debug)]
 pub(crate) struct TokenizationService {
@@ -27,8 +27,9 @@ impl TokenizationService {
             }
             // As Generate tokenizes it.
             Some(pb::tokenize_request::Input::Chat(c)) => {
-                let chat = convert::chat(tok, c, "chat", &self.state.cfg)?;
-                convert::chat_ids(tok, engine.info(), &chat.rendered, "chat")?
+                convert::chat(tok, engine.info(), c, &self.state.cfg)
+                    .map_err(|e| from_api_in(&e, "chat"))?
+                    .ids
             }
         };
         let tokens = if r.return_tokens {
@@ -95,38 +96,32 @@ pub(crate) struct ModelsService {
 impl ModelsService {
     async fn info(&self, r: &pb::GetModelInfoRequest) -> Result<pb::ModelInfo, Status> {
         let cfg = &self.state.cfg;
-        if !r.model_id.is_empty() && r.model_id != cfg.model_id {
-            return Err(Status::not_found(kiln_engine::model_not_served(
-                &r.model_id,
-                &cfg.model_id,
-            )));
-        }
+        cfg.api
+            .check_model(Some(&r.model_id))
+            .map_err(|e| from_api(&e))?;
         let engine = self.state.loaded()?;
         let info = engine.info();
         let stats = engine.stats().await.map_err(from_engine)?;
         Ok(pb::ModelInfo {
-            model_id: cfg.model_id.clone(),
+            model_id: cfg.api.model_id().to_owned(),
             architecture: cfg.architecture.clone(),
             context_length: u32_sat(info.max_model_len),
             vocab_size: u32_sat(info.vocab_size),
             eos_token_ids: info.eos_ids.clone(),
             bos_token_id: info.bos,
             limits: Some(pb::Limits {
-                max_new_tokens: u32_sat(convert::max_new_tokens_limit(cfg, info)),
-                default_max_new_tokens: u32_sat(
-                    cfg.default_max_new_tokens
-                        .min(convert::max_new_tokens_limit(cfg, info)),
-                ),
+                max_new_tokens: u32_sat(cfg.api.max_tokens_limit(info)),
+                default_max_new_tokens: u32_sat(convert::default_max_new_tokens(cfg, info)),
                 max_n: u32_sat(info.max_n),
                 max_stop_strings: u32_sat(info.max_stop_strings),
                 max_top_logprobs: u32_sat(info.max_top_logprobs),
                 max_num_seqs: u32_sat(info.max_num_seqs),
                 max_num_batched_tokens: u32_sat(info.max_num_batched_tokens),
                 max_waiting: u32_sat(info.max_waiting),
-                max_request_bytes: u32_sat(cfg.max_request_bytes),
+                max_request_bytes: u32_sat(cfg.api.max_request_bytes),
                 max_response_bytes: u32_sat(cfg.max_response_bytes),
             }),
-            default_sampling: Some(convert::default_sampling(&cfg.default_sampling)),
+            default_sampling: Some(convert::default_sampling(&cfg.api.default_sampling)),
             kv_cache: Some(pb::KvCacheInfo {
                 block_size: u32_sat(info.block_size),
                 total_blocks: u32_sat(stats.kv.total_blocks),

@@ -6,7 +6,8 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use kiln_engine::{AttachError, EngineHandle, MetricsCompat, NotServing, Serving, ServingConfig};
+use kiln_api::{AttachError, MetricsCompat, NotServing, Serving, ServingConfig};
+use kiln_engine::EngineHandle;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -110,9 +111,8 @@ impl Server {
         cfg: ServerConfig,
     ) -> Result<Self, ServerError> {
         let serving = Arc::new(Serving::new(ServingConfig {
-            drain_timeout: cfg.drain_timeout,
             metrics_compat: MetricsCompat::Vllm {
-                model_name: cfg.model_id.clone(),
+                model_name: cfg.api.model_id().to_owned(),
             },
             ..ServingConfig::default()
         }));
@@ -150,8 +150,8 @@ impl Server {
             .build_v1alpha()
             .map_err(ServerError::Reflection)?;
 
-        let (max_in, max_out) = (cfg.max_request_bytes, cfg.max_response_bytes);
-        let api_key = cfg.api_key.as_deref().map(Arc::from);
+        let (max_in, max_out) = (cfg.api.max_request_bytes, cfg.max_response_bytes);
+        let api_key = cfg.api.api_key.as_deref().map(Arc::from);
         let state = Arc::new(State { cfg, serving });
         let generation = pb::generation_server::GenerationServer::new(GenerationService {
             state: state.clone(),
@@ -240,7 +240,7 @@ impl Server {
         serving.attach(engine).await.map_err(ServerError::Attach)?;
         if !serving.is_draining() {
             set_health(&self.health, ServingStatus::Serving).await;
-            tracing::info!(addr = %self.addr, model = %self.state.cfg.model_id, "serving");
+            tracing::info!(addr = %self.addr, model = %self.state.cfg.api.model_id(), "serving");
             let watchdog = tokio::spawn(watchdog(serving.clone(), self.health.clone()));
             if let Ok(mut tasks) = self.tasks.lock() {
                 tasks.push(watchdog);

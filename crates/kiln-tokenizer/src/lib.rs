@@ -21,7 +21,9 @@ pub use detok::IncrementalDetokenizer;
 pub use error::{Result, TokenizerError};
 pub use stop::{StopHit, StopMatcher, StopOutput};
 pub use tokenizer::{DecodeOptions, EncodeOptions, Encoding, SpecialTokens, TokenBytes, Tokenizer};
-pub use tools::{ParsedOutput, ToolCall, ToolChoice, ToolFormat, ToolSpec, push_tool};
+pub use tools::{
+    ParsedOutput, ToolCall, ToolChoice, ToolChoiceError, ToolError, ToolFormat, ToolSpec, push_tool,
+};
 
 impl Tokenizer {
     /// Loads a Hugging Face model folder.

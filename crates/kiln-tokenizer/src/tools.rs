@@ -41,14 +41,12 @@ pub enum ToolChoice {
 }
 
 impl ToolChoice {
-    /// Checks the choice against the tools given; `Err` says what is wrong.
-    pub fn check(&self, tools: &[ToolSpec]) -> Result<(), String> {
+    /// Checks the choice against the tools given.
+    pub fn check(&self, tools: &[ToolSpec]) -> Result<(), ToolChoiceError> {
         match self {
-            Self::Required | Self::Function(_) if tools.is_empty() => {
-                Err("forcing a call needs tools".into())
-            }
+            Self::Required | Self::Function(_) if tools.is_empty() => Err(ToolChoiceError::NoTools),
             Self::Function(n) if !tools.iter().any(|t| &t.name == n) => {
-                Err(format!("names `{n}`, which is not among the tools"))
+                Err(ToolChoiceError::Unknown(n.clone()))
             }
             _ => Ok(()),
         }
@@ -69,32 +67,55 @@ impl ToolChoice {
     }
 }
 
+/// Why a `tool_choice` does not fit the tools given.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ToolChoiceError {
+    #[error("forcing a call needs tools")]
+    NoTools,
+    #[error("names `{0}`, which is not among the tools")]
+    Unknown(String),
+}
+
+/// Why a tool definition is refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ToolError {
+    #[error("expected 1 to 64 letters, digits, `_` and `-`")]
+    BadName,
+    #[error("`{0}` is defined twice")]
+    Duplicate(String),
+    #[error("expected a JSON Schema object")]
+    BadParameters,
+}
+
+impl ToolError {
+    /// Whether the parameters are at fault (else the name).
+    pub fn in_parameters(&self) -> bool {
+        matches!(self, Self::BadParameters)
+    }
+}
+
 /// Adds a tool to those given before it: a valid name (OpenAI's rule: 1 to 64 letters, digits,
 /// `_` and `-`) not used yet, and a JSON Schema object for its arguments (`None`: any object).
-/// `Err` names the part at fault (`name` or `parameters`) and why.
 pub fn push_tool(
     tools: &mut Vec<ToolSpec>,
     name: &str,
     parameters: Option<Value>,
-) -> Result<(), (&'static str, String)> {
+) -> Result<(), ToolError> {
     let valid = !name.is_empty()
         && name.len() <= 64
         && name
             .chars()
             .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
     if !valid {
-        return Err((
-            "name",
-            "expected 1 to 64 letters, digits, `_` and `-`".into(),
-        ));
+        return Err(ToolError::BadName);
     }
     if tools.iter().any(|t| t.name == name) {
-        return Err(("name", format!("`{name}` is defined twice")));
+        return Err(ToolError::Duplicate(name.to_owned()));
     }
     let parameters = match parameters {
         None | Some(Value::Null) => json!({"type": "object"}),
         Some(p @ Value::Object(_)) => p,
-        Some(_) => return Err(("parameters", "expected a JSON Schema object".into())),
+        Some(_) => return Err(ToolError::BadParameters),
     };
     tools.push(ToolSpec {
         name: name.to_owned(),

@@ -3,7 +3,7 @@
 use std::io::{IsTerminal, Write};
 
 use kiln_engine::{
-    EngineError, EngineOptions, Event, KvSize, Request, SamplingParams, error_chain,
+    EngineError, EngineOptions, Event, Field, KvSize, Request, SamplingParams, error_chain,
 };
 use kiln_tokenizer::{ChatMessage, ChatOptions};
 
@@ -92,15 +92,15 @@ fn flag_error(e: EngineError) -> String {
             reason,
             source,
         } => {
-            let flag = match field.as_str() {
-                "sampling.temperature" => "--temperature",
-                "sampling.top_p" => "--top-p",
-                "sampling.min_p" => "--min-p",
-                "sampling.repetition_penalty" => "--repetition-penalty",
-                "stopping.max_new_tokens" => "--max-tokens",
-                "stopping.stop" => "--stop",
-                "prompt" | "prompt.token_ids" => "--prompt",
-                other => other,
+            let flag = match field {
+                Field::Temperature => "--temperature",
+                Field::TopP => "--top-p",
+                Field::MinP => "--min-p",
+                Field::RepetitionPenalty => "--repetition-penalty",
+                Field::MaxNewTokens => "--max-tokens",
+                Field::Stop => "--stop",
+                Field::Prompt | Field::PromptTokenIds => "--prompt",
+                other => other.path(),
             };
             match source {
                 Some(cause) => format!("{flag}: {reason}: {}", error_chain(cause.as_ref())),

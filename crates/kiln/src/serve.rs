@@ -8,8 +8,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use kiln_engine::{EngineOptions, MetricsCompat, Serving, ServingConfig, error_chain};
-use kiln_http::{HttpConfig, HttpServer};
+use kiln_api::{ApiConfig, MetricsCompat, ReasoningParser, Serving, ServingConfig};
+use kiln_engine::{EngineOptions, error_chain};
+use kiln_http::HttpServer;
 use kiln_server::{KvEventPublisher, KvEventsConfig, Server, ServerConfig};
 use kiln_tensor::Device;
 use kiln_tokenizer::ChatTemplate;
@@ -27,9 +28,11 @@ pub struct ServeArgs {
     pub model: ModelArgs,
     #[command(flatten)]
     pub load: LoadArgs,
-    /// The model's name in requests and model info [default: the file name without extension]
+    /// The model's name in requests and model info [default: the file name without extension];
+    /// repeat it for aliases (listed by /v1/models; replies carry the first), so agents that
+    /// send their own model names are served
     #[arg(long, value_name = "NAME")]
-    pub model_id: Option<String>,
+    pub model_id: Vec<String>,
     /// gRPC address
     #[arg(long, value_name = "HOST:PORT", default_value = DEFAULT_LISTEN, value_parser = listen_addr)]
     pub listen: SocketAddr,
@@ -41,8 +44,8 @@ pub struct ServeArgs {
         value_parser = metrics_addr
     )]
     pub metrics_listen: MaybeAddr,
-    /// OpenAI-compatible HTTP address (/v1/chat/completions, /v1/completions, /v1/models,
-    /// /health, /version, /metrics), or off
+    /// HTTP address (OpenAI's /v1/chat/completions, /v1/completions, /v1/responses and
+    /// /v1/models; Anthropic's /v1/messages; /health, /version, /metrics), or off
     #[arg(
         long,
         value_name = "HOST:PORT|off",
@@ -79,7 +82,8 @@ pub struct ServeArgs {
     /// tokens; by default they stay the plain text the user typed, so no one can forge a turn
     #[arg(long)]
     pub allow_special_tokens_in_content: bool,
-    /// Every kiln.v1 and /v1/ call must carry `authorization: Bearer KEY` (empty: no key)
+    /// Every kiln.v1 and /v1/ call must carry `authorization: Bearer KEY` or `x-api-key: KEY`
+    /// (empty: no key)
     #[arg(
         long,
         value_name = "KEY",
@@ -91,9 +95,18 @@ pub struct ServeArgs {
     /// Most new tokens a request may ask for [default: up to the context]
     #[arg(long, value_name = "N")]
     pub max_new_tokens: Option<usize>,
-    /// New tokens for a request that names no limit [default: 256]
+    /// New tokens for a request that names no limit, on every door [default: each API's own:
+    /// 256 on gRPC, 16 on /v1/completions, up to the context on chat, Responses and Messages]
     #[arg(long, value_name = "N")]
     pub default_max_new_tokens: Option<usize>,
+    /// Split `<think>…</think>` from replies (vLLM's names): `reasoning_content` on chat
+    /// completions, a `reasoning` item on Responses, a `thinking` block on Messages,
+    /// `SequenceOutput.reasoning` on gRPC
+    #[arg(long, value_name = "deepseek_r1|qwen3")]
+    pub reasoning_parser: Option<ReasoningParser>,
+    /// Responses kept for `previous_response_id` and `GET /v1/responses/{id}` (0: none kept)
+    #[arg(long, value_name = "N", default_value_t = 256)]
+    pub responses_store: usize,
     /// On SIGTERM or Ctrl-C, how long running requests may finish [default: 30]
     #[arg(long, value_name = "SECONDS", value_parser = seconds)]
     pub drain_timeout: Option<Duration>,
@@ -163,7 +176,6 @@ struct Plan {
     metrics: Option<SocketAddr>,
     http: Option<SocketAddr>,
     server: ServerConfig,
-    http_cfg: HttpConfig,
     engine: EngineOptions,
     serving: ServingConfig,
     /// Where prefix-cache events go (`--kv-events-endpoint`), when anywhere.
@@ -172,12 +184,15 @@ struct Plan {
 
 fn plan(args: &ServeArgs) -> Result<Plan, String> {
     let path = args.model.model.clone();
-    let model_id = match &args.model_id {
-        Some(id) => id.clone(),
-        None => Path::new(&path)
-            .file_stem()
-            .map(|s| s.to_string_lossy().into_owned())
-            .unwrap_or_else(|| path.clone()),
+    let model_ids = if args.model_id.is_empty() {
+        vec![
+            Path::new(&path)
+                .file_stem()
+                .map(|s| s.to_string_lossy().into_owned())
+                .unwrap_or_else(|| path.clone()),
+        ]
+    } else {
+        args.model_id.clone()
     };
     let chat_template = match &args.chat_template {
         None => None,
@@ -185,31 +200,22 @@ fn plan(args: &ServeArgs) -> Result<Plan, String> {
             format!("--chat-template {}: {}", path.display(), error_chain(&e))
         })?)),
     };
+    let mut api = ApiConfig::new(String::new());
+    api.model_ids = model_ids;
+    api.api_key = args.api_key.clone().filter(|k| !k.is_empty());
+    api.chat_template = chat_template;
+    api.special_tokens_in_content = args.allow_special_tokens_in_content;
+    api.max_tokens = args.max_new_tokens;
+    api.default_max_tokens = args.default_max_new_tokens;
+    api.reasoning = args.reasoning_parser;
+    api.responses_store = args.responses_store;
     let metrics_compat = match args.metrics_compat {
         Compat::Off => MetricsCompat::Off,
         Compat::Vllm => MetricsCompat::Vllm {
-            model_name: model_id.clone(),
+            model_name: api.model_id().to_owned(),
         },
     };
-    let mut server = ServerConfig::new(model_id.clone());
-    server.api_key = args.api_key.clone().filter(|k| !k.is_empty());
-    server.chat_template = chat_template.clone();
-    server.special_tokens_in_content = args.allow_special_tokens_in_content;
-    let mut http_cfg = HttpConfig::new(model_id);
-    http_cfg.api_key = server.api_key.clone();
-    http_cfg.chat_template = chat_template;
-    http_cfg.special_tokens_in_content = args.allow_special_tokens_in_content;
-    http_cfg.max_tokens = args.max_new_tokens;
-    http_cfg.default_max_tokens = args.default_max_new_tokens;
-    if let Some(n) = args.max_new_tokens {
-        server.max_new_tokens = Some(n);
-    }
-    if let Some(n) = args.default_max_new_tokens {
-        server.default_max_new_tokens = n;
-    }
-    if let Some(d) = args.drain_timeout {
-        server.drain_timeout = d;
-    }
+    let server = ServerConfig::with(api);
     // The device is opened once the model's files check out (see `run`).
     let mut engine = EngineOptions::new(Device::Reference);
     args.engine.apply(&mut engine);
@@ -228,10 +234,11 @@ fn plan(args: &ServeArgs) -> Result<Plan, String> {
         }
     };
     engine.kv_events = kv_events.is_some();
+    let defaults = ServingConfig::default();
     let serving = ServingConfig {
-        drain_timeout: server.drain_timeout,
+        drain_timeout: args.drain_timeout.unwrap_or(defaults.drain_timeout),
         metrics_compat,
-        ..ServingConfig::default()
+        ..defaults
     };
     Ok(Plan {
         serving,
@@ -240,7 +247,6 @@ fn plan(args: &ServeArgs) -> Result<Plan, String> {
         metrics: args.metrics_listen.0,
         http: args.http_listen.0,
         server,
-        http_cfg,
         engine,
         path,
     })
@@ -311,7 +317,7 @@ pub fn run(args: &ServeArgs) -> Result<(), String> {
         let http = match p.http {
             None => None,
             Some(addr) => Some(
-                HttpServer::bind(addr, serving, p.http_cfg.clone())
+                HttpServer::bind(addr, serving, p.server.api.clone())
                     .await
                     .map_err(|e| error_chain(&e))?,
             ),

@@ -355,9 +355,7 @@ pub struct FrontDoors {
 /// connects a gRPC client.
 pub async fn front_doors(engine: EngineHandle) -> anyhow::Result<FrontDoors> {
     let model = "kiln-bench".to_owned();
-    let serving = std::sync::Arc::new(kiln_engine::Serving::new(
-        kiln_engine::ServingConfig::default(),
-    ));
+    let serving = std::sync::Arc::new(kiln_api::Serving::new(kiln_api::ServingConfig::default()));
     let local = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
     let server = kiln_server::Server::bind_with(
         local,
@@ -367,10 +365,9 @@ pub async fn front_doors(engine: EngineHandle) -> anyhow::Result<FrontDoors> {
     )
     .await
     .context("binding kiln's gRPC front door")?;
-    let http =
-        kiln_http::HttpServer::bind(local, serving, kiln_http::HttpConfig::new(model.clone()))
-            .await
-            .context("binding kiln's HTTP front door")?;
+    let http = kiln_http::HttpServer::bind(local, serving, kiln_api::ApiConfig::new(model.clone()))
+        .await
+        .context("binding kiln's HTTP front door")?;
     server
         .attach(engine)
         .await

@@ -4,13 +4,13 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-#[allow(unused_imports)] // `devices`: the wgpu engine tests use it.
 mod common;
 
 use std::time::Duration;
 
 use common::{config, tiny_engine};
-use kiln_engine::{EngineError, FaultPlan, Health, NotServing, Request, Serving, ServingConfig};
+use kiln_api::{Health, NotServing, Serving, ServingConfig};
+use kiln_engine::{EngineError, FaultPlan, Request};
 use kiln_tensor::Device;
 
 fn serving(stuck_after: Duration) -> Serving {

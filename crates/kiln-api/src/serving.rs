@@ -13,7 +13,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::registry::Registry;
 use tokio::sync::OnceCell;
 
-use crate::{EngineError, EngineHandle, Request, ShutdownMode};
+use kiln_engine::{EngineError, EngineHandle, Request, ShutdownMode};
 
 /// Which names besides kiln's own the metrics exposition carries.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -278,47 +278,6 @@ impl Serving {
     }
 }
 
-/// Whether an `Authorization` header value is `Bearer <key>`. Compared in constant time, so
-/// the key cannot be guessed byte by byte from response times.
-pub fn bearer_matches(authorization: Option<&[u8]>, key: &str) -> bool {
-    let Some(given) = authorization.and_then(|v| v.strip_prefix(b"Bearer ")) else {
-        return false;
-    };
-    let key = key.as_bytes();
-    given.len() == key.len() && given.iter().zip(key).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-}
-
-/// Whether a client's request id may be echoed into logs and headers: 1 to 128 printable
-/// ASCII characters.
-pub fn usable_request_id(id: &[u8]) -> bool {
-    !id.is_empty() && id.len() <= 128 && id.iter().all(|c| c.is_ascii_graphic())
-}
-
-/// What error messages and logs echo of a name a caller sent: at most this many characters.
-pub(crate) const ECHO_CHARS: usize = 64;
-
-/// `s` as messages echo it: its first 64 characters, and `…` when it was longer (a
-/// 3 MiB name must not come back in every message and log line).
-pub fn echo(s: &str) -> std::borrow::Cow<'_, str> {
-    match s.char_indices().nth(ECHO_CHARS) {
-        Some((cut, _)) => format!("{}…", &s[..cut]).into(),
-        None => s.into(),
-    }
-}
-
-/// Why a call naming another model is refused, the same from every front door.
-pub fn model_not_served(asked: &str, served: &str) -> String {
-    format!(
-        "model `{}` is not served here (this server serves `{served}`)",
-        echo(asked)
-    )
-}
-
-/// A fresh request id (16 hex digits) for a call that brought none.
-pub fn new_request_id() -> String {
-    format!("{:016x}", rand::random::<u64>())
-}
-
 /// One short prompt (a full block, so the batched matmul path runs too) and two generated
 /// tokens.
 async fn warm_up(engine: &EngineHandle) -> Result<(), EngineError> {
@@ -334,27 +293,4 @@ async fn warm_up(engine: &EngineHandle) -> Result<(), EngineError> {
     engine.submit(req)?.collect().await?;
     tracing::info!(ms = start.elapsed().as_millis() as u64, "warm-up step done");
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn bearer_tokens() {
-        assert!(!bearer_matches(None, "k3y"));
-        assert!(bearer_matches(Some(b"Bearer k3y"), "k3y"));
-        assert!(!bearer_matches(Some(b"Bearer k3z"), "k3y"));
-        assert!(!bearer_matches(Some(b"Bearer k3yy"), "k3y"));
-        assert!(!bearer_matches(Some(b"Basic k3y"), "k3y"));
-    }
-
-    #[test]
-    fn request_ids() {
-        assert!(usable_request_id(b"abc-123"));
-        assert!(!usable_request_id(b""));
-        assert!(!usable_request_id(b"a b"));
-        assert!(!usable_request_id(&[b'a'; 129]));
-        assert!(usable_request_id(new_request_id().as_bytes()));
-    }
 }
