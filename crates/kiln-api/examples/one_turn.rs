@@ -63,7 +63,7 @@ fn run(path: &std::path::Path) -> Result<(), String> {
     let mut request = cfg
         .request(engine.info(), &greedy, Some(64), None)
         .map_err(|e| error_chain(&e))?;
-    let format = prepared.apply(&mut request).map_err(|e| error_chain(&e))?;
+    let format = prepared.apply(&mut request);
     let out = engine
         .submit(request)
         .map_err(|e| error_chain(&e))?

@@ -177,20 +177,15 @@ pub struct Prepared {
 }
 
 impl Prepared {
-    /// The prompt and the forced call's grammar into `r`; a forced call cannot be combined
-    /// with another constraint.
-    pub fn apply(self, r: &mut Request) -> Result<ReplyFormat, ApiError> {
+    /// The prompt and a forced call's grammar into `r`. A forced call replaces any
+    /// structured-output format the request had: it writes no message for a format to shape
+    /// (the Agents SDK sends both when an agent has an output type).
+    pub fn apply(self, r: &mut Request) -> ReplyFormat {
         r.prompt = kiln_engine::Prompt::TokenIds(self.ids);
         if let Some(grammar) = self.forced {
-            if r.constraint.is_some() {
-                return Err(ApiError::invalid(
-                    Field::ToolChoice,
-                    "a forced tool call cannot be combined with a structured-output format",
-                ));
-            }
             r.constraint = Some(grammar);
         }
-        Ok(self.reply)
+        self.reply
     }
 }
 

@@ -172,8 +172,7 @@ pub(crate) async fn count_tokens(
         .cloned()
         .map_err(unavailable(Door::Messages))?;
     let n = off_the_workers(app.clone(), move |app| {
-        anthropic::prepare(&request, engine.tokenizer(), engine.info(), &app.cfg)
-            .map(|p| p.ids.len())
+        anthropic::count(&request, engine.tokenizer(), engine.info(), &app.cfg)
     })
     .await
     .map_err(|e| e.shaped_for(Door::Messages))?;

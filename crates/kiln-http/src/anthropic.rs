@@ -17,7 +17,7 @@ use kiln_tokenizer::{Tokenizer, ToolCall, ToolChoice};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use crate::convert::core;
+use crate::convert::{core, render_into};
 use crate::error::{ConstraintVia, Door, ErrorReply};
 use crate::turn::{Writer, named};
 
@@ -54,15 +54,8 @@ pub(crate) struct Plan {
     pub prompt_tokens: usize,
 }
 
-/// The conversation of a Messages body, rendered: `count_tokens` stops here.
-pub(crate) fn prepare(
-    body: &MessagesRequest,
-    tok: &Tokenizer,
-    info: &EngineInfo,
-    cfg: &ApiConfig,
-) -> Result<kiln_api::Prepared, ErrorReply> {
-    let err = core(Door::Messages, None);
-    cfg.check_model(Some(&body.model)).map_err(&err)?;
+/// The conversation of a Messages body.
+fn conversation(body: &MessagesRequest) -> Result<Conversation, ErrorReply> {
     let mut messages = Vec::with_capacity(body.messages.len() + 1);
     if let Some(system) = &body.system {
         messages.push(Message::new(Role::System, text_blocks(system, "system")?));
@@ -73,16 +66,24 @@ pub(crate) fn prepare(
     let mut c = Conversation::new(messages);
     c.tools = tools(body.tools.as_deref().unwrap_or_default())?;
     c.tool_choice = tool_choice(body.tool_choice.as_ref())?;
-    if body
-        .thinking
-        .as_ref()
-        .and_then(|t| t.get("type"))
-        .and_then(Value::as_str)
-        == Some("disabled")
-    {
+    let thinking = body.thinking.as_ref().and_then(|t| t.get("type"));
+    if thinking.and_then(Value::as_str) == Some("disabled") {
         c.set_thinking(Some(false));
     }
-    c.prepare(tok, info, cfg).map_err(&err)
+    Ok(c)
+}
+
+/// The prompt's tokens, as a create with this body renders it (`count_tokens`).
+pub(crate) fn count(
+    body: &MessagesRequest,
+    tok: &Tokenizer,
+    info: &EngineInfo,
+    cfg: &ApiConfig,
+) -> Result<usize, ErrorReply> {
+    let err = core(Door::Messages, None);
+    cfg.check_model(Some(&body.model)).map_err(&err)?;
+    let prepared = conversation(body)?.prepare(tok, info, cfg).map_err(&err)?;
+    Ok(prepared.ids.len())
 }
 
 pub(crate) fn plan(
@@ -101,6 +102,8 @@ pub(crate) fn plan(
         }
         Some(m) => m as usize,
     };
+    cfg.check_model(Some(&body.model))
+        .map_err(core(Door::Messages, None))?;
     let overlay = SamplingOverlay {
         temperature: body.temperature,
         top_p: body.top_p,
@@ -116,18 +119,17 @@ pub(crate) fn plan(
     request.label = label.to_owned();
     request.stopping.stop = body.stop_sequences.clone().unwrap_or_default();
     request.constraint = output_format(body.output_config.as_ref())?;
-    let mut via = request
+    let via = request
         .constraint
         .as_ref()
         .map(|_| ConstraintVia::OutputConfig);
-    let prepared = prepare(body, tok, info, cfg)?;
-    if prepared.forced.is_some() {
-        via = Some(ConstraintVia::ToolChoice);
-    }
-    let prompt_tokens = prepared.ids.len();
-    let reply = prepared
-        .apply(&mut request)
-        .map_err(core(Door::Messages, via))?;
+    let c = conversation(body)?;
+    let env = (tok, info, cfg);
+    let (reply, via) = render_into(&c, &mut request, via, Door::Messages, env)?;
+    let prompt_tokens = match &request.prompt {
+        kiln_engine::Prompt::TokenIds(ids) => ids.len(),
+        kiln_engine::Prompt::Text(_) => 0,
+    };
     Ok(Plan {
         request,
         reply,

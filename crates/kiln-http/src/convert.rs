@@ -40,6 +40,24 @@ pub(crate) fn core(
     move |e| ErrorReply::from_api(&e, door, via)
 }
 
+/// Renders `c` into `r` as every door does; with a forced call, its grammar is the request's
+/// constraint (so an error about it names `tool_choice`, else `via`).
+pub(crate) fn render_into(
+    c: &Conversation,
+    r: &mut Request,
+    via: Option<ConstraintVia>,
+    door: Door,
+    (tok, info, cfg): (&Tokenizer, &EngineInfo, &ApiConfig),
+) -> Result<(ReplyFormat, Option<ConstraintVia>), ErrorReply> {
+    let prepared = c.prepare(tok, info, cfg).map_err(core(door, via))?;
+    let via = if prepared.forced.is_some() {
+        Some(ConstraintVia::ToolChoice)
+    } else {
+        via
+    };
+    Ok((prepared.apply(r), via))
+}
+
 /// `/v1/chat/completions`: the messages rendered as every door renders a conversation.
 pub(crate) fn chat(
     body: &ChatRequest,
@@ -77,12 +95,8 @@ pub(crate) fn chat(
     let max_tokens = body.max_completion_tokens.or(common.max_tokens);
     let mut r = request(common, max_tokens, None, logprobs, info, cfg, Door::Chat)?;
     r.label = label.to_owned();
-    let mut via = constraint_via(common, &r);
-    let prepared = conversation.prepare(tok, info, cfg).map_err(&err)?;
-    if prepared.forced.is_some() {
-        via = Some(ConstraintVia::ToolChoice);
-    }
-    let reply = prepared.apply(&mut r).map_err(&err)?;
+    let via = constraint_via(common, &r);
+    let (reply, via) = render_into(&conversation, &mut r, via, Door::Chat, (tok, info, cfg))?;
     let mut plan = plan(common, vec![r], logprobs, via)?;
     plan.reply = reply;
     Ok(plan)

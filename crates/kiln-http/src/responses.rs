@@ -15,7 +15,7 @@ use kiln_tokenizer::{Tokenizer, ToolChoice};
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
 
-use crate::convert::core;
+use crate::convert::{core, render_into};
 use crate::error::{ConstraintVia, Door, ErrorReply};
 use crate::store::ResponseStore;
 
@@ -119,20 +119,12 @@ pub(crate) fn plan(
     let mut request = cfg.request(info, &overlay, max, None).map_err(&err)?;
     request.label = label.to_owned();
     request.constraint = text_format(body.text.as_ref())?;
-    let mut via = request
+    let via = request
         .constraint
         .as_ref()
         .map(|_| ConstraintVia::TextFormat);
-    let prepared = conversation.prepare(tok, info, cfg).map_err(&err)?;
-    if prepared.forced.is_some() {
-        // A forced call writes no message for `text.format` to shape (the Agents SDK sends
-        // both when an agent has an output type): the call's grammar wins.
-        request.constraint = None;
-        via = Some(ConstraintVia::ToolChoice);
-    }
-    let reply = prepared
-        .apply(&mut request)
-        .map_err(core(Door::Responses, via))?;
+    let env = (tok, info, cfg);
+    let (reply, via) = render_into(&conversation, &mut request, via, Door::Responses, env)?;
     let mut echo = Map::new();
     echo.insert("instructions".into(), json!(body.instructions));
     echo.insert("max_output_tokens".into(), json!(body.max_output_tokens));

@@ -152,18 +152,18 @@ pub(crate) fn request(
         )
         .map_err(|e| from_api(&e))?;
     let mut format = ReplyFormat::default();
-    let mut forced = None;
-    req.prompt = match &r.prompt {
+    match &r.prompt {
         None => return Err(invalid("prompt", "missing: set text, token_ids or chat")),
-        Some(pb::generate_request::Prompt::Text(t)) => Prompt::Text(t.clone()),
-        Some(pb::generate_request::Prompt::TokenIds(t)) => Prompt::TokenIds(t.ids.clone()),
-        Some(pb::generate_request::Prompt::Chat(c)) => {
-            let prepared = chat(tok, info, c, cfg).map_err(|e| from_api(&e))?;
-            format = prepared.reply;
-            forced = prepared.forced;
-            Prompt::TokenIds(prepared.ids)
+        Some(pb::generate_request::Prompt::Text(t)) => req.prompt = Prompt::Text(t.clone()),
+        Some(pb::generate_request::Prompt::TokenIds(t)) => {
+            req.prompt = Prompt::TokenIds(t.ids.clone());
         }
-    };
+        Some(pb::generate_request::Prompt::Chat(c)) => {
+            format = chat(tok, info, c, cfg)
+                .map_err(|e| from_api(&e))?
+                .apply(&mut req);
+        }
+    }
     if let Some(keep) = r.truncate_prompt_tokens {
         if keep == 0 {
             return Err(invalid("truncate_prompt_tokens", "must be at least 1"));
@@ -190,28 +190,23 @@ pub(crate) fn request(
         top_logprobs: o.top_logprobs as usize,
         skip_special_tokens: o.skip_special_tokens.unwrap_or(true),
     };
-    let reply = ReplyOptions {
-        format,
-        token_ids: o.return_token_ids,
-        logprobs: o.logprobs || o.top_logprobs > 0,
-        stream_interval: (o.stream_interval as usize).max(1),
-    };
     req.label = label;
     req.seed = s.seed;
     req.n = (s.n as usize).max(1);
     req.priority = r.priority;
     req.deadline = deadline;
     req.speculate = r.speculative.unwrap_or(true);
-    req.constraint = constraint(r.constraint.as_ref())?;
-    if let Some(grammar) = forced {
-        if req.constraint.is_some() {
-            return Err(from_api(&ApiError::invalid(
-                Field::ToolChoice,
-                "a forced tool call cannot be combined with a constraint",
-            )));
-        }
-        req.constraint = Some(grammar);
+    // A forced call's grammar, when the chat forced one, replaces the request's constraint.
+    let asked = constraint(r.constraint.as_ref())?;
+    if req.constraint.is_none() {
+        req.constraint = asked;
     }
+    let reply = ReplyOptions {
+        format,
+        token_ids: o.return_token_ids,
+        logprobs: o.logprobs || o.top_logprobs > 0,
+        stream_interval: (o.stream_interval as usize).max(1),
+    };
     Ok((req, reply))
 }
 

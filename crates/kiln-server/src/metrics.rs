@@ -1,5 +1,5 @@
 //! The Prometheus endpoint (`GET /metrics` on its own listener, plain HTTP/1.1): the text
-//! [`Serving::metrics_text`](kiln_engine::Serving::metrics_text) renders, the same an HTTP front
+//! [`Serving::metrics_text`](kiln_api::Serving::metrics_text) renders, the same an HTTP front
 //! door on the same `Serving` serves.
 
 use std::convert::Infallible;
