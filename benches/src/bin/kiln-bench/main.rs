@@ -22,6 +22,7 @@ mod cli;
 mod gpu_check;
 mod llama_cpp;
 mod llama_server;
+mod paired;
 mod profile;
 mod report;
 mod roofline;
@@ -54,6 +55,8 @@ const BLOCK: usize = 16;
 const WARM_PROMPT: usize = 64;
 /// Widest warm-up batch: wide enough for the batched decode kernels.
 const WARM_BATCH: usize = 16;
+/// Room for a chat template's own tokens (headers, a default system prompt).
+const CHAT_TEMPLATE_TOKENS: usize = 64;
 /// Decode batch sizes the profile measures.
 const PROFILE_BATCHES: [usize; 3] = [1, 16, 64];
 
@@ -126,8 +129,14 @@ fn kv_blocks_needed(a: &Args, max_level: usize, warm_batch: usize, spec_tokens: 
             0
         },
         if s.serve {
-            // The paired pass runs `serve_concurrency` streams through each of two doors.
-            2 * a.serve_concurrency * blocks(a.serve_prompt_tokens + a.serve_output_tokens)
+            // The paired pass runs `serve_concurrency` streams through gRPC and as many through
+            // one HTTP door; a text door's prompt is the ids decoded, re-encoded and rendered
+            // through the chat template, so give it room to grow.
+            a.serve_concurrency
+                * (blocks(a.serve_prompt_tokens + a.serve_output_tokens)
+                    + blocks(
+                        2 * a.serve_prompt_tokens + CHAT_TEMPLATE_TOKENS + a.serve_output_tokens,
+                    ))
         } else {
             0
         },
@@ -366,6 +375,7 @@ async fn bench(a: Args) -> anyhow::Result<()> {
         table: Vec::new(),
         serve: Vec::new(),
         serve_paired: None,
+        serve_paired_doors: Vec::new(),
         structured: None,
         notes: Vec::new(),
     };
@@ -547,9 +557,7 @@ async fn run_scenarios(
     if a.scenarios.serve {
         r.serve = serve_doors(a, target, is_gguf, &mut prompts, r).await?;
         serve::print(&r.serve);
-        if let Some(p) = &r.serve_paired {
-            serve::print_paired(p);
-        }
+        paired::print(&r.serve_paired_doors);
     }
 
     if a.compare == Some(Compare::LlamaCpp) {
@@ -634,7 +642,7 @@ fn bench_table(
 
 /// The serve workload through kiln's gRPC and OpenAI HTTP front doors (started here over the
 /// bench's engine; the server's over --grpc), and through llama-server with `--compare
-/// llama-server`.
+/// llama-server`; in-process, then the paired pass of each HTTP door against gRPC.
 async fn serve_doors(
     a: &Args,
     target: &Target,
@@ -675,6 +683,8 @@ async fn serve_doors(
                     let door = serve::Door::Http {
                         addr: server.addr,
                         model: "llama".to_owned(),
+                        api: serve::Api::Completions,
+                        tokenizer: None,
                     };
                     // Its first request pays for warm-up, as kiln's did in the warm-up.
                     let warm = serve::Workload {
@@ -708,21 +718,35 @@ async fn serve_doors(
         Target::Engine(engine) => {
             let fronts = target::front_doors(engine.clone()).await?;
             eprintln!("kiln-bench: serving workload over gRPC, then the OpenAI HTTP API");
+            let completions = fronts.http_door(serve::Api::Completions);
             out.push(serve::run(&fronts.grpc_door(), "kiln gRPC", &w, prompts).await);
-            out.push(serve::run(&fronts.http_door(), "kiln HTTP", &w, prompts).await);
-            eprintln!("kiln-bench: the paired pass (gRPC and HTTP streams in one batch)");
-            match serve::paired(
-                &fronts.grpc_door(),
-                &fronts.http_door(),
-                a.serve_concurrency,
-                a.serve_prompt_tokens,
-                a.serve_output_tokens,
-                prompts,
-            )
-            .await
-            {
-                Ok(p) => r.serve_paired = Some(p),
-                Err(e) => r.note(format!("serve: the paired pass failed: {e:#}")),
+            out.push(serve::run(&completions, "kiln HTTP", &w, prompts).await);
+            for api in serve::Api::ALL {
+                eprintln!(
+                    "kiln-bench: the paired pass of {} (gRPC and HTTP streams in one batch)",
+                    api.path()
+                );
+                match paired::run(
+                    &fronts.grpc_door(),
+                    &fronts.http_door(api),
+                    a.serve_concurrency,
+                    a.serve_prompt_tokens,
+                    a.serve_output_tokens,
+                    prompts,
+                )
+                .await
+                {
+                    Ok(p) => {
+                        if api == serve::Api::Completions {
+                            r.serve_paired = Some(p.clone());
+                        }
+                        r.serve_paired_doors.push(p);
+                    }
+                    Err(e) => r.note(format!(
+                        "serve: the paired pass of {} failed: {e:#}",
+                        api.path()
+                    )),
+                }
             }
             fronts.close().await;
         }

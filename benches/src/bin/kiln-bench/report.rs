@@ -81,8 +81,13 @@ pub struct Report {
     pub table: Vec<crate::table::Row>,
     /// The serve scenario, one summary per front door.
     pub serve: Vec<crate::serve::Summary>,
-    /// The serve scenario's paired pass (kiln's two doors in one batch), in-process only.
-    pub serve_paired: Option<crate::serve::Paired>,
+    /// The serve scenario's paired pass of `/v1/completions` against gRPC (in one batch),
+    /// in-process only; `serve_paired_doors` holds it too.
+    pub serve_paired: Option<crate::paired::Paired>,
+    /// The paired pass of every HTTP door against gRPC, each in its own batch (completions,
+    /// chat completions, Responses, Messages; a door whose pass failed is left out and
+    /// noted), in-process only.
+    pub serve_paired_doors: Vec<crate::paired::Paired>,
     /// The structured scenario: mask times and constrained batches.
     pub structured: Option<crate::structured::Structured>,
     pub notes: Vec<String>,

@@ -6,12 +6,8 @@
 //! Summaries in `vllm bench serve`'s terms: TTFT to the first streamed token, TPOT = (E2EL −
 //! TTFT) / (output tokens − 1), ITL between streamed chunks, E2EL to the last.
 //!
-//! Then, with both of kiln's doors in this process, the paired pass ([`paired`]): the doors
-//! measured one after the other share the machine's noise only statistically, and on a CPU
-//! backend a step's time drifts by more than an HTTP layer could cost. So `n` gRPC and `n`
-//! HTTP streams run together in one batch: every decode step hands a token to both sides at
-//! the same moment, and the difference between the HTTP and the gRPC arrival of one step's
-//! tokens is what the HTTP layer (JSON chunks, SSE framing, HTTP/1.1) adds per token.
+//! In-process the paired pass follows ([`crate::paired`]): each HTTP door's per-token cost
+//! against gRPC.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -23,6 +19,7 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
 use kiln_server::pb;
 use kiln_server::pb::generation_client::GenerationClient;
+use kiln_tokenizer::{DecodeOptions, Tokenizer};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
@@ -48,19 +45,142 @@ pub struct Workload {
 #[derive(Debug, Clone)]
 pub enum Door {
     Grpc(GenerationClient<Channel>),
-    /// An OpenAI-compatible server's `/v1/completions`, with this model name.
+    /// An OpenAI- or Anthropic-compatible HTTP server's `api`, with this model name;
+    /// `tokenizer` decodes the token-id prompts for the APIs that take text.
     Http {
         addr: SocketAddr,
         model: String,
+        api: Api,
+        tokenizer: Option<Tokenizer>,
     },
 }
 
 impl Door {
-    /// One streamed request of `ids`, `out` tokens, greedy, EOS ignored.
-    async fn one(self, ids: Vec<u32>, out: usize) -> anyhow::Result<Trace> {
+    /// One streamed request of `ids`, `out` tokens, greedy, EOS ignored where the door can
+    /// ignore it.
+    pub(crate) async fn one(self, ids: Vec<u32>, out: usize) -> anyhow::Result<Trace> {
         match self {
             Door::Grpc(c) => grpc_one(c, ids, out).await,
-            Door::Http { addr, model } => http_one(addr, &model, ids, out).await,
+            Door::Http {
+                addr,
+                model,
+                api,
+                tokenizer,
+            } => {
+                let prompt = match (api, tokenizer) {
+                    (Api::Completions, _) => json!(ids),
+                    (_, Some(t)) => {
+                        let options = DecodeOptions {
+                            skip_special_tokens: true,
+                        };
+                        json!(
+                            t.decode_with(&ids, options)
+                                .with_context(|| format!("decoding a prompt for {}", api.path()))?
+                        )
+                    }
+                    (_, None) => bail!("{} takes text: the door has no tokenizer", api.path()),
+                };
+                http_one(addr, &api.body(&model, prompt, out), api).await
+            }
+        }
+    }
+}
+
+/// An HTTP API a door speaks: how a streamed request's body is built, which SSE events carry
+/// text and where the usage is. The text APIs (all but completions) take the prompt as text.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Api {
+    /// OpenAI's `/v1/completions`: token-id prompts, `ignore_eos` (vLLM's extra).
+    Completions,
+    /// OpenAI's `/v1/chat/completions`: one user message, `ignore_eos` (vLLM's extra).
+    ChatCompletions,
+    /// OpenAI's Responses API, `/v1/responses`: no `ignore_eos`, a stream may end at EOS.
+    Responses,
+    /// Anthropic's Messages API, `/v1/messages`: no `ignore_eos`, a stream may end at EOS.
+    Messages,
+}
+
+impl Api {
+    /// The APIs kiln's HTTP front door serves.
+    pub const ALL: [Api; 4] = [
+        Api::Completions,
+        Api::ChatCompletions,
+        Api::Responses,
+        Api::Messages,
+    ];
+
+    pub fn path(self) -> &'static str {
+        match self {
+            Api::Completions => "/v1/completions",
+            Api::ChatCompletions => "/v1/chat/completions",
+            Api::Responses => "/v1/responses",
+            Api::Messages => "/v1/messages",
+        }
+    }
+
+    /// Whether a request asks the server to ignore EOS (else a stream may end early).
+    pub fn ignores_eos(self) -> bool {
+        matches!(self, Api::Completions | Api::ChatCompletions)
+    }
+
+    /// A streamed, greedy request of `prompt` (ids for completions, else text), `out` tokens.
+    fn body(self, model: &str, prompt: Value, out: usize) -> Value {
+        match self {
+            Api::Completions => json!({
+                "model": model, "prompt": prompt, "max_tokens": out, "temperature": 0,
+                "stream": true, "ignore_eos": true, "stream_options": {"include_usage": true},
+            }),
+            Api::ChatCompletions => json!({
+                "model": model, "messages": [{"role": "user", "content": prompt}],
+                "max_tokens": out, "temperature": 0, "stream": true, "ignore_eos": true,
+                "stream_options": {"include_usage": true},
+            }),
+            Api::Responses => json!({
+                "model": model, "input": prompt, "max_output_tokens": out, "temperature": 0,
+                "stream": true, "store": false,
+            }),
+            Api::Messages => json!({
+                "model": model, "max_tokens": out, "messages": [{"role": "user", "content": prompt}],
+                "temperature": 0, "stream": true,
+            }),
+        }
+    }
+
+    /// The text one SSE event's data carries (`None`: no text, or not a text event).
+    fn text(self, v: &Value) -> Option<&str> {
+        let kind = v.get("type").and_then(Value::as_str);
+        let text = match self {
+            Api::Completions => v.pointer("/choices/0/text"),
+            Api::ChatCompletions => v.pointer("/choices/0/delta/content"),
+            Api::Responses => v
+                .get("delta")
+                .filter(|_| kind == Some("response.output_text.delta")),
+            Api::Messages => v
+                .pointer("/delta/text")
+                .filter(|_| kind == Some("content_block_delta"))
+                .filter(|_| v.pointer("/delta/type") == Some(&json!("text_delta"))),
+        };
+        text.and_then(Value::as_str)
+    }
+
+    /// The output tokens the server counted, in the event that carries them.
+    fn usage(self, v: &Value) -> Option<u64> {
+        let at = match self {
+            Api::Completions | Api::ChatCompletions => "/usage/completion_tokens",
+            Api::Responses => "/response/usage/output_tokens",
+            Api::Messages => "/usage/output_tokens",
+        };
+        v.pointer(at).and_then(Value::as_u64)
+    }
+
+    /// Whether the event ends the stream (the OpenAI doors end theirs with `data: [DONE]`).
+    fn ends(self, v: &Value) -> bool {
+        let kind = v.get("type").and_then(Value::as_str);
+        match self {
+            Api::Completions | Api::ChatCompletions => false,
+            Api::Responses => matches!(kind, Some("response.completed" | "response.incomplete")),
+            Api::Messages => kind == Some("message_stop"),
         }
     }
 }
@@ -74,7 +194,7 @@ pub struct Dist {
 }
 
 impl Dist {
-    fn of(mut v: Vec<f64>) -> Self {
+    pub(crate) fn of(mut v: Vec<f64>) -> Self {
         if v.is_empty() {
             return Self::default();
         }
@@ -88,7 +208,7 @@ impl Dist {
 }
 
 /// The `p`th percentile of non-empty `sorted`, nearest rank.
-fn nearest_rank(sorted: &[f64], p: usize) -> f64 {
+pub(crate) fn nearest_rank(sorted: &[f64], p: usize) -> f64 {
     sorted[(sorted.len() * p).div_ceil(100).clamp(1, sorted.len()) - 1]
 }
 
@@ -115,10 +235,10 @@ pub struct Summary {
 
 /// One request's timeline: its start and the arrival of each streamed chunk (with the tokens
 /// it carried).
-struct Trace {
-    start: Instant,
-    chunks: Vec<(Instant, usize)>,
-    end: Instant,
+pub(crate) struct Trace {
+    pub start: Instant,
+    pub chunks: Vec<(Instant, usize)>,
+    pub end: Instant,
 }
 
 async fn grpc_one(
@@ -159,21 +279,8 @@ async fn grpc_one(
     })
 }
 
-async fn http_one(
-    addr: SocketAddr,
-    model: &str,
-    ids: Vec<u32>,
-    out: usize,
-) -> anyhow::Result<Trace> {
-    let body = json!({
-        "model": model,
-        "prompt": ids,
-        "max_tokens": out,
-        "temperature": 0,
-        "stream": true,
-        "ignore_eos": true,
-        "stream_options": {"include_usage": true},
-    });
+/// Streams `body` to `api`'s path at `addr` over HTTP/1.1 and times each text event.
+async fn http_one(addr: SocketAddr, body: &Value, api: Api) -> anyhow::Result<Trace> {
     let start = Instant::now();
     let tcp = tokio::net::TcpStream::connect(addr)
         .await
@@ -185,7 +292,7 @@ async fn http_one(
     });
     let req = http::Request::builder()
         .method("POST")
-        .uri("/v1/completions")
+        .uri(api.path())
         .header("host", addr.to_string())
         .header("content-type", "application/json")
         .body(Full::new(Bytes::from(body.to_string())))?;
@@ -203,7 +310,8 @@ async fn http_one(
         };
         let now = Instant::now();
         buf.push_str(&String::from_utf8_lossy(&data));
-        // Server-Sent Events: `data: {json}` events separated by a blank line.
+        // Server-Sent Events: `data: {json}` lines (after an `event:` line on the Responses
+        // and Messages doors, which repeat the name as the data's `type`) and a blank line.
         while let Some(end) = buf.find("\n\n") {
             let event: String = buf.drain(..end + 2).collect();
             for line in event.lines() {
@@ -214,24 +322,24 @@ async fn http_one(
                     break 'read;
                 }
                 let v: Value = serde_json::from_str(d).with_context(|| format!("chunk {d:?}"))?;
-                if let Some(e) = v.get("error") {
-                    bail!("an error event: {e}");
+                let kind = v.get("type").and_then(Value::as_str);
+                if v.get("error").is_some() || matches!(kind, Some("error" | "response.failed")) {
+                    bail!("an error event: {v}");
                 }
-                if let Some(u) = v
-                    .pointer("/usage/completion_tokens")
-                    .and_then(Value::as_u64)
-                {
+                if let Some(u) = api.usage(&v) {
                     usage = Some(u as usize);
                 }
-                let text = v.pointer("/choices/0/text").and_then(Value::as_str);
-                if text.is_some_and(|t| !t.is_empty()) {
+                if api.text(&v).is_some_and(|t| !t.is_empty()) {
                     chunks.push((now, 1));
+                }
+                if api.ends(&v) {
+                    break 'read;
                 }
             }
         }
     }
-    // With the usage chunk the token count is the server's (a chunk may carry several
-    // tokens, or none while a character is incomplete); spread it over the chunks.
+    // With the usage the token count is the server's (a chunk may carry several tokens, or
+    // none while a character is incomplete); spread it over the chunks.
     let streamed = chunks.len();
     if let Some(n) = usage
         && n >= streamed
@@ -387,156 +495,86 @@ pub fn print(s: &[Summary]) {
     println!();
 }
 
-/// Spread of a per-step figure, in ms: mean, median, 10th and 90th percentiles (nearest rank).
-#[derive(Debug, Clone, Copy, Default, Serialize)]
-pub struct Spread {
-    pub mean: f64,
-    pub median: f64,
-    pub p10: f64,
-    pub p90: f64,
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-impl Spread {
-    fn of(mut v: Vec<f64>) -> Option<Self> {
-        if v.is_empty() {
-            return None;
+    /// Each door's text, usage and end read from events in its wire shape (as kiln-http
+    /// writes them), and nothing read from the events around them.
+    #[test]
+    fn each_api_reads_its_own_events() {
+        let cases = [
+            (
+                Api::Completions,
+                json!({"choices": [{"index": 0, "text": "Hi"}]}),
+                json!({"choices": [], "usage": {"prompt_tokens": 8, "completion_tokens": 5}}),
+                None,
+                json!({"choices": [{"index": 0, "delta": {"content": "no"}}]}),
+            ),
+            (
+                Api::ChatCompletions,
+                json!({"choices": [{"index": 0, "delta": {"content": "Hi"}}]}),
+                json!({"choices": [], "usage": {"prompt_tokens": 8, "completion_tokens": 5}}),
+                None,
+                json!({"choices": [{"index": 0, "text": "no"}]}),
+            ),
+            (
+                Api::Responses,
+                json!({"type": "response.output_text.delta", "delta": "Hi"}),
+                json!({"type": "response.incomplete",
+                       "response": {"usage": {"input_tokens": 8, "output_tokens": 5}}}),
+                Some(json!({"type": "response.completed",
+                            "response": {"usage": {"output_tokens": 5}}})),
+                json!({"type": "response.reasoning_text.delta", "delta": "no"}),
+            ),
+            (
+                Api::Messages,
+                json!({"type": "content_block_delta", "index": 0,
+                       "delta": {"type": "text_delta", "text": "Hi"}}),
+                json!({"type": "message_delta", "delta": {"stop_reason": "max_tokens"},
+                       "usage": {"input_tokens": 8, "output_tokens": 5}}),
+                Some(json!({"type": "message_stop"})),
+                json!({"type": "content_block_delta", "index": 0,
+                       "delta": {"type": "thinking_delta", "text": "no"}}),
+            ),
+        ];
+        for (api, text, usage, end, other) in cases {
+            assert_eq!(api.text(&text), Some("Hi"), "{api:?}");
+            assert_eq!(api.text(&other), None, "{api:?}");
+            assert_eq!(api.usage(&usage), Some(5), "{api:?}");
+            assert_eq!(api.usage(&text), None, "{api:?}");
+            assert!(!api.ends(&text), "{api:?}");
+            // The Responses door ends on either of its last events.
+            assert_eq!(api.ends(&usage), api == Api::Responses, "{api:?}");
+            if let Some(end) = end {
+                assert!(api.ends(&end), "{api:?}");
+            }
         }
-        v.sort_by(f64::total_cmp);
-        Some(Self {
-            mean: v.iter().sum::<f64>() / v.len() as f64,
-            median: nearest_rank(&v, 50),
-            p10: nearest_rank(&v, 10),
-            p90: nearest_rank(&v, 90),
-        })
     }
-}
 
-/// The paired pass: `streams` gRPC and `streams` HTTP requests in one batch.
-#[derive(Debug, Clone, Serialize)]
-pub struct Paired {
-    pub streams_per_door: usize,
-    pub prompt_tokens: usize,
-    pub output_tokens: usize,
-    /// Decode steps that reached both doors.
-    pub steps: usize,
-    /// Per such step: the mean HTTP arrival of its tokens minus the mean gRPC arrival.
-    pub http_minus_grpc_ms: Option<Spread>,
-    /// Gaps between streamed chunks once every stream had its first (pure decode steps of the
-    /// whole batch), per door: gRPC, then HTTP.
-    pub decode_itl_ms: [Dist; 2],
-}
-
-/// Runs the paired pass through kiln's two doors (see the module's notes). Steps are told
-/// apart by time: the arrivals after every stream had its first token, sorted, split wherever
-/// two are more than half a median decode gap apart or a stream would appear twice (a step
-/// gives each stream one token). Steps that reached only one door are left out (a step whose
-/// token completes no text sends no HTTP chunk).
-pub async fn paired(
-    grpc: &Door,
-    http: &Door,
-    streams: usize,
-    prompt_tokens: usize,
-    output_tokens: usize,
-    prompts: &mut Prompts,
-) -> anyhow::Result<Paired> {
-    let mut set = JoinSet::new();
-    for i in 0..2 * streams {
-        let door = if i % 2 == 0 { grpc } else { http }.clone();
-        let ids = prompts.fresh(prompt_tokens);
-        set.spawn(async move { (i % 2, door.one(ids, output_tokens).await) });
-    }
-    let mut traces: Vec<(usize, Trace)> = Vec::with_capacity(2 * streams);
-    while let Some(j) = set.join_next().await {
-        let (side, t) = j.context("a paired request task failed")?;
-        let t = t.with_context(|| format!("a paired {} request", ["gRPC", "HTTP"][side]))?;
-        if t.chunks.is_empty() {
-            bail!(
-                "a paired {} request streamed no tokens",
-                ["gRPC", "HTTP"][side]
+    /// The bodies carry the prompt where each API takes it, and ask to ignore EOS only where
+    /// the API can.
+    #[test]
+    fn bodies_follow_each_api() {
+        for api in Api::ALL {
+            let b = api.body("m", json!("a prompt"), 7);
+            let prompt = match api {
+                Api::Completions => b.pointer("/prompt"),
+                Api::Responses => b.pointer("/input"),
+                Api::ChatCompletions | Api::Messages => b.pointer("/messages/0/content"),
+            };
+            assert_eq!(prompt, Some(&json!("a prompt")), "{api:?}");
+            let max = ["max_tokens", "max_output_tokens"]
+                .iter()
+                .find_map(|k| b.get(*k));
+            assert_eq!(max, Some(&json!(7)), "{api:?}");
+            assert_eq!(b["stream"], true, "{api:?}");
+            assert_eq!(b["temperature"], 0, "{api:?}");
+            assert_eq!(
+                b.get("ignore_eos") == Some(&json!(true)),
+                api.ignores_eos(),
+                "{api:?}"
             );
         }
-        traces.push((side, t));
     }
-    let all_started = traces
-        .iter()
-        .map(|(_, t)| t.chunks[0].0)
-        .max()
-        .context("no paired streams")?;
-    let mut itl: [Vec<f64>; 2] = [Vec::new(), Vec::new()];
-    for (side, t) in &traces {
-        itl[*side].extend(
-            t.chunks
-                .windows(2)
-                .filter(|w| w[0].0 >= all_started)
-                .map(|w| ms(w[1].0 - w[0].0)),
-        );
-    }
-    let mut gaps: Vec<f64> = itl.concat();
-    gaps.sort_by(f64::total_cmp);
-    let half_step = gaps.get(gaps.len() / 2).map_or(0.0, |m| m / 2.0);
-    // (arrival in ms after all_started, door, stream).
-    let mut arrivals: Vec<(f64, usize, usize)> = traces
-        .iter()
-        .enumerate()
-        .flat_map(|(i, (side, t))| {
-            t.chunks
-                .iter()
-                .filter(|c| c.0 >= all_started)
-                .map(move |c| (ms(c.0 - all_started), *side, i))
-        })
-        .collect();
-    arrivals.sort_by(|a, b| a.0.total_cmp(&b.0));
-    let mut offsets = Vec::new();
-    let mut step: Vec<(f64, usize, usize)> = Vec::new();
-    let mut close = |step: &mut Vec<(f64, usize, usize)>| {
-        let mean = |side: usize| {
-            let v: Vec<f64> = step.iter().filter(|a| a.1 == side).map(|a| a.0).collect();
-            (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64)
-        };
-        if let (Some(g), Some(h)) = (mean(0), mean(1)) {
-            offsets.push(h - g);
-        }
-        step.clear();
-    };
-    for a in arrivals {
-        let next =
-            step.last().is_some_and(|l| a.0 - l.0 > half_step) || step.iter().any(|s| s.2 == a.2);
-        if next {
-            close(&mut step);
-        }
-        step.push(a);
-    }
-    close(&mut step);
-    let [g, h] = itl;
-    Ok(Paired {
-        streams_per_door: streams,
-        prompt_tokens,
-        output_tokens,
-        steps: offsets.len(),
-        http_minus_grpc_ms: Spread::of(offsets),
-        decode_itl_ms: [Dist::of(g), Dist::of(h)],
-    })
-}
-
-/// Prints the paired pass.
-pub fn print_paired(p: &Paired) {
-    println!(
-        "paired pass: {n} gRPC + {n} HTTP streams in one batch ({} prompt tokens -> {} output tokens each)",
-        p.prompt_tokens,
-        p.output_tokens,
-        n = p.streams_per_door
-    );
-    match p.http_minus_grpc_ms {
-        Some(o) => println!(
-            "  HTTP minus gRPC arrival of a decode step's tokens (ms): median {:+.2}  mean {:+.2}  p10 {:+.2}  p90 {:+.2}  ({} steps)",
-            o.median, o.mean, o.p10, o.p90, p.steps
-        ),
-        None => println!("  no decode step reached both doors"),
-    }
-    let [g, h] = p.decode_itl_ms;
-    println!(
-        "  decode-only ITL (ms): gRPC median {:.2} mean {:.2} p99 {:.2}; HTTP median {:.2} mean {:.2} p99 {:.2}",
-        g.median, g.mean, g.p99, h.median, h.mean, h.p99
-    );
-    println!();
 }

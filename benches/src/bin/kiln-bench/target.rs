@@ -341,7 +341,7 @@ fn check_count(s: &Sample, job: &Job) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// kiln's gRPC and OpenAI HTTP front doors on loopback over the bench's engine, as `kiln
+/// kiln's gRPC and HTTP (OpenAI and Anthropic) front doors on loopback over the bench's engine, as `kiln
 /// serve` runs them (one `Serving` for both).
 #[derive(Debug)]
 pub struct FrontDoors {
@@ -349,12 +349,15 @@ pub struct FrontDoors {
     http: kiln_http::HttpServer,
     grpc: GenerationClient<Channel>,
     model: String,
+    /// The engine's, for the HTTP doors that take text prompts.
+    tokenizer: Tokenizer,
 }
 
 /// Binds both front doors on `127.0.0.1:0`, attaches `engine` (its warm-up request) and
 /// connects a gRPC client.
 pub async fn front_doors(engine: EngineHandle) -> anyhow::Result<FrontDoors> {
     let model = "kiln-bench".to_owned();
+    let tokenizer = engine.tokenizer().clone();
     let serving = std::sync::Arc::new(kiln_api::Serving::new(kiln_api::ServingConfig::default()));
     let local = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
     let server = kiln_server::Server::bind_with(
@@ -378,6 +381,7 @@ pub async fn front_doors(engine: EngineHandle) -> anyhow::Result<FrontDoors> {
         http,
         grpc,
         model,
+        tokenizer,
     })
 }
 
@@ -386,10 +390,13 @@ impl FrontDoors {
         crate::serve::Door::Grpc(self.grpc.clone())
     }
 
-    pub fn http_door(&self) -> crate::serve::Door {
+    /// The HTTP front door's `api`.
+    pub fn http_door(&self, api: crate::serve::Api) -> crate::serve::Door {
         crate::serve::Door::Http {
             addr: self.http.local_addr(),
             model: self.model.clone(),
+            api,
+            tokenizer: Some(self.tokenizer.clone()),
         }
     }
 
