@@ -237,6 +237,17 @@ async fn malformed_bodies_get_each_door_s_shape_and_lose_nothing() {
         .await,
         "text.format.type",
     );
+    // Errors name a tool by its place in the body, hosted tools (dropped) counted.
+    openai(
+        &post(
+            addr,
+            "/v1/responses",
+            &json!({"input": "x", "tools": [{"type": "web_search"},
+                                            {"type": "function", "name": "bad name"}]}),
+        )
+        .await,
+        "tools[1].name",
+    );
     let gone = post(
         addr,
         "/v1/responses",
@@ -390,14 +401,18 @@ async fn the_reasoning_split_reaches_every_door() {
     let addr = t.http_addr();
     let user = json!([{"role": "user", "content": QUESTION}]);
 
-    // The output written under a regex, so the model's turn closes its thought for sure.
-    let forced = json!({"messages": user, "temperature": 0, "max_tokens": 32,
-                        "structured_outputs": {"regex": "Colours\\?</think>\n\nRed"}});
-    let c = post(addr, "/v1/chat/completions", &forced).await.json();
+    // A structured-output constraint shapes the answer: the think block the prompt opened is
+    // closed first, then the regex holds.
+    let colour = json!({"messages": user, "temperature": 0, "max_tokens": 32,
+                        "structured_outputs": {"regex": "(Red|Blue|Green)"}});
+    let c = post(addr, "/v1/chat/completions", &colour).await.json();
     let m = &c["choices"][0]["message"];
-    assert_eq!(m["reasoning_content"], "Colours?", "{c}");
-    assert_eq!(m["reasoning"], "Colours?");
-    assert_eq!(m["content"], "\n\nRed");
+    assert!(m["reasoning_content"].is_null(), "{c}");
+    let answer = m["content"].as_str().unwrap();
+    assert!(
+        ["Red", "Blue", "Green"].contains(&answer.trim_start()),
+        "{c}"
+    );
 
     // Left to itself the model never closes it: all reasoning, on every door.
     let chat = post(
@@ -463,6 +478,48 @@ async fn the_reasoning_split_reaches_every_door() {
         msg["content"][0]["signature"]
             .as_str()
             .is_some_and(|s| !s.is_empty())
+    );
+
+    // A forced call, and a JSON format, hold after the think block, which they close: the
+    // call and the JSON are the answer, not reasoning.
+    let weather = json!([{"type": "function", "function": {"name": "get_weather",
+        "parameters": {"type": "object",
+                       "properties": {"city": {"type": "string", "maxLength": 12}},
+                       "required": ["city"], "additionalProperties": false}}}]);
+    let called = post(
+        addr,
+        "/v1/chat/completions",
+        &json!({"messages": user, "tools": weather, "tool_choice": "required", "max_tokens": 64}),
+    )
+    .await
+    .json();
+    let choice = &called["choices"][0];
+    assert_eq!(choice["finish_reason"], "tool_calls", "{called}");
+    assert_eq!(
+        choice["message"]["tool_calls"][0]["function"]["name"],
+        "get_weather"
+    );
+    assert!(choice["message"]["reasoning_content"].is_null(), "{called}");
+    let json_answer = post(
+        addr,
+        "/v1/responses",
+        &json!({"input": QUESTION, "temperature": 0, "max_output_tokens": 48,
+                "text": {"format": {"type": "json_schema", "name": "colour", "schema": {
+                    "type": "object", "properties": {"colour": {"type": "string", "maxLength": 10}},
+                    "required": ["colour"], "additionalProperties": false}}}}),
+    )
+    .await
+    .json();
+    let item = json_answer["output"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|i| i["type"] == "message")
+        .expect("a message item");
+    let text = item["content"][0]["text"].as_str().unwrap();
+    assert!(
+        serde_json::from_str::<Value>(text).is_ok_and(|v| v.is_object()),
+        "{json_answer}"
     );
 
     let mut g = grpc_chat(QUESTION);

@@ -11,6 +11,7 @@ use serde_json::{Map, Value, json};
 
 use crate::config::ApiConfig;
 use crate::error::{ApiError, Field, ToolPart};
+use crate::reasoning::Reasoning;
 use crate::reply::ReplyFormat;
 
 /// Who speaks a message.
@@ -26,6 +27,7 @@ pub enum Role {
 }
 
 impl Role {
+    /// Every role's wire name.
     pub const NAMES: [&'static str; 5] = ["system", "developer", "user", "assistant", "tool"];
 
     /// The role as templates read it.
@@ -55,7 +57,9 @@ impl Role {
 /// A call an assistant turn made, as history.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PastCall {
+    /// The call's id, which a tool result names.
     pub id: String,
+    /// The function called.
     pub name: String,
     /// JSON text.
     pub arguments: String,
@@ -65,7 +69,9 @@ pub struct PastCall {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Message {
     pub role: Role,
+    /// The text (a message's parts joined).
     pub content: String,
+    /// OpenAI's optional participant name.
     pub name: Option<String>,
     /// A tool result: the call it answers.
     pub tool_call_id: Option<String>,
@@ -79,6 +85,7 @@ pub struct Message {
 }
 
 impl Message {
+    /// A message from `role`, nothing else set.
     pub fn new(role: Role, content: impl Into<String>) -> Self {
         Self {
             role,
@@ -91,10 +98,16 @@ impl Message {
         }
     }
 
-    /// The message as templates read it (transformers' shape of OpenAI messages).
-    fn to_template(&self) -> Value {
+    /// The message as templates read it (transformers' shape of OpenAI messages). A
+    /// `developer` message is a `system` one for templates that know no `developer` role
+    /// (Codex sends its instructions as one; Qwen3's template would drop it).
+    fn to_template(&self, developer_role: bool) -> Value {
         let mut m = Map::new();
-        m.insert("role".into(), self.role.name().into());
+        let role = match self.role {
+            Role::Developer if !developer_role => Role::System,
+            role => role,
+        };
+        m.insert("role".into(), role.name().into());
         m.insert("content".into(), self.content.clone().into());
         if let Some(n) = &self.name {
             m.insert("name".into(), n.clone().into());
@@ -126,7 +139,9 @@ impl Message {
 /// A function the model may call.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Tool {
+    /// 1 to 64 letters, digits, `_` and `-`.
     pub name: String,
+    /// Shown to the template.
     pub description: Option<String>,
     /// The JSON Schema of its arguments (`None`: any object).
     pub parameters: Option<Value>,
@@ -146,6 +161,7 @@ pub struct Conversation {
 }
 
 impl Conversation {
+    /// `messages`, no tools, ending with the assistant's header.
     pub fn new(messages: Vec<Message>) -> Self {
         Self {
             messages,
@@ -170,20 +186,30 @@ impl Conversation {
 /// forced call is generated under.
 #[derive(Debug, Clone)]
 pub struct Prepared {
+    /// The prompt's token ids, as rendered.
     pub ids: Vec<u32>,
+    /// How to read the output.
     pub reply: ReplyFormat,
     /// A forced call's grammar (a `required` or named `tool_choice`).
     pub forced: Option<Constraint>,
 }
 
+/// What closes a think block the prompt left open, before a constrained answer.
+const CLOSE_THINK: &str = "</think>\n\n";
+
 impl Prepared {
     /// The prompt and a forced call's grammar into `r`. A forced call replaces any
     /// structured-output format the request had: it writes no message for a format to shape
-    /// (the Agents SDK sends both when an agent has an output type).
+    /// (the Agents SDK sends both when an agent has an output type). When the output starts
+    /// inside a think block, the constraint (the call's or the format's) holds after the
+    /// block is closed, so the answer, not the reasoning, is what it shapes.
     pub fn apply(self, r: &mut Request) -> ReplyFormat {
         r.prompt = kiln_engine::Prompt::TokenIds(self.ids);
         if let Some(grammar) = self.forced {
             r.constraint = Some(grammar);
+        }
+        if self.reply.reasoning.is_some_and(Reasoning::starts_inside) {
+            r.constraint = r.constraint.take().map(|c| c.after(CLOSE_THINK));
         }
         self.reply
     }
@@ -264,7 +290,12 @@ impl Conversation {
         if tools_on {
             extra.insert("tools".into(), Value::Array(shown));
         }
-        let messages: Vec<Value> = self.messages.iter().map(Message::to_template).collect();
+        let developer_role = source.contains("developer");
+        let messages: Vec<Value> = self
+            .messages
+            .iter()
+            .map(|m| m.to_template(developer_role))
+            .collect();
         let options = ChatOptions {
             add_generation_prompt: self.add_generation_prompt,
         };
@@ -284,7 +315,9 @@ impl Conversation {
             .map_err(|e| ApiError::invalid_because(Field::Messages, "cannot be tokenized", e))?;
         let format = ToolFormat::for_template(source);
         let forced = choice.forced(&specs);
-        let reasoning = cfg.reasoning.map(|p| (p, p.prompt_opens(rendered.text())));
+        let reasoning = cfg
+            .reasoning
+            .map(|p| Reasoning::for_prompt(p, rendered.text()));
         Ok(Prepared {
             ids,
             reply: ReplyFormat {

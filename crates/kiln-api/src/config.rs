@@ -41,6 +41,7 @@ pub struct ApiConfig {
 }
 
 impl ApiConfig {
+    /// The defaults, serving the model as `model_id`.
     pub fn new(model_id: impl Into<String>) -> Self {
         Self {
             model_ids: vec![model_id.into()],
@@ -116,6 +117,8 @@ impl ApiConfig {
 /// not (`None`: up to the context).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MaxTokens {
+    /// As the call asked (within the limit).
     pub asked: Option<usize>,
+    /// What holds when it did not ask.
     pub default: Option<usize>,
 }

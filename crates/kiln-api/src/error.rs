@@ -34,6 +34,7 @@ pub enum Field {
     MaxTokens,
 }
 
+/// Which part of a message an error is about.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MessagePart {
     Role,
@@ -41,6 +42,7 @@ pub enum MessagePart {
     ToolCalls,
 }
 
+/// Which part of a tool definition an error is about.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ToolPart {
     Name,
@@ -69,6 +71,7 @@ impl fmt::Display for Field {
 }
 
 impl MessagePart {
+    /// The part's name in OpenAI's message shape.
     pub fn name(self) -> &'static str {
         match self {
             Self::Role => "role",
@@ -79,6 +82,7 @@ impl MessagePart {
 }
 
 impl ToolPart {
+    /// The part's name in OpenAI's tool shape.
     pub fn name(self) -> &'static str {
         match self {
             Self::Name => "name",
@@ -109,6 +113,7 @@ pub enum ErrorKind {
 /// Why a call is refused or ended.
 #[derive(Debug, thiserror::Error)]
 pub enum ApiError {
+    /// A field of the call is malformed.
     #[error("{field}: {reason}")]
     Invalid {
         field: Field,
@@ -117,13 +122,16 @@ pub enum ApiError {
         #[source]
         source: Option<Cause>,
     },
+    /// The call names a model this server does not serve.
     #[error(
         "model `{}` is not served here (this server serves `{served}`)",
         echo(asked)
     )]
     ModelNotFound { asked: String, served: String },
+    /// Loading or draining.
     #[error(transparent)]
     NotServing(#[from] NotServing),
+    /// The engine refused or ended the request.
     #[error(transparent)]
     Engine(#[from] EngineError),
 }
@@ -151,6 +159,20 @@ impl ApiError {
         }
     }
 
+    /// The error with the tool it names renumbered by `wire` (a door that dropped some tools,
+    /// hosted ones, before handing the rest over names them by their place in its body).
+    pub fn renumber_tool(mut self, wire: impl Fn(usize) -> usize) -> Self {
+        if let Self::Invalid {
+            field: Field::Tool { index, .. },
+            ..
+        } = &mut self
+        {
+            *index = wire(*index);
+        }
+        self
+    }
+
+    /// What went wrong, as a door picks its status.
     pub fn kind(&self) -> ErrorKind {
         match self {
             Self::Invalid { .. } => ErrorKind::Invalid,

@@ -13,6 +13,8 @@ pub use chat::{Conversation, Message, PastCall, Prepared, Role, Tool};
 pub use config::{ApiConfig, MaxTokens};
 pub use error::{ApiError, ErrorKind, Field, MessagePart, ToolPart, echo};
 pub use params::SamplingOverlay;
-pub use reasoning::{ReasoningParser, ReasoningStream, Split, UnknownParser};
+pub use reasoning::{Reasoning, ReasoningParser, ReasoningStream, Split, UnknownParser};
 pub use reply::{Finish, Piece, Reply, ReplyFormat, ReplyStream};
-pub use serving::{AttachError, Health, MetricsCompat, NotServing, Serving, ServingConfig};
+pub use serving::{
+    AttachError, Health, MetricsCompat, NotServing, Protocol, Serving, ServingConfig,
+};

@@ -65,6 +65,23 @@ impl ApiConfig {
     }
 }
 
+impl ApiConfig {
+    /// A request whose length is a ceiling rather than a demand (Anthropic's `max_tokens`,
+    /// which agents set high: Claude Code sends 32000): at most `ceiling` tokens and the
+    /// server's limit, fewer where the context leaves less room, never refused for it.
+    pub fn request_up_to(
+        &self,
+        info: &EngineInfo,
+        sampling: &SamplingOverlay,
+        ceiling: usize,
+    ) -> Request {
+        let mut r = Request::tokens(Vec::new());
+        r.sampling = sampling.over(&self.default_sampling);
+        r.stopping.default_max_new_tokens = Some(ceiling.min(self.max_tokens_limit(info)));
+        r
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -80,6 +80,40 @@ impl ReasoningParser {
     }
 }
 
+/// A request's reasoning syntax, and whether its prompt left the think block open.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Reasoning {
+    pub parser: ReasoningParser,
+    /// The rendered prompt ends inside `<think>` ([`ReasoningParser::prompt_opens`]).
+    pub opened: bool,
+}
+
+impl Reasoning {
+    /// For a prompt rendered as `rendered_prompt`.
+    pub fn for_prompt(parser: ReasoningParser, rendered_prompt: &str) -> Self {
+        Self {
+            parser,
+            opened: parser.prompt_opens(rendered_prompt),
+        }
+    }
+
+    /// Splits a whole output.
+    pub fn split(self, text: &str) -> Split {
+        self.parser.split(text, self.opened)
+    }
+
+    /// A splitter for a streamed output.
+    pub fn stream(self) -> ReasoningStream {
+        self.parser.stream(self.opened)
+    }
+
+    /// Whether the output starts inside the reasoning: a constraint on the answer must then
+    /// let the model close it first.
+    pub fn starts_inside(self) -> bool {
+        !self.stream().in_content()
+    }
+}
+
 impl fmt::Display for ReasoningParser {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.name())

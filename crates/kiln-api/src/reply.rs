@@ -7,7 +7,7 @@
 use kiln_engine::FinishReason;
 use kiln_tokenizer::{ToolCall, ToolFormat};
 
-use crate::reasoning::{ReasoningParser, ReasoningStream, Split};
+use crate::reasoning::{Reasoning, ReasoningStream, Split};
 
 /// How to read a request's outputs.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -15,7 +15,7 @@ pub struct ReplyFormat {
     /// Tools on: the syntax calls are written in.
     pub tools: Option<ToolFormat>,
     /// The reasoning syntax, and whether the prompt left the think block open.
-    pub reasoning: Option<(ReasoningParser, bool)>,
+    pub reasoning: Option<Reasoning>,
 }
 
 /// How an output ended, as the doors report it.
@@ -63,8 +63,8 @@ impl ReplyFormat {
     /// Reads a whole output.
     pub fn read(&self, text: &str, finish: Option<&FinishReason>) -> Reply {
         let (reasoning, content) = match self.reasoning {
-            Some((parser, opened)) => {
-                let Split { reasoning, content } = parser.split(text, opened);
+            Some(r) => {
+                let Split { reasoning, content } = r.split(text);
                 (reasoning, content)
             }
             None => (None, Some(text.to_owned())),
@@ -76,7 +76,7 @@ impl ReplyFormat {
     pub fn stream(&self) -> ReplyStream {
         ReplyStream {
             format: *self,
-            reasoning: self.reasoning.map(|(p, opened)| p.stream(opened)),
+            reasoning: self.reasoning.map(Reasoning::stream),
             held: String::new(),
         }
     }
@@ -170,12 +170,16 @@ impl ReplyStream {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::reasoning::ReasoningParser;
 
     #[test]
     fn calls_after_the_reasoning_end_with_tool_calls() {
         let f = ReplyFormat {
             tools: Some(ToolFormat::Hermes),
-            reasoning: Some((ReasoningParser::Qwen3, true)),
+            reasoning: Some(Reasoning {
+                parser: ReasoningParser::Qwen3,
+                opened: true,
+            }),
         };
         let text = "let me look\n</think>\n\n<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": 1}}\n</tool_call>";
         let whole = f.read(text, Some(&FinishReason::EosToken));

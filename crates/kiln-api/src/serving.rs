@@ -67,6 +67,7 @@ pub enum Health {
 }
 
 impl Health {
+    /// As health endpoints say it.
     pub fn name(self) -> &'static str {
         match self {
             Self::Loading => "loading",
@@ -95,6 +96,23 @@ pub enum AttachError {
     AlreadyAttached,
 }
 
+/// Which protocol a front door speaks, as the call counter labels it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Protocol {
+    Grpc,
+    Http,
+}
+
+impl Protocol {
+    /// The label value.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Grpc => "grpc",
+            Self::Http => "http",
+        }
+    }
+}
+
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct CallLabels {
     /// `grpc` or `http`.
@@ -119,6 +137,7 @@ pub struct Serving {
 }
 
 impl Serving {
+    /// Loading: no engine yet.
     pub fn new(cfg: ServingConfig) -> Self {
         let mut registry = Registry::with_prefix("kiln");
         let calls = Family::<CallLabels, Counter>::default();
@@ -151,6 +170,7 @@ impl Serving {
         }
     }
 
+    /// How it drains and judges health.
     pub fn config(&self) -> &ServingConfig {
         &self.cfg
     }
@@ -168,10 +188,12 @@ impl Serving {
         self.engine.get().ok_or(NotServing::Loading)
     }
 
+    /// The engine, once attached.
     pub fn engine(&self) -> Option<&EngineHandle> {
         self.engine.get()
     }
 
+    /// Whether a drain began.
     pub fn is_draining(&self) -> bool {
         self.draining.load(Ordering::Acquire)
     }
@@ -251,10 +273,10 @@ impl Serving {
     }
 
     /// Counts one API call.
-    pub fn record(&self, protocol: &'static str, endpoint: &str, code: &str) {
+    pub fn record(&self, protocol: Protocol, endpoint: &str, code: &str) {
         self.calls
             .get_or_create(&CallLabels {
-                protocol,
+                protocol: protocol.name(),
                 endpoint: endpoint.to_owned(),
                 code: code.to_owned(),
             })

@@ -9,7 +9,7 @@ mod common;
 use std::time::Duration;
 
 use common::{config, tiny_engine};
-use kiln_api::{Health, NotServing, Serving, ServingConfig};
+use kiln_api::{Health, NotServing, Protocol, Serving, ServingConfig};
 use kiln_engine::{EngineError, FaultPlan, Request};
 use kiln_tensor::Device;
 
@@ -50,9 +50,9 @@ async fn loading_serving_draining() {
     let out = running.collect().await.unwrap();
     assert_eq!(out.outputs[0].token_ids.len(), 40);
 
-    s.record("http", "/v1/completions", "200");
-    s.record("http", "/v1/completions", "200");
-    s.record("grpc", "/kiln.v1.Generation/Generate", "Ok");
+    s.record(Protocol::Http, "/v1/completions", "200");
+    s.record(Protocol::Http, "/v1/completions", "200");
+    s.record(Protocol::Grpc, "/kiln.v1.Generation/Generate", "Ok");
     let text = s.metrics_text();
     assert!(text.contains(
         r#"kiln_api_requests_total{protocol="http",endpoint="/v1/completions",code="200"} 2"#

@@ -37,6 +37,9 @@ pub enum Constraint {
     /// Text in the language of this grammar (llguidance's Lark syntax; `start` is the start
     /// rule).
     Grammar(String),
+    /// Exactly `text`, then what `then` admits: a reasoning model's output, whose prompt left
+    /// a think block open, closes it before the constrained answer.
+    After { text: String, then: Box<Constraint> },
 }
 
 impl Constraint {
@@ -48,6 +51,15 @@ impl Constraint {
             Self::Regex(_) => ConstraintKind::Regex,
             Self::Choice(_) => ConstraintKind::Choice,
             Self::Grammar(_) => ConstraintKind::Grammar,
+            Self::After { then, .. } => then.kind(),
+        }
+    }
+
+    /// This constraint after exactly `text`.
+    pub fn after(self, text: impl Into<String>) -> Self {
+        Self::After {
+            text: text.into(),
+            then: Box::new(self),
         }
     }
 
@@ -55,29 +67,50 @@ impl Constraint {
     /// (`", "` between items, `": "` after keys, no other whitespace), unless the schema's own
     /// `x-guidance` options say otherwise: free whitespace lets a small model pad forever.
     fn grammar(&self) -> Result<TopLevelGrammar, BadConstraint> {
-        let json_options = json!({
-            "whitespace_flexible": false,
-            "item_separator": ", ",
-            "key_separator": ": ",
-        });
         Ok(match self {
-            Self::JsonSchema(schema) => {
-                let mut schema = schema.clone();
-                if let Value::Object(map) = &mut schema {
-                    map.entry("x-guidance").or_insert(json_options);
-                }
-                TopLevelGrammar::from_json_schema(schema)
-            }
+            Self::JsonSchema(schema) => TopLevelGrammar::from_json_schema(compact(schema)),
             Self::JsonObject => {
-                let mut schema = json!({"type": "object"});
-                schema["x-guidance"] = json_options;
-                TopLevelGrammar::from_json_schema(schema)
+                TopLevelGrammar::from_json_schema(compact(&json!({"type": "object"})))
             }
             Self::Regex(rx) => {
                 if rx.is_empty() {
                     return Err(BadConstraint::Empty);
                 }
                 TopLevelGrammar::from_regex(rx)
+            }
+            Self::Choice(_) => TopLevelGrammar::from_lark(format!("start: {}", self.lark_body()?)),
+            Self::Grammar(g) => {
+                if g.trim().is_empty() {
+                    return Err(BadConstraint::Empty);
+                }
+                TopLevelGrammar::from_lark(g.clone())
+            }
+            Self::After { text, then } => {
+                let literal = Value::String(text.clone()).to_string();
+                TopLevelGrammar::from_lark(match then.as_ref() {
+                    // A grammar's own start rule becomes the part after the text.
+                    Self::Grammar(g) => {
+                        if g.trim().is_empty() {
+                            return Err(BadConstraint::Empty);
+                        }
+                        format!("start: {literal} kiln_then\n{}", rename_start(g))
+                    }
+                    then => format!("start: {literal} {}", then.lark_body()?),
+                })
+            }
+        })
+    }
+
+    /// The constraint as one Lark expression (all but a whole grammar have one).
+    fn lark_body(&self) -> Result<String, BadConstraint> {
+        Ok(match self {
+            Self::JsonSchema(schema) => format!("%json {}", compact(schema)),
+            Self::JsonObject => format!("%json {}", compact(&json!({"type": "object"}))),
+            Self::Regex(rx) => {
+                if rx.is_empty() {
+                    return Err(BadConstraint::Empty);
+                }
+                format!("/{}/", rx.replace('/', "\\/"))
             }
             Self::Choice(choices) => {
                 if choices.is_empty() {
@@ -91,16 +124,44 @@ impl Constraint {
                     .iter()
                     .map(|c| Value::String(c.clone()).to_string())
                     .collect();
-                TopLevelGrammar::from_lark(format!("start: {}", literals.join(" | ")))
+                format!("({})", literals.join(" | "))
             }
-            Self::Grammar(g) => {
-                if g.trim().is_empty() {
-                    return Err(BadConstraint::Empty);
-                }
-                TopLevelGrammar::from_lark(g.clone())
+            Self::Grammar(_) => return Err(BadConstraint::NotAnExpression),
+            Self::After { text, then } => {
+                format!("{} {}", Value::String(text.clone()), then.lark_body()?)
             }
         })
     }
+}
+
+/// `g` with its `start` rule (a line starting `start:`) renamed `kiln_then`.
+fn rename_start(g: &str) -> String {
+    g.lines()
+        .map(|line| {
+            let body = line.trim_start();
+            let indent = &line[..line.len() - body.len()];
+            match body.strip_prefix("start").map(str::trim_start) {
+                Some(rest) if rest.starts_with(':') => format!("{indent}kiln_then{rest}"),
+                _ => line.to_owned(),
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// `schema` with kiln's JSON layout: compact, as Python's `json.dumps` writes it (`", "`
+/// between items, `": "` after keys, no other whitespace), unless the schema's own
+/// `x-guidance` options say otherwise: free whitespace lets a small model pad forever.
+fn compact(schema: &Value) -> Value {
+    let mut schema = schema.clone();
+    if let Value::Object(map) = &mut schema {
+        map.entry("x-guidance").or_insert(json!({
+            "whitespace_flexible": false,
+            "item_separator": ", ",
+            "key_separator": ": ",
+        }));
+    }
+    schema
 }
 
 /// Why a constraint cannot be compiled before llguidance sees it.
@@ -112,6 +173,8 @@ pub enum BadConstraint {
     NoChoices,
     #[error("choice {0} is empty")]
     EmptyChoice(usize),
+    #[error("a whole grammar cannot be part of another constraint")]
+    NotAnExpression,
 }
 
 /// The tokenizer as llguidance sees it: the byte trie of every token, and encoding through

@@ -137,7 +137,12 @@ fn schemas() -> Vec<(Value, Check)> {
             |v| {
                 let id = v["id"].as_str().unwrap();
                 let b = id.as_bytes();
-                let in_box = |c: &Value| c.as_i64().is_some_and(|x| (-9..=9).contains(&x));
+                // JSON Schema's integers are numbers with no fraction: `-0` is one (serde_json
+                // reads it as a float).
+                let in_box = |c: &Value| {
+                    c.as_f64()
+                        .is_some_and(|x| x.fract() == 0.0 && (-9.0..=9.0).contains(&x))
+                };
                 b.len() == 6
                     && b[..2].iter().all(u8::is_ascii_uppercase)
                     && b[2] == b'-'
@@ -362,4 +367,52 @@ fn default_model_writes_valid_json_under_a_schema() {
             .as_i64()
             .is_some_and(|p| (0..=100).contains(&p))
     );
+}
+
+/// A constraint after a fixed text (what closes a reasoning model's open think block): the
+/// output is the text, then what the constraint admits, for every kind of constraint (a
+/// grammar's own start rule follows the text).
+#[test]
+fn a_constraint_after_a_text_holds_after_it() {
+    let e = engine();
+    let close = "</think>\n\n";
+    let cases = [
+        Constraint::JsonObject,
+        Constraint::JsonSchema(json!({"type": "object",
+                   "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 9}},
+                   "required": ["a"], "additionalProperties": false})),
+        Constraint::Regex("ab/c{3}".into()),
+        Constraint::Choice(vec!["yes".into(), "no".into()]),
+        Constraint::Grammar("start: word \"!\"\nword: \"hi\" | \"ho\"".into()),
+    ];
+    for c in cases {
+        let r = prompt()
+            .max_new_tokens(40)
+            .constrain(c.clone().after(close));
+        let out = run(&e, r);
+        let text = &out.outputs[0].text;
+        let rest = text
+            .strip_prefix(close)
+            .unwrap_or_else(|| panic!("{c:?}: {text:?} does not start with the closing text"));
+        if c == Constraint::JsonObject {
+            // Free keys: a random model need not close the object in 40 tokens.
+            assert!(rest.starts_with('{'), "{rest:?}");
+            continue;
+        }
+        assert_eq!(
+            out.outputs[0].finish,
+            Some(FinishReason::ConstraintComplete),
+            "{c:?}: {text:?}"
+        );
+        match &c {
+            Constraint::JsonObject | Constraint::JsonSchema(_) => {
+                let v: Value = serde_json::from_str(rest).unwrap();
+                assert!(v.is_object(), "{rest}");
+            }
+            Constraint::Regex(_) => assert_eq!(rest, "ab/ccc"),
+            Constraint::Choice(_) => assert!(rest == "yes" || rest == "no", "{rest:?}"),
+            Constraint::Grammar(_) => assert!(rest == "hi!" || rest == "ho!", "{rest:?}"),
+            Constraint::After { .. } => unreachable!(),
+        }
+    }
 }

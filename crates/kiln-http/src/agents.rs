@@ -65,18 +65,20 @@ pub(crate) async fn create_response(
     let v = body(req, app.cfg.max_request_bytes).await?;
     let request: ResponsesRequest = fields(&v)?;
     let engine = engine(&app, Door::Responses)?;
-    let label = format!("resp-{:016x}", rand::random::<u64>());
-    log_start(&label, request.user.as_deref());
+    let id = responses_out::hex_id("resp");
+    log_start(&id, request.user.as_deref());
+    let label = id.clone();
     let (mut plan, events, tokenizer) = off_the_workers(app.clone(), move |app| {
         let tok = engine.tokenizer();
         let mut plan = responses::plan(&request, &label, tok, engine.info(), &app.cfg, &app.store)?;
-        let events = submit(&engine, plan.request.clone(), Door::Responses, plan.via)?;
-        plan.request.prompt = kiln_engine::Prompt::TokenIds(Vec::new());
+        let request =
+            std::mem::replace(&mut plan.request, kiln_engine::Request::tokens(Vec::new()));
+        let events = submit(&engine, request, Door::Responses, plan.via)?;
         Ok((plan, events, tok.clone()))
     })
     .await?;
     let model = app.cfg.model_id().to_owned();
-    let ctx = responses_out::Ctx::new(&mut plan, model, unix_now(), tokenizer, &app.store);
+    let ctx = responses_out::Ctx::new(id, &mut plan, model, unix_now(), tokenizer, &app.store);
     if plan.stream {
         let writer = ResponsesWriter::new(ctx);
         return Ok(sse(TurnStream::new(events, plan.reply.stream(), writer)));

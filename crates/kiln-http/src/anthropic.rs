@@ -54,8 +54,8 @@ pub(crate) struct Plan {
     pub prompt_tokens: usize,
 }
 
-/// The conversation of a Messages body.
-fn conversation(body: &MessagesRequest) -> Result<Conversation, ErrorReply> {
+/// The conversation of a Messages body, and where each tool it serves is in the body.
+fn conversation(body: &MessagesRequest) -> Result<(Conversation, Vec<usize>), ErrorReply> {
     let mut messages = Vec::with_capacity(body.messages.len() + 1);
     if let Some(system) = &body.system {
         messages.push(Message::new(Role::System, text_blocks(system, "system")?));
@@ -64,13 +64,14 @@ fn conversation(body: &MessagesRequest) -> Result<Conversation, ErrorReply> {
         turn(i, m, &mut messages)?;
     }
     let mut c = Conversation::new(messages);
-    c.tools = tools(body.tools.as_deref().unwrap_or_default())?;
+    let (tools, tools_at) = tools(body.tools.as_deref().unwrap_or_default())?;
+    c.tools = tools;
     c.tool_choice = tool_choice(body.tool_choice.as_ref())?;
     let thinking = body.thinking.as_ref().and_then(|t| t.get("type"));
     if thinking.and_then(Value::as_str) == Some("disabled") {
         c.set_thinking(Some(false));
     }
-    Ok(c)
+    Ok((c, tools_at))
 }
 
 /// The prompt's tokens, as a create with this body renders it (`count_tokens`).
@@ -82,7 +83,11 @@ pub(crate) fn count(
 ) -> Result<usize, ErrorReply> {
     let err = core(Door::Messages, None);
     cfg.check_model(Some(&body.model)).map_err(&err)?;
-    let prepared = conversation(body)?.prepare(tok, info, cfg).map_err(&err)?;
+    let (c, tools_at) = conversation(body)?;
+    let prepared = c.prepare(tok, info, cfg).map_err(|e| {
+        let e = e.renumber_tool(|i| tools_at.get(i).copied().unwrap_or(i));
+        err(e)
+    })?;
     Ok(prepared.ids.len())
 }
 
@@ -110,12 +115,7 @@ pub(crate) fn plan(
         top_k: body.top_k.map(|k| k as usize),
         ..SamplingOverlay::default()
     };
-    let mut request = cfg
-        .request(info, &overlay, None, None)
-        .map_err(core(Door::Messages, None))?;
-    // Anthropic's `max_tokens` is a ceiling agents set high (Claude Code sends 32000): it
-    // holds as the default, which the context may cut short, rather than as a demand.
-    request.stopping.default_max_new_tokens = Some(max_tokens.min(cfg.max_tokens_limit(info)));
+    let mut request = cfg.request_up_to(info, &overlay, max_tokens);
     request.label = label.to_owned();
     request.stopping.stop = body.stop_sequences.clone().unwrap_or_default();
     request.constraint = output_format(body.output_config.as_ref())?;
@@ -123,9 +123,9 @@ pub(crate) fn plan(
         .constraint
         .as_ref()
         .map(|_| ConstraintVia::OutputConfig);
-    let c = conversation(body)?;
+    let (c, tools_at) = conversation(body)?;
     let env = (tok, info, cfg);
-    let (reply, via) = render_into(&c, &mut request, via, Door::Messages, env)?;
+    let (reply, via) = render_into(&c, &mut request, via, (Door::Messages, &tools_at), env)?;
     let prompt_tokens = match &request.prompt {
         kiln_engine::Prompt::TokenIds(ids) => ids.len(),
         kiln_engine::Prompt::Text(_) => 0,
@@ -274,9 +274,11 @@ fn turn(i: usize, m: &Value, out: &mut Vec<Message>) -> Result<(), ErrorReply> {
 }
 
 /// `tools`: custom tools with an `input_schema`; Anthropic's server tools (typed
-/// `web_search_…`, `bash_…`) are dropped with a log line.
-fn tools(list: &[Value]) -> Result<Vec<Tool>, ErrorReply> {
+/// `web_search_…`, `bash_…`) are dropped with a log line. With each tool served, where it is
+/// in the body.
+fn tools(list: &[Value]) -> Result<(Vec<Tool>, Vec<usize>), ErrorReply> {
     let mut tools = Vec::with_capacity(list.len());
+    let mut at = Vec::with_capacity(list.len());
     for (i, t) in list.iter().enumerate() {
         match t.get("type").and_then(Value::as_str) {
             None | Some("custom") => {}
@@ -297,8 +299,9 @@ fn tools(list: &[Value]) -> Result<Vec<Tool>, ErrorReply> {
                 .map(str::to_owned),
             parameters: t.get("input_schema").cloned(),
         });
+        at.push(i);
     }
-    Ok(tools)
+    Ok((tools, at))
 }
 
 /// `tool_choice`: `auto`, `any` (some call), `tool` (this one) or `none`.
@@ -365,12 +368,13 @@ pub(crate) fn message(id: &str, model: &str, reply: &Reply, u: &Usage) -> Value 
     if let Some(r) = &reply.reasoning {
         content.push(json!({"type": "thinking", "thinking": r, "signature": signature(r)}));
     }
-    if let Some(t) = reply
-        .content
-        .as_deref()
-        .filter(|t| !t.is_empty() || reply.calls.is_empty())
-    {
-        content.push(json!({"type": "text", "text": t}));
+    match reply.content.as_deref() {
+        Some(t) if !t.is_empty() => content.push(json!({"type": "text", "text": t})),
+        // An empty reply is still one (empty) text block, as the stream sends it.
+        _ if content.is_empty() && reply.calls.is_empty() => {
+            content.push(json!({"type": "text", "text": ""}));
+        }
+        _ => {}
     }
     content.extend(reply.calls.iter().map(tool_use));
     let (stop_reason, stop_sequence) = stop(reply.finish.as_ref());
@@ -444,7 +448,9 @@ impl Writer for MessagesWriter {
     fn start(&mut self, out: &mut Vec<sse::Event>) {
         let message = json!({"id": self.id, "type": "message", "role": "assistant",
             "model": self.model, "content": [], "stop_reason": null, "stop_sequence": null,
-            "usage": {"input_tokens": self.prompt_tokens, "output_tokens": 0}});
+            // The whole prompt: which of it the prefix cache holds is known at the end.
+            "usage": {"input_tokens": self.prompt_tokens, "cache_read_input_tokens": 0,
+                      "cache_creation_input_tokens": 0, "output_tokens": 0}});
         self.emit("message_start", json!({"message": message}), out);
         self.emit("ping", json!({}), out);
     }

@@ -41,15 +41,19 @@ pub(crate) fn core(
 }
 
 /// Renders `c` into `r` as every door does; with a forced call, its grammar is the request's
-/// constraint (so an error about it names `tool_choice`, else `via`).
+/// constraint (so an error about it names `tool_choice`, else `via`). `tools_at[i]` is where
+/// the body has `c.tools[i]` (empty: the same place), for a door that dropped some.
 pub(crate) fn render_into(
     c: &Conversation,
     r: &mut Request,
     via: Option<ConstraintVia>,
-    door: Door,
+    (door, tools_at): (Door, &[usize]),
     (tok, info, cfg): (&Tokenizer, &EngineInfo, &ApiConfig),
 ) -> Result<(ReplyFormat, Option<ConstraintVia>), ErrorReply> {
-    let prepared = c.prepare(tok, info, cfg).map_err(core(door, via))?;
+    let prepared = c.prepare(tok, info, cfg).map_err(|e| {
+        let e = e.renumber_tool(|i| tools_at.get(i).copied().unwrap_or(i));
+        ErrorReply::from_api(&e, door, via)
+    })?;
     let via = if prepared.forced.is_some() {
         Some(ConstraintVia::ToolChoice)
     } else {
@@ -96,7 +100,13 @@ pub(crate) fn chat(
     let mut r = request(common, max_tokens, None, logprobs, info, cfg, Door::Chat)?;
     r.label = label.to_owned();
     let via = constraint_via(common, &r);
-    let (reply, via) = render_into(&conversation, &mut r, via, Door::Chat, (tok, info, cfg))?;
+    let (reply, via) = render_into(
+        &conversation,
+        &mut r,
+        via,
+        (Door::Chat, &[]),
+        (tok, info, cfg),
+    )?;
     let mut plan = plan(common, vec![r], logprobs, via)?;
     plan.reply = reply;
     Ok(plan)

@@ -49,6 +49,8 @@ pub(crate) struct ResponsesRequest {
 #[derive(Debug, Clone, Default)]
 pub(crate) struct ToolKinds {
     custom: Vec<String>,
+    /// Where each tool served is in the body's `tools` (hosted ones dropped).
+    wire: Vec<usize>,
 }
 
 impl ToolKinds {
@@ -124,7 +126,13 @@ pub(crate) fn plan(
         .as_ref()
         .map(|_| ConstraintVia::TextFormat);
     let env = (tok, info, cfg);
-    let (reply, via) = render_into(&conversation, &mut request, via, Door::Responses, env)?;
+    let (reply, via) = render_into(
+        &conversation,
+        &mut request,
+        via,
+        (Door::Responses, &kinds.wire),
+        env,
+    )?;
     let mut echo = Map::new();
     echo.insert("instructions".into(), json!(body.instructions));
     echo.insert("max_output_tokens".into(), json!(body.max_output_tokens));
@@ -228,11 +236,14 @@ fn tools(list: &[Value]) -> Result<(Vec<Tool>, ToolKinds), ErrorReply> {
             .and_then(Value::as_str)
             .map(str::to_owned);
         match t.get("type").and_then(Value::as_str) {
-            Some("function") => tools.push(Tool {
-                name: name()?,
-                description,
-                parameters: t.get("parameters").cloned(),
-            }),
+            Some("function") => {
+                tools.push(Tool {
+                    name: name()?,
+                    description,
+                    parameters: t.get("parameters").cloned(),
+                });
+                kinds.wire.push(i);
+            }
             Some("custom") => {
                 let name = name()?;
                 kinds.custom.push(name.clone());
@@ -241,6 +252,7 @@ fn tools(list: &[Value]) -> Result<(Vec<Tool>, ToolKinds), ErrorReply> {
                     description,
                     parameters: Some(custom_parameters()),
                 });
+                kinds.wire.push(i);
             }
             Some(other) => {
                 tracing::info!(tool = %echo(other), "dropping a hosted tool kiln does not run");
@@ -334,9 +346,12 @@ pub(crate) fn input(v: &Value) -> Result<Vec<Message>, ErrorReply> {
                     name,
                     arguments,
                 };
-                // Calls right after an assistant turn (or another call) belong to it.
+                // Calls right after an assistant turn (or another call) belong to it, unless
+                // reasoning came between: that starts the next turn.
                 match out.last_mut() {
-                    Some(m) if m.role == Role::Assistant => m.tool_calls.push(past),
+                    Some(m) if m.role == Role::Assistant && reasoning.is_none() => {
+                        m.tool_calls.push(past);
+                    }
                     _ => {
                         let mut m = Message::new(Role::Assistant, "");
                         m.reasoning = reasoning.take();
@@ -381,14 +396,14 @@ fn content(v: Option<&Value>, field: &str) -> Result<String, ErrorReply> {
         Some(Value::String(s)) => Ok(s.clone()),
         None | Some(Value::Null) => Ok(String::new()),
         Some(Value::Array(parts)) => {
-            let mut text = String::new();
+            let mut texts = Vec::with_capacity(parts.len());
             for (j, p) in parts.iter().enumerate() {
                 match p.get("type").and_then(Value::as_str) {
                     Some("input_text" | "output_text" | "text" | "summary_text") => {
-                        text.push_str(p.get("text").and_then(Value::as_str).unwrap_or_default());
+                        texts.push(p.get("text").and_then(Value::as_str).unwrap_or_default());
                     }
                     Some("refusal") => {
-                        text.push_str(p.get("refusal").and_then(Value::as_str).unwrap_or_default());
+                        texts.push(p.get("refusal").and_then(Value::as_str).unwrap_or_default());
                     }
                     Some(other) => {
                         return Err(ErrorReply::invalid(
@@ -404,7 +419,8 @@ fn content(v: Option<&Value>, field: &str) -> Result<String, ErrorReply> {
                     }
                 }
             }
-            Ok(text)
+            // As chat completions and Messages join a message's parts (vLLM's way).
+            Ok(texts.join("\n"))
         }
         Some(_) => Err(ErrorReply::invalid(
             field,

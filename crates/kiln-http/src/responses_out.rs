@@ -11,7 +11,7 @@
 use std::sync::Arc;
 
 use axum::response::sse;
-use kiln_api::{ApiError, Finish, Reply};
+use kiln_api::{ApiError, ErrorKind, Finish, Reply};
 use kiln_engine::Usage;
 use kiln_tokenizer::Tokenizer;
 use serde_json::{Map, Value, json};
@@ -21,7 +21,7 @@ use crate::responses::{Plan, ToolKinds, as_history};
 use crate::store::ResponseStore;
 use crate::turn::{Writer, named};
 
-fn hex_id(prefix: &str) -> String {
+pub(crate) fn hex_id(prefix: &str) -> String {
     format!("{prefix}_{:032x}", rand::random::<u128>())
 }
 
@@ -40,6 +40,7 @@ pub(crate) struct Ctx {
 
 impl Ctx {
     pub(crate) fn new(
+        id: String,
         plan: &mut Plan,
         model: String,
         created_at: u64,
@@ -47,7 +48,7 @@ impl Ctx {
         store: &Arc<ResponseStore>,
     ) -> Self {
         Self {
-            id: hex_id("resp"),
+            id,
             created_at,
             model,
             echo: std::mem::take(&mut plan.echo),
@@ -190,7 +191,9 @@ pub(crate) struct ResponsesWriter {
     open: Open,
     /// Items done, in order.
     items: Vec<Value>,
+    /// All the reasoning and all the text so far, for the stored conversation.
     reasoning: String,
+    text: String,
 }
 
 impl ResponsesWriter {
@@ -201,6 +204,7 @@ impl ResponsesWriter {
             open: Open::None,
             items: Vec::new(),
             reasoning: String::new(),
+            text: String::new(),
         }
     }
 
@@ -343,6 +347,7 @@ impl Writer for ResponsesWriter {
     }
 
     fn content(&mut self, delta: &str, out: &mut Vec<sse::Event>) {
+        self.text.push_str(delta);
         let id = self.open_message(out);
         let i = self.index();
         if let Open::Message { text, .. } = &mut self.open {
@@ -367,10 +372,6 @@ impl Writer for ResponsesWriter {
                 self.content(&text, out);
             }
         }
-        let full_text: String = match &self.open {
-            Open::Message { text, .. } => text.clone(),
-            _ => String::new(),
-        };
         self.close(out);
         for c in &rest.calls {
             self.call(&c.name, &c.arguments, out);
@@ -378,7 +379,7 @@ impl Writer for ResponsesWriter {
         // The reply as a whole, for the stored conversation.
         let reply = Reply {
             reasoning: (!self.reasoning.is_empty()).then(|| self.reasoning.clone()),
-            content: Some(full_text),
+            content: Some(std::mem::take(&mut self.text)),
             calls: rest.calls,
             finish: rest.finish,
         };
@@ -397,8 +398,12 @@ impl Writer for ResponsesWriter {
         let ev = json!({"code": reply.code, "message": reply.message, "param": reply.param});
         self.emit("error", ev, out);
         let mut r = self.ctx.object("failed", &self.items, None);
-        r["error"] =
-            json!({"code": reply.code.unwrap_or("server_error"), "message": reply.message});
+        // `response.error.code` is one of OpenAI's few codes.
+        let code = match e.kind() {
+            ErrorKind::Overloaded => "rate_limit_exceeded",
+            _ => "server_error",
+        };
+        r["error"] = json!({"code": code, "message": reply.message});
         self.emit("response.failed", json!({"response": r}), out);
     }
 }

@@ -13,7 +13,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::serve::ListenerExt;
 use http::{StatusCode, header};
-use kiln_api::{ApiConfig, Health, Serving, edge};
+use kiln_api::{ApiConfig, Health, Protocol, Serving, edge};
 use kiln_engine::{EngineError, EngineHandle, Output, RequestStream, Usage};
 use serde::de::DeserializeOwned;
 use serde_json::Value;
@@ -200,7 +200,8 @@ async fn edge(State(app): State<Arc<App>>, mut req: Request, next: Next) -> Resp
         next.run(req).await
     };
     resp.headers_mut().insert(REQUEST_ID, id);
-    app.serving.record("http", endpoint, resp.status().as_str());
+    app.serving
+        .record(Protocol::Http, endpoint, resp.status().as_str());
     resp
 }
 
@@ -334,7 +335,7 @@ async fn completions(State(app): State<Arc<App>>, req: Request) -> Result<Respon
     let engine = app
         .serving
         .for_work()
-        .map_err(unavailable(Door::Chat))?
+        .map_err(unavailable(Door::Completions))?
         .clone();
     let id = format!("cmpl-{:032x}", rand::random::<u128>());
     log_start(&id, common.user.as_deref());

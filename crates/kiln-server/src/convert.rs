@@ -30,6 +30,9 @@ pub(crate) struct ReplyOptions {
     pub logprobs: bool,
     /// Tokens per streamed message (at least 1).
     pub stream_interval: usize,
+    /// The request's constraint is a forced call's grammar (an error about it names
+    /// `tool_choice`).
+    pub forced_call: bool,
 }
 
 /// The chat prompt as the front doors' shared conversation.
@@ -152,6 +155,7 @@ pub(crate) fn request(
         )
         .map_err(|e| from_api(&e))?;
     let mut format = ReplyFormat::default();
+    let mut forced_call = false;
     match &r.prompt {
         None => return Err(invalid("prompt", "missing: set text, token_ids or chat")),
         Some(pb::generate_request::Prompt::Text(t)) => req.prompt = Prompt::Text(t.clone()),
@@ -159,9 +163,9 @@ pub(crate) fn request(
             req.prompt = Prompt::TokenIds(t.ids.clone());
         }
         Some(pb::generate_request::Prompt::Chat(c)) => {
-            format = chat(tok, info, c, cfg)
-                .map_err(|e| from_api(&e))?
-                .apply(&mut req);
+            let prepared = chat(tok, info, c, cfg).map_err(|e| from_api(&e))?;
+            forced_call = prepared.forced.is_some();
+            format = prepared.apply(&mut req);
         }
     }
     if let Some(keep) = r.truncate_prompt_tokens {
@@ -206,6 +210,7 @@ pub(crate) fn request(
         token_ids: o.return_token_ids,
         logprobs: o.logprobs || o.top_logprobs > 0,
         stream_interval: (o.stream_interval as usize).max(1),
+        forced_call,
     };
     Ok((req, reply))
 }

@@ -18,7 +18,7 @@ use crate::convert::{self, ReplyOptions};
 use crate::edge::{REQUEST_ID, parse_grpc_timeout};
 use crate::pb;
 use crate::server::State;
-use crate::status::{from_engine, invalid, invalid_timeout};
+use crate::status::{from_engine, invalid, invalid_timeout, refused};
 
 /// Tonic answers an expired `grpc-timeout` with CANCELLED from a timer started just before the
 /// handler runs; ending the request this much earlier makes the answer DEADLINE_EXCEEDED.
@@ -93,7 +93,9 @@ impl GenerationService {
             &state.cfg,
             deadline,
         )?;
-        let events = engine.submit(request).map_err(from_engine)?;
+        let events = engine
+            .submit(request)
+            .map_err(|e| refused(e, reply.forced_call))?;
         Ok(Call {
             request_id,
             events,

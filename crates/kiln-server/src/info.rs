@@ -28,7 +28,7 @@ impl TokenizationService {
             // As Generate tokenizes it.
             Some(pb::tokenize_request::Input::Chat(c)) => {
                 convert::chat(tok, engine.info(), c, &self.state.cfg)
-                    .map_err(|e| from_api_in(&e, "chat"))?
+                    .map_err(|e| from_api_in(&e, "chat", false))?
                     .ids
             }
         };

@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use kiln_api::{AttachError, MetricsCompat, NotServing, Serving, ServingConfig};
+use kiln_api::{AttachError, MetricsCompat, NotServing, Protocol, Serving, ServingConfig};
 use kiln_engine::EngineHandle;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -53,7 +53,8 @@ impl State {
     /// (`None`: OK).
     pub fn record(&self, path: &str, err: Option<&Status>) {
         let code = err.map_or(tonic::Code::Ok, Status::code);
-        self.serving.record("grpc", path, &format!("{code:?}"));
+        self.serving
+            .record(Protocol::Grpc, path, &format!("{code:?}"));
     }
 }
 

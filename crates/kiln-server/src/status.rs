@@ -9,9 +9,12 @@ use kiln_engine::EngineError;
 use tonic::Status;
 
 /// A field as its path in the request message (`prompt.chat.tools[2].name`), the chat
-/// being at `chat`.
-fn path(f: Field, chat: &str) -> Cow<'static, str> {
+/// being at `chat`; `forced`: the request's constraint is a forced call's grammar.
+fn path(f: Field, chat: &str, forced: bool) -> Cow<'static, str> {
     match f {
+        Field::Engine(kiln_engine::Field::Constraint(_)) if forced => {
+            format!("{chat}.tool_choice").into()
+        }
         Field::Engine(e) => e.path().into(),
         Field::Model => "model".into(),
         Field::Messages => chat.to_owned().into(),
@@ -32,18 +35,24 @@ fn path(f: Field, chat: &str) -> Cow<'static, str> {
 
 /// An error of a `Generate` call (its chat at `prompt.chat`).
 pub(crate) fn from_api(e: &ApiError) -> Status {
-    from_api_in(e, "prompt.chat")
+    from_api_in(e, "prompt.chat", false)
+}
+
+/// The engine's refusal of a `Generate` call whose constraint is a forced call's grammar
+/// when `forced`.
+pub(crate) fn refused(e: EngineError, forced: bool) -> Status {
+    from_api_in(&ApiError::Engine(e), "prompt.chat", forced)
 }
 
 /// An error of a call whose chat is at `chat`.
-pub(crate) fn from_api_in(e: &ApiError, chat: &str) -> Status {
+pub(crate) fn from_api_in(e: &ApiError, chat: &str, forced: bool) -> Status {
     if let ApiError::Engine(EngineError::Cancelled(why)) = e {
         return Status::cancelled(why.clone());
     }
     if let ApiError::Engine(EngineError::ShuttingDown) = e {
         return Status::unavailable("the server is draining");
     }
-    let message = e.message(|f| path(f, chat));
+    let message = e.message(|f| path(f, chat, forced));
     match e.kind() {
         ErrorKind::Invalid => Status::invalid_argument(message),
         ErrorKind::ModelNotFound => Status::not_found(message),
