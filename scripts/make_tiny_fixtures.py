@@ -15,15 +15,19 @@ soft-capping; Qwen3's q/k RMSNorm with a head_dim independent of hidden / heads.
 import argparse
 import json
 import pathlib
+import subprocess
+import sys
 
 import torch
 from safetensors.torch import save_file
 from transformers import (AutoModelForCausalLM, Gemma3TextConfig, LlamaConfig, MistralConfig,
-                          Qwen2Config, Qwen3Config)
+                          MixtralConfig, Qwen2Config, Qwen3Config, Qwen3MoeConfig)
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 OUT = ROOT / "crates/kiln-testkit/fixtures/tiny"
 SEQ = 40
+# Greedy steps after the prompt, for the fixtures that store a continuation.
+STEPS = 16
 
 COMMON = dict(
     vocab_size=256,
@@ -71,7 +75,28 @@ CONFIGS = {
     "qwen3": Qwen3Config(**{**COMMON, "tie_word_embeddings": True, "rms_norm_eps": 1e-6},
                          head_dim=32, rope_theta=1000000.0, attention_bias=False,
                          use_sliding_window=False),
+    # 8 experts of 32, top-3 renormalised (Qwen3-30B-A3B's norm_topk_prob), q/k norms.
+    "qwen3moe": Qwen3MoeConfig(**{**COMMON, "rms_norm_eps": 1e-6}, head_dim=32,
+                               moe_intermediate_size=32, num_experts=8, num_experts_per_tok=3,
+                               norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[],
+                               rope_theta=1000000.0, attention_bias=False,
+                               use_sliding_window=False),
+    # Top-k weights as the softmax over all experts gave them, and layer 0 a dense MLP.
+    "qwen3moe_dense": Qwen3MoeConfig(**{**COMMON, "num_hidden_layers": 3, "rms_norm_eps": 1e-6},
+                                     head_dim=32, moe_intermediate_size=32, num_experts=6,
+                                     num_experts_per_tok=2, norm_topk_prob=False,
+                                     decoder_sparse_step=1, mlp_only_layers=[0],
+                                     rope_theta=1000000.0, attention_bias=False,
+                                     use_sliding_window=False),
+    # 8 experts of 32 (intermediate_size is the expert's), top-2.
+    "mixtral": MixtralConfig(**{**COMMON, "intermediate_size": 32}, num_local_experts=8,
+                             num_experts_per_tok=2, rope_theta=1000000.0, sliding_window=None),
 }
+
+# Fixtures that store a greedy continuation; those converted to GGUF as well.
+GREEDY = {"qwen3moe", "qwen3moe_dense", "mixtral"}
+GGUF = {"qwen3moe", "mixtral"}
+GGUF_TYPES = ["f32", "q8_0"]
 
 # Gemma's RMSNorm scales by (1 + w): its norm weights are drawn around 0, not 1; its embedding
 # is drawn wider (it is the tied LM head too) so that the logits before the cap of 10 reach
@@ -80,10 +105,88 @@ ZERO_CENTRED_NORMS = {"gemma3"}
 EMBED_STD = {"gemma3": 0.25}
 
 
+def greedy(model, ids):
+    """STEPS greedy tokens after `ids`, each with its top-1/top-2 logit margin."""
+    seq = ids[0].tolist()
+    tokens, margins = [], []
+    with torch.no_grad():
+        for _ in range(STEPS):
+            last = model(torch.tensor([seq])).logits[0, -1]
+            top = torch.topk(last, 2)
+            tokens.append(int(top.indices[0]))
+            margins.append(round(float(top.values[0] - top.values[1]), 6))
+            seq.append(tokens[-1])
+    return {"tokens": tokens, "margins": margins}
+
+
+def byte_tokenizer(d):
+    """A byte-level BPE tokenizer of the 256 byte tokens and no merges (the fixtures' vocabulary
+    is 256), saved as `tokenizer.json`: the converter reads a folder's vocabulary from it."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    vocab = {c: i for i, c in enumerate(sorted(alphabet))}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    PreTrainedTokenizerFast(tokenizer_object=tok).save_pretrained(d)
+
+
+# The converter names a BPE vocabulary's pre-tokenizer by hashing how it splits a test text,
+# and knows only published tokenizers' hashes; the byte tokenizer above is none of them. Its
+# pre-tokenizer is GPT-2's byte-level one, which is what the converter is told here. Nothing
+# else of the conversion (metadata, tensor names, layouts, quantization) is touched.
+CONVERT = """
+import runpy, sys
+sys.path.insert(0, sys.argv.pop(1))
+from conversion.base import TextModel
+TextModel.get_vocab_base_pre = lambda self, tokenizer: "gpt-2"
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def convert(converter, d, name):
+    """The folder as GGUF files of each type in GGUF_TYPES, by llama.cpp's converter."""
+    for t in GGUF_TYPES:
+        out = d / f"model-{t}.gguf"
+        subprocess.run([sys.executable, "-c", CONVERT, str(converter.parent), str(converter),
+                        str(d), "--outfile", str(out), "--outtype", t],
+                       check=True, stdout=subprocess.DEVNULL)
+        print(f"{name}: {out.name} ({out.stat().st_size} bytes)")
+
+
+def llama_cpp_greedy(d, ids):
+    """Each GGUF's greedy continuation under llama.cpp (llama-cpp-python), with margins."""
+    import numpy as np
+    from llama_cpp import Llama
+    for t in GGUF_TYPES:
+        path = d / f"model-{t}.gguf"
+        llm = Llama(model_path=str(path), n_ctx=128, logits_all=True, verbose=False, n_threads=2)
+        seq = list(ids)
+        tokens, margins = [], []
+        for _ in range(STEPS):
+            llm.reset()
+            llm.eval(seq)
+            last = np.array(llm.scores[len(seq) - 1], dtype=np.float64)
+            order = np.argsort(-last, kind="stable")
+            tokens.append(int(order[0]))
+            margins.append(round(float(last[order[0]] - last[order[1]]), 6))
+            seq.append(tokens[-1])
+        (d / f"reference-{t}.json").write_text(json.dumps(
+            {"input_ids": list(ids), "greedy": {"tokens": tokens, "margins": margins}},
+            separators=(",", ":")) + "\n")
+        print(f"{path.name} under llama.cpp: {tokens}")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("names", nargs="*", help=f"fixtures to write, of {', '.join(CONFIGS)} (default: all)")
     ap.add_argument("--out", type=pathlib.Path, default=OUT, help=f"output folder (default {OUT})")
+    ap.add_argument("--converter", type=pathlib.Path,
+                    help="llama.cpp's convert_hf_to_gguf.py: also write the GGUF files")
+    ap.add_argument("--llama-cpp", action="store_true",
+                    help="also store each GGUF's greedy continuation under llama-cpp-python")
     args = ap.parse_args()
     for name in args.names:
         if name not in CONFIGS:
@@ -111,16 +214,29 @@ def main():
             logits = model(ids).logits[0]
         d = args.out / name
         d.mkdir(parents=True, exist_ok=True)
-        state = {k: v.contiguous() for k, v in model.state_dict().items()}
-        if cfg.tie_word_embeddings:
-            state.pop("lm_head.weight", None)
-        save_file(state, d / "model.safetensors", metadata={"format": "pt"})
-        cfg.save_pretrained(d)
-        (d / "reference.json").write_text(json.dumps({
+        if name in GREEDY:
+            # transformers 5 holds experts fused (`experts.gate_up_proj`); save_pretrained
+            # writes them as published checkpoints have them, one tensor per expert.
+            model.save_pretrained(d)
+        else:
+            state = {k: v.contiguous() for k, v in model.state_dict().items()}
+            if cfg.tie_word_embeddings:
+                state.pop("lm_head.weight", None)
+            save_file(state, d / "model.safetensors", metadata={"format": "pt"})
+            cfg.save_pretrained(d)
+        reference = {
             "input_ids": ids[0].tolist(),
             "logits": [[round(float(x), 6) for x in row] for row in logits],
-        }, separators=(",", ":")) + "\n")
-        print(f"{name}: {sum(v.numel() for v in state.values())} params -> {d}; logits std "
+        }
+        if name in GREEDY:
+            reference["greedy"] = greedy(model, ids)
+        (d / "reference.json").write_text(json.dumps(reference, separators=(",", ":")) + "\n")
+        if name in GGUF and args.converter:
+            byte_tokenizer(d)
+            convert(args.converter, d, name)
+            if args.llama_cpp:
+                llama_cpp_greedy(d, ids[0].tolist())
+        print(f"{name}: {sum(p.numel() for p in model.parameters())} params -> {d}; logits std "
               f"{float(logits.std()):.3f}, max |logit| {float(logits.abs().max()):.3f}")
 
 

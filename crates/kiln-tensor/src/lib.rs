@@ -23,8 +23,8 @@ pub use gpu::{Access, GpuContext, KernelDef, TemplateError};
 pub use keep::Keep;
 pub use ops::sample;
 pub use ops::{
-    Activation, ColumnIndex, LinearOps, RmsNorm, RopeConfig, RopeLayout, RopePositions,
-    RopeScaling, RopeTable,
+    Activation, ColumnIndex, LinearOps, MAX_EXPERTS, MAX_EXPERTS_USED, RmsNorm, RopeConfig,
+    RopeLayout, RopePositions, RopeScaling, RopeTable, Router, Routes,
 };
 pub use quant::{dequantize, quantize};
 pub use recorder::Recorder;

@@ -163,6 +163,16 @@ impl Tensor {
             .checked_div(dev_row_bytes)
             .unwrap_or(rows)
             .max(1);
+        // A stack of matrices (experts `[E, rows, cols]`) is split between whole matrices
+        // where one fits a binding, so that each lies in one chunk.
+        let matrix_rows = match shape {
+            [.., r, _] if shape.len() >= 3 && *r > 0 => *r,
+            _ => 1,
+        };
+        let rows_per_chunk = match rows_per_chunk / matrix_rows {
+            0 => rows_per_chunk,
+            whole => whole * matrix_rows,
+        };
         let single = (rows * dev_row_bytes + 16) as u64 <= ctx.max_binding();
         let mut chunks = Vec::new();
         let mut row0 = 0;
@@ -385,6 +395,19 @@ impl Tensor {
                 dtype: self.dtype,
             }),
             Storage::Gpu { .. } => Err(TensorError::DeviceMismatch { op: "host_f32" }),
+        }
+    }
+
+    /// The values of a U32 tensor of the CPU backends, borrowed.
+    pub(crate) fn host_u32(&self) -> Result<&[u32]> {
+        match &*self.storage {
+            Storage::Cpu(h) if self.dtype == DType::U32 => Ok(&h.u32s()[..self.elem_count()]),
+            Storage::Cpu(_) => Err(TensorError::DType {
+                op: "host_u32",
+                what: "borrowing u32 values",
+                dtype: self.dtype,
+            }),
+            Storage::Gpu { .. } => Err(TensorError::DeviceMismatch { op: "host_u32" }),
         }
     }
 

@@ -10,6 +10,12 @@
 // products scaled by 1/sqrt(mean(x²) + eps) at the end); RES adds a residual of Y's shape;
 // GATED reads W as the stack [gate; up] of 2·n1 rows and writes act(X·gateᵀ) * (X·upᵀ)
 // (act is silu, or GELU-tanh under GELU). Y's row stride is n_total.
+//
+// ROUTED (mixture of experts, ggml's mul_mat_id): W holds n_exp experts of w_stride rows from
+// expert e0, and the routing's groups (binding 4) list the slots routed to each. A workgroup
+// takes one tile of rows of one expert and runs through that expert's slots MV_M at a time:
+// slot s reads row s / x_step of X and writes row s of Y. Each expert's weight is read by
+// its workgroups once for all its slots (a pass per MV_M slots re-reads it from cache).
 
 struct Params {
     m: u32,
@@ -18,10 +24,18 @@ struct Params {
     n_total: u32,
     n_offset: u32,
     qs: u32,
-    // GATED: the up rows start at row n1 of W.
+    // GATED: the up rows start at row n1 of W (of the expert's rows under ROUTED).
     n1: u32,
     // NORM: the RMSNorm's epsilon.
     eps: f32,
+    // ROUTED: workgroups an expert; the first expert of this binding and how many it holds;
+    // slots a row of X; rows of W an expert; where the slot list starts in the groups.
+    tiles: u32,
+    e0: u32,
+    n_exp: u32,
+    x_step: u32,
+    w_stride: u32,
+    list: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -40,6 +54,13 @@ struct Params {
 #if NORM
 @group(0) @binding({{G_BINDING}}) var<storage, read> gw: array<f32>;
 #endif
+#if ROUTED
+@group(0) @binding(4) var<storage, read> groups: array<u32>;
+// This pass's rows of X and of Y (as element offsets), by slot of the pass.
+var<private> x_base: array<u32, {{MV_M}}>;
+var<private> y_base: array<u32, {{MV_M}}>;
+var<workgroup> span: vec2<u32>;
+#endif
 
 const MV_M: u32 = {{MV_M}}u;
 const TPR: u32 = {{TPR}}u;
@@ -56,14 +77,30 @@ var<workgroup> red2: array<array<f32, NACC>, 64>;
 var<workgroup> red_ss: array<array<f32, MV_M>, 64>;
 #endif
 
+// Where row i of this pass starts in X and in Y.
+fn x_at(i: u32) -> u32 {
+#if ROUTED
+    return x_base[i];
+#else
+    return i * p.k;
+#endif
+}
+fn y_at(i: u32) -> u32 {
+#if ROUTED
+    return y_base[i];
+#else
+    return i * p.n_total;
+#endif
+}
+
 fn x4(i: u32, c: u32) -> vec4<f32> {
 #if K8
-    return x[(i * p.k + c) / 4u];
+    return x[(x_at(i) + c) / 4u];
 #else
     var v = vec4<f32>(0.0);
     for (var j = 0u; j < 4u; j++) {
         if (c + j < p.k) {
-            v[j] = x[i * p.k + c + j];
+            v[j] = x[x_at(i) + c + j];
         }
     }
     return v;
@@ -101,6 +138,34 @@ fn main(
     @builtin(local_invocation_index) lid: u32,
 ) {
     let g = wid.x + wid.y * nwg.x;
+#if ROUTED
+    let el = g / p.tiles;
+    if (lid == 0u) {
+        if (el < p.n_exp) {
+            span = vec2<u32>(groups[p.e0 + el], groups[p.e0 + el + 1u]);
+        } else {
+            span = vec2<u32>(0u, 0u);
+        }
+    }
+    let s = workgroupUniformLoad(&span);
+    for (var s0 = s.x; s0 < s.y; s0 += MV_M) {
+        for (var i = 0u; i < MV_M; i++) {
+            // Past the expert's last slot, the last one again: computed, not stored.
+            let slot = groups[p.list + min(s0 + i, s.y - 1u)];
+            x_base[i] = slot / p.x_step * p.k;
+            y_base[i] = slot * p.n_total;
+        }
+        product(g % p.tiles, lid, el * p.w_stride, min(MV_M, s.y - s0));
+        workgroupBarrier();
+    }
+#else
+    product(g, lid, 0u, MV_M);
+#endif
+}
+
+// The tile g of output rows for the rows of X this pass holds (the first `valid` stored),
+// from W's rows w0 on.
+fn product(g: u32, lid: u32, w0: u32, valid: u32) {
     let r0 = (g * RPW + lid / TPR) * RPL;
     let lane = lid % TPR;
     var acc: array<f32, NACC>;
@@ -130,7 +195,7 @@ fn main(
             }
             for (var t = 0u; t < RPL; t++) {
                 // Rows past the end repeat the last one; their sums are not stored.
-                let r = min(r0 + t, p.rows - 1u);
+                let r = w0 + min(r0 + t, p.rows - 1u);
                 let wv = w_unit8(r, u, p.k, p.qs);
 #if GATED
                 let wu = w_unit8(r + p.n1, u, p.k, p.qs);
@@ -157,7 +222,7 @@ fn main(
     for (var j = lane; j < NACC; j += TPR) {
         let i = j / RPL;
         let r = r0 + j % RPL;
-        if (r < p.rows) {
+        if (r < p.rows && i < valid) {
             let col = p.n_offset + r;
             var s = 0.0;
 #if GATED
@@ -186,7 +251,7 @@ fn main(
             s += bias[col];
 #endif
 #if RES
-            s += res[i * p.n_total + col];
+            s += res[y_at(i) + col];
 #endif
 #if GATED
 #if GELU
@@ -195,7 +260,7 @@ fn main(
             s = s / (1.0 + exp(-s)) * s2;
 #endif
 #endif
-            y[i * p.n_total + col] = s;
+            y[y_at(i) + col] = s;
         }
     }
 }

@@ -2,6 +2,7 @@
 //! threads, each task one kernel call over its rows.
 
 use std::cell::RefCell;
+use std::ops::Range;
 use std::sync::Mutex;
 
 use rayon::prelude::*;
@@ -71,7 +72,72 @@ pub(crate) fn linear_native(
     fused: &Fused<'_>,
     y: &mut [f32],
 ) -> Result<()> {
-    let (n, k) = (w.rows(), w.cols());
+    linear_rows(ctx, x, m, w, 0..w.rows(), fused, y)
+}
+
+/// The routed matmul (`Recorder::linear_routed`): for each expert that has slots, their
+/// input rows gathered (row `slot / x_step` of `x`), multiplied by the expert's rows of `w`
+/// (`[experts, n, k]`) as [`linear_native`] does, each expert's weight read once, and the
+/// products scattered to the slots' rows of `y`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn linear_routed_native(
+    ctx: &CpuContext,
+    x: &[f32],
+    x_step: usize,
+    w: &Tensor,
+    groups: &[u32],
+    experts: usize,
+    glu: Option<Activation>,
+    y: &mut [f32],
+) -> Result<()> {
+    let (n, k) = (w.shape()[1], w.cols());
+    let width = if glu.is_some() { n / 2 } else { n };
+    let fused = Fused {
+        norm: None,
+        bias: None,
+        glu,
+        residual: None,
+    };
+    let (mut xs, mut ys) = (Vec::new(), Vec::new());
+    for e in 0..experts {
+        let slots = crate::ops::expert_slots(groups, experts, e);
+        if slots.is_empty() {
+            continue;
+        }
+        xs.clear();
+        for &s in slots {
+            let r = s as usize / x_step;
+            xs.extend_from_slice(&x[r * k..(r + 1) * k]);
+        }
+        ys.resize(slots.len() * width, 0.0);
+        linear_rows(
+            ctx,
+            &xs,
+            slots.len(),
+            w,
+            e * n..(e + 1) * n,
+            &fused,
+            &mut ys,
+        )?;
+        for (&s, out) in slots.iter().zip(ys.chunks_exact(width)) {
+            let s = s as usize;
+            y[s * width..(s + 1) * width].copy_from_slice(out);
+        }
+    }
+    Ok(())
+}
+
+/// [`linear_native`] over rows `rows` of `w`.
+fn linear_rows(
+    ctx: &CpuContext,
+    x: &[f32],
+    m: usize,
+    w: &Tensor,
+    rows: Range<usize>,
+    fused: &Fused<'_>,
+    y: &mut [f32],
+) -> Result<()> {
+    let (n, k) = (rows.len(), w.cols());
     ctx.linear.with(|scratch| {
         let LinearScratch {
             quant_x,
@@ -93,30 +159,32 @@ pub(crate) fn linear_native(
         };
         let r = if m == 1 && fused.glu.is_none() {
             // Y's one row is the products.
-            products(ctx, x, m, w, quant_x, y).map(|()| one_row(y, fused))
+            products(ctx, x, m, w, rows.start, quant_x, y).map(|()| one_row(y, fused))
         } else {
             by_row.resize(n * m, 0.0);
-            products(ctx, x, m, w, quant_x, by_row).map(|()| epilogue(ctx, by_row, m, n, fused, y))
+            products(ctx, x, m, w, rows.start, quant_x, by_row)
+                .map(|()| epilogue(ctx, by_row, m, n, fused, y))
         };
         scratch.trim();
         r
     })
 }
 
-/// X · Wᵀ by weight row into `by_row` (`[n][m]`), the weight's rows split between the
-/// pool's threads.
+/// X · Wᵀ by weight row into `by_row` (`[n][m]`), for the `n` rows of W from `row0`, split
+/// between the pool's threads.
 fn products(
     ctx: &CpuContext,
     x: &[f32],
     m: usize,
     w: &Tensor,
+    row0: usize,
     qx: &mut QuantX,
     by_row: &mut [f32],
 ) -> Result<()> {
     let Storage::Cpu(h) = w.storage() else {
         return Err(TensorError::DeviceMismatch { op: "matmul" });
     };
-    let (n, k) = (w.rows(), w.cols());
+    let (n, k) = (by_row.len() / m, w.cols());
     let dtype = w.dtype();
     let chunk = rows_per_task(n, ctx.threads());
     match &dtype.format().ints {
@@ -131,7 +199,7 @@ fn products(
                     .par_chunks_mut(chunk * m)
                     .enumerate()
                     .for_each(|(c, out)| {
-                        let r0 = c * chunk;
+                        let r0 = row0 + c * chunk;
                         let rows = Rows {
                             dtype,
                             ints,
@@ -156,7 +224,7 @@ fn products(
                             let mut row = row.borrow_mut();
                             row.resize(k, 0.0);
                             for (r, o) in out.chunks_exact_mut(m).enumerate() {
-                                if let Err(e) = host_row(w, c * chunk + r, &mut row) {
+                                if let Err(e) = host_row(w, row0 + c * chunk + r, &mut row) {
                                     *err.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
                                     return;
                                 }

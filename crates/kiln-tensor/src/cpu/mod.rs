@@ -24,7 +24,7 @@ mod vector;
 mod x86;
 
 pub(crate) use act::QuantX;
-pub(crate) use linear::{Fused, LinearScratch, linear_native};
+pub(crate) use linear::{Fused, LinearScratch, linear_native, linear_routed_native};
 
 use std::fmt;
 use std::str::FromStr;

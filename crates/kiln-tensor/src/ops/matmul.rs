@@ -29,7 +29,7 @@ pub const MATVEC_MAX_M: usize = 8;
 /// CPU-type adapters; 4 on GPUs, where its time grows with every row (NVIDIA H200, a 7B MLP
 /// weight in Q4_1: 105, 199 and 382 us at 2, 4 and 8 rows) while the tiled kernel's 16-row tile
 /// costs the same for 1 to 16 (220 us at 9 and at 16).
-fn matvec_max_m(cpu_shaped: bool) -> usize {
+pub(super) fn matvec_max_m(cpu_shaped: bool) -> usize {
     if cpu_shaped { MATVEC_MAX_M } else { 4 }
 }
 
@@ -197,19 +197,38 @@ const ROWS_MAX_M: usize = 16;
 /// faster, measured both ways round).
 const ROWS_WG: usize = 8;
 
-/// Parameters of `matmul_vec.wgsl`.
+/// Parameters of `matmul_vec.wgsl` (the last ones only under `ROUTED`).
 #[repr(C)]
 #[derive(Clone, Copy, Pod, Zeroable)]
-struct Params {
-    m: u32,
-    k: u32,
-    rows: u32,
-    n_total: u32,
-    n_offset: u32,
-    qs: u32,
-    n1: u32,
-    eps: f32,
+pub(super) struct MvParams {
+    pub(super) m: u32,
+    pub(super) k: u32,
+    pub(super) rows: u32,
+    pub(super) n_total: u32,
+    pub(super) n_offset: u32,
+    pub(super) qs: u32,
+    pub(super) n1: u32,
+    pub(super) eps: f32,
+    /// Workgroups an expert.
+    pub(super) tiles: u32,
+    /// The first expert in this binding of the weight, and how many it holds.
+    pub(super) e0: u32,
+    pub(super) n_exp: u32,
+    /// Slots a row of X (1: a row per slot; k: a row per token).
+    pub(super) x_step: u32,
+    /// Rows of W an expert.
+    pub(super) w_stride: u32,
+    /// Where the slot list starts in the routing's groups.
+    pub(super) list: u32,
+    pub(super) _pad: [u32; 2],
 }
+
+/// `matmul_vec.wgsl` under `ROUTED`: X, W, Y, then the routing's groups.
+pub(super) static MATVEC_ROUTED: KernelDef = KernelDef {
+    name: "matmul_vec_routed",
+    source: VEC_SRC,
+    bindings: &[R, R, W, R],
+};
 
 /// A linear op's operands, checked.
 struct Checked {
@@ -437,6 +456,7 @@ impl Recorder {
         epilogue_defines(&mut defines, epi, norm.is_some());
         defines.push(("MV_M", number(m)));
         defines.push(("K8", flag(k.is_multiple_of(8))));
+        defines.push(("ROUTED", flag(false)));
         let kernel = &MATMUL_VEC[epi.index()][usize::from(norm.is_some())];
         let shared = defines.len();
         for (ci, c) in chunks.iter().enumerate() {
@@ -447,7 +467,7 @@ impl Recorder {
             defines.truncate(shared);
             defines.push(("TPR", number(shape.threads_per_row as usize)));
             defines.push(("RPL", number(shape.rows_per_thread as usize)));
-            let params = Params {
+            let params = MvParams {
                 m: m as u32,
                 k: k as u32,
                 rows: rows as u32,
@@ -456,6 +476,7 @@ impl Recorder {
                 qs: c.qs_offset,
                 n1: rows as u32,
                 eps: norm.map_or(0.0, |n| n.eps),
+                ..MvParams::zeroed()
             };
             let mut bind = vec![(x.clone(), 0), (w.clone(), ci), (y.clone(), 0)];
             match epi {

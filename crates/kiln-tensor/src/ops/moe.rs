@@ -1,0 +1,537 @@
+//! Mixture-of-experts ops: [`Recorder::moe_route`] picks each token's experts and their
+//! weights from the router's logits and groups the batch's (token, expert) slots by expert;
+//! [`Recorder::linear_routed`] (ggml's `mul_mat_id`) multiplies each slot's input row by its
+//! expert's weight, one launch for all experts, each expert's weight read once for all the
+//! slots routed to it; [`Recorder::moe_combine`] adds the weighted sum of a token's expert
+//! outputs to the residual.
+//!
+//! Experts are one weight `[experts, rows, k]`: expert `e`'s matrix is rows `e·rows ..` of
+//! the flattened `[experts·rows, k]`, in any weight dtype (a GPU keeps each expert within one
+//! binding).
+
+use bytemuck::{Pod, Zeroable};
+
+use super::matmul::{Activation, MvParams, matvec_max_m};
+use super::{WEIGHT_DTYPES, dot, flag, host_row, number, require_dtype, weight_defines};
+use crate::gpu::{Access, KernelDef};
+use crate::tensor::Storage;
+use crate::{DType, Recorder, Result, Tensor, TensorError};
+
+/// Experts a router may choose from (the routing kernel keeps a count per expert in
+/// workgroup memory).
+pub const MAX_EXPERTS: usize = 1024;
+/// Experts a token may use.
+pub const MAX_EXPERTS_USED: usize = 64;
+
+const SRC: &str = include_str!("../../wgsl/moe.wgsl");
+static ROUTE: KernelDef = KernelDef {
+    name: "moe_route",
+    source: SRC,
+    bindings: &[
+        Access::Read,
+        Access::ReadWrite,
+        Access::ReadWrite,
+        Access::ReadWrite,
+    ],
+};
+static COMBINE: KernelDef = KernelDef {
+    name: "moe_combine",
+    source: SRC,
+    bindings: &[Access::Read, Access::Read, Access::Read, Access::ReadWrite],
+};
+
+/// How a router turns a token's logits over the experts into the experts it uses and their
+/// weights. Every router picks the `k` largest logits (ties to the lower expert index).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Router {
+    /// Softmax over all experts, then the top k; with `renorm` their weights are divided by
+    /// their sum (Mixtral; Qwen3-MoE's `norm_topk_prob`), else kept as the softmax gave them.
+    SoftmaxTopK { renorm: bool },
+    /// The top k logits, then a softmax over those k (GPT-OSS).
+    TopKSoftmax,
+}
+
+impl Router {
+    fn mode(self) -> u32 {
+        match self {
+            Router::SoftmaxTopK { renorm: false } => 0,
+            Router::SoftmaxTopK { renorm: true } => 1,
+            Router::TopKSoftmax => 2,
+        }
+    }
+}
+
+/// A batch's routing: which experts each token uses, with what weight, and the slots
+/// (`token · k + j`, token's `j`-th choice) grouped by expert.
+#[derive(Debug, Clone)]
+pub struct Routes {
+    tokens: usize,
+    experts: usize,
+    k: usize,
+    /// U32 `[tokens, k]`: the chosen experts, by falling weight.
+    ids: Tensor,
+    /// F32 `[tokens, k]`: their weights.
+    weights: Tensor,
+    /// U32 `[experts + 1 + tokens·k]`: where each expert's slots start in the list (and the
+    /// end), then the slots in expert order.
+    groups: Tensor,
+}
+
+impl Routes {
+    pub fn tokens(&self) -> usize {
+        self.tokens
+    }
+
+    pub fn experts(&self) -> usize {
+        self.experts
+    }
+
+    /// Experts each token uses.
+    pub fn k(&self) -> usize {
+        self.k
+    }
+
+    /// U32 `[tokens, k]`: each token's experts, by falling weight.
+    pub fn ids(&self) -> &Tensor {
+        &self.ids
+    }
+
+    /// F32 `[tokens, k]`: their weights.
+    pub fn weights(&self) -> &Tensor {
+        &self.weights
+    }
+}
+
+/// A token's `k` experts by falling logit (ties to the lower index) and their weights, as
+/// `router` says: the CPU reference, which the routing kernel follows step by step.
+fn route_row(logits: &[f32], k: usize, router: Router, ids: &mut [u32], w: &mut [f32]) {
+    // Each pick is the largest logit below the previous pick in the order (value
+    // descending, index ascending).
+    let mut prev: Option<(f32, usize)> = None;
+    for j in 0..k {
+        let mut best: Option<(f32, usize)> = None;
+        for (e, &v) in logits.iter().enumerate() {
+            let below = prev.is_none_or(|(pv, pe)| v < pv || (v == pv && e > pe));
+            if below && best.is_none_or(|(bv, _)| v > bv) {
+                best = Some((v, e));
+            }
+        }
+        let (v, e) = best.unwrap_or((f32::NEG_INFINITY, 0));
+        ids[j] = e as u32;
+        w[j] = v;
+        prev = Some((v, e));
+    }
+    let max = w[0];
+    match router {
+        Router::SoftmaxTopK { renorm } => {
+            let total: f32 = logits.iter().map(|&v| (v - max).exp()).sum();
+            for v in w.iter_mut() {
+                *v = (*v - max).exp() / total;
+            }
+            if renorm {
+                let s: f32 = w.iter().sum();
+                w.iter_mut().for_each(|v| *v /= s);
+            }
+        }
+        Router::TopKSoftmax => {
+            for v in w.iter_mut() {
+                *v = (*v - max).exp();
+            }
+            let s: f32 = w.iter().sum();
+            w.iter_mut().for_each(|v| *v /= s);
+        }
+    }
+}
+
+/// The slots grouped by expert, in slot order within each: offsets, then the list.
+fn group_slots(ids: &[u32], experts: usize, groups: &mut [u32]) {
+    let (offsets, list) = groups.split_at_mut(experts + 1);
+    offsets.fill(0);
+    for &e in ids {
+        offsets[e as usize + 1] += 1;
+    }
+    for e in 0..experts {
+        offsets[e + 1] += offsets[e];
+    }
+    let mut next: Vec<u32> = offsets[..experts].to_vec();
+    for (s, &e) in ids.iter().enumerate() {
+        list[next[e as usize] as usize] = s as u32;
+        next[e as usize] += 1;
+    }
+}
+
+/// Activations the kernels bind whole: refused when split between bindings.
+fn one_binding(op: &'static str, ts: &[&Tensor]) -> Result<()> {
+    match ts.iter().find(|t| t.chunk_count() > 1) {
+        Some(t) => Err(TensorError::Invalid {
+            op,
+            detail: format!(
+                "{:?} is split into {} bindings; this op binds its activations whole",
+                t.shape(),
+                t.chunk_count()
+            ),
+        }),
+        None => Ok(()),
+    }
+}
+
+/// Parameters of `moe.wgsl`.
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+struct Params {
+    tokens: u32,
+    experts: u32,
+    k: u32,
+    /// `moe_route`: [`Router::mode`]; `moe_combine`: the row width.
+    mode: u32,
+}
+
+impl Recorder {
+    /// Routes each token (a row of `logits`, F32 `[tokens, experts]`) to its `k` experts.
+    pub fn moe_route(&mut self, logits: &Tensor, k: usize, router: Router) -> Result<Routes> {
+        const OP: &str = "moe_route";
+        require_dtype(OP, "the router logits", logits, &[DType::F32])?;
+        self.check_device(OP, &[logits])?;
+        let (tokens, experts) = (logits.rows(), logits.cols());
+        if tokens == 0 || experts == 0 || experts > MAX_EXPERTS {
+            return Err(TensorError::Invalid {
+                op: OP,
+                detail: format!("{tokens} tokens over {experts} experts (1..={MAX_EXPERTS})"),
+            });
+        }
+        if k == 0 || k > experts || k > MAX_EXPERTS_USED {
+            return Err(TensorError::Invalid {
+                op: OP,
+                detail: format!(
+                    "{k} experts a token of {experts} (1..={})",
+                    experts.min(MAX_EXPERTS_USED)
+                ),
+            });
+        }
+        let slots = tokens * k;
+        one_binding(OP, &[logits])?;
+        let Some(ctx) = self.gpu().cloned() else {
+            let l = logits.host_f32()?;
+            let mut w = vec![0f32; slots];
+            let ids = Tensor::host_u32_with(&[tokens, k], |ids| {
+                for ((row, ids), w) in l
+                    .chunks_exact(experts)
+                    .zip(ids.chunks_exact_mut(k))
+                    .zip(w.chunks_exact_mut(k))
+                {
+                    route_row(row, k, router, ids, w);
+                }
+            });
+            let groups = Tensor::host_u32_with(&[experts + 1 + slots], |g| {
+                // `ids` was just filled by this backend.
+                if let Ok(ids) = ids.host_u32() {
+                    group_slots(ids, experts, g);
+                }
+            });
+            let weights = Tensor::host_f32_with(&[tokens, k], |o| {
+                o.copy_from_slice(&w);
+                Ok::<_, TensorError>(())
+            })?;
+            return Ok(Routes {
+                tokens,
+                experts,
+                k,
+                ids,
+                weights,
+                groups,
+            });
+        };
+        let ids = Tensor::gpu_output(&ctx, DType::U32, &[tokens, k], OP)?;
+        let weights = Tensor::gpu_output(&ctx, DType::F32, &[tokens, k], OP)?;
+        let groups = Tensor::gpu_output(&ctx, DType::U32, &[experts + 1 + slots], OP)?;
+        let params = Params {
+            tokens: tokens as u32,
+            experts: experts as u32,
+            k: k as u32,
+            mode: router.mode(),
+        };
+        self.dispatch(
+            &ROUTE,
+            &[
+                ("ROUTE", flag(true)),
+                ("EXPERTS", number(experts)),
+                ("TOPK", number(k)),
+            ],
+            &params,
+            vec![
+                (logits.clone(), 0),
+                (ids.clone(), 0),
+                (weights.clone(), 0),
+                (groups.clone(), 0),
+            ],
+            1,
+        )?;
+        Ok(Routes {
+            tokens,
+            experts,
+            k,
+            ids,
+            weights,
+            groups,
+        })
+    }
+
+    /// Y = X·W_eᵀ for every slot, `e` the slot's expert: `w` is `[experts, n, k]`; `x` holds
+    /// one row per token (each of its slots reads it) or one per slot; Y is F32
+    /// `[tokens·k, n]` (`n/2` wide with `glu`, each expert's matrix then the stack
+    /// `[gate; up]`). One launch a binding of `w` for all experts.
+    pub fn linear_routed(
+        &mut self,
+        x: &Tensor,
+        w: &Tensor,
+        routes: &Routes,
+        glu: Option<Activation>,
+    ) -> Result<Tensor> {
+        const OP: &str = "linear_routed";
+        require_dtype(OP, "the input", x, &[DType::F32])?;
+        require_dtype(OP, "the experts' weight", w, WEIGHT_DTYPES)?;
+        self.check_device(OP, &[x, w, &routes.ids])?;
+        let k = x.cols();
+        let slots = routes.tokens * routes.k;
+        let &[experts, n, wk] = w.shape() else {
+            return Err(TensorError::Shape {
+                op: OP,
+                detail: format!("experts' weight {:?} is not [experts, n, k]", w.shape()),
+            });
+        };
+        if experts != routes.experts || wk != k || n == 0 {
+            return Err(TensorError::Shape {
+                op: OP,
+                detail: format!(
+                    "experts' weight {:?} for {} experts and input {:?}",
+                    w.shape(),
+                    routes.experts,
+                    x.shape()
+                ),
+            });
+        }
+        let per_slot = match x.rows() {
+            r if r == slots => routes.k > 1,
+            r if r == routes.tokens => false,
+            r => {
+                return Err(TensorError::Shape {
+                    op: OP,
+                    detail: format!(
+                        "{r} input rows for {} tokens of {} slots each",
+                        routes.tokens, routes.k
+                    ),
+                });
+            }
+        };
+        let x_step = if per_slot { 1 } else { routes.k };
+        let n_out = match glu {
+            Some(_) if !n.is_multiple_of(2) => {
+                return Err(TensorError::Shape {
+                    op: OP,
+                    detail: format!("a gated expert stacks [gate; up]: {n} rows are odd"),
+                });
+            }
+            Some(_) => n / 2,
+            None => n,
+        };
+        let Some(ctx) = self.gpu().cloned() else {
+            let ids = routes.ids.host_u32()?;
+            let xs = x.host_f32()?;
+            if let Some(cpu) = self.device().native() {
+                let groups = routes.groups.host_u32()?;
+                return Tensor::host_f32_with(&[slots, n_out], |y| {
+                    crate::cpu::linear_routed_native(cpu, xs, x_step, w, groups, experts, glu, y)
+                });
+            }
+            return Tensor::host_f32_with(&[slots, n_out], |y| {
+                routed_ref(xs, x_step, w, ids, glu, y)
+            });
+        };
+        one_binding(OP, &[x])?;
+        let Storage::Gpu { chunks, .. } = w.storage() else {
+            return Err(TensorError::DeviceMismatch { op: OP });
+        };
+        let y = Tensor::gpu_output(&ctx, DType::F32, &[slots, n_out], OP)?;
+        let cpu_shaped = ctx.cpu_shaped_kernels();
+        let mv_m = matvec_max_m(cpu_shaped);
+        let shape = ctx.matvec_shape(n_out);
+        let mut defines = weight_defines(w.dtype(), 2);
+        for f in ["BIAS", "RES", "NORM"] {
+            defines.push((f, flag(false)));
+        }
+        defines.push(("GATED", flag(glu.is_some())));
+        defines.push(("GELU", flag(glu == Some(Activation::GeluTanh))));
+        defines.push(("G_BINDING", number(5)));
+        defines.push(("ROUTED", flag(true)));
+        defines.push(("MV_M", number(mv_m)));
+        defines.push(("K8", flag(k.is_multiple_of(8))));
+        defines.push(("TPR", number(shape.threads_per_row as usize)));
+        defines.push(("RPL", number(shape.rows_per_thread as usize)));
+        let tiles = n_out.div_ceil(shape.rows_per_workgroup() as usize);
+        for (ci, c) in chunks.iter().enumerate() {
+            if !c.row0.is_multiple_of(n) || !c.rows.is_multiple_of(n) {
+                return Err(TensorError::Invalid {
+                    op: OP,
+                    detail: format!(
+                        "an expert's {n} rows straddle two bindings (rows {}..{})",
+                        c.row0,
+                        c.row0 + c.rows
+                    ),
+                });
+            }
+            let n_exp = c.rows / n;
+            let params = MvParams {
+                m: mv_m as u32,
+                k: k as u32,
+                rows: n_out as u32,
+                n_total: n_out as u32,
+                n_offset: 0,
+                qs: c.qs_offset,
+                n1: n_out as u32,
+                eps: 0.0,
+                tiles: tiles as u32,
+                e0: (c.row0 / n) as u32,
+                n_exp: n_exp as u32,
+                x_step: x_step as u32,
+                w_stride: n as u32,
+                list: (experts + 1) as u32,
+                _pad: [0; 2],
+            };
+            let bind = vec![
+                (x.clone(), 0),
+                (w.clone(), ci),
+                (y.clone(), 0),
+                (routes.groups.clone(), 0),
+            ];
+            self.dispatch(
+                &super::matmul::MATVEC_ROUTED,
+                &defines,
+                &params,
+                bind,
+                (tiles * n_exp) as u32,
+            )?;
+        }
+        Ok(y)
+    }
+
+    /// `residual + Σ_j weight[t, j] · y[t·k + j]` for each token `t`: the experts' outputs
+    /// (`y`, F32 `[tokens·k, n]`) summed into the residual (F32 `[tokens, n]`).
+    pub fn moe_combine(
+        &mut self,
+        y: &Tensor,
+        routes: &Routes,
+        residual: &Tensor,
+    ) -> Result<Tensor> {
+        const OP: &str = "moe_combine";
+        require_dtype(OP, "the experts' outputs", y, &[DType::F32])?;
+        require_dtype(OP, "the residual", residual, &[DType::F32])?;
+        self.check_device(OP, &[y, residual, &routes.weights])?;
+        let (tokens, k) = (routes.tokens, routes.k);
+        let n = residual.cols();
+        if residual.rows() != tokens || y.rows() != tokens * k || y.cols() != n {
+            return Err(TensorError::Shape {
+                op: OP,
+                detail: format!(
+                    "outputs {:?} and residual {:?} for {tokens} tokens of {k} experts",
+                    y.shape(),
+                    residual.shape()
+                ),
+            });
+        }
+        one_binding(OP, &[y, residual])?;
+        let Some(ctx) = self.gpu().cloned() else {
+            let (ys, w, r) = (
+                y.host_f32()?,
+                routes.weights.host_f32()?,
+                residual.host_f32()?,
+            );
+            return Tensor::host_f32_with(residual.shape(), |out| {
+                combine_ref(ys, w, r, k, n, out);
+                Ok(())
+            });
+        };
+        let out = Tensor::gpu_output(&ctx, DType::F32, residual.shape(), OP)?;
+        let params = Params {
+            tokens: tokens as u32,
+            experts: routes.experts as u32,
+            k: k as u32,
+            mode: n as u32,
+        };
+        self.dispatch(
+            &COMBINE,
+            &[
+                ("ROUTE", flag(false)),
+                ("EXPERTS", number(routes.experts)),
+                ("TOPK", number(k)),
+            ],
+            &params,
+            vec![
+                (y.clone(), 0),
+                (routes.weights.clone(), 0),
+                (residual.clone(), 0),
+                (out.clone(), 0),
+            ],
+            (tokens * n).div_ceil(64) as u32,
+        )?;
+        Ok(out)
+    }
+}
+
+/// `out[t] = residual[t] + Σ_j w[t, j] · y[t·k + j]`, the terms in slot order.
+pub(crate) fn combine_ref(
+    y: &[f32],
+    w: &[f32],
+    residual: &[f32],
+    k: usize,
+    n: usize,
+    out: &mut [f32],
+) {
+    for (t, (o, r)) in out
+        .chunks_exact_mut(n)
+        .zip(residual.chunks_exact(n))
+        .enumerate()
+    {
+        for (c, (o, &r)) in o.iter_mut().zip(r).enumerate() {
+            let mut s = 0f32;
+            for j in 0..k {
+                s += w[t * k + j] * y[(t * k + j) * n + c];
+            }
+            *o = r + s;
+        }
+    }
+}
+
+/// The routed matmul's CPU reference: every slot's row dotted with each of its expert's rows,
+/// each weight row dequantized for it.
+fn routed_ref(
+    x: &[f32],
+    x_step: usize,
+    w: &Tensor,
+    ids: &[u32],
+    glu: Option<Activation>,
+    y: &mut [f32],
+) -> Result<()> {
+    let (n, k) = (w.shape()[1], w.shape()[2]);
+    let mut row = vec![0f32; k];
+    let mut products = vec![0f32; n];
+    let width = y.len() / ids.len().max(1);
+    for (s, &e) in ids.iter().enumerate() {
+        let xr = &x[s / x_step * k..(s / x_step + 1) * k];
+        for (j, p) in products.iter_mut().enumerate() {
+            host_row(w, e as usize * n + j, &mut row)?;
+            *p = dot(xr, &row);
+        }
+        let out = &mut y[s * width..(s + 1) * width];
+        match glu {
+            Some(act) => super::elementwise::glu_ref(&products, n / 2, act, out),
+            None => out.copy_from_slice(&products),
+        }
+    }
+    Ok(())
+}
+
+/// The slots of expert `e` from a routing's groups (`[experts + 1 + slots]`).
+pub(crate) fn expert_slots(groups: &[u32], experts: usize, e: usize) -> &[u32] {
+    let (offsets, list) = groups.split_at(experts + 1);
+    &list[offsets[e] as usize..offsets[e + 1] as usize]
+}
