@@ -120,13 +120,15 @@ def greedy(model, ids):
 
 
 def byte_tokenizer(d):
-    """A byte-level BPE tokenizer of the 256 byte tokens and no merges (the fixtures' vocabulary
-    is 256), saved as `tokenizer.json`: the converter reads a folder's vocabulary from it."""
+    """A byte-level BPE tokenizer of 256 tokens (the fixtures' vocabulary), saved as
+    `tokenizer.json`: the converter reads a folder's vocabulary from it, and llama.cpp wants
+    merges, so two of the byte tokens give way to two merges (the fixtures are fed ids)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
-    alphabet = pre_tokenizers.ByteLevel.alphabet()
-    vocab = {c: i for i, c in enumerate(sorted(alphabet))}
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())[:-2]
+    merges = [("\u0120", "t"), ("h", "e")]
+    vocab = {c: i for i, c in enumerate(alphabet + ["".join(m) for m in merges])}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     PreTrainedTokenizerFast(tokenizer_object=tok).save_pretrained(d)

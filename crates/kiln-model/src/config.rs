@@ -8,7 +8,7 @@ mod quant;
 
 pub use quant::{HfQuant, QuantMethod};
 
-use kiln_tensor::{RopeConfig, RopeLayout, RopeScaling};
+use kiln_tensor::{RopeConfig, RopeLayout, RopeScaling, Router};
 
 use crate::{ModelError, Result};
 
@@ -21,10 +21,16 @@ pub enum Arch {
     Qwen3,
     /// Gemma 3's text model.
     Gemma3,
+    /// Qwen3 with mixture-of-experts MLPs (Qwen3-30B-A3B).
+    Qwen3Moe,
+    /// Mistral with mixture-of-experts MLPs, as HF names it (llama.cpp's converter writes
+    /// it as `llama` with experts).
+    Mixtral,
 }
 
 /// The architectures kiln runs, as configs name them (for error messages).
-pub const SUPPORTED_ARCHITECTURES: &str = "llama, mistral, qwen2, qwen3, gemma3";
+pub const SUPPORTED_ARCHITECTURES: &str =
+    "llama, mistral, qwen2, qwen3, gemma3, qwen3moe (qwen3_moe), mixtral";
 
 impl Arch {
     /// The name configs use (`llama`, `mistral`, `qwen2`, `qwen3`, `gemma3`).
@@ -35,6 +41,8 @@ impl Arch {
             Arch::Qwen2 => "qwen2",
             Arch::Qwen3 => "qwen3",
             Arch::Gemma3 => "gemma3",
+            Arch::Qwen3Moe => "qwen3moe",
+            Arch::Mixtral => "mixtral",
         }
     }
 
@@ -46,6 +54,9 @@ impl Arch {
             "qwen3" => Ok(Arch::Qwen3),
             // transformers names the text-only config `gemma3_text`.
             "gemma3" | "gemma3_text" => Ok(Arch::Gemma3),
+            // GGUF's name, and transformers'.
+            "qwen3moe" | "qwen3_moe" => Ok(Arch::Qwen3Moe),
+            "mixtral" => Ok(Arch::Mixtral),
             other => Err(ModelError::Architecture {
                 file: file.into(),
                 arch: other.into(),
@@ -77,6 +88,38 @@ pub struct LayerAttention {
     /// attention.
     pub window: Option<usize>,
     pub rope: RopeParams,
+}
+
+/// The mixture-of-experts MLP of a model's sparse layers: a router picks `used` of `experts`
+/// gated MLPs (`expert_ffn` wide) for each token and sums their outputs by its weights.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MoeConfig {
+    pub experts: usize,
+    /// Experts each token uses (top-k).
+    pub used: usize,
+    /// Width of one expert's MLP.
+    pub expert_ffn: usize,
+    pub router: Router,
+    /// Layers whose MLP is dense (`ffn` wide) instead (Qwen3-MoE's `mlp_only_layers`).
+    pub dense_layers: Vec<usize>,
+}
+
+impl MoeConfig {
+    /// One line for `kiln info`.
+    pub fn summary(&self, layers: usize) -> String {
+        let router = match self.router {
+            Router::SoftmaxTopK { renorm: true } => "softmax, top-k renormalised",
+            Router::SoftmaxTopK { renorm: false } => "softmax, top-k as is",
+            Router::TopKSoftmax => "top-k, then softmax",
+        };
+        format!(
+            "{} experts of {} a layer, {} used a token ({router}); {} of {layers} layers sparse",
+            self.experts,
+            self.expert_ffn,
+            self.used,
+            layers - self.dense_layers.len()
+        )
+    }
 }
 
 /// Everything the forward pass needs to know about a model.
@@ -117,6 +160,8 @@ pub struct ModelConfig {
     pub attn_scale: f32,
     /// Final logits become `cap · tanh(logits / cap)`.
     pub final_logit_softcap: Option<f32>,
+    /// Mixture-of-experts MLPs (`None`: every MLP is dense).
+    pub moe: Option<MoeConfig>,
 }
 
 /// Upper bounds on what a config may ask for. Larger values are corrupt files, not models:
@@ -133,6 +178,13 @@ pub mod limits {
 }
 
 impl ModelConfig {
+    /// Whether layer `l`'s MLP is a mixture of experts.
+    pub fn sparse_layer(&self, l: usize) -> bool {
+        self.moe
+            .as_ref()
+            .is_some_and(|m| !m.dense_layers.contains(&l))
+    }
+
     /// The K/V shape of this model's cache, stored as `dtype` (for planning and sizing).
     /// Every layer keeps every token's K/V: block tables are shared by all layers.
     pub fn kv_shape(&self, dtype: kiln_kv::KvDtype) -> kiln_kv::KvShape {
@@ -309,6 +361,24 @@ impl ModelConfig {
                 );
             }
         }
+        if let Some(m) = &self.moe {
+            let used_max = m.experts.min(kiln_tensor::MAX_EXPERTS_USED);
+            for (f, v, max) in [
+                ("num_experts", m.experts, kiln_tensor::MAX_EXPERTS),
+                ("num_experts_per_tok", m.used, used_max),
+                ("moe_intermediate_size", m.expert_ffn, limits::FFN),
+            ] {
+                if v == 0 || v > max {
+                    return bad(f, format!("{v} is outside 1..={max}"));
+                }
+            }
+            if let Some(l) = m.dense_layers.iter().find(|&&l| l >= self.layers) {
+                return bad(
+                    "mlp_only_layers",
+                    format!("layer {l} of {} layers", self.layers),
+                );
+            }
+        }
         for (f, v) in [
             ("attn_scale", Some(self.attn_scale)),
             ("embed_scale", self.embed_scale),
@@ -336,7 +406,7 @@ impl FamilyDefaults {
     fn of(arch: Arch, hidden: usize) -> Self {
         let gemma = arch == Arch::Gemma3;
         Self {
-            qk_norm: matches!(arch, Arch::Qwen3 | Arch::Gemma3),
+            qk_norm: matches!(arch, Arch::Qwen3 | Arch::Qwen3Moe | Arch::Gemma3),
             sandwich_norms: gemma,
             activation: if gemma {
                 Activation::GeluTanh

@@ -132,6 +132,9 @@ fn config_json(cfg: &ModelConfig, bos: Option<u64>, eos: Option<u64>, dtype: StD
         Arch::Qwen2 => ("qwen2", "Qwen2ForCausalLM"),
         Arch::Qwen3 => ("qwen3", "Qwen3ForCausalLM"),
         Arch::Gemma3 => ("gemma3_text", "Gemma3ForCausalLM"),
+        // Refused by `write_hf_folder`: their experts are not written.
+        Arch::Qwen3Moe => ("qwen3_moe", "Qwen3MoeForCausalLM"),
+        Arch::Mixtral => ("mixtral", "MixtralForCausalLM"),
     };
     // The full-attention layers' RoPE is the model's `rope_theta`/`rope_scaling`; Gemma's
     // sliding layers have their own base.
@@ -219,6 +222,13 @@ fn config_json(cfg: &ModelConfig, bos: Option<u64>, eos: Option<u64>, dtype: StD
 pub fn write_hf_folder(gguf_path: &Path, out_dir: &Path, options: &HfExport) -> Result<()> {
     let src = GgufSource::open(gguf_path)?;
     let cfg = ModelConfig::from_gguf(src.file())?;
+    if cfg.moe.is_some() {
+        return Err(ModelError::Format {
+            file: src.describe().into(),
+            problem: "export-hf writes dense models only; this one has mixture-of-experts layers"
+                .into(),
+        });
+    }
     let md = src.file().metadata();
     let tokens = md.get_strings("tokenizer.ggml.tokens")?.unwrap_or(&[]);
     let bos = md.get_u64("tokenizer.ggml.bos_token_id")?;

@@ -14,7 +14,7 @@ mod synthetic;
 mod weights;
 
 pub use config::{
-    Activation, Arch, HfQuant, LayerAttention, ModelConfig, QuantMethod, RopeParams,
+    Activation, Arch, HfQuant, LayerAttention, ModelConfig, MoeConfig, QuantMethod, RopeParams,
     SUPPORTED_ARCHITECTURES, limits,
 };
 pub use error::{ModelError, Result};
@@ -25,4 +25,4 @@ pub use runner::{
 };
 pub use safetensors::{HfSource, LoadOptions, SafetensorsFile, StDtype, encode_safetensors};
 pub use synthetic::SyntheticSource;
-pub use weights::{GgufSource, Linear, Weight, WeightSource};
+pub use weights::{ExpertProj, GgufSource, Linear, Weight, WeightSource, stack_experts};

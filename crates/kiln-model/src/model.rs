@@ -5,7 +5,7 @@ use kiln_attention::{AttnBatch, AttnConfig, KvCache, QkNorm, QkPrep, QkvRows, Se
 use kiln_kv::BlockId;
 use kiln_tensor::{
     Activation as Act, ColumnIndex, Device, Keep, LinearOps, Recorder, RmsNorm, RopeConfig,
-    RopePositions, RopeTable, Tensor,
+    RopePositions, RopeTable, Router, Tensor,
 };
 
 use crate::config::Activation;
@@ -75,6 +75,68 @@ impl Stack {
     }
 }
 
+/// A layer's MLP.
+enum Mlp {
+    /// `down(act(gate(x)) · up(x))`.
+    Dense { gate_up: Stack, down: Proj },
+    /// A router picks experts for each token; their dense MLPs' outputs, weighted, are summed.
+    Moe(Experts),
+}
+
+/// A mixture-of-experts MLP: the router's weight and every expert's projections stacked
+/// `[experts, rows, cols]`.
+struct Experts {
+    router: Tensor,
+    /// Experts a token uses, and how their weights are chosen.
+    used: usize,
+    kind: Router,
+    /// Each expert's `[gate; up]` (one launch for both), or gate and up apart where their
+    /// dtypes differ.
+    gate_up: ExpertStack,
+    down: Tensor,
+}
+
+enum ExpertStack {
+    One(Tensor),
+    Apart(Tensor, Tensor),
+}
+
+impl Mlp {
+    fn bytes(&self) -> u64 {
+        match self {
+            Mlp::Dense { gate_up, down } => gate_up.bytes() + down.bytes(),
+            Mlp::Moe(e) => {
+                let gate_up = match &e.gate_up {
+                    ExpertStack::One(t) => bytes_of(t),
+                    ExpertStack::Apart(g, u) => bytes_of(g) + bytes_of(u),
+                };
+                bytes_of(&e.router) + gate_up + bytes_of(&e.down)
+            }
+        }
+    }
+}
+
+impl Experts {
+    /// `residual + Σ weight · expert(x)` over each token's experts, `x` already normed.
+    fn apply(&self, rec: &mut Recorder, x: &Tensor, act: Act, residual: &Tensor) -> Result<Tensor> {
+        let logits = rec.matmul(x, &self.router, None)?;
+        let routes = rec.moe_route(&logits, self.used, self.kind)?;
+        let m = match &self.gate_up {
+            ExpertStack::One(w) => rec.linear_routed(x, w, &routes, Some(act))?,
+            ExpertStack::Apart(g, u) => {
+                let g = rec.linear_routed(x, g, &routes, None)?;
+                let u = rec.linear_routed(x, u, &routes, None)?;
+                match act {
+                    Act::Silu => rec.silu_mul(&g, &u)?,
+                    Act::GeluTanh => rec.gelu_tanh_mul(&g, &u)?,
+                }
+            }
+        };
+        let y = rec.linear_routed(&m, &self.down, &routes, None)?;
+        Ok(rec.moe_combine(&y, &routes, residual)?)
+    }
+}
+
 struct Layer {
     attn_norm: Tensor,
     /// Q, K, V (stacked: `[q; k; v]` rows).
@@ -85,9 +147,7 @@ struct Layer {
     /// Norm of the attention output before the residual add (gemma3).
     post_attn_norm: Option<Tensor>,
     ffn_norm: Tensor,
-    /// Gate and up (stacked: `[gate; up]` rows).
-    gate_up: Stack,
-    down: Proj,
+    mlp: Mlp,
     /// Norm of the MLP output before the residual add (gemma3).
     post_ffn_norm: Option<Tensor>,
     /// Index of this layer's RoPE table in `Model::ropes`.
@@ -335,27 +395,35 @@ impl Model {
                     rec.add(&x, &o)?
                 }
             };
-            let norm = Some(RmsNorm {
-                weight: &l.ffn_norm,
-                eps,
-            });
-            let m = match &l.gate_up {
-                Stack::One(p) => p.apply(rec, &x, norm, Some(act), None)?,
-                Stack::Apart(ps) => {
-                    let g = ps[0].apply(rec, &x, norm, None, None)?;
-                    let u = ps[1].apply(rec, &x, norm, None, None)?;
-                    match act {
-                        Act::Silu => rec.silu_mul(&g, &u)?,
-                        Act::GeluTanh => rec.gelu_tanh_mul(&g, &u)?,
+            x = match &l.mlp {
+                Mlp::Dense { gate_up, down } => {
+                    let norm = Some(RmsNorm {
+                        weight: &l.ffn_norm,
+                        eps,
+                    });
+                    let m = match gate_up {
+                        Stack::One(p) => p.apply(rec, &x, norm, Some(act), None)?,
+                        Stack::Apart(ps) => {
+                            let g = ps[0].apply(rec, &x, norm, None, None)?;
+                            let u = ps[1].apply(rec, &x, norm, None, None)?;
+                            match act {
+                                Act::Silu => rec.silu_mul(&g, &u)?,
+                                Act::GeluTanh => rec.gelu_tanh_mul(&g, &u)?,
+                            }
+                        }
+                    };
+                    match &l.post_ffn_norm {
+                        None => down.apply(rec, &m, None, None, Some(&x))?,
+                        Some(n) => {
+                            let m = down.apply(rec, &m, None, None, None)?;
+                            let m = rec.rms_norm(&m, n, eps)?;
+                            rec.add(&x, &m)?
+                        }
                     }
                 }
-            };
-            x = match &l.post_ffn_norm {
-                None => l.down.apply(rec, &m, None, None, Some(&x))?,
-                Some(n) => {
-                    let m = l.down.apply(rec, &m, None, None, None)?;
-                    let m = rec.rms_norm(&m, n, eps)?;
-                    rec.add(&x, &m)?
+                Mlp::Moe(e) => {
+                    let h = rec.rms_norm(&x, &l.ffn_norm, eps)?;
+                    e.apply(rec, &h, act, &x)?
                 }
             };
         }

@@ -525,9 +525,26 @@ impl HfSource {
             .sum()
     }
 
+    /// The tensor name of `w` in this checkpoint: transformers' usual one, else the name
+    /// Mixtral checkpoints use where this checkpoint names its routers so (a missing
+    /// weight is then named as this checkpoint would name it).
+    fn key(&self, w: Weight) -> String {
+        let name = w.hf_name();
+        if self.index.contains_key(&name) {
+            return name;
+        }
+        let mixtral = Weight::Router(0)
+            .hf_alias()
+            .is_some_and(|r| self.index.contains_key(&r));
+        match w.hf_alias() {
+            Some(alias) if mixtral || self.index.contains_key(&alias) => alias,
+            _ => name,
+        }
+    }
+
     /// The checked entry for `w`: present, F32/F16/BF16, of shape `shape`.
     fn entry(&self, w: Weight, shape: &[usize]) -> Result<(&SafetensorsFile, &Entry)> {
-        let name = w.hf_name();
+        let name = self.key(w);
         let err = |file: &str, problem: String| ModelError::Tensor {
             file: file.into(),
             tensor: name.clone(),
@@ -564,7 +581,7 @@ impl WeightSource for HfSource {
     }
 
     fn has(&self, w: Weight) -> bool {
-        self.index.contains_key(&w.hf_name()) || self.is_quantized(w)
+        self.index.contains_key(&self.key(w)) || self.is_quantized(w)
     }
 
     fn load_linear(&self, device: &Device, w: Weight, shape: &[usize]) -> Result<Linear> {
@@ -590,7 +607,7 @@ impl WeightSource for HfSource {
             return Ok(l.weight);
         }
         let (file, e) = self.entry(w, shape)?;
-        let name = w.hf_name();
+        let name = self.key(w);
         let wrap = |r: kiln_tensor::Result<Tensor>| {
             r.map_err(|source| ModelError::Upload {
                 file: file.name().into(),
@@ -633,7 +650,7 @@ impl WeightSource for HfSource {
 
     fn load_f32(&self, device: &Device, w: Weight, shape: &[usize]) -> Result<Tensor> {
         let (file, e) = self.entry(w, shape)?;
-        let v = file.entry_f32(&w.hf_name(), e)?;
+        let v = file.entry_f32(&self.key(w), e)?;
         Ok(Tensor::from_f32(device, shape, &v)?)
     }
 }

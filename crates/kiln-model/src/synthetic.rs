@@ -99,6 +99,9 @@ fn stream(w: Weight) -> u64 {
         PostAttnNorm(l) => (17, l),
         PreFfnNorm(l) => (18, l),
         PostFfnNorm(l) => (19, l),
+        Router(l) => (20, l),
+        // Each expert's projections: streams of their own, above every other weight's.
+        Expert(l, e, p) => return 1 << 48 | (l as u64) << 24 | (3 * e as u64 + p as u64),
     };
     (layer as u64) << 8 | kind
 }

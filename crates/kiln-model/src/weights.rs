@@ -35,6 +35,48 @@ pub enum Weight {
     PostAttnNorm(usize),
     PreFfnNorm(usize),
     PostFfnNorm(usize),
+    /// A mixture-of-experts layer's router, `[experts, hidden]`.
+    Router(usize),
+    /// One expert's projection: layer, expert, which (HF checkpoints store each expert
+    /// apart; llama.cpp stacks them, see [`WeightSource::load_experts`]).
+    Expert(usize, usize, ExpertProj),
+}
+
+/// The projections of an expert's gated MLP.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExpertProj {
+    Gate,
+    Up,
+    Down,
+}
+
+impl ExpertProj {
+    /// llama.cpp's name (`ffn_gate_exps`).
+    pub fn gguf(self) -> &'static str {
+        match self {
+            ExpertProj::Gate => "gate",
+            ExpertProj::Up => "up",
+            ExpertProj::Down => "down",
+        }
+    }
+
+    /// transformers' name (Qwen3-MoE's; Mixtral's in [`Weight::hf_alias`]).
+    fn hf(self) -> &'static str {
+        match self {
+            ExpertProj::Gate => "gate_proj",
+            ExpertProj::Up => "up_proj",
+            ExpertProj::Down => "down_proj",
+        }
+    }
+
+    /// Mixtral's name.
+    fn mixtral(self) -> &'static str {
+        match self {
+            ExpertProj::Gate => "w1",
+            ExpertProj::Up => "w3",
+            ExpertProj::Down => "w2",
+        }
+    }
 }
 
 impl Weight {
@@ -62,6 +104,22 @@ impl Weight {
             PostAttnNorm(l) => format!("blk.{l}.post_attention_norm.weight"),
             PreFfnNorm(l) => format!("blk.{l}.ffn_norm.weight"),
             PostFfnNorm(l) => format!("blk.{l}.post_ffw_norm.weight"),
+            Router(l) => format!("blk.{l}.ffn_gate_inp.weight"),
+            // Early Mixtral files stored each expert apart.
+            Expert(l, e, p) => format!("blk.{l}.ffn_{}.{e}.weight", p.gguf()),
+        }
+    }
+
+    /// The name Mixtral checkpoints give a weight that other families name as
+    /// [`Weight::hf_name`] says.
+    pub fn hf_alias(self) -> Option<String> {
+        match self {
+            Weight::Router(l) => Some(format!("model.layers.{l}.block_sparse_moe.gate.weight")),
+            Weight::Expert(l, e, p) => Some(format!(
+                "model.layers.{l}.block_sparse_moe.experts.{e}.{}.weight",
+                p.mixtral()
+            )),
+            _ => None,
         }
     }
 
@@ -89,6 +147,8 @@ impl Weight {
             PostAttnNorm(l) => format!("model.layers.{l}.post_attention_layernorm.weight"),
             PreFfnNorm(l) => format!("model.layers.{l}.pre_feedforward_layernorm.weight"),
             PostFfnNorm(l) => format!("model.layers.{l}.post_feedforward_layernorm.weight"),
+            Router(l) => format!("model.layers.{l}.mlp.gate.weight"),
+            Expert(l, e, p) => format!("model.layers.{l}.mlp.experts.{e}.{}.weight", p.hf()),
         }
     }
 }
@@ -118,12 +178,61 @@ pub trait WeightSource {
             input_perm: None,
         })
     }
+    /// Projection `proj` of every expert of layer `layer`, stacked: `[experts, rows, cols]`
+    /// of `shape`, in their stored dtype, on `device`. By default each expert's own weight
+    /// ([`Weight::Expert`]), their bytes concatenated ([`stack_experts`]).
+    fn load_experts(
+        &self,
+        device: &Device,
+        layer: usize,
+        proj: ExpertProj,
+        shape: [usize; 3],
+    ) -> Result<Tensor> {
+        stack_experts(self, device, layer, proj, shape)
+    }
     /// The weight as an F32 device tensor (norms and biases).
     fn load_f32(&self, device: &Device, w: Weight, shape: &[usize]) -> Result<Tensor> {
         let t = self.load(&Device::Reference, w, shape)?;
         let v = t.to_f32_vec()?;
         Ok(Tensor::from_f32(device, shape, &v)?)
     }
+}
+
+/// Every expert's own weight of projection `proj` of layer `layer`, read one by one and
+/// uploaded as one stack `[experts, rows, cols]` (they must share a dtype).
+pub fn stack_experts<S: WeightSource + ?Sized>(
+    src: &S,
+    device: &Device,
+    layer: usize,
+    proj: ExpertProj,
+    shape: [usize; 3],
+) -> Result<Tensor> {
+    let [experts, rows, cols] = shape;
+    let mut bytes = Vec::new();
+    let mut dtype = None;
+    for e in 0..experts {
+        let w = Weight::Expert(layer, e, proj);
+        let t = src.load(&Device::Reference, w, &[rows, cols])?;
+        if let Some(d) = dtype.filter(|&d| d != t.dtype()) {
+            return Err(ModelError::Tensor {
+                file: src.describe().into(),
+                tensor: format!("{w:?}"),
+                problem: format!(
+                    "stored as {:?}, expert 0 as {d:?}: an expert stack shares one dtype",
+                    t.dtype()
+                ),
+            });
+        }
+        dtype = Some(t.dtype());
+        bytes.extend_from_slice(&t.to_bytes()?);
+    }
+    Tensor::from_bytes(device, dtype.unwrap_or(DType::F32), &shape, &bytes).map_err(|source| {
+        ModelError::Upload {
+            file: src.describe().into(),
+            tensor: format!("layer {layer} experts' {}", proj.gguf()),
+            source: Box::new(source),
+        }
+    })
 }
 
 /// A GGUF file: its head (metadata, tensor infos) parsed at open, each tensor read from the
@@ -188,8 +297,30 @@ impl WeightSource for GgufSource {
         self.file.tensor(&w.gguf_name()).is_some()
     }
 
+    fn load_experts(
+        &self,
+        device: &Device,
+        layer: usize,
+        proj: ExpertProj,
+        shape: [usize; 3],
+    ) -> Result<Tensor> {
+        let name = format!("blk.{layer}.ffn_{}_exps.weight", proj.gguf());
+        if self.file.tensor(&name).is_none() && self.has(Weight::Expert(layer, 0, proj)) {
+            // Early Mixtral files: one tensor an expert.
+            return stack_experts(self, device, layer, proj, shape);
+        }
+        self.load_tensor(device, &name, &shape)
+    }
+
     fn load(&self, device: &Device, w: Weight, shape: &[usize]) -> Result<Tensor> {
-        let name = w.gguf_name();
+        self.load_tensor(device, &w.gguf_name(), shape)
+    }
+}
+
+impl GgufSource {
+    /// The tensor `name`, of shape `shape`, uploaded in its stored dtype.
+    fn load_tensor(&self, device: &Device, name: &str, shape: &[usize]) -> Result<Tensor> {
+        let name = name.to_string();
         let err = |problem: String| ModelError::Tensor {
             file: self.describe().into(),
             tensor: name.clone(),

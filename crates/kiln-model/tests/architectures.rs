@@ -14,10 +14,8 @@ mod common;
 
 use std::path::PathBuf;
 
-use kiln_attention::KvCache;
-use kiln_kv::{BlockId, KvDtype};
-use kiln_model::{Arch, KvPoolConfig, LoadOptions, LogitsAt, Model, ModelFiles, SeqInput};
-use kiln_tensor::{Recorder, RopeScaling};
+use kiln_model::{Arch, LoadOptions, Model, ModelFiles};
+use kiln_tensor::RopeScaling;
 
 fn fixture(name: &str) -> PathBuf {
     kiln_testkit::tiny_model_dir(name)
@@ -34,28 +32,7 @@ fn check(name: &str) -> ModelFiles {
     let cfg = files.config().clone();
     for (backend, dev) in common::devices() {
         let model = Model::load(&dev, cfg.clone(), files.weights()).unwrap();
-        let kvc = cfg.kv_cache_config(KvPoolConfig {
-            block_size: 16,
-            num_blocks: 4,
-            dtype: KvDtype::F32,
-        });
-        let mut cache = KvCache::new(&dev, kvc).unwrap();
-        let table = [2, 0, 3].map(BlockId);
-        let mut rec = Recorder::new(&dev);
-        let logits = model
-            .forward(
-                &mut rec,
-                &mut cache,
-                &[SeqInput {
-                    tokens: &ids,
-                    block_table: &table,
-                    context_len: ids.len(),
-                }],
-                LogitsAt::All,
-            )
-            .unwrap();
-        rec.submit().unwrap();
-        let got = logits.to_f32_vec().unwrap();
+        let got = common::tiny::forward_all(&model, &dev, &ids);
         common::tiny::assert_logits_close(&got, &want, cfg.vocab, &format!("{name} {backend}"));
     }
     files

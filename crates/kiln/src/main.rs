@@ -131,6 +131,9 @@ fn info(args: &InfoArgs) -> CmdResult {
     println!("device: {}", dev.info());
     println!("config: {cfg:#?}");
     println!("attention: {}", cfg.attention_summary());
+    if let Some(moe) = &cfg.moe {
+        println!("experts: {}", moe.summary(cfg.layers));
+    }
     let weights = c.files().stored_bytes();
     println!(
         "weights: {weights} bytes ({:.1} MiB) as stored",

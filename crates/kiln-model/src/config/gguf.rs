@@ -2,9 +2,11 @@
 //! llama.cpp's conventions (its converters' defaults and weight layouts).
 
 use kiln_gguf::{GgufError, GgufFile};
-use kiln_tensor::{RopeLayout, RopeScaling};
+use kiln_tensor::{RopeLayout, RopeScaling, Router};
 
-use super::{Arch, FamilyDefaults, LayerAttention, ModelConfig, RopeParams, gemma_pattern, limits};
+use super::{
+    Arch, FamilyDefaults, LayerAttention, ModelConfig, MoeConfig, RopeParams, gemma_pattern, limits,
+};
 use crate::{ModelError, Result};
 
 /// Gemma 3's defaults that llama.cpp's converter does not write: its local (sliding) layers
@@ -26,8 +28,32 @@ fn gguf_key(field: &str) -> Option<&'static str> {
         "rope_theta" => "rope.freq_base",
         "sliding_window" => "attention.sliding_window",
         "rope_scaling" => "rope.scaling.factor",
+        "num_experts" => "expert_count",
+        "num_experts_per_tok" => "expert_used_count",
+        "moe_intermediate_size" => "expert_feed_forward_length",
         _ => return None,
     })
+}
+
+/// The router llama.cpp's metadata describes: `expert_gating_func` 1 (softmax, the default)
+/// with `expert_weights_norm` (llama.cpp renormalises the top-k of `qwen3moe` and `llama`
+/// files, which do not write it).
+fn gguf_router(
+    md: &kiln_gguf::Metadata,
+    src: &str,
+    key: &dyn Fn(&str) -> String,
+) -> Result<Router> {
+    const SOFTMAX: u64 = 1;
+    match md.get_u64(&key("expert_gating_func"))? {
+        None | Some(SOFTMAX) => Ok(Router::SoftmaxTopK {
+            renorm: md.get_bool(&key("expert_weights_norm"))?.unwrap_or(true),
+        }),
+        Some(other) => Err(ModelError::Config {
+            file: src.into(),
+            field: key("expert_gating_func"),
+            problem: format!("router {other} is not supported (1: softmax)"),
+        }),
+    }
 }
 
 impl ModelConfig {
@@ -191,8 +217,8 @@ impl ModelConfig {
             // llama.cpp permutes llama (and mistral) Q/K rows for interleaved RoPE; the other
             // families keep the HF layout and run the half-split ("neox") rotation.
             rope_layout: match arch {
-                Arch::Llama | Arch::Mistral => RopeLayout::Interleaved,
-                Arch::Qwen2 | Arch::Qwen3 | Arch::Gemma3 => RopeLayout::HalfSplit,
+                Arch::Llama | Arch::Mistral | Arch::Mixtral => RopeLayout::Interleaved,
+                Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen3Moe | Arch::Gemma3 => RopeLayout::HalfSplit,
             },
             max_position: opt("context_length")?.unwrap_or(2048),
             tie_embeddings: file.tensor("output.weight").is_none(),
@@ -208,7 +234,28 @@ impl ModelConfig {
             final_logit_softcap: md
                 .get_f32(&key("final_logit_softcapping"))?
                 .filter(|&c| c > 0.0),
+            moe: None,
         };
-        cfg.validate(&src)
+        let moe = match opt("expert_count")? {
+            None | Some(0) => None,
+            Some(experts) => Some(MoeConfig {
+                experts,
+                used: need("expert_used_count")?,
+                // llama.cpp's `llama` files (Mixtral) size experts by feed_forward_length.
+                expert_ffn: match opt("expert_feed_forward_length")? {
+                    Some(f) => f,
+                    None => cfg.ffn,
+                },
+                router: gguf_router(md, &src, &key)?,
+                // A layer without a router has a dense MLP.
+                dense_layers: (0..layers.min(limits::LAYERS))
+                    .filter(|l| {
+                        file.tensor(&format!("blk.{l}.ffn_gate_inp.weight"))
+                            .is_none()
+                    })
+                    .collect(),
+            }),
+        };
+        ModelConfig { moe, ..cfg }.validate(&src)
     }
 }

@@ -1,9 +1,11 @@
 //! [`ModelConfig`] from a Hugging Face `config.json`, as transformers 4.x and 5 write it.
 
-use kiln_tensor::{RopeLayout, RopeScaling};
+use kiln_tensor::{RopeLayout, RopeScaling, Router};
 use serde_json::{Map, Value};
 
-use super::{Arch, FamilyDefaults, LayerAttention, ModelConfig, RopeParams, gemma_pattern, limits};
+use super::{
+    Arch, FamilyDefaults, LayerAttention, ModelConfig, MoeConfig, RopeParams, gemma_pattern, limits,
+};
 use crate::{ModelError, Result};
 
 /// Reads fields of one `config.json` object, naming the file and field in every error.
@@ -96,6 +98,64 @@ fn rope_dict(f: &Fields<'_>, field: &str, s: &Value) -> Result<(Option<f32>, Rop
         }
     };
     Ok((theta, scaling))
+}
+
+/// The experts of a `qwen3_moe` or `mixtral` config (`None` for the dense families).
+fn hf_moe(f: &Fields<'_>, arch: Arch, layers: usize) -> Result<Option<MoeConfig>> {
+    let (ffn_key, router) = match arch {
+        Arch::Qwen3Moe => (
+            "moe_intermediate_size",
+            Router::SoftmaxTopK {
+                renorm: f.bool("norm_topk_prob").unwrap_or(false),
+            },
+        ),
+        Arch::Mixtral => ("intermediate_size", Router::SoftmaxTopK { renorm: true }),
+        _ => return Ok(None),
+    };
+    if let Some(act) = f.get("hidden_act").and_then(Value::as_str)
+        && act != "silu"
+    {
+        return Err(f.err("hidden_act", format!("`{act}` is not supported (silu)")));
+    }
+    // transformers 5 writes `num_local_experts` for both; Qwen's own configs `num_experts`.
+    let experts_key = if f.get("num_local_experts").is_some() {
+        "num_local_experts"
+    } else {
+        "num_experts"
+    };
+    let experts = f.size(experts_key)?;
+    // Qwen3-MoE: a layer is sparse unless listed in `mlp_only_layers`, and only every
+    // `decoder_sparse_step`-th (1-based) is.
+    let step = f.size_opt("decoder_sparse_step")?.unwrap_or(1).max(1);
+    let only: Vec<usize> = match f.get("mlp_only_layers") {
+        None => Vec::new(),
+        Some(Value::Array(v)) => v
+            .iter()
+            .enumerate()
+            .map(|(i, x)| {
+                x.as_u64().map(|l| l as usize).ok_or_else(|| {
+                    f.err(
+                        &format!("mlp_only_layers[{i}]"),
+                        format!("{x} is not a layer"),
+                    )
+                })
+            })
+            .collect::<Result<_>>()?,
+        Some(other) => return Err(f.err("mlp_only_layers", format!("{other} is not a list"))),
+    };
+    if let Some(&l) = only.iter().find(|&&l| l >= layers) {
+        return Err(f.err("mlp_only_layers", format!("layer {l} of {layers} layers")));
+    }
+    let dense_layers = (0..layers.min(limits::LAYERS))
+        .filter(|l| only.contains(l) || !(l + 1).is_multiple_of(step))
+        .collect();
+    Ok(Some(MoeConfig {
+        experts,
+        used: f.size("num_experts_per_tok")?,
+        expert_ffn: f.size(ffn_key)?,
+        router,
+        dense_layers,
+    }))
 }
 
 const FULL: &str = "full_attention";
@@ -205,8 +265,10 @@ impl ModelConfig {
         };
         let use_window = match arch {
             Arch::Llama => false,
-            Arch::Qwen2 | Arch::Qwen3 => f.bool("use_sliding_window").unwrap_or(false),
-            Arch::Mistral | Arch::Gemma3 => true,
+            Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen3Moe => {
+                f.bool("use_sliding_window").unwrap_or(false)
+            }
+            Arch::Mistral | Arch::Mixtral | Arch::Gemma3 => true,
         };
         let kinds: Vec<bool> = match f.get("layer_types") {
             Some(Value::Array(types)) => types
@@ -293,6 +355,7 @@ impl ModelConfig {
             embed_scale: family.embed_scale,
             attn_scale: 1.0 / scalar.sqrt(),
             final_logit_softcap: f.float("final_logit_softcapping")?.filter(|&c| c > 0.0),
+            moe: hf_moe(&f, arch, layers)?,
         };
         cfg.validate(file)
     }

@@ -4,9 +4,9 @@
 use kiln_attention::AttnConfig;
 use kiln_tensor::{ColumnIndex, Device, RopeTable, Tensor};
 
-use super::{Layer, Model, Proj, Stack, bytes_of};
-use crate::config::RopeParams;
-use crate::weights::{Weight, WeightSource};
+use super::{ExpertStack, Experts, Layer, Mlp, Model, Proj, Stack, bytes_of};
+use crate::config::{MoeConfig, RopeParams};
+use crate::weights::{ExpertProj, Weight, WeightSource};
 use crate::{ModelConfig, ModelError, Result};
 
 /// An RMSNorm weight as F32, with the config's `norm_offset` added (Gemma's `1 + w`).
@@ -123,6 +123,48 @@ fn load_proj(
     })
 }
 
+/// A mixture-of-experts layer's router and experts: gate and up stacked per expert
+/// (`[gate_e; up_e]`, one launch for both) where they share a dtype, read on the host a
+/// projection at a time.
+fn load_experts(
+    device: &Device,
+    src: &dyn WeightSource,
+    moe: &MoeConfig,
+    l: usize,
+    h: usize,
+) -> Result<Experts> {
+    let (e, f) = (moe.experts, moe.expert_ffn);
+    let router = src.load(device, Weight::Router(l), &[e, h])?;
+    let host = |p: ExpertProj| src.load_experts(&Device::Reference, l, p, [e, f, h]);
+    let (gate, up) = (host(ExpertProj::Gate)?, host(ExpertProj::Up)?);
+    let gate_up = if gate.dtype() == up.dtype() {
+        let (g, u) = (gate.to_bytes()?, up.to_bytes()?);
+        let per = g.len() / e;
+        let mut both = Vec::with_capacity(2 * g.len());
+        for x in 0..e {
+            both.extend_from_slice(&g[x * per..(x + 1) * per]);
+            both.extend_from_slice(&u[x * per..(x + 1) * per]);
+        }
+        drop((g, u));
+        ExpertStack::One(Tensor::from_bytes(
+            device,
+            gate.dtype(),
+            &[e, 2 * f, h],
+            &both,
+        )?)
+    } else {
+        let upload = |t: &Tensor| Tensor::from_bytes(device, t.dtype(), &[e, f, h], &t.to_bytes()?);
+        ExpertStack::Apart(upload(&gate)?, upload(&up)?)
+    };
+    Ok(Experts {
+        router,
+        used: moe.used,
+        kind: moe.router,
+        gate_up,
+        down: src.load_experts(device, l, ExpertProj::Down, [e, h, f])?,
+    })
+}
+
 impl Model {
     /// Upload every weight the config names from `src` to `device`.
     pub fn load(device: &Device, cfg: ModelConfig, src: &dyn WeightSource) -> Result<Self> {
@@ -185,14 +227,20 @@ impl Model {
                     rope_params.len() - 1
                 }
             };
-            let gate_up = load_stack(
-                device,
-                src,
-                &[
-                    (Weight::Gate(l), None, [cfg.ffn, h]),
-                    (Weight::Up(l), None, [cfg.ffn, h]),
-                ],
-            )?;
+            let mlp = match &cfg.moe {
+                Some(moe) if cfg.sparse_layer(l) => Mlp::Moe(load_experts(device, src, moe, l, h)?),
+                _ => Mlp::Dense {
+                    gate_up: load_stack(
+                        device,
+                        src,
+                        &[
+                            (Weight::Gate(l), None, [cfg.ffn, h]),
+                            (Weight::Up(l), None, [cfg.ffn, h]),
+                        ],
+                    )?,
+                    down: load_proj(device, src, Weight::Down(l), [h, cfg.ffn])?,
+                },
+            };
             layers.push(Layer {
                 attn_norm: norm_of(Weight::AttnNorm(l), h)?,
                 qkv,
@@ -200,8 +248,7 @@ impl Model {
                 o: load_proj(device, src, Weight::O(l), [h, qd])?,
                 post_attn_norm,
                 ffn_norm,
-                gate_up,
-                down: load_proj(device, src, Weight::Down(l), [h, cfg.ffn])?,
+                mlp,
                 post_ffn_norm,
                 rope,
                 attn: AttnConfig {
@@ -226,7 +273,7 @@ impl Model {
                 .chain(l.post_ffn_norm.iter())
                 .map(bytes_of)
                 .sum::<u64>();
-            weight_bytes += l.qkv.bytes() + l.gate_up.bytes() + l.o.bytes() + l.down.bytes();
+            weight_bytes += l.qkv.bytes() + l.o.bytes() + l.mlp.bytes();
         }
         tracing::info!(
             "loaded {} bytes of weights from {} in {:?}",

@@ -2,7 +2,116 @@
 //! `tests/fixtures/int4`): token ids and float32 logits from `transformers`, compared with
 //! 2e-5 + 2e-5·|reference| (the same f32 values, summed in another order).
 
+use kiln_attention::KvCache;
+use kiln_kv::{BlockId, KvDtype};
+use kiln_model::{KvPoolConfig, LogitsAt, Model, ModelConfig, SeqInput};
+use kiln_tensor::{Device, Recorder};
 use serde_json::Value;
+
+/// A cache of F32 K/V for a tiny model: 8 blocks of 16 tokens, handed out out of order.
+fn cache(cfg: &ModelConfig, dev: &Device) -> (KvCache, Vec<BlockId>) {
+    let kvc = cfg.kv_cache_config(KvPoolConfig {
+        block_size: 16,
+        num_blocks: 8,
+        dtype: KvDtype::F32,
+    });
+    let table = [2, 0, 3, 7, 1, 5, 4, 6].map(BlockId).to_vec();
+    (KvCache::new(dev, kvc).unwrap(), table)
+}
+
+/// The logits at every position of `ids`, one forward step.
+pub fn forward_all(model: &Model, dev: &Device, ids: &[u32]) -> Vec<f32> {
+    let (mut cache, table) = cache(model.config(), dev);
+    let mut rec = Recorder::new(dev);
+    let logits = model
+        .forward(
+            &mut rec,
+            &mut cache,
+            &[SeqInput {
+                tokens: ids,
+                block_table: &table,
+                context_len: ids.len(),
+            }],
+            LogitsAt::All,
+        )
+        .unwrap();
+    rec.submit().unwrap();
+    logits.to_f32_vec().unwrap()
+}
+
+/// `steps` greedy tokens after `ids`: the prompt in one step, then a token a step.
+pub fn greedy(model: &Model, dev: &Device, ids: &[u32], steps: usize) -> Vec<u32> {
+    let (mut cache, table) = cache(model.config(), dev);
+    let mut out = Vec::new();
+    let mut tokens = ids.to_vec();
+    let mut len = 0;
+    for _ in 0..steps {
+        let mut rec = Recorder::new(dev);
+        let logits = model
+            .forward(
+                &mut rec,
+                &mut cache,
+                &[SeqInput {
+                    tokens: &tokens,
+                    block_table: &table,
+                    context_len: len + tokens.len(),
+                }],
+                LogitsAt::Last,
+            )
+            .unwrap();
+        rec.submit().unwrap();
+        let l = logits.to_f32_vec().unwrap();
+        let best =
+            l.iter().enumerate().fold(
+                (0, f32::NEG_INFINITY),
+                |b, (i, &v)| if v > b.1 { (i, v) } else { b },
+            );
+        len += tokens.len();
+        out.push(best.0 as u32);
+        tokens = vec![best.0 as u32];
+    }
+    out
+}
+
+/// Asserts `got` follows the reference's greedy `tokens` until the first step whose
+/// reference top-1/top-2 margin is under `tie` (where either token is a fair answer), and
+/// that it agrees on at least `min_steps` steps.
+pub fn assert_greedy(got: &[u32], reference: &Value, tie: f64, min_steps: usize, what: &str) {
+    let want = ids(&reference["tokens"]);
+    let margins: Vec<f64> = reference["margins"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m.as_f64().unwrap())
+        .collect();
+    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+        if margins[i] < tie {
+            assert!(
+                i >= min_steps,
+                "{what}: a near-tie at step {i}, before {min_steps}"
+            );
+            eprintln!(
+                "{what}: {i} greedy steps agree, then a reference near-tie ({})",
+                margins[i]
+            );
+            return;
+        }
+        assert_eq!(
+            g, w,
+            "{what}: greedy step {i} (reference margin {}): {got:?} vs {want:?}",
+            margins[i]
+        );
+    }
+    assert!(
+        got.len() >= min_steps.min(want.len()),
+        "{what}: {} steps",
+        got.len()
+    );
+    eprintln!(
+        "{what}: all {} greedy steps agree",
+        got.len().min(want.len())
+    );
+}
 
 pub fn ids(v: &Value) -> Vec<u32> {
     v.as_array()

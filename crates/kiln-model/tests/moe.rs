@@ -1,0 +1,214 @@
+//! Mixture-of-experts models against their references, on every backend: tiny random-weight
+//! Qwen3-MoE and Mixtral checkpoints made by `transformers` (`scripts/make_tiny_fixtures.py`),
+//! as HF folders and as GGUF files written by llama.cpp's own converter. The HF folders and
+//! the F32 GGUFs match transformers' float32 logits at every prompt position and its greedy
+//! continuation token for token; the Q8_0 GGUFs follow llama.cpp's greedy continuation of the
+//! same file (`llama-cpp-python`) until its first near-tie.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use common::tiny;
+use kiln_model::{
+    Arch, LoadOptions, Model, ModelConfig, ModelFiles, MoeConfig, SafetensorsFile, StDtype,
+    encode_safetensors,
+};
+use kiln_tensor::Router;
+use serde_json::Value;
+
+/// Margin under which transformers' top two tokens count as tied, for files holding its very
+/// weights in f32 (kiln's logits differ from its by under 1e-5).
+const F32_TIE: f64 = 1e-3;
+/// Against llama.cpp on a Q8_0 file. Measured on these fixtures: kiln's logits (every
+/// backend) differ from llama.cpp's by 0.015 to 0.04 at each position, and by up to 0.17 where
+/// a token's third expert changes (a router near-tie): activations rounded to 8 bits by one
+/// and not the other, or in another order, on random weights where logits are close.
+const Q8_TIE: f64 = 0.05;
+const STEPS: usize = 16;
+
+fn dir(name: &str) -> PathBuf {
+    kiln_testkit::tiny_model_dir(name)
+}
+
+fn json(path: &Path) -> Value {
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+/// Loads `path` on every device; checks its logits against `reference.json` (unless
+/// `logits` is false) and its greedy continuation against `greedy`.
+fn check(path: &Path, greedy: &Value, tie: f64, logits: bool, what: &str) -> ModelConfig {
+    // Files of transformers' own f32 weights agree on every step; quantized ones on the
+    // steps before a near-tie, at least two.
+    let min_steps = if logits { STEPS } else { 2 };
+    let files = ModelFiles::open(path, LoadOptions::default()).unwrap();
+    let reference = match path.is_dir() {
+        true => json(&path.join("reference.json")),
+        false => json(&path.with_file_name("reference.json")),
+    };
+    let ids = tiny::ids(&reference["input_ids"]);
+    let cfg = files.config().clone();
+    for (backend, dev) in common::devices() {
+        let model = Model::load(&dev, cfg.clone(), files.weights()).unwrap();
+        if logits {
+            let got = tiny::forward_all(&model, &dev, &ids);
+            let want = tiny::logits(&reference["logits"]);
+            tiny::assert_logits_close(&got, &want, cfg.vocab, &format!("{what} {backend}"));
+        }
+        let got = tiny::greedy(&model, &dev, &ids, STEPS);
+        tiny::assert_greedy(&got, greedy, tie, min_steps, &format!("{what} {backend}"));
+    }
+    cfg
+}
+
+/// The HF folder, the F32 GGUF (both against transformers) and the Q8_0 GGUF (against
+/// llama.cpp); returns the folder's config and the GGUF's.
+fn check_formats(name: &str) -> (ModelConfig, ModelConfig) {
+    let d = dir(name);
+    let transformers = json(&d.join("reference.json"))["greedy"].clone();
+    let hf = check(&d, &transformers, F32_TIE, true, &format!("{name} HF"));
+    let gguf = check(
+        &d.join("model-f32.gguf"),
+        &transformers,
+        F32_TIE,
+        true,
+        &format!("{name} F32 GGUF"),
+    );
+    // llama.cpp on the F32 file gives transformers' tokens too (a check of the references).
+    let llama_f32 = json(&d.join("reference-f32.json"));
+    assert_eq!(llama_f32["greedy"]["tokens"], transformers["tokens"]);
+    let llama_q8 = json(&d.join("reference-q8_0.json"))["greedy"].clone();
+    check(
+        &d.join("model-q8_0.gguf"),
+        &llama_q8,
+        Q8_TIE,
+        false,
+        &format!("{name} Q8_0 GGUF"),
+    );
+    (hf, gguf)
+}
+
+#[test]
+fn qwen3moe_matches_transformers_and_llama_cpp_in_both_formats() {
+    let (hf, gguf) = check_formats("qwen3moe");
+    let moe = MoeConfig {
+        experts: 8,
+        used: 3,
+        expert_ffn: 32,
+        router: Router::SoftmaxTopK { renorm: true },
+        dense_layers: vec![],
+    };
+    assert_eq!((hf.arch, hf.moe.as_ref()), (Arch::Qwen3Moe, Some(&moe)));
+    assert_eq!((gguf.arch, gguf.moe.as_ref()), (Arch::Qwen3Moe, Some(&moe)));
+    assert!(hf.qk_norm && gguf.qk_norm);
+}
+
+#[test]
+fn mixtral_matches_transformers_and_llama_cpp_in_both_formats() {
+    let (hf, gguf) = check_formats("mixtral");
+    let moe = MoeConfig {
+        experts: 8,
+        used: 2,
+        expert_ffn: 32,
+        router: Router::SoftmaxTopK { renorm: true },
+        dense_layers: vec![],
+    };
+    assert_eq!((hf.arch, hf.moe.as_ref()), (Arch::Mixtral, Some(&moe)));
+    // llama.cpp's converter writes Mixtral as `llama` with experts.
+    assert_eq!((gguf.arch, gguf.moe.as_ref()), (Arch::Llama, Some(&moe)));
+}
+
+#[test]
+fn qwen3moe_without_renormalised_weights_and_with_a_dense_layer() {
+    let d = dir("qwen3moe_dense");
+    let greedy = json(&d.join("reference.json"))["greedy"].clone();
+    let cfg = check(&d, &greedy, F32_TIE, true, "qwen3moe_dense HF");
+    let moe = cfg.moe.unwrap();
+    assert_eq!(
+        (moe.router, moe.dense_layers, moe.experts, moe.used),
+        (Router::SoftmaxTopK { renorm: false }, vec![0], 6, 2)
+    );
+}
+
+/// The fixture's config with `edit` applied, read back.
+fn edited(name: &str, edit: impl FnOnce(&mut serde_json::Map<String, Value>)) -> String {
+    let mut v = json(&dir(name).join("config.json"));
+    edit(v.as_object_mut().unwrap());
+    match ModelConfig::from_hf_json("config.json", &v.to_string()) {
+        Ok(c) => panic!("accepted: {:?}", c.moe),
+        Err(e) => e.to_string(),
+    }
+}
+
+#[test]
+fn bad_expert_configs_and_files_are_refused_by_name() {
+    let e = edited("qwen3moe", |v| {
+        v.insert("num_experts_per_tok".into(), 9.into());
+    });
+    assert!(
+        e.contains("num_experts_per_tok") && e.contains("1..=8"),
+        "{e}"
+    );
+    let e = edited("qwen3moe", |v| {
+        v.insert("num_local_experts".into(), 0.into());
+    });
+    assert!(e.contains("num_experts") && e.contains("outside"), "{e}");
+    let e = edited("mixtral", |v| {
+        v.insert("hidden_act".into(), "gelu".into());
+    });
+    assert!(e.contains("hidden_act") && e.contains("gelu"), "{e}");
+    let e = edited("qwen3moe", |v| {
+        v.insert("mlp_only_layers".into(), serde_json::json!([5]));
+    });
+    assert!(
+        e.contains("mlp_only_layers") && e.contains("layer 5"),
+        "{e}"
+    );
+
+    // A router whose shape disagrees with the config, and a checkpoint that lacks an expert:
+    // the load names the tensor and the file.
+    let tmp = std::env::temp_dir().join(format!("kiln-moe-missing-{}", std::process::id()));
+    std::fs::create_dir_all(&tmp).unwrap();
+    let load = |config: &Value| {
+        std::fs::write(tmp.join("config.json"), config.to_string()).unwrap();
+        let files = ModelFiles::open(&tmp, LoadOptions::default()).unwrap();
+        Model::load(
+            &kiln_tensor::Device::Reference,
+            files.config().clone(),
+            files.weights(),
+        )
+        .unwrap_err()
+        .to_string()
+    };
+    let config = json(&dir("mixtral").join("config.json"));
+    let st = SafetensorsFile::open(&dir("mixtral").join("model.safetensors")).unwrap();
+    let gone = "model.layers.1.block_sparse_moe.experts.5.w3.weight";
+    let tensors: Vec<_> = st
+        .names()
+        .filter(|n| *n != gone)
+        .map(|n| {
+            let v = st.read_f32(n).unwrap();
+            let shape = st.info(n).unwrap().1.to_vec();
+            let bytes = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+            (n.to_string(), StDtype::F32, shape, bytes)
+        })
+        .collect();
+    let bytes = encode_safetensors(&tensors, &Default::default()).unwrap();
+    std::fs::write(tmp.join("model.safetensors"), bytes).unwrap();
+    let mut nine = config.clone();
+    nine["num_local_experts"] = 9.into();
+    let shape_err = load(&nine);
+    let missing = load(&config);
+    std::fs::remove_dir_all(&tmp).unwrap();
+    assert!(
+        shape_err.contains("model.layers.0.block_sparse_moe.gate.weight")
+            && shape_err.contains("[8, 64] disagrees with config.json's [9, 64]"),
+        "{shape_err}"
+    );
+    assert!(
+        missing.contains(gone) && missing.contains("missing"),
+        "{missing}"
+    );
+}
