@@ -372,12 +372,6 @@ impl ModelConfig {
                     return bad(f, format!("{v} is outside 1..={max}"));
                 }
             }
-            if let Some(l) = m.dense_layers.iter().find(|&&l| l >= self.layers) {
-                return bad(
-                    "mlp_only_layers",
-                    format!("layer {l} of {} layers", self.layers),
-                );
-            }
         }
         for (f, v) in [
             ("attn_scale", Some(self.attn_scale)),

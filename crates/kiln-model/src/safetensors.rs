@@ -584,6 +584,10 @@ impl WeightSource for HfSource {
         self.index.contains_key(&self.key(w)) || self.is_quantized(w)
     }
 
+    fn name_of(&self, w: Weight) -> String {
+        self.key(w)
+    }
+
     fn load_linear(&self, device: &Device, w: Weight, shape: &[usize]) -> Result<Linear> {
         if self.is_quantized(w) {
             return self.load_quantized(device, w, shape);

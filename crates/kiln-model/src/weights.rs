@@ -168,6 +168,10 @@ pub trait WeightSource {
     fn describe(&self) -> &str;
     /// Whether the weight is present.
     fn has(&self, w: Weight) -> bool;
+    /// The weight's name in this source, for messages.
+    fn name_of(&self, w: Weight) -> String {
+        format!("{w:?}")
+    }
     /// The weight as a device tensor of shape `shape` in its stored dtype (quantized weights
     /// stay quantized; BF16 stays BF16).
     fn load(&self, device: &Device, w: Weight, shape: &[usize]) -> Result<Tensor>;
@@ -216,7 +220,7 @@ pub fn stack_experts<S: WeightSource + ?Sized>(
         if let Some(d) = dtype.filter(|&d| d != t.dtype()) {
             return Err(ModelError::Tensor {
                 file: src.describe().into(),
-                tensor: format!("{w:?}"),
+                tensor: src.name_of(w),
                 problem: format!(
                     "stored as {:?}, expert 0 as {d:?}: an expert stack shares one dtype",
                     t.dtype()
@@ -295,6 +299,10 @@ impl WeightSource for GgufSource {
 
     fn has(&self, w: Weight) -> bool {
         self.file.tensor(&w.gguf_name()).is_some()
+    }
+
+    fn name_of(&self, w: Weight) -> String {
+        w.gguf_name()
     }
 
     fn load_experts(

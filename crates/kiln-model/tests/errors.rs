@@ -166,3 +166,109 @@ fn a_file_cut_short_after_opening_names_the_tensor() {
         "{text}"
     );
 }
+
+/// A one-layer `qwen3moe` GGUF (hidden 32, 2 heads of 16, 4 experts of 32, top 2) with
+/// `meta` adding or replacing metadata and the tensors `keep` accepts.
+fn tiny_moe_gguf(meta: &[(&str, u32)], keep: impl Fn(&str) -> bool) -> Vec<u8> {
+    let mut w = GgufWriter::new();
+    w.metadata("general.architecture", "qwen3moe");
+    let base = [
+        ("qwen3moe.embedding_length", 32u32),
+        ("qwen3moe.block_count", 1),
+        ("qwen3moe.attention.head_count", 2),
+        ("qwen3moe.attention.head_count_kv", 2),
+        ("qwen3moe.feed_forward_length", 64),
+        ("qwen3moe.vocab_size", 8),
+        ("qwen3moe.context_length", 64),
+        ("qwen3moe.expert_count", 4),
+        ("qwen3moe.expert_used_count", 2),
+        ("qwen3moe.expert_feed_forward_length", 32),
+    ];
+    for (k, v) in base {
+        let v = meta.iter().find(|(m, _)| *m == k).map_or(v, |&(_, v)| v);
+        w.metadata(k, v);
+    }
+    for &(k, v) in meta
+        .iter()
+        .filter(|(m, _)| !base.iter().any(|(b, _)| b == m))
+    {
+        w.metadata(k, v);
+    }
+    let tensors: [(&str, Vec<u64>); 13] = [
+        ("token_embd.weight", vec![32, 8]),
+        ("output_norm.weight", vec![32]),
+        ("blk.0.attn_norm.weight", vec![32]),
+        ("blk.0.attn_q.weight", vec![32, 32]),
+        ("blk.0.attn_k.weight", vec![32, 32]),
+        ("blk.0.attn_v.weight", vec![32, 32]),
+        ("blk.0.attn_q_norm.weight", vec![16]),
+        ("blk.0.attn_k_norm.weight", vec![16]),
+        ("blk.0.attn_output.weight", vec![32, 32]),
+        ("blk.0.ffn_norm.weight", vec![32]),
+        ("blk.0.ffn_gate_inp.weight", vec![32, 4]),
+        ("blk.0.ffn_gate_exps.weight", vec![32, 32, 4]),
+        ("blk.0.ffn_down_exps.weight", vec![32, 32, 4]),
+    ];
+    let up = ("blk.0.ffn_up_exps.weight", vec![32u64, 32, 4]);
+    for (name, dims) in tensors.into_iter().chain([up]) {
+        if keep(name) {
+            let n: u64 = dims.iter().product();
+            w.tensor(name, &dims, GgmlType::F32, vec![0u8; n as usize * 4]);
+        }
+    }
+    w.to_bytes().unwrap()
+}
+
+#[test]
+fn gguf_expert_errors_name_the_key_or_tensor() {
+    load(&tiny_moe_gguf(&[], |_| true), "moe-ok.gguf").unwrap();
+    /// Metadata set, then the key (or tensor) the error names and what it says.
+    type Case<'a> = (&'a [(&'a str, u32)], &'a str, &'a str);
+    let cases: [Case<'_>; 4] = [
+        (
+            &[("qwen3moe.expert_gating_func", 2)],
+            "qwen3moe.expert_gating_func",
+            "router 2 is not supported",
+        ),
+        (
+            &[("qwen3moe.expert_used_count", 5)],
+            "qwen3moe.expert_used_count",
+            "1..=4",
+        ),
+        (&[("qwen3moe.expert_count", 0)], "", ""),
+        (
+            &[("qwen3moe.expert_feed_forward_length", 16)],
+            "blk.0.ffn_gate_exps.weight",
+            "disagrees",
+        ),
+    ];
+    for (meta, key, problem) in cases {
+        let r = load(&tiny_moe_gguf(meta, |_| true), "moe-bad.gguf");
+        if key.is_empty() {
+            // No experts: the file reads as a dense model, whose MLP weights it lacks.
+            let e = r.unwrap_err().to_string();
+            assert!(
+                e.contains("blk.0.ffn_gate.weight") && e.contains("missing"),
+                "{e}"
+            );
+            continue;
+        }
+        let e = r.unwrap_err().to_string();
+        assert!(
+            e.contains("moe-bad.gguf") && e.contains(key) && e.contains(problem),
+            "{e}"
+        );
+    }
+    let e = load(
+        &tiny_moe_gguf(&[], |n| n != "blk.0.ffn_up_exps.weight"),
+        "moe-missing.gguf",
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("moe-missing.gguf")
+            && e.contains("blk.0.ffn_up_exps.weight")
+            && e.contains("missing"),
+        "{e}"
+    );
+}

@@ -8,13 +8,14 @@
 // expert: every slot's product is computed on its own).
 //
 // Otherwise (`moe_combine`): out[t, c] = res[t, c] + sum_j w[t, j] * y[t * TOPK + j, c], the
-// terms in slot order; p.mode is the row width.
+// terms in slot order; p.width is the row width.
 
 struct Params {
     tokens: u32,
     experts: u32,
     k: u32,
     mode: u32,
+    width: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -118,7 +119,7 @@ fn main(
     @builtin(local_invocation_index) lid: u32,
 ) {
     let i = (wid.x + wid.y * nwg.x) * 64u + lid;
-    let n = p.mode;
+    let n = p.width;
     if (i >= p.tokens * n) {
         return;
     }

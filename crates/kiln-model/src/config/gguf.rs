@@ -7,7 +7,7 @@ use kiln_tensor::{RopeLayout, RopeScaling, Router};
 use super::{
     Arch, FamilyDefaults, LayerAttention, ModelConfig, MoeConfig, RopeParams, gemma_pattern, limits,
 };
-use crate::{ModelError, Result};
+use crate::{ModelError, Result, Weight};
 
 /// Gemma 3's defaults that llama.cpp's converter does not write: its local (sliding) layers
 /// use RoPE base 10,000 and every sixth layer attends fully.
@@ -238,23 +238,25 @@ impl ModelConfig {
         };
         let moe = match opt("expert_count")? {
             None | Some(0) => None,
-            Some(experts) => Some(MoeConfig {
-                experts,
-                used: need("expert_used_count")?,
-                // llama.cpp's `llama` files (Mixtral) size experts by feed_forward_length.
-                expert_ffn: match opt("expert_feed_forward_length")? {
-                    Some(f) => f,
-                    None => cfg.ffn,
-                },
-                router: gguf_router(md, &src, &key)?,
-                // A layer without a router has a dense MLP.
-                dense_layers: (0..layers.min(limits::LAYERS))
-                    .filter(|l| {
-                        file.tensor(&format!("blk.{l}.ffn_gate_inp.weight"))
-                            .is_none()
-                    })
-                    .collect(),
-            }),
+            Some(experts) => {
+                let used = need("expert_used_count")?;
+                Some(MoeConfig {
+                    experts,
+                    used,
+                    // Without the key llama.cpp sizes `llama` experts (Mixtral) by
+                    // feed_forward_length, `qwen3moe` ones by its share of a token's experts.
+                    expert_ffn: match opt("expert_feed_forward_length")? {
+                        Some(f) => f,
+                        None if arch == Arch::Qwen3Moe => cfg.ffn / used.max(1),
+                        None => cfg.ffn,
+                    },
+                    router: gguf_router(md, &src, &key)?,
+                    // A layer without a router has a dense MLP.
+                    dense_layers: (0..layers.min(limits::LAYERS))
+                        .filter(|&l| file.tensor(&Weight::Router(l).gguf_name()).is_none())
+                        .collect(),
+                })
+            }
         };
         ModelConfig { moe, ..cfg }.validate(&src)
     }

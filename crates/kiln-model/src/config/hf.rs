@@ -100,6 +100,16 @@ fn rope_dict(f: &Fields<'_>, field: &str, s: &Value) -> Result<(Option<f32>, Rop
     Ok((theta, scaling))
 }
 
+/// The key holding the expert count: transformers 5 writes `num_local_experts` for both
+/// families, Qwen's own configs `num_experts`.
+fn experts_key(f: &Fields<'_>) -> &'static str {
+    if f.get("num_local_experts").is_some() {
+        "num_local_experts"
+    } else {
+        "num_experts"
+    }
+}
+
 /// The experts of a `qwen3_moe` or `mixtral` config (`None` for the dense families).
 fn hf_moe(f: &Fields<'_>, arch: Arch, layers: usize) -> Result<Option<MoeConfig>> {
     let (ffn_key, router) = match arch {
@@ -117,13 +127,11 @@ fn hf_moe(f: &Fields<'_>, arch: Arch, layers: usize) -> Result<Option<MoeConfig>
     {
         return Err(f.err("hidden_act", format!("`{act}` is not supported (silu)")));
     }
-    // transformers 5 writes `num_local_experts` for both; Qwen's own configs `num_experts`.
-    let experts_key = if f.get("num_local_experts").is_some() {
-        "num_local_experts"
-    } else {
-        "num_experts"
-    };
-    let experts = f.size(experts_key)?;
+    let experts = f.size(experts_key(f))?;
+    if experts == 0 {
+        // transformers builds every layer dense then.
+        return Ok(None);
+    }
     // Qwen3-MoE: a layer is sparse unless listed in `mlp_only_layers`, and only every
     // `decoder_sparse_step`-th (1-based) is.
     let step = f.size_opt("decoder_sparse_step")?.unwrap_or(1).max(1);
@@ -357,6 +365,22 @@ impl ModelConfig {
             final_logit_softcap: f.float("final_logit_softcapping")?.filter(|&c| c > 0.0),
             moe: hf_moe(&f, arch, layers)?,
         };
-        cfg.validate(file)
+        // `validate` speaks Qwen3-MoE's names; say which key this file used.
+        cfg.validate(file).map_err(|e| match e {
+            ModelError::Config {
+                file,
+                field,
+                problem,
+            } => ModelError::Config {
+                field: match (field.as_str(), arch) {
+                    ("num_experts", _) => experts_key(&f).into(),
+                    ("moe_intermediate_size", Arch::Mixtral) => "intermediate_size".into(),
+                    _ => field,
+                },
+                file,
+                problem,
+            },
+            other => other,
+        })
     }
 }

@@ -134,7 +134,9 @@ fn load_experts(
     h: usize,
 ) -> Result<Experts> {
     let (e, f) = (moe.experts, moe.expert_ffn);
-    let router = src.load(device, Weight::Router(l), &[e, h])?;
+    // In f32 whatever the checkpoint or `--quantize` says, as llama.cpp keeps it: a rounded
+    // router flips near-tied choices of experts.
+    let router = src.load_f32(device, Weight::Router(l), &[e, h])?;
     let host = |p: ExpertProj| src.load_experts(&Device::Reference, l, p, [e, f, h]);
     let (gate, up) = (host(ExpertProj::Gate)?, host(ExpertProj::Up)?);
     let gate_up = if gate.dtype() == up.dtype() {

@@ -182,8 +182,11 @@ struct Params {
     tokens: u32,
     experts: u32,
     k: u32,
-    /// `moe_route`: [`Router::mode`]; `moe_combine`: the row width.
+    /// `moe_route`: [`Router::mode`].
     mode: u32,
+    /// `moe_combine`: the row width.
+    width: u32,
+    _pad: [u32; 3],
 }
 
 impl Recorder {
@@ -249,6 +252,8 @@ impl Recorder {
             experts: experts as u32,
             k: k as u32,
             mode: router.mode(),
+            width: 0,
+            _pad: [0; 3],
         };
         self.dispatch(
             &ROUTE,
@@ -368,17 +373,21 @@ impl Recorder {
         defines.push(("TPR", number(shape.threads_per_row as usize)));
         defines.push(("RPL", number(shape.rows_per_thread as usize)));
         let tiles = n_out.div_ceil(shape.rows_per_workgroup() as usize);
+        // Every binding holds whole experts: checked before anything is recorded.
+        if let Some(c) = chunks
+            .iter()
+            .find(|c| !c.row0.is_multiple_of(n) || !c.rows.is_multiple_of(n))
+        {
+            return Err(TensorError::Invalid {
+                op: OP,
+                detail: format!(
+                    "an expert's {n} rows straddle two bindings (rows {}..{})",
+                    c.row0,
+                    c.row0 + c.rows
+                ),
+            });
+        }
         for (ci, c) in chunks.iter().enumerate() {
-            if !c.row0.is_multiple_of(n) || !c.rows.is_multiple_of(n) {
-                return Err(TensorError::Invalid {
-                    op: OP,
-                    detail: format!(
-                        "an expert's {n} rows straddle two bindings (rows {}..{})",
-                        c.row0,
-                        c.row0 + c.rows
-                    ),
-                });
-            }
             let n_exp = c.rows / n;
             let params = MvParams {
                 m: mv_m as u32,
@@ -455,7 +464,9 @@ impl Recorder {
             tokens: tokens as u32,
             experts: routes.experts as u32,
             k: k as u32,
-            mode: n as u32,
+            mode: 0,
+            width: n as u32,
+            _pad: [0; 3],
         };
         self.dispatch(
             &COMBINE,
