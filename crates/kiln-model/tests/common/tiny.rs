@@ -19,54 +19,46 @@ fn cache(cfg: &ModelConfig, dev: &Device) -> (KvCache, Vec<BlockId>) {
     (KvCache::new(dev, kvc).unwrap(), table)
 }
 
-/// The logits at every position of `ids`, one forward step.
-pub fn forward_all(model: &Model, dev: &Device, ids: &[u32]) -> Vec<f32> {
-    let (mut cache, table) = cache(model.config(), dev);
+/// One forward step of `tokens` ending at `context_len`, the logits `at` asks for.
+fn step(
+    model: &Model,
+    dev: &Device,
+    (cache, table): &mut (KvCache, Vec<BlockId>),
+    tokens: &[u32],
+    context_len: usize,
+    at: LogitsAt<'_>,
+) -> Vec<f32> {
     let mut rec = Recorder::new(dev);
-    let logits = model
-        .forward(
-            &mut rec,
-            &mut cache,
-            &[SeqInput {
-                tokens: ids,
-                block_table: &table,
-                context_len: ids.len(),
-            }],
-            LogitsAt::All,
-        )
-        .unwrap();
+    let seq = SeqInput {
+        tokens,
+        block_table: table,
+        context_len,
+    };
+    let logits = model.forward(&mut rec, cache, &[seq], at).unwrap();
     rec.submit().unwrap();
     logits.to_f32_vec().unwrap()
 }
 
+/// The logits at every position of `ids`, one forward step.
+pub fn forward_all(model: &Model, dev: &Device, ids: &[u32]) -> Vec<f32> {
+    let mut kv = cache(model.config(), dev);
+    step(model, dev, &mut kv, ids, ids.len(), LogitsAt::All)
+}
+
 /// `steps` greedy tokens after `ids`: the prompt in one step, then a token a step.
 pub fn greedy(model: &Model, dev: &Device, ids: &[u32], steps: usize) -> Vec<u32> {
-    let (mut cache, table) = cache(model.config(), dev);
+    let mut kv = cache(model.config(), dev);
     let mut out = Vec::new();
     let mut tokens = ids.to_vec();
     let mut len = 0;
     for _ in 0..steps {
-        let mut rec = Recorder::new(dev);
-        let logits = model
-            .forward(
-                &mut rec,
-                &mut cache,
-                &[SeqInput {
-                    tokens: &tokens,
-                    block_table: &table,
-                    context_len: len + tokens.len(),
-                }],
-                LogitsAt::Last,
-            )
-            .unwrap();
-        rec.submit().unwrap();
-        let l = logits.to_f32_vec().unwrap();
+        len += tokens.len();
+        let l = step(model, dev, &mut kv, &tokens, len, LogitsAt::Last);
         let best =
             l.iter().enumerate().fold(
                 (0, f32::NEG_INFINITY),
                 |b, (i, &v)| if v > b.1 { (i, v) } else { b },
             );
-        len += tokens.len();
         out.push(best.0 as u32);
         tokens = vec![best.0 as u32];
     }
