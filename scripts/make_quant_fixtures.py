@@ -18,7 +18,9 @@ Blocks of Q4_K, Q6_K, Q5_0 and Q8_0 are taken from the real Gemma 3 270M Q4_K_M 
 from the start and the middle of several tensors). No local file has Q2_K, Q3_K, Q5_K, Q5_1 or
 BF16, so their blocks are RANDOM BYTES (fixed seed) whose f16 scales are overwritten with
 finite values (and BF16 values are kept finite), which exercises every quant bit pattern but
-not a real quantizer's output.
+not a real quantizer's output. MXFP4's blocks are half gguf's own quantizer's output (random
+normal values at several magnitudes) and half random bytes whose E8M0 exponents run over
+0..=250 (subnormal halves included; larger ones would overflow f32 at the biggest quants).
 """
 
 import json
@@ -92,11 +94,27 @@ def random_blocks(rng):
     return picked
 
 
+def mxfp4_blocks(rng):
+    """Half gguf's quantizer on random values, half random bytes with exponents 0..=250."""
+    from gguf.quants import quantize
+    half = N_SMALL // 2
+    vals = rng.standard_normal((half, 32)).astype(np.float32)
+    vals *= np.float32(2.0) ** rng.integers(-12, 8, size=(half, 1)).astype(np.float32)
+    quantized = np.asarray(quantize(vals, T.MXFP4), dtype=np.uint8).reshape(half, 17)
+    raw = rng.integers(0, 256, size=(half, 17), dtype=np.uint8)
+    raw[:, 0] = np.linspace(0, 250, half).astype(np.uint8)
+    blocks = np.concatenate([quantized, raw]).reshape(-1)
+    return {T.MXFP4: (blocks, "gguf's quantizer on random normal values x 2^-12..2^7, and "
+                      "random bytes with exponents 0..=250 (seed 18)")}
+
+
 def main():
     path = sys.argv[1] if len(sys.argv) > 1 else "models/gemma-3-270m-q4_k_m.gguf"
     OUT.mkdir(parents=True, exist_ok=True)
     picked = from_file(path)
-    picked.update(random_blocks(np.random.default_rng(18)))
+    rng = np.random.default_rng(18)
+    picked.update(random_blocks(rng))
+    picked.update(mxfp4_blocks(rng))
     manifest = {}
     for t, (raw, source) in picked.items():
         raw = np.ascontiguousarray(raw, dtype=np.uint8)

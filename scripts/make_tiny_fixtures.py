@@ -158,11 +158,25 @@ def convert(converter, d, name):
         print(f"{name}: {out.name} ({out.stat().st_size} bytes)")
 
 
+def llama_cpp_mxfp4(d):
+    """`model-mxfp4.gguf`: the F32 file quantized by llama.cpp's own quantizer as its
+    `MXFP4_MOE` type does it (experts MXFP4, the other matrices Q8_0)."""
+    import ctypes
+    import llama_cpp
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = 38  # LLAMA_FTYPE_MOSTLY_MXFP4_MOE
+    src, out = d / "model-f32.gguf", d / "model-mxfp4.gguf"
+    rc = llama_cpp.llama_model_quantize(str(src).encode(), str(out).encode(), ctypes.byref(params))
+    if rc != 0:
+        sys.exit(f"llama.cpp's quantizer failed on {src} ({rc})")
+    print(f"{out.name} ({out.stat().st_size} bytes) by llama.cpp's quantizer")
+
+
 def llama_cpp_greedy(d, ids):
     """Each GGUF's greedy continuation under llama.cpp (llama-cpp-python), with margins."""
     import numpy as np
     from llama_cpp import Llama
-    for t in GGUF_TYPES:
+    for t in GGUF_TYPES + ["mxfp4"]:
         path = d / f"model-{t}.gguf"
         llm = Llama(model_path=str(path), n_ctx=128, logits_all=True, verbose=False, n_threads=2)
         seq = list(ids)
@@ -237,6 +251,7 @@ def main():
             byte_tokenizer(d)
             convert(args.converter, d, name)
             if args.llama_cpp:
+                llama_cpp_mxfp4(d)
                 llama_cpp_greedy(d, ids[0].tolist())
         print(f"{name}: {sum(p.numel() for p in model.parameters())} params -> {d}; logits std "
               f"{float(logits.std()):.3f}, max |logit| {float(logits.abs().max()):.3f}")

@@ -48,6 +48,9 @@ impl GgmlType {
     pub const Q6_K: Self = Self(14);
     /// 16-bit brain float.
     pub const BF16: Self = Self(30);
+    /// OCP microscaling FP4: blocks of 32 E2M1 values with one E8M0 exponent (GPT-OSS's
+    /// experts).
+    pub const MXFP4: Self = Self(39);
 
     /// The name ggml gives this type, or `None` for an id ggml never assigned.
     pub fn name(self) -> Option<&'static str> {
@@ -118,6 +121,7 @@ impl GgmlType {
             25 => (1, 2),
             26 => (1, 4),
             27 | 28 => (1, 8),
+            39 => (32, 17),
             _ => return None,
         };
         Some(BlockLayout {

@@ -386,7 +386,7 @@ mod tests {
         }
         let want = [
             "F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K",
-            "Q5_K", "Q6_K",
+            "Q5_K", "Q6_K", "MXFP4",
         ];
         assert_eq!(names, want);
         assert_eq!(

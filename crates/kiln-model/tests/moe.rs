@@ -2,8 +2,9 @@
 //! Qwen3-MoE and Mixtral checkpoints made by `transformers` (`scripts/make_tiny_fixtures.py`),
 //! as HF folders and as GGUF files written by llama.cpp's own converter. The HF folders and
 //! the F32 GGUFs match transformers' float32 logits at every prompt position and its greedy
-//! continuation token for token; the Q8_0 GGUFs follow llama.cpp's greedy continuation of the
-//! same file (`llama-cpp-python`) until its first near-tie.
+//! continuation token for token; the Q8_0 GGUFs and the MXFP4 ones (llama.cpp's quantizer,
+//! its `MXFP4_MOE` type) follow llama.cpp's greedy continuation of the same file
+//! (`llama-cpp-python`) until its first near-tie.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -13,16 +14,16 @@ use std::path::{Path, PathBuf};
 
 use common::tiny;
 use kiln_model::{
-    Arch, LoadOptions, Model, ModelConfig, ModelFiles, MoeConfig, SafetensorsFile, StDtype,
-    encode_safetensors,
+    Arch, GgufSource, LoadOptions, Model, ModelConfig, ModelFiles, MoeConfig, SafetensorsFile,
+    StDtype, encode_safetensors,
 };
-use kiln_tensor::Router;
+use kiln_tensor::{DType, Router};
 use serde_json::Value;
 
 /// Margin under which transformers' top two tokens count as tied, for files holding its very
 /// weights in f32 (kiln's logits differ from its by under 1e-5).
 const F32_TIE: f64 = 1e-3;
-/// Against llama.cpp on a Q8_0 file. Measured on these fixtures: kiln's logits (every
+/// Against llama.cpp on a quantized file (Q8_0, or MXFP4 experts). Measured on these fixtures: kiln's logits (every
 /// backend) differ from llama.cpp's by 0.015 to 0.04 at each position, and by up to 0.17 where
 /// a token's third expert changes (a router near-tie): activations rounded to 8 bits by one
 /// and not the other, or in another order, on random weights where logits are close.
@@ -40,9 +41,6 @@ fn json(path: &Path) -> Value {
 /// Loads `path` on every device; checks its logits against `reference.json` (unless
 /// `logits` is false) and its greedy continuation against `greedy`.
 fn check(path: &Path, greedy: &Value, tie: f64, logits: bool, what: &str) -> ModelConfig {
-    // Files of transformers' own f32 weights agree on every step; quantized ones on the
-    // steps before a near-tie, at least two.
-    let min_steps = if logits { STEPS } else { 2 };
     let files = ModelFiles::open(path, LoadOptions::default()).unwrap();
     let reference = match path.is_dir() {
         true => json(&path.join("reference.json")),
@@ -58,7 +56,7 @@ fn check(path: &Path, greedy: &Value, tie: f64, logits: bool, what: &str) -> Mod
             tiny::assert_logits_close(&got, &want, cfg.vocab, &format!("{what} {backend}"));
         }
         let got = tiny::greedy(&model, &dev, &ids, STEPS);
-        tiny::assert_greedy(&got, greedy, tie, min_steps, &format!("{what} {backend}"));
+        tiny::assert_greedy(&got, greedy, tie, &format!("{what} {backend}"));
     }
     cfg
 }
@@ -79,14 +77,15 @@ fn check_formats(name: &str) -> (ModelConfig, ModelConfig) {
     // llama.cpp on the F32 file gives transformers' tokens too (a check of the references).
     let llama_f32 = json(&d.join("reference-f32.json"));
     assert_eq!(llama_f32["greedy"]["tokens"], transformers["tokens"]);
-    let llama_q8 = json(&d.join("reference-q8_0.json"))["greedy"].clone();
-    check(
-        &d.join("model-q8_0.gguf"),
-        &llama_q8,
-        Q8_TIE,
-        false,
-        &format!("{name} Q8_0 GGUF"),
-    );
+    for ty in ["q8_0", "mxfp4"] {
+        let llama = json(&d.join(format!("reference-{ty}.json")))["greedy"].clone();
+        let path = d.join(format!("model-{ty}.gguf"));
+        check(&path, &llama, Q8_TIE, false, &format!("{name} {ty} GGUF"));
+    }
+    // llama.cpp's quantizer put the experts in MXFP4 (GGUF type 39), which kiln keeps.
+    let mxfp4 = GgufSource::open(&d.join("model-mxfp4.gguf")).unwrap();
+    let experts = mxfp4.file().tensor("blk.0.ffn_gate_exps.weight").unwrap();
+    assert_eq!(DType::of_ggml(experts.ggml_type.0), Some(DType::MXFP4));
     (hf, gguf)
 }
 

@@ -7,7 +7,7 @@
 /// K-quants `Q2_K` … `Q6_K`; and kiln's zero-point formats `Q4_Z`, `Q8_Z` (32 elements).
 /// Their tensors stay quantized on the device and are dequantized inside kernels.
 // The K-quants keep ggml's names (`Q4_K`), which users look up in GGUF tooling.
-#[allow(non_camel_case_types)]
+#[allow(non_camel_case_types, clippy::upper_case_acronyms)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum DType {
     F32,
@@ -44,6 +44,9 @@ pub enum DType {
     /// kiln's own, for 8-bit GPTQ and compressed-tensors checkpoints. 36 bytes a block: f16
     /// `d`, f16 `z`, 32 unsigned quants (element i in byte i); value = (q − z)·d.
     Q8_Z,
+    /// OCP microscaling FP4 (ggml's `MXFP4`, GPT-OSS's experts): an E8M0 exponent byte `e`
+    /// and 16 bytes of E2M1 nibbles as in `Q4_0` (17 bytes a block); value = fp4(q)·2^(e−127).
+    MXFP4,
 }
 
 /// Elements per block of the 32-element formats (`Q8_0` … `Q5_1`, `Q4_Z`, `Q8_Z`).
@@ -69,6 +72,7 @@ impl DType {
         DType::Q6_K,
         DType::Q4_Z,
         DType::Q8_Z,
+        DType::MXFP4,
     ];
 
     /// The dtype a GGUF file's tensor of ggml type id `id` loads as, when kiln reads that type.

@@ -1,6 +1,7 @@
 //! kiln's dequantization against `gguf.quants.dequantize`, bit for bit, on the fixtures
 //! `scripts/make_quant_fixtures.py` wrote (blocks from gemma-3-270m Q4_K_M for Q4_K, Q6_K,
-//! Q5_0 and Q8_0; random blocks for the formats no local file has; see `manifest.json`):
+//! Q5_0 and Q8_0; random blocks for the formats no local file has, and gguf's own MXFP4
+//! quantizer's; see `manifest.json`):
 //! the CPU reference, and the device's embedding gather, which dequantizes in the kernel.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -20,7 +21,7 @@ macro_rules! fixture {
     };
 }
 
-fn fixtures() -> [(DType, &'static [u8], &'static [u8]); 9] {
+fn fixtures() -> [(DType, &'static [u8], &'static [u8]); 10] {
     [
         fixture!(Q4_K),
         fixture!(Q6_K),
@@ -31,6 +32,7 @@ fn fixtures() -> [(DType, &'static [u8], &'static [u8]); 9] {
         fixture!(Q5_K),
         fixture!(Q5_1),
         fixture!(BF16),
+        fixture!(MXFP4),
     ]
 }
 

@@ -65,10 +65,10 @@ pub fn greedy(model: &Model, dev: &Device, ids: &[u32], steps: usize) -> Vec<u32
     out
 }
 
-/// Asserts `got` follows the reference's greedy `tokens` until the first step whose
-/// reference top-1/top-2 margin is under `tie` (where either token is a fair answer), and
-/// that it agrees on at least `min_steps` steps.
-pub fn assert_greedy(got: &[u32], reference: &Value, tie: f64, min_steps: usize, what: &str) {
+/// Asserts `got` follows the reference's greedy `tokens`: the two may part only at a step
+/// whose reference top-1/top-2 margin is under `tie` (where either token is a fair answer),
+/// and nothing after it is compared.
+pub fn assert_greedy(got: &[u32], reference: &Value, tie: f64, what: &str) {
     let want = ids(&reference["tokens"]);
     let margins: Vec<f64> = reference["margins"]
         .as_array()
@@ -76,11 +76,18 @@ pub fn assert_greedy(got: &[u32], reference: &Value, tie: f64, min_steps: usize,
         .iter()
         .map(|m| m.as_f64().unwrap())
         .collect();
+    assert!(
+        got.len() >= want.len(),
+        "{what}: {} of {} steps",
+        got.len(),
+        want.len()
+    );
     for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-        if margins[i] < tie {
+        if g != w {
             assert!(
-                i >= min_steps,
-                "{what}: a near-tie at step {i}, before {min_steps}"
+                margins[i] < tie,
+                "{what}: greedy step {i} (reference margin {}): {got:?} vs {want:?}",
+                margins[i]
             );
             eprintln!(
                 "{what}: {i} greedy steps agree, then a reference near-tie ({})",
@@ -88,21 +95,8 @@ pub fn assert_greedy(got: &[u32], reference: &Value, tie: f64, min_steps: usize,
             );
             return;
         }
-        assert_eq!(
-            g, w,
-            "{what}: greedy step {i} (reference margin {}): {got:?} vs {want:?}",
-            margins[i]
-        );
     }
-    assert!(
-        got.len() >= min_steps.min(want.len()),
-        "{what}: {} steps",
-        got.len()
-    );
-    eprintln!(
-        "{what}: all {} greedy steps agree",
-        got.len().min(want.len())
-    );
+    eprintln!("{what}: all {} greedy steps agree", want.len());
 }
 
 pub fn ids(v: &Value) -> Vec<u32> {

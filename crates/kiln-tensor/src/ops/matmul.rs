@@ -631,10 +631,14 @@ fn linear_host(
 }
 
 /// Rows of X per launch of the CPU-adapter kernel (`matmul_rows.wgsl`), or `None` when that
-/// kernel does not apply: a GPU adapter, a float weight, or X rows that do not fit a uniform
-/// binding at an aligned offset.
+/// kernel does not apply: a GPU adapter, a float weight or a format it does not read, or X
+/// rows that do not fit a uniform binding at an aligned offset.
 fn rows_group(ctx: &GpuContext, w: &Tensor, m: usize, k: usize) -> Option<usize> {
-    if !ctx.cpu_shaped_kernels() || !w.dtype().is_quantized() || !k.is_multiple_of(32) {
+    let reads = w.dtype().format().wgsl.reads;
+    if !ctx.cpu_shaped_kernels() || !w.dtype().is_quantized() || reads == 0 {
+        return None;
+    }
+    if !k.is_multiple_of(32) {
         return None;
     }
     let row_bytes = (k * 4) as u64;

@@ -152,6 +152,7 @@ impl DType {
             DType::Q6_K => &Q6_K,
             DType::Q4_Z => &Q4_Z,
             DType::Q8_Z => &Q8_Z,
+            DType::MXFP4 => &MXFP4,
         }
     }
 }
@@ -216,6 +217,12 @@ pub(crate) mod scales {
     pub(crate) fn q8_z(blk: &[u8], _g: usize, half: impl Half) -> [f32; 4] {
         let (d, z) = (half(blk, 0), half(blk, 2));
         both(d, (128.0 - z) * d)
+    }
+
+    /// MXFP4: the E8M0 exponent's half (the quants are E2M1 values doubled), no offset.
+    #[inline(always)]
+    pub(crate) fn mxfp4(blk: &[u8], _g: usize, _half: impl Half) -> [f32; 4] {
+        both(crate::quant::e8m0_half(blk[0]), 0.0)
     }
 
     #[inline(always)]
@@ -676,6 +683,38 @@ pub(crate) fn group_values(dtype: DType, blk: &[u8], g: usize) -> [f32; 32] {
         s[h] * f32::from(q[e]) + s[2 + h]
     })
 }
+
+/// E2M1 values doubled, by nibble (sign in bit 3): what an MXFP4 quant stands for, times its
+/// block's halved scale.
+pub(crate) const MXFP4_VALUES: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
+
+/// One E8M0 exponent byte and 16 nibble bytes (element j low, j + 16 high); on the device the
+/// exponent takes the low byte of its block's half of a head word, as `Q4_0`'s f16 does.
+static MXFP4: Format = Format {
+    device_words: (1, 4),
+    pieces: &[head(0..1, 0), quants(1..17, 0)],
+    ints: Some(Ints {
+        span: 32,
+        offset: false,
+        unsigned: false,
+        quants: |blk, _, q| {
+            for (j, &b) in blk[1..17].iter().enumerate() {
+                q[j] = MXFP4_VALUES[usize::from(b & 0x0f)];
+                q[j + 16] = MXFP4_VALUES[usize::from(b >> 4)];
+            }
+        },
+        scales: |b, g| scales::mxfp4(b, g, scale_at),
+    }),
+    // `matmul_rows.wgsl` reads no MXFP4 (reads 0): CPU-type adapters take the matvec kernel.
+    ..row(
+        Some(39),
+        [QK, 17],
+        Wgsl {
+            head1: true,
+            ..Wgsl::quant("W_MXFP4", 0)
+        },
+    )
+};
 
 #[cfg(test)]
 mod tests {

@@ -113,8 +113,25 @@ pub(crate) fn dequantize_block(dtype: DType, blk: &[u8], out: &mut [f32]) {
                 *o = (f32::from(q) - z) * d;
             }
         }
+        DType::MXFP4 => {
+            let d = e8m0_half(blk[0]);
+            let v = |q: f32| f32::from(format::MXFP4_VALUES[q as usize]) * d;
+            nibbles(&blk[1..17], out, v);
+        }
         _ => kquant::dequantize_block(dtype, blk, out),
     }
+}
+
+/// Half the power of two an E8M0 exponent byte `e` stands for, 2^(e − 128), as ggml's
+/// `ggml_e8m0_to_fp32_half` builds it (bits of an f32: a subnormal for e < 2). MXFP4 stores
+/// its E2M1 values doubled, so this is the scale of its quants.
+pub(crate) fn e8m0_half(e: u8) -> f32 {
+    let e = u32::from(e);
+    f32::from_bits(if e < 2 {
+        0x0020_0000 << e
+    } else {
+        (e - 1) << 23
+    })
 }
 
 /// The 32 values of 16 nibble bytes (byte j: element j low, j + 16 high), each quant mapped

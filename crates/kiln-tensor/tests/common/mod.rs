@@ -130,6 +130,15 @@ pub fn random_blocks(r: &mut StdRng, dtype: DType, n_blocks: usize) -> Vec<u8> {
             .flat_map(|_| half::bf16::from_f32(r.random_range(-1.0f32..1.0)).to_le_bytes())
             .collect();
     }
+    if dtype == DType::MXFP4 {
+        // Exponents 119..=124 (scales 2^-9 .. 2^-4): values within ±0.75, every nibble.
+        let mut out = vec![0u8; n_blocks * 17];
+        r.fill(&mut out[..]);
+        for blk in out.chunks_exact_mut(17) {
+            blk[0] = r.random_range(119..=124);
+        }
+        return out;
+    }
     // (byte offset, bound) of each f16 field: bound·(largest quant·scale product) ≈ 1.
     let fields: &[(usize, f32)] = match dtype {
         DType::Q8_0 | DType::Q4_0 => &[(0, 1.0 / 128.0)],
