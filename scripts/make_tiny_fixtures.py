@@ -8,7 +8,8 @@ model does not: Mistral's sliding window, Qwen2's q/k/v biases, Llama 3's rope s
 untied LM head and a head_dim override; Gemma 3 (text only) with sliding and full attention
 layers mixed, a RoPE base per layer type (linear scaling on the full ones), q/k norms,
 `query_pre_attn_scalar`, `(1 + w)` norms, GELU-tanh, a scaled embedding and final logit
-soft-capping; Qwen3's q/k RMSNorm with a head_dim independent of hidden / heads.
+soft-capping; Qwen3's q/k RMSNorm with a head_dim independent of hidden / heads, and Qwen3 with
+YaRN RoPE scaling (`qwen3_yarn`).
 
     python scripts/make_tiny_fixtures.py [NAME...] [--out DIR]   (no NAME: all of them)
 """
@@ -75,6 +76,13 @@ CONFIGS = {
     "qwen3": Qwen3Config(**{**COMMON, "tie_word_embeddings": True, "rms_norm_eps": 1e-6},
                          head_dim=32, rope_theta=1000000.0, attention_bias=False,
                          use_sliding_window=False),
+    # Qwen3 with YaRN: 4x an original context of 32 (the prompt is 40), attention factor
+    # 0.1·ln 4 + 1 on cos and sin.
+    "qwen3_yarn": Qwen3Config(**{**COMMON, "tie_word_embeddings": True, "rms_norm_eps": 1e-6},
+                              head_dim=32, attention_bias=False, use_sliding_window=False,
+                              rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0,
+                                               "factor": 4.0,
+                                               "original_max_position_embeddings": 32}),
     # 8 experts of 32, top-3 renormalised (Qwen3-30B-A3B's norm_topk_prob), q/k norms.
     "qwen3moe": Qwen3MoeConfig(**{**COMMON, "rms_norm_eps": 1e-6}, head_dim=32,
                                moe_intermediate_size=32, num_experts=8, num_experts_per_tok=3,

@@ -348,6 +348,19 @@ impl ModelConfig {
                 } => [factor, low_freq_factor, high_freq_factor]
                     .iter()
                     .all(|f| f.is_finite() && *f > 0.0),
+                RopeScaling::Yarn {
+                    factor,
+                    original_max_position,
+                    beta_fast,
+                    beta_slow,
+                    attention_factor,
+                    ..
+                } => {
+                    original_max_position > 0
+                        && [factor, beta_fast, beta_slow, attention_factor]
+                            .iter()
+                            .all(|f| f.is_finite() && *f > 0.0)
+                }
             };
             if !factor_ok {
                 return bad("rope_scaling", "factors must be positive".into());

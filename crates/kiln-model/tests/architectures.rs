@@ -2,7 +2,7 @@
 //! (`scripts/make_tiny_fixtures.py`), on every backend, through the HF-folder loader: `llama`
 //! (llama3 rope scaling, head_dim override, untied head), `mistral` (sliding window 7 over 40
 //! tokens), `qwen2` (q/k/v biases, tied head), `qwen3` (q/k RMSNorm, no biases, head_dim
-//! independent of hidden/heads) and `gemma3` (sliding-window layers of 8 over 40 tokens beside
+//! independent of hidden/heads; and with YaRN RoPE scaling, `qwen3_yarn`) and `gemma3` (sliding-window layers of 8 over 40 tokens beside
 //! a full-attention layer, a RoPE base per layer kind with linear scaling on the full layer,
 //! `1 + w` norms before and after attention and MLP, GELU-tanh, `query_pre_attn_scalar`,
 //! scaled embeddings, final logit soft-capping). Tolerance 2e-5 + 2e-5·|ref| (measured: under
@@ -128,4 +128,21 @@ fn qwen3_qk_norm_without_biases() {
         (Arch::Qwen3, true, false, 32, 16)
     );
     assert_eq!(c.sliding_window(), None);
+}
+
+#[test]
+fn qwen3_yarn_rope_scaling() {
+    let f = check("qwen3_yarn");
+    let scaling = f.config().attention[0].rope.scaling;
+    assert_eq!(
+        scaling,
+        RopeScaling::Yarn {
+            factor: 4.0,
+            original_max_position: 32,
+            beta_fast: 32.0,
+            beta_slow: 1.0,
+            attention_factor: 0.1 * 4f32.ln() + 1.0,
+            truncate: true,
+        }
+    );
 }

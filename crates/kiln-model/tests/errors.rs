@@ -28,9 +28,16 @@ fn hf_config_errors_name_the_field() {
     let e = ModelConfig::from_hf_json("cfg.json", bad_heads).unwrap_err();
     assert!(e.to_string().contains("num_key_value_heads"), "{e}");
     let bad_rope = r#"{"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 1, "num_attention_heads": 4,
-        "intermediate_size": 8, "vocab_size": 10, "rope_scaling": {"rope_type": "yarn", "factor": 4.0}}"#;
+        "intermediate_size": 8, "vocab_size": 10, "rope_scaling": {"rope_type": "longrope", "factor": 4.0}}"#;
     let e = ModelConfig::from_hf_json("cfg.json", bad_rope).unwrap_err();
-    assert!(e.to_string().contains("yarn"), "{e}");
+    assert!(
+        e.to_string().contains("rope_scaling.rope_type") && e.to_string().contains("longrope"),
+        "{e}"
+    );
+    // YaRN without an original context, and without the model's to default to.
+    let yarn = bad_rope.replace("longrope", "yarn");
+    let e = ModelConfig::from_hf_json("cfg.json", &yarn).unwrap_err();
+    assert!(e.to_string().contains("max_position_embeddings"), "{e}");
 }
 
 /// A one-layer llama GGUF (hidden 32, 2 heads of 16, ffn 32, vocab 8) with `tweak` applied to

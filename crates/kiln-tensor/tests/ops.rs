@@ -934,6 +934,14 @@ fn rope_matches_cpu_in_both_layouts_and_scalings() {
             high_freq_factor: 4.0,
             original_max_position: 64,
         },
+        RopeScaling::Yarn {
+            factor: 4.0,
+            original_max_position: 64,
+            beta_fast: 32.0,
+            beta_slow: 1.0,
+            attention_factor: RopeScaling::yarn_attention_factor(4.0, None, None),
+            truncate: true,
+        },
     ];
     for layout in [RopeLayout::HalfSplit, RopeLayout::Interleaved] {
         for scaling in scalings {

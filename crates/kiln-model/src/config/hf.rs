@@ -89,11 +89,37 @@ fn rope_dict(f: &Fields<'_>, field: &str, s: &Value) -> Result<(Option<f32>, Rop
             high_freq_factor: num("high_freq_factor")?,
             original_max_position: num("original_max_position_embeddings")? as u32,
         },
+        "yarn" => {
+            let opt = |k: &str| s.get(k).and_then(Value::as_f64).map(|x| x as f32);
+            // transformers' defaults: the original context is the model's, the factor their
+            // ratio, the attention factor 0.1·ln(factor) + 1 (or DeepSeek's mscale ratio).
+            let original = match s
+                .get("original_max_position_embeddings")
+                .and_then(Value::as_u64)
+            {
+                Some(o) => o as u32,
+                None => f.size("max_position_embeddings")? as u32,
+            };
+            let factor = match opt("factor") {
+                Some(x) => x,
+                None => f.size("max_position_embeddings")? as f32 / original.max(1) as f32,
+            };
+            RopeScaling::Yarn {
+                factor,
+                original_max_position: original,
+                beta_fast: opt("beta_fast").filter(|&b| b != 0.0).unwrap_or(32.0),
+                beta_slow: opt("beta_slow").filter(|&b| b != 0.0).unwrap_or(1.0),
+                attention_factor: opt("attention_factor").unwrap_or_else(|| {
+                    RopeScaling::yarn_attention_factor(factor, opt("mscale"), opt("mscale_all_dim"))
+                }),
+                truncate: s.get("truncate").and_then(Value::as_bool).unwrap_or(true),
+            }
+        }
         "default" | "" => RopeScaling::None,
         other => {
             return Err(f.err(
                 &format!("{field}.rope_type"),
-                format!("unsupported `{other}` (linear, llama3)"),
+                format!("unsupported `{other}` (linear, llama3, yarn)"),
             ));
         }
     };

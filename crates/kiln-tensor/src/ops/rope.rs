@@ -46,6 +46,52 @@ pub enum RopeScaling {
         high_freq_factor: f32,
         original_max_position: u32,
     },
+    /// YaRN ("NTK-by-parts"): frequencies that turn more than `beta_fast` times over the
+    /// original context kept, those turning fewer than `beta_slow` times divided by `factor`,
+    /// a linear ramp between (its ends rounded outwards when `truncate`); cos and sin then
+    /// scaled by `attention_factor`.
+    Yarn {
+        factor: f32,
+        original_max_position: u32,
+        beta_fast: f32,
+        beta_slow: f32,
+        attention_factor: f32,
+        truncate: bool,
+    },
+}
+
+impl RopeScaling {
+    /// YaRN's default attention factor for `factor`, with DeepSeek's `mscale` and
+    /// `mscale_all_dim` where a config gives both: `0.1·m·ln(factor) + 1` (1 below factor 1).
+    pub fn yarn_attention_factor(
+        factor: f32,
+        mscale: Option<f32>,
+        mscale_all_dim: Option<f32>,
+    ) -> f32 {
+        let get = |m: f64| {
+            if factor <= 1.0 {
+                1.0
+            } else {
+                0.1 * m * f64::from(factor).ln() + 1.0
+            }
+        };
+        match (mscale, mscale_all_dim) {
+            (Some(m), Some(a)) if m != 0.0 && a != 0.0 => {
+                (get(f64::from(m)) / get(f64::from(a))) as f32
+            }
+            _ => get(1.0) as f32,
+        }
+    }
+
+    /// What cos and sin are multiplied by (YaRN's attention factor; 1 otherwise).
+    pub fn attention_factor(self) -> f32 {
+        match self {
+            RopeScaling::Yarn {
+                attention_factor, ..
+            } => attention_factor,
+            _ => 1.0,
+        }
+    }
 }
 
 /// Everything that defines a rotary embedding.
@@ -93,6 +139,41 @@ impl RopeConfig {
                     })
                     .collect()
             }
+            RopeScaling::Yarn {
+                factor,
+                original_max_position,
+                beta_fast,
+                beta_slow,
+                truncate,
+                ..
+            } => {
+                // transformers' `_compute_yarn_parameters`: the correction range in f64, the
+                // ramp and the blend in f32.
+                let (d, theta) = (dim as f64, f64::from(self.theta));
+                let correction = |turns: f32| {
+                    d * (f64::from(original_max_position)
+                        / (f64::from(turns) * 2.0 * std::f64::consts::PI))
+                        .ln()
+                        / (2.0 * theta.ln())
+                };
+                let (mut low, mut high) = (correction(beta_fast), correction(beta_slow));
+                if truncate {
+                    (low, high) = (low.floor(), high.ceil());
+                }
+                let (low, mut high) = (low.max(0.0) as f32, high.min(d - 1.0) as f32);
+                if low == high {
+                    high += 0.001;
+                }
+                (0..dim / 2)
+                    .map(|i| {
+                        let pos_freq = self.theta.powf((2 * i) as f32 / dim as f32);
+                        let ramp = ((i as f32 - low) / (high - low)).clamp(0.0, 1.0);
+                        let extrapolated = 1.0 - ramp;
+                        let interpolated = 1.0 / (factor * pos_freq);
+                        interpolated * (1.0 - extrapolated) + (1.0 / pos_freq) * extrapolated
+                    })
+                    .collect()
+            }
         }
     }
 
@@ -136,12 +217,13 @@ impl RopeTable {
         config.validate()?;
         let inv = config.inv_freq();
         let half = config.rotary_dim / 2;
+        let a = config.scaling.attention_factor();
         let mut cs = Vec::with_capacity(max_positions * half * 2);
         for pos in 0..max_positions {
             for j in 0..half {
                 let (c, s) = RopeConfig::cos_sin(&inv, pos as u32, j);
-                cs.push(c);
-                cs.push(s);
+                cs.push(c * a);
+                cs.push(s * a);
             }
         }
         let table = Tensor::from_f32(device, &[max_positions, half, 2], &cs)?;
@@ -335,8 +417,10 @@ pub(crate) fn rope_ref(
     out: &mut [f32],
 ) {
     let inv = cfg.inv_freq();
+    let a = cfg.scaling.attention_factor();
     rotate_pairs(x, positions, heads, cfg, out, |pos, j| {
-        RopeConfig::cos_sin(&inv, pos, j)
+        let (c, s) = RopeConfig::cos_sin(&inv, pos, j);
+        (c * a, s * a)
     })
 }
 
