@@ -97,38 +97,6 @@ fn w_unit8(row: u32, u: u32, k: u32, qs: u32) -> W8 {
 }
 #endif
 
-#if W_MXFP4
-// E2M1 values doubled, by nibble; the scale is half the E8M0 exponent's power of two.
-var<private> MX: array<f32, 16> = array<f32, 16>(
-    0.0, 1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 0.0, -1.0, -2.0, -3.0, -4.0, -6.0, -8.0, -12.0);
-fn w_scale(b: u32) -> f32 {
-    let e = (w[b >> 1u] >> (16u * (b & 1u))) & 0xffu;
-    if (e < 2u) {
-        return bitcast<f32>(0x00200000u << e);
-    }
-    return bitcast<f32>((e - 1u) << 23u);
-}
-fn w_at(row: u32, col: u32, k: u32, qs: u32) -> f32 {
-    let b = row * (k / 32u) + col / 32u;
-    let i = col % 32u;
-    let byte_i = i % 16u;
-    let word = w[qs + b * 4u + byte_i / 4u];
-    let q = (word >> (8u * (byte_i % 4u) + 4u * (i / 16u))) & 0xfu;
-    return MX[q] * w_scale(b);
-}
-// Four nibbles at bit offsets 0, 8, 16, 24 of x, as values.
-fn mx4(x: u32) -> vec4<f32> {
-    return vec4<f32>(MX[x & 0xfu], MX[(x >> 8u) & 0xfu], MX[(x >> 16u) & 0xfu], MX[(x >> 24u) & 0xfu]);
-}
-fn w_unit8(row: u32, u: u32, k: u32, qs: u32) -> W8 {
-    let b = row * (k / 32u) + u / 4u;
-    let p = u % 4u;
-    let base = qs + b * 4u + (p % 2u) * 2u;
-    let sh = (p / 2u) * 4u;
-    let d = w_scale(b);
-    return W8(mx4(w[base] >> sh) * d, mx4(w[base + 1u] >> sh) * d);
-}
-#endif
 
 #if W_Q4_1
 fn w_at(row: u32, col: u32, k: u32, qs: u32) -> f32 {
@@ -188,6 +156,22 @@ fn w_unit8(row: u32, u: u32, k: u32, qs: u32) -> W8 {
     let b = row * (k / 32u) + u / 4u;
     let c = (u % 4u) * 2u;
     return W8(q4v(b, c, qs), q4v(b, c + 1u, qs));
+}
+#endif
+
+#if W_MXFP4
+// E2M1 values doubled, by nibble; the scale is half the E8M0 exponent's power of two, the
+// exponent the low byte of its block's half of a head word.
+var<private> MX: array<f32, 16> = array<f32, 16>(
+    0.0, 1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 0.0, -1.0, -2.0, -3.0, -4.0, -6.0, -8.0, -12.0);
+fn q4v(b: u32, c: u32, qs: u32) -> vec4<f32> {
+    let e = (w[b >> 1u] >> (16u * (b & 1u))) & 0xffu;
+    var d = bitcast<f32>((e - 1u) << 23u);
+    if (e < 2u) {
+        d = bitcast<f32>(0x00200000u << e);
+    }
+    let x = w[qs + b * 4u + c % 4u] >> (4u * (c / 4u));
+    return d * vec4<f32>(MX[x & 0xfu], MX[(x >> 8u) & 0xfu], MX[(x >> 16u) & 0xfu], MX[(x >> 24u) & 0xfu]);
 }
 #endif
 

@@ -711,6 +711,7 @@ static MXFP4: Format = Format {
         [QK, 17],
         Wgsl {
             head1: true,
+            sub: true,
             ..Wgsl::quant("W_MXFP4", 0)
         },
     )
