@@ -126,10 +126,7 @@ impl Experts {
             ExpertStack::Apart(g, u) => {
                 let g = rec.linear_routed(x, g, &routes, None)?;
                 let u = rec.linear_routed(x, u, &routes, None)?;
-                match act {
-                    Act::Silu => rec.silu_mul(&g, &u)?,
-                    Act::GeluTanh => rec.gelu_tanh_mul(&g, &u)?,
-                }
+                rec.gated_mul(&g, &u, act)?
             }
         };
         let y = rec.linear_routed(&m, &self.down, &routes, None)?;
@@ -406,10 +403,7 @@ impl Model {
                         Stack::Apart(ps) => {
                             let g = ps[0].apply(rec, &x, norm, None, None)?;
                             let u = ps[1].apply(rec, &x, norm, None, None)?;
-                            match act {
-                                Act::Silu => rec.silu_mul(&g, &u)?,
-                                Act::GeluTanh => rec.gelu_tanh_mul(&g, &u)?,
-                            }
+                            rec.gated_mul(&g, &u, act)?
                         }
                     };
                     match &l.post_ffn_norm {

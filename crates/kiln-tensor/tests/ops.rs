@@ -181,6 +181,18 @@ const CASES: &[Case] = &[
         residual: false,
         glu: Some(Activation::GeluTanh),
     },
+    Case {
+        norm: false,
+        bias: false,
+        residual: false,
+        glu: Some(Activation::SwigluOai),
+    },
+    Case {
+        norm: true,
+        bias: false,
+        residual: false,
+        glu: Some(Activation::SwigluOai),
+    },
     // Two epilogues: composed on every device.
     Case {
         norm: true,
@@ -505,7 +517,11 @@ fn gated_activations_hold_their_definitions() {
         stacked_y.extend_from_slice(&u[i * f..(i + 1) * f]);
     }
     let yt = Tensor::from_f32(&dev, &[m, 2 * f], &stacked_y).unwrap();
-    for act in [Activation::Silu, Activation::GeluTanh] {
+    for act in [
+        Activation::Silu,
+        Activation::GeluTanh,
+        Activation::SwigluOai,
+    ] {
         let mut rec = Recorder::new(&dev);
         let glu = rec.glu(&yt, act).unwrap().to_f32_vec().unwrap();
         let gated = rec
@@ -517,6 +533,7 @@ fn gated_activations_hold_their_definitions() {
             let want = match act {
                 Activation::Silu => g[i] / (1.0 + (-g[i]).exp()) * u[i],
                 Activation::GeluTanh => gelu_tanh64(g[i]) * u[i],
+                Activation::SwigluOai => swiglu_oai64(g[i], u[i]),
             };
             assert!(
                 (glu[i] - want).abs() <= 1e-5 * want.abs().max(1.0),
@@ -534,6 +551,45 @@ fn gated_activations_hold_their_definitions() {
         rec.glu(&odd, Activation::Silu),
         Err(TensorError::Shape { .. })
     ));
+}
+
+/// GPT-OSS's clamped SwiGLU as its definition states it, in f64.
+fn swiglu_oai64(gate: f32, up: f32) -> f32 {
+    let g = f64::from(gate).min(7.0);
+    let u = f64::from(up).clamp(-7.0, 7.0);
+    ((u + 1.0) * g / (1.0 + (-1.702 * g).exp())) as f32
+}
+
+/// The clamped SwiGLU's limits hold on every device, stacked (`glu`) and apart (`gated_mul`):
+/// gates above 7 and ups beyond ±7 are clamped, large negative gates give (almost) 0.
+#[test]
+fn swiglu_oai_clamps_gate_and_up_on_every_device() {
+    let gate = [10.0f32, 7.5, 3.0, 0.0, -3.0, -40.0, 1.0, -0.5];
+    let up = [9.0f32, -8.0, 0.5, 2.0, -10.0, 3.0, -1.0, 7.0];
+    let want: Vec<f32> = gate
+        .iter()
+        .zip(&up)
+        .map(|(&g, &u)| swiglu_oai64(g, u))
+        .collect();
+    assert!((want[0] - 8.0 * 7.0 / (1.0 + (-11.914f32).exp())).abs() < 1e-5);
+    let stacked: Vec<f32> = gate.iter().chain(&up).copied().collect();
+    let mut devs = gpus();
+    devs.push(("reference", Device::reference()));
+    devs.push(("native cpu", kiln_testkit::native_cpu()));
+    for (name, dev) in devs {
+        let y = Tensor::from_f32(&dev, &[1, 16], &stacked).unwrap();
+        let (g, u) = (
+            Tensor::from_f32(&dev, &[1, 8], &gate).unwrap(),
+            Tensor::from_f32(&dev, &[1, 8], &up).unwrap(),
+        );
+        let mut rec = Recorder::new(&dev);
+        let a = rec.glu(&y, Activation::SwigluOai).unwrap();
+        let b = rec.gated_mul(&g, &u, Activation::SwigluOai).unwrap();
+        rec.submit().unwrap();
+        for got in [a.to_f32_vec().unwrap(), b.to_f32_vec().unwrap()] {
+            assert_close(&format!("{name} clamped SwiGLU"), &got, &want, 1e-5, 1e-5);
+        }
+    }
 }
 
 #[test]

@@ -6,8 +6,9 @@
 // Unary (UNARY, a only; `s` is the op's scalar):
 // SCALE:         out = a * s
 // SOFTCAP:       out = s * tanh(a / s)
-// GLU:           a is rows of [gate | up], each `cols` wide; out[row, j] = act(gate) * up,
-//                act = silu, or GELU-tanh under GELU (n counts the outputs)
+// GLU:           a is rows of [gate | up], each `cols` wide; out[row, j] = glu(gate, up),
+//                glu.wgsl's activation (n counts the outputs)
+// GLU_MUL:       out = glu(a, b), a the gate, b the up projection
 
 struct Params {
     n: u32,
@@ -24,17 +25,6 @@ struct Params {
 @group(0) @binding(2) var<storage, read> b: array<f32>;
 @group(0) @binding(3) var<storage, read_write> out: array<f32>;
 #endif
-
-// tanh of an argument clamped to ±15, where f32 tanh is already ±1: some drivers compute tanh
-// through exp and return NaN for large arguments.
-fn tanh_safe(t: f32) -> f32 {
-    return tanh(clamp(t, -15.0, 15.0));
-}
-
-// GELU, tanh approximation (`gelu_pytorch_tanh`).
-fn gelu_tanh(g: f32) -> f32 {
-    return 0.5 * g * (1.0 + tanh_safe(0.7978845608028654 * (g + 0.044715 * g * g * g)));
-}
 
 @compute @workgroup_size(64)
 fn main(
@@ -65,10 +55,9 @@ fn main(
 #if GLU
     let g = a[(i / p.cols) * 2u * p.cols + i % p.cols];
     let u = a[(i / p.cols) * 2u * p.cols + p.cols + i % p.cols];
-#if GELU
-    out[i] = gelu_tanh(g) * u;
-#else
-    out[i] = g / (1.0 + exp(-g)) * u;
+    out[i] = glu(g, u);
 #endif
+#if GLU_MUL
+    out[i] = glu(a[i], b[i]);
 #endif
 }

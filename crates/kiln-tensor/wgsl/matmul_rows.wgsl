@@ -10,7 +10,7 @@
 // What saves a launch each: NORM applies an RMSNorm to X's rows first (X·diag(g), each row's
 // products scaled by 1/sqrt(mean(x²) + eps) at the end, g bound like X); RES adds a residual
 // of Y's shape (Y = RES + X·Wᵀ); GATED reads W as the stack [gate; up] of 2·n1 rows and writes
-// act(X·gateᵀ) * (X·upᵀ) (a gated MLP; act is silu, or GELU-tanh under GELU). Y may be wider
+// glu(X·gateᵀ, X·upᵀ) (a gated MLP; glu.wgsl's activation). Y may be wider
 // than the product: its row stride is n_total and the product's columns start at n_offset.
 
 struct Params {
@@ -441,13 +441,6 @@ fn main(
     {{ACC_STORE}}
 }
 
-// GELU with the tanh approximation; the tanh argument is clamped to ±15 (where f32 tanh is
-// already ±1) because some drivers compute tanh through exp and return NaN beyond.
-fn gelu_tanh(g: f32) -> f32 {
-    let t = clamp(0.7978845608028654 * (g + 0.044715 * g * g * g), -15.0, 15.0);
-    return 0.5 * g * (1.0 + tanh(t));
-}
-
 // Write the result for X row i, W row r (`u` is the up projection's under GATED); `scale` is
 // the row's RMSNorm factor under NORM, else 1.
 fn store(i: u32, r: u32, v: f32, u: f32, scale: f32) {
@@ -462,11 +455,7 @@ fn store(i: u32, r: u32, v: f32, u: f32, scale: f32) {
         s += res[at];
 #endif
 #if GATED
-#if GELU
-        s = gelu_tanh(s) * (u * scale);
-#else
-        s = s / (1.0 + exp(-s)) * (u * scale);
-#endif
+        s = glu(s, u * scale);
 #endif
         y[at] = s;
     }

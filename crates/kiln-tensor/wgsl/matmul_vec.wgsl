@@ -9,7 +9,7 @@
 // What saves a launch each: NORM applies an RMSNorm to X's rows first (X·diag(g), each row's
 // products scaled by 1/sqrt(mean(x²) + eps) at the end); RES adds a residual of Y's shape;
 // GATED reads W as the stack [gate; up] of 2·n1 rows and writes act(X·gateᵀ) * (X·upᵀ)
-// (act is silu, or GELU-tanh under GELU). Y's row stride is n_total.
+// (glu.wgsl's activation). Y's row stride is n_total.
 //
 // ROUTED (mixture of experts, ggml's mul_mat_id): W holds n_exp experts of w_stride rows from
 // expert e0, and the routing's groups (binding 4) list the slots routed to each. A workgroup
@@ -123,13 +123,6 @@ fn g4(c: u32) -> vec4<f32> {
 #endif
 }
 #endif
-
-// GELU with the tanh approximation; the tanh argument is clamped to ±15 (where f32 tanh is
-// already ±1) because some drivers compute tanh through exp and return NaN beyond.
-fn gelu_tanh(g: f32) -> f32 {
-    let t = clamp(0.7978845608028654 * (g + 0.044715 * g * g * g), -15.0, 15.0);
-    return 0.5 * g * (1.0 + tanh(t));
-}
 
 @compute @workgroup_size(64)
 fn main(
@@ -254,11 +247,7 @@ fn product(g: u32, lid: u32, w0: u32, valid: u32) {
             s += res[y_at(i) + col];
 #endif
 #if GATED
-#if GELU
-            s = gelu_tanh(s) * s2;
-#else
-            s = s / (1.0 + exp(-s)) * s2;
-#endif
+            s = glu(s, s2);
 #endif
             y[y_at(i) + col] = s;
         }

@@ -51,6 +51,12 @@ pub(crate) fn glu(row: &[f32], act: Activation, out: &mut [f32]) {
                 *o = gated(g, C * g * (1.0 + 0.044_715 * g * g)) * u;
             }
         }
+        Activation::SwigluOai => {
+            for ((o, &g), &u) in out.iter_mut().zip(g).zip(u) {
+                let g = g.min(7.0);
+                *o = gated(g, 1.702 * g) * (u.clamp(-7.0, 7.0) + 1.0);
+            }
+        }
     }
 }
 
@@ -73,7 +79,11 @@ mod tests {
             .copied()
             .chain((0..n).map(|i| 0.5 + (i % 7) as f32 * 0.25))
             .collect();
-        for act in [Activation::Silu, Activation::GeluTanh] {
+        for act in [
+            Activation::Silu,
+            Activation::GeluTanh,
+            Activation::SwigluOai,
+        ] {
             let (mut got, mut want) = (vec![0f32; n], vec![0f32; n]);
             glu(&row, act, &mut got);
             glu_row(&row, act, &mut want);

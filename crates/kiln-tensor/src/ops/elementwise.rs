@@ -5,12 +5,15 @@
 use bytemuck::{Pod, Zeroable};
 
 use super::matmul::Activation;
-use super::{R1W, R2W, require_dtype, require_same_shape};
+use super::{Define, R1W, R2W, flag, require_dtype, require_same_shape};
 use crate::gpu::KernelDef;
 use crate::tensor::Shape;
 use crate::{DType, Recorder, Result, Tensor, TensorError};
 
-const SRC: &str = include_str!("../../wgsl/elementwise.wgsl");
+const SRC: &str = concat!(
+    include_str!("../../wgsl/glu.wgsl"),
+    include_str!("../../wgsl/elementwise.wgsl")
+);
 static ADD: KernelDef = KernelDef {
     name: "add",
     source: SRC,
@@ -36,6 +39,11 @@ static SOFTCAP: KernelDef = KernelDef {
     source: SRC,
     bindings: R1W,
 };
+static GLU_MUL: KernelDef = KernelDef {
+    name: "glu_mul",
+    source: SRC,
+    bindings: R2W,
+};
 static GLU: KernelDef = KernelDef {
     name: "glu",
     source: SRC,
@@ -58,7 +66,7 @@ impl Recorder {
         &mut self,
         op: &'static str,
         kernel: &KernelDef,
-        switch: &'static str,
+        defines: &[Define],
         a: &Tensor,
         b: &Tensor,
         f: fn(f32, f32) -> f32,
@@ -92,7 +100,7 @@ impl Recorder {
         };
         self.dispatch(
             kernel,
-            &[(switch, String::from("1"))],
+            defines,
             &params,
             vec![(a.clone(), 0), (b.clone(), 0), (out.clone(), 0)],
             n.div_ceil(64) as u32,
@@ -147,25 +155,41 @@ impl Recorder {
 
     /// a + b, same shapes.
     pub fn add(&mut self, a: &Tensor, b: &Tensor) -> Result<Tensor> {
-        self.binary("add", &ADD, "ADD", a, b, |x, y| x + y)
+        self.binary("add", &ADD, &[("ADD", flag(true))], a, b, |x, y| x + y)
     }
 
     /// silu(gate) · up, same shapes (SwiGLU).
     pub fn silu_mul(&mut self, gate: &Tensor, up: &Tensor) -> Result<Tensor> {
-        self.binary("silu_mul", &SILU_MUL, "SILU_MUL", gate, up, silu_mul_ref)
+        let d = [("SILU_MUL", flag(true))];
+        self.binary("silu_mul", &SILU_MUL, &d, gate, up, silu_mul_ref)
     }
 
     /// gelu_tanh(gate) · up, same shapes (GeGLU with the tanh approximation of GELU, as
     /// Gemma's `gelu_pytorch_tanh`).
     pub fn gelu_tanh_mul(&mut self, gate: &Tensor, up: &Tensor) -> Result<Tensor> {
+        let d = [("GELU_TANH_MUL", flag(true))];
         self.binary(
             "gelu_tanh_mul",
             &GELU_TANH_MUL,
-            "GELU_TANH_MUL",
+            &d,
             gate,
             up,
             gelu_tanh_mul_ref,
         )
+    }
+
+    /// The gated activation `act` of separate gate and up projections, same shapes: what
+    /// [`Recorder::glu`] does over a stacked `[gate | up]`.
+    pub fn gated_mul(&mut self, gate: &Tensor, up: &Tensor, act: Activation) -> Result<Tensor> {
+        match act {
+            Activation::Silu => self.silu_mul(gate, up),
+            Activation::GeluTanh => self.gelu_tanh_mul(gate, up),
+            Activation::SwigluOai => {
+                let [a, b] = Activation::defines(Some(act));
+                let d = [("GLU_MUL", flag(true)), a, b];
+                self.binary("gated_mul", &GLU_MUL, &d, gate, up, swiglu_oai_ref)
+            }
+        }
     }
 
     /// x · s elementwise.
@@ -225,10 +249,10 @@ impl Recorder {
             cols: f as u32,
             _pad: 0,
         };
-        let gelu = u32::from(act == Activation::GeluTanh).to_string();
+        let [a, b] = Activation::defines(Some(act));
         self.dispatch(
             &GLU,
-            &[("GLU", "1".into()), ("UNARY", "1".into()), ("GELU", gelu)],
+            &[("GLU", flag(true)), ("UNARY", flag(true)), a, b],
             &params,
             vec![(y.clone(), 0), (out.clone(), 0)],
             n.div_ceil(64) as u32,
@@ -250,6 +274,7 @@ pub(crate) fn glu_row(row: &[f32], act: Activation, out: &mut [f32]) {
     let each = match act {
         Activation::Silu => silu_mul_ref,
         Activation::GeluTanh => gelu_tanh_mul_ref,
+        Activation::SwigluOai => swiglu_oai_ref,
     };
     for ((o, &g), &u) in out.iter_mut().zip(g).zip(u) {
         *o = each(g, u);
@@ -265,6 +290,14 @@ pub(crate) fn silu_mul_ref(g: f32, u: f32) -> f32 {
 pub(crate) fn gelu_tanh_ref(g: f32) -> f32 {
     const SQRT_2_OVER_PI: f32 = 0.797_884_6;
     0.5 * g * (1.0 + (SQRT_2_OVER_PI * (g + 0.044715 * g * g * g)).tanh())
+}
+
+/// CPU reference of GPT-OSS's clamped SwiGLU of one gate and up element.
+pub(crate) fn swiglu_oai_ref(gate: f32, up: f32) -> f32 {
+    const ALPHA: f32 = 1.702;
+    const LIMIT: f32 = 7.0;
+    let g = gate.min(LIMIT);
+    g / (1.0 + (-ALPHA * g).exp()) * (up.clamp(-LIMIT, LIMIT) + 1.0)
 }
 
 /// CPU reference of one element of `gelu_tanh_mul`.

@@ -35,9 +35,13 @@ pub(super) fn matvec_max_m(cpu_shaped: bool) -> usize {
 
 const VEC_SRC: &str = concat!(
     include_str!("../../wgsl/weights.wgsl"),
+    include_str!("../../wgsl/glu.wgsl"),
     include_str!("../../wgsl/matmul_vec.wgsl")
 );
-const ROWS_SRC: &str = include_str!("../../wgsl/matmul_rows.wgsl");
+const ROWS_SRC: &str = concat!(
+    include_str!("../../wgsl/glu.wgsl"),
+    include_str!("../../wgsl/matmul_rows.wgsl")
+);
 const U: Access = Access::Uniform;
 const R: Access = Access::Read;
 const W: Access = Access::ReadWrite;
@@ -111,6 +115,19 @@ pub enum Activation {
     Silu,
     /// GELU with the tanh approximation (`gelu_pytorch_tanh`): GeGLU (Gemma).
     GeluTanh,
+    /// GPT-OSS's clamped SwiGLU, of gate and up together: (clamp(up, −7, 7) + 1) ·
+    /// g·σ(1.702·g) with g = min(gate, 7).
+    SwigluOai,
+}
+
+impl Activation {
+    /// The switches `glu.wgsl` takes for it (`GELU`, `OAI`; neither is SiLU).
+    pub(crate) fn defines(act: Option<Activation>) -> [Define; 2] {
+        [
+            ("GELU", flag(act == Some(Activation::GeluTanh))),
+            ("OAI", flag(act == Some(Activation::SwigluOai))),
+        ]
+    }
 }
 
 /// An RMSNorm of X's rows ahead of a matmul: x / sqrt(mean(x²) + eps) · weight. Fused, it is
@@ -277,10 +294,7 @@ impl Recorder {
     ) -> Result<Tensor> {
         let g = self.matmul(x, gate, None)?;
         let u = self.matmul(x, up, None)?;
-        match act {
-            Activation::Silu => self.silu_mul(&g, &u),
-            Activation::GeluTanh => self.gelu_tanh_mul(&g, &u),
-        }
+        self.gated_mul(&g, &u, act)
     }
 
     /// X · Wᵀ with what `ops` adds around it, in one launch where the device's kernel fuses
@@ -568,14 +582,17 @@ impl Recorder {
     }
 }
 
-/// The epilogue's switches (`BIAS`, `RES`, `GATED`, `GELU`) and the norm's (`NORM`, and
+/// The epilogue's switches (`BIAS`, `RES`, `GATED`, the activation's) and the norm's (`NORM`, and
 /// `G_BINDING`, its weights' binding: after the epilogue's operand).
 fn epilogue_defines(d: &mut Vec<Define>, epi: Epilogue<'_>, norm: bool) {
     for f in ["BIAS", "RES", "GATED"] {
         d.push((f, flag(epi.switch() == Some(f))));
     }
-    let gelu = matches!(epi, Epilogue::Gated(Activation::GeluTanh));
-    d.push(("GELU", flag(gelu)));
+    let act = match epi {
+        Epilogue::Gated(a) => Some(a),
+        _ => None,
+    };
+    d.extend(Activation::defines(act));
     d.push(("NORM", flag(norm)));
     let operand = matches!(epi, Epilogue::Bias(_) | Epilogue::Residual(_));
     d.push(("G_BINDING", number(if operand { 5 } else { 4 })));

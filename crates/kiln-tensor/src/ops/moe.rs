@@ -365,7 +365,7 @@ impl Recorder {
             defines.push((f, flag(false)));
         }
         defines.push(("GATED", flag(glu.is_some())));
-        defines.push(("GELU", flag(glu == Some(Activation::GeluTanh))));
+        defines.extend(Activation::defines(glu));
         defines.push(("G_BINDING", number(5)));
         defines.push(("ROUTED", flag(true)));
         defines.push(("MV_M", number(mv_m)));
