@@ -40,6 +40,21 @@ fn hf_config_errors_name_the_field() {
     assert!(e.to_string().contains("max_position_embeddings"), "{e}");
 }
 
+/// The tiny GGUFs' tensors beside the MLP (hidden 32, 2 heads of 16, vocab 8): embedding,
+/// final norm, one layer's attention and its MLP norm, in ggml's dimension order.
+fn attention_tensors() -> Vec<(&'static str, Vec<u64>)> {
+    vec![
+        ("token_embd.weight", vec![32, 8]),
+        ("output_norm.weight", vec![32]),
+        ("blk.0.attn_norm.weight", vec![32]),
+        ("blk.0.attn_q.weight", vec![32, 32]),
+        ("blk.0.attn_k.weight", vec![32, 32]),
+        ("blk.0.attn_v.weight", vec![32, 32]),
+        ("blk.0.attn_output.weight", vec![32, 32]),
+        ("blk.0.ffn_norm.weight", vec![32]),
+    ]
+}
+
 /// A one-layer llama GGUF (hidden 32, 2 heads of 16, ffn 32, vocab 8) with `tweak` applied to
 /// its tensor list.
 fn tiny_gguf(tweak: impl Fn(&str, Vec<u64>, GgmlType) -> Option<(Vec<u64>, GgmlType)>) -> Vec<u8> {
@@ -52,20 +67,12 @@ fn tiny_gguf(tweak: impl Fn(&str, Vec<u64>, GgmlType) -> Option<(Vec<u64>, GgmlT
         .metadata("llama.feed_forward_length", 32u32)
         .metadata("llama.vocab_size", 8u32)
         .metadata("llama.context_length", 64u32);
-    let tensors: [(&str, Vec<u64>); 11] = [
-        ("token_embd.weight", vec![32, 8]),
-        ("output_norm.weight", vec![32]),
-        ("blk.0.attn_norm.weight", vec![32]),
-        ("blk.0.attn_q.weight", vec![32, 32]),
-        ("blk.0.attn_k.weight", vec![32, 32]),
-        ("blk.0.attn_v.weight", vec![32, 32]),
-        ("blk.0.attn_output.weight", vec![32, 32]),
-        ("blk.0.ffn_norm.weight", vec![32]),
+    let mlp = [
         ("blk.0.ffn_gate.weight", vec![32, 32]),
         ("blk.0.ffn_up.weight", vec![32, 32]),
         ("blk.0.ffn_down.weight", vec![32, 32]),
     ];
-    for (name, dims) in tensors {
+    for (name, dims) in attention_tensors().into_iter().chain(mlp) {
         if let Some((dims, ty)) = tweak(name, dims, GgmlType::F32) {
             let n: u64 = dims.iter().product();
             let bytes = ty.byte_size(n).unwrap_or(n * 4) as usize;
@@ -201,23 +208,15 @@ fn tiny_moe_gguf(meta: &[(&str, u32)], keep: impl Fn(&str) -> bool) -> Vec<u8> {
     {
         w.metadata(k, v);
     }
-    let tensors: [(&str, Vec<u64>); 13] = [
-        ("token_embd.weight", vec![32, 8]),
-        ("output_norm.weight", vec![32]),
-        ("blk.0.attn_norm.weight", vec![32]),
-        ("blk.0.attn_q.weight", vec![32, 32]),
-        ("blk.0.attn_k.weight", vec![32, 32]),
-        ("blk.0.attn_v.weight", vec![32, 32]),
+    let moe = [
         ("blk.0.attn_q_norm.weight", vec![16]),
         ("blk.0.attn_k_norm.weight", vec![16]),
-        ("blk.0.attn_output.weight", vec![32, 32]),
-        ("blk.0.ffn_norm.weight", vec![32]),
         ("blk.0.ffn_gate_inp.weight", vec![32, 4]),
         ("blk.0.ffn_gate_exps.weight", vec![32, 32, 4]),
         ("blk.0.ffn_down_exps.weight", vec![32, 32, 4]),
+        ("blk.0.ffn_up_exps.weight", vec![32, 32, 4]),
     ];
-    let up = ("blk.0.ffn_up_exps.weight", vec![32u64, 32, 4]);
-    for (name, dims) in tensors.into_iter().chain([up]) {
+    for (name, dims) in attention_tensors().into_iter().chain(moe) {
         if keep(name) {
             let n: u64 = dims.iter().product();
             w.tensor(name, &dims, GgmlType::F32, vec![0u8; n as usize * 4]);
