@@ -183,6 +183,32 @@ fn info_describes_the_model_and_memory_plan() {
     }
 }
 
+/// `kiln info` on a mixture of experts (the tiny Qwen3-MoE GGUF llama.cpp's converter wrote)
+/// names its experts, and `kiln generate` runs it.
+#[test]
+fn info_and_generate_on_a_mixture_of_experts() {
+    let gguf = kiln_testkit::tiny_model_dir("qwen3moe").join("model-q8_0.gguf");
+    let path = gguf.to_str().unwrap();
+    let out = stdout(&kiln(&["info", "--model", path, "--backend", "cpu"]));
+    let want = "experts: 8 experts of 32 a layer, 3 used a token (softmax, top-k renormalised); \
+                2 of 2 layers sparse";
+    assert!(out.contains(want), "missing `{want}` in:\n{out}");
+    let out = stdout(&kiln(&[
+        "generate",
+        "--model",
+        path,
+        "--prompt",
+        "the fox",
+        "--max-tokens",
+        "4",
+        "--backend",
+        "cpu",
+        "--json",
+    ]));
+    let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(v["token_ids"].as_array().map(Vec::len), Some(4), "{v}");
+}
+
 /// `kiln info` lists what each `--kv-dtype` holds in the same memory; INT4 holds at least
 /// 3.5 times the tokens of F16 at the default model's head_dim 64.
 #[test]
