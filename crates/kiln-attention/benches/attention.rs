@@ -93,6 +93,7 @@ fn step(
         heads,
         scale: 1.0 / (head_dim as f32).sqrt(),
         window: None,
+        sinks: None,
     };
     Ok(Step {
         cache,

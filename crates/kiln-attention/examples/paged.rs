@@ -69,6 +69,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         D,
         scale,
         None,
+        None,
     );
     want.extend(contiguous_attention(
         &b_q,
@@ -79,6 +80,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         KV_HEADS,
         D,
         scale,
+        None,
         None,
     ));
 
@@ -151,6 +153,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
                 heads: HEADS,
                 scale,
                 window: None,
+                sinks: None,
             };
             let out = cache.attention(&mut rec, 0, &q, &batch, &attn)?;
             rec.submit()?;

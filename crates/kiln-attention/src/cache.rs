@@ -67,7 +67,7 @@ pub struct SeqBatch<'a> {
 }
 
 /// Attention hyper-parameters of a layer.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone)]
 pub struct AttnConfig {
     /// Query heads (a multiple of the cache's kv heads: GQA/MQA).
     pub heads: usize,
@@ -75,6 +75,10 @@ pub struct AttnConfig {
     pub scale: f32,
     /// Sliding window in tokens (Mistral), or `None` for full attention.
     pub window: Option<usize>,
+    /// Attention sinks (GPT-OSS): F32 `[heads]`, on the cache's device. Head h's sink is a
+    /// logit (compared with the scaled scores as it is) that joins every query's softmax
+    /// with no value row, so it takes a share of the weight and adds nothing to the output.
+    pub sinks: Option<Tensor>,
 }
 
 /// A step's attention metadata, validated against the cache (and uploaded once, for a GPU
@@ -540,6 +544,22 @@ impl KvCache {
                 self.cfg.head_dim,
                 t.dtype(),
                 t.shape()
+            ));
+        }
+        Ok(())
+    }
+
+    /// The sinks of `attn`, if any, are F32 `[heads]` (the launch checks their device).
+    fn check_sinks(&self, attn: &AttnConfig) -> Result<()> {
+        let Some(s) = &attn.sinks else {
+            return Ok(());
+        };
+        if s.dtype() != DType::F32 || s.shape() != [attn.heads] {
+            return invalid(format!(
+                "attention sinks must be F32 [{}] (one per query head), got {:?} {:?}",
+                attn.heads,
+                s.dtype(),
+                s.shape()
             ));
         }
         Ok(())

@@ -350,6 +350,8 @@ struct Scratch {
 pub(crate) struct Attend<'a> {
     pub cpu: &'a CpuContext,
     pub q: &'a [f32],
+    /// The attention sinks, one per query head ([`AttnConfig::sinks`]).
+    pub sinks: Option<&'a [f32]>,
     pub batch: &'a AttnBatch,
     pub cfg: &'a KvCacheConfig,
     pub attn: &'a AttnConfig,
@@ -404,16 +406,18 @@ impl Attend<'_> {
 
 /// Out (`group` heads of `d`) from each head's partials over its spans (`spans` of them, each
 /// `group` partials), combined in span order: every span's terms and outputs rescaled to the
-/// largest max, the outputs' sum divided by the terms' sum.
-fn combine(partials: &[f32], group: usize, d: usize, out: &mut [f32]) {
+/// largest max, the outputs' sum divided by the terms' sum. The heads' `sinks` (a logit each,
+/// with no value row) join the max and the terms.
+fn combine(partials: &[f32], group: usize, d: usize, sinks: Option<&[f32]>, out: &mut [f32]) {
     let stride = group * partial_len(d);
     for (h, o) in out.chunks_exact_mut(d).enumerate() {
         let at = h * partial_len(d);
+        let sink = sinks.map(|s| s[h]);
         let max = partials
             .chunks_exact(stride)
-            .fold(f32::NEG_INFINITY, |m, c| m.max(c[at]));
+            .fold(sink.unwrap_or(f32::NEG_INFINITY), |m, c| m.max(c[at]));
         o.fill(0.0);
-        let mut sum = 0f32;
+        let mut sum = sink.map_or(0.0, |s| (s - max).exp());
         for c in partials.chunks_exact(stride) {
             let p = &c[at..at + partial_len(d)];
             let f = (p[0] - max).exp();
@@ -469,6 +473,12 @@ impl Attend<'_> {
         })
     }
 
+    /// The sinks of the query heads that share KV head `kv_head`.
+    fn group_sinks(&self, kv_head: usize) -> Option<&[f32]> {
+        let group = self.attn.heads / self.cfg.kv_heads;
+        self.sinks.map(|s| &s[kv_head * group..][..group])
+    }
+
     /// Floats of one (token, KV head)'s output (its group's heads), and of a span's partials.
     fn group_floats(&self) -> [usize; 2] {
         let group = self.attn.heads / self.cfg.kv_heads;
@@ -494,7 +504,7 @@ impl Attend<'_> {
                         for (&span, p) in k.spans.iter().zip(ps) {
                             partials(span, &mut k.scratch, p);
                         }
-                        combine(&k.partials, per_pair / d, d, o);
+                        combine(&k.partials, per_pair / d, d, self.group_sinks(idx % kvh), o);
                     })
                 });
         });
@@ -527,8 +537,15 @@ impl Attend<'_> {
                 .for_each(|(p, &span)| kept(|k| partials(span, &mut k.scratch, p)));
         });
         let mut from = 0;
-        for (o, &to) in out.chunks_exact_mut(per_pair).zip(&*ends) {
-            combine(&ps[from * per_span..to * per_span], per_pair / d, d, o);
+        for (idx, (o, &to)) in out.chunks_exact_mut(per_pair).zip(&*ends).enumerate() {
+            let sinks = self.group_sinks(idx % kvh);
+            combine(
+                &ps[from * per_span..to * per_span],
+                per_pair / d,
+                d,
+                sinks,
+                o,
+            );
             from = to;
         }
     }

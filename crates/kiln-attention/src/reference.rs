@@ -4,7 +4,8 @@ use crate::{AttnBatch, AttnConfig, KvCacheConfig};
 
 /// Plain attention of queries `q [tq, heads, d]` at absolute positions `q_pos` over one
 /// sequence's contiguous `k`, `v` `[len, kv_heads, d]`: query at position p sees keys
-/// `p - window + 1 ..= p` (or `0..=p`). Softmax in f64.
+/// `p - window + 1 ..= p` (or `0..=p`). Head h's sink, where `sinks` are given, joins the
+/// softmax as one more score with no value row. Softmax in f64.
 #[allow(clippy::too_many_arguments)]
 pub fn contiguous_attention(
     q: &[f32],
@@ -16,6 +17,7 @@ pub fn contiguous_attention(
     d: usize,
     scale: f32,
     window: Option<usize>,
+    sinks: Option<&[f32]>,
 ) -> Vec<f32> {
     let group = heads / kv_heads;
     let mut out = vec![0f32; q.len()];
@@ -34,9 +36,14 @@ pub fn contiguous_attention(
                         * f64::from(scale)
                 })
                 .collect();
-            let m = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            let sink = sinks.map(|s| f64::from(s[h]));
+            let m = scores
+                .iter()
+                .copied()
+                .chain(sink)
+                .fold(f64::NEG_INFINITY, f64::max);
             let e: Vec<f64> = scores.iter().map(|s| (s - m).exp()).collect();
-            let sum: f64 = e.iter().sum();
+            let sum: f64 = e.iter().sum::<f64>() + sink.map_or(0.0, |s| (s - m).exp());
             let o = &mut out[(t * heads + h) * d..(t * heads + h + 1) * d];
             for (i, j) in (first..=pos).enumerate() {
                 let vrow = &v[(j * kv_heads + kh) * d..(j * kv_heads + kh + 1) * d];
@@ -58,6 +65,7 @@ pub(crate) fn paged_attention_host(
     batch: &AttnBatch,
     cfg: &KvCacheConfig,
     attn: &AttnConfig,
+    sinks: Option<&[f32]>,
 ) -> Vec<f32> {
     let (bs, kvh, d, heads) = (cfg.block_size, cfg.kv_heads, cfg.head_dim, attn.heads);
     let row = kvh * d;
@@ -93,6 +101,7 @@ pub(crate) fn paged_attention_host(
             d,
             attn.scale,
             attn.window,
+            sinks,
         );
         out[t * heads * d..end * heads * d].copy_from_slice(&o);
         t = end;

@@ -60,11 +60,14 @@ struct Seq {
     q: Vec<f32>,
 }
 
+#[derive(Clone)]
 struct Case {
     kv_heads: usize,
     heads: usize,
     head_dim: usize,
     window: Option<usize>,
+    /// Attention sinks, one per query head.
+    sinks: Option<Vec<f32>>,
     seqs: Vec<Seq>,
 }
 
@@ -110,6 +113,7 @@ fn random_case(
         heads,
         head_dim,
         window,
+        sinks: None,
         seqs,
     }
 }
@@ -141,6 +145,7 @@ fn case_of(
         heads,
         head_dim,
         window,
+        sinks: None,
         seqs,
     }
 }
@@ -298,6 +303,10 @@ fn run_centred(dev: &Device, c: &Case, dtype: KvDtype, centres: Option<&[KeyCent
         heads: c.heads,
         scale: 1.0 / (c.head_dim as f32).sqrt(),
         window: c.window,
+        sinks: c
+            .sinks
+            .as_ref()
+            .map(|v| Tensor::from_f32(dev, &[c.heads], v).unwrap()),
     };
     let out = cache
         .attention(&mut rec, layer, &qt, &batch, &attn)
@@ -331,6 +340,7 @@ fn reference_kv(
             c.head_dim,
             1.0 / (c.head_dim as f32).sqrt(),
             c.window,
+            c.sinks.as_deref(),
         ));
     }
     out
@@ -435,6 +445,7 @@ fn f16_storage_rounds_to_nearest_even_on_every_device() {
         heads: 1,
         head_dim,
         window: None,
+        sinks: None,
         seqs: vec![Seq {
             table: vec![BlockId(5)],
             context: 1,
@@ -604,6 +615,57 @@ fn split_key_decode_matches_reference() {
                 let what = format!("{what} cpu-shaped={}", g.cpu_shaped_kernels());
                 let refs = Refs {
                     exact: &exact,
+                    rounded: &rounded,
+                    cpu_i8: &cpu_i8,
+                    cpu_i4: &cpu_i4,
+                };
+                check_device(g, &c, &refs, &what);
+            }
+        }
+    }
+}
+
+/// Attention sinks (GPT-OSS: a logit per head that joins the softmax with no value row)
+/// against the reference on every device and KV dtype: sinks below, among and far above the
+/// scores (a head whose sink takes nearly all the weight), in prefill chunks with query groups
+/// and in split-key decode steps (only a query's first run counts its sink), with and without
+/// a window.
+#[test]
+fn attention_sinks_match_the_reference() {
+    let mut r = StdRng::seed_from_u64(31);
+    let prefill = [(33, 13), (60, 1), (37, 37), (9, 9)];
+    let decode = [(1, 1), (70, 1), (300, 1), (301, 1)];
+    for (lens, kv_heads, heads, head_dim) in [(&prefill, 2, 8, 64), (&decode, 2, 8, 64)] {
+        for window in [None, Some(7)] {
+            let mut c = case_of(&mut r, kv_heads, heads, head_dim, window, lens);
+            let mut sinks: Vec<f32> = (0..heads).map(|_| r.random_range(-3.0..3.0)).collect();
+            sinks[1] = 12.0;
+            sinks[heads - 1] = -30.0;
+            c.sinks = Some(sinks);
+            let what = format!("sinks d={head_dim} window={window:?} lens={lens:?}");
+            let want = reference(&c, &exact);
+            let unsunk = reference(
+                &Case {
+                    sinks: None,
+                    ..c.clone()
+                },
+                &exact,
+            );
+            let moved = want.iter().zip(&unsunk).any(|(a, b)| (a - b).abs() > 0.1);
+            assert!(moved, "{what}: the sinks changed nothing");
+            let rounded = reference(&c, &round_f16);
+            assert_close(
+                &format!("cpu f32 {what}"),
+                &run(&Device::reference(), &c, KvDtype::F32),
+                &want,
+                2e-5,
+            );
+            let cpu_i8 = run(&Device::reference(), &c, KvDtype::Int8);
+            let cpu_i4 = run(&Device::reference(), &c, KvDtype::Int4);
+            for g in &gpus() {
+                let what = format!("{what} cpu-shaped={}", g.cpu_shaped_kernels());
+                let refs = Refs {
+                    exact: &want,
                     rounded: &rounded,
                     cpu_i8: &cpu_i8,
                     cpu_i4: &cpu_i4,
@@ -998,6 +1060,7 @@ fn bad_batches_are_errors() {
                 heads: 3,
                 scale: 1.0,
                 window: None,
+                sinks: None,
             },
         )
         .unwrap_err();
@@ -1012,6 +1075,7 @@ fn bad_batches_are_errors() {
                 heads: 2,
                 scale: 1.0,
                 window: None,
+                sinks: None,
             },
         )
         .unwrap_err();
@@ -1087,6 +1151,7 @@ fn copied_blocks_read_like_their_source() {
                 heads: 2,
                 scale: 0.125,
                 window: None,
+                sinks: None,
             };
             let qt = Tensor::from_f32(&dev, &[1, 2, d], &q).unwrap();
             let read = |table: &[BlockId]| {
@@ -1196,6 +1261,7 @@ fn run_write_qkv(
         heads,
         scale: 1.0 / (d as f32).sqrt(),
         window: c.window,
+        sinks: None,
     };
     let out = cache.attention(&mut rec, 0, &q, &batch, &attn).unwrap();
     rec.submit().unwrap();

@@ -46,6 +46,12 @@ struct Params {
 @group(0) @binding(5) var<storage, read> k_pool: array<u32>;
 @group(0) @binding(6) var<storage, read> v_pool: array<u32>;
 #endif
+#if SINKS
+// Attention sinks (GPT-OSS), F32 [heads]: a logit per query head that joins the softmax with
+// no value row. A query's first run starts its online softmax from it,
+// as from a key before the first (the other runs from nothing).
+@group(0) @binding({{SINKS_AT}}) var<storage, read> sinks: array<f32>;
+#endif
 #if KV_I8
 @group(0) @binding(7) var<storage, read> k_scale: array<f32>;
 @group(0) @binding(8) var<storage, read> v_scale: array<f32>;
@@ -187,6 +193,12 @@ fn main(
     let neg_inf = bitcast<f32>(0xff800000u);
     var m = neg_inf;
     var l = 0.0;
+#if SINKS
+    if (split == 0u) {
+        m = sinks[h];
+        l = 1.0;
+    }
+#endif
     var acc: array<f32, 4>;
     for (var base = first; base <= last; base += 64u) {
         let j = base + lid;

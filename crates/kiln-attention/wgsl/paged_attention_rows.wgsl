@@ -56,6 +56,12 @@ struct Params {
 // (`centre_term` lines in `K_DOT`).
 @group(0) @binding(9) var<storage, read> centres: array<vec4<u32>>;
 #endif
+#if SINKS
+// Attention sinks (GPT-OSS), F32 [heads]: a logit per query head that joins the softmax with
+// no value row. The online softmax starts from it, as from a key
+// before the first.
+@group(0) @binding({{SINKS_AT}}) var<storage, read> sinks: array<f32>;
+#endif
 
 const WG: u32 = 8u;
 const D4: u32 = {{HEAD_DIM}}u / 4u;
@@ -240,8 +246,13 @@ fn main(
     let start = first;
     let last = pos;
 #endif
+#if SINKS
+    var m = sinks[h];
+    var l = 1.0;
+#else
     var m = bitcast<f32>(0xff800000u);
     var l = 0.0;
+#endif
     for (var j = start; j <= last; j++) {
         let slot = tables[table + j / p.block_size] * p.block_size + j % p.block_size;
         let row = slot * p.kv_heads + kvh;

@@ -29,18 +29,18 @@ const ATTN_SRC: &str = concat!(
 static ATTN: KernelDef = KernelDef {
     name: "paged_attention",
     source: ATTN_SRC,
-    bindings: &[R, R, R, W, R, R],
+    bindings: &[R, R, R, W, R, R, R],
 };
 static ATTN_SCALED: KernelDef = KernelDef {
     name: "paged_attention",
     source: ATTN_SRC,
-    bindings: &[R, R, R, W, R, R, R, R],
+    bindings: &[R, R, R, W, R, R, R, R, R],
 };
 /// INT4: also the layer's key centres.
 static ATTN_I4: KernelDef = KernelDef {
     name: "paged_attention",
     source: ATTN_SRC,
-    bindings: &[R, R, R, W, R, R, R, R, R],
+    bindings: &[R, R, R, W, R, R, R, R, R, R],
 };
 /// The second pass of split-key attention.
 static ATTN_COMBINE: KernelDef = KernelDef {
@@ -56,17 +56,17 @@ const ATTN_ROWS_SRC: &str = concat!(
 static ATTN_ROWS: KernelDef = KernelDef {
     name: "paged_attention_rows",
     source: ATTN_ROWS_SRC,
-    bindings: &[R, R, R, W, R, R],
+    bindings: &[R, R, R, W, R, R, R],
 };
 static ATTN_ROWS_SCALED: KernelDef = KernelDef {
     name: "paged_attention_rows",
     source: ATTN_ROWS_SRC,
-    bindings: &[R, R, R, W, R, R, R, R],
+    bindings: &[R, R, R, W, R, R, R, R, R],
 };
 static ATTN_ROWS_I4: KernelDef = KernelDef {
     name: "paged_attention_rows",
     source: ATTN_ROWS_SRC,
-    bindings: &[R, R, R, W, R, R, R, R, R],
+    bindings: &[R, R, R, W, R, R, R, R, R, R],
 };
 
 /// The most keys one query may read in the one-invocation-per-head kernel of CPU-type
@@ -195,12 +195,20 @@ impl KvCache {
             ));
         }
         self.check_rows("Q", q, batch.tokens, attn.heads)?;
+        self.check_sinks(attn)?;
         let window = attn.window.unwrap_or(0);
         match &self.store {
             Store::Cpu(layers) => {
                 let qs = q.host_f32()?;
+                let sinks = attn.sinks.as_ref().map(Tensor::host_f32).transpose()?;
                 Tensor::from_f32_with(&self.device, q.shape(), |out| {
-                    self.host_attention(&layers[layer], layer, qs, batch, attn, out)
+                    let call = HostCall {
+                        q: qs,
+                        sinks,
+                        batch,
+                        attn,
+                    };
+                    self.host_attention(&layers[layer], layer, &call, out)
                 })
             }
             Store::Gpu(layers) => {
@@ -212,6 +220,13 @@ impl KvCache {
                 let mut bufs = vec![q, info, tables, &out, &l.k, &l.v];
                 bufs.extend(l.extras());
                 let extras = bufs.len() - 6;
+                // The sinks' binding comes last (binding 0 is the parameters); without sinks
+                // the shader declares none and `q` fills the layout's slot unread.
+                let sinks = [
+                    ("SINKS", flag(attn.sinks.is_some())),
+                    ("SINKS_AT", (bufs.len() + 1).to_string()),
+                ];
+                bufs.push(attn.sinks.as_ref().unwrap_or(q));
                 let params = AttnParams {
                     tokens: batch.tokens as u32,
                     heads: attn.heads as u32,
@@ -268,6 +283,8 @@ impl KvCache {
                         ("SG_LANE", sg_lane.to_string()),
                         k_dot,
                         v_acc,
+                        sinks[0].clone(),
+                        sinks[1].clone(),
                     ];
                     let groups = work as u32;
                     let def = variant([&ATTN_ROWS, &ATTN_ROWS_SCALED, &ATTN_ROWS_I4], extras);
@@ -275,7 +292,13 @@ impl KvCache {
                     return Ok(out);
                 }
                 let pairs = batch.tokens * attn.heads;
-                let defines = [dtype_define(self.cfg.dtype), ("HEAD_DIM", hd.to_string())];
+                let [sinks, sinks_at] = sinks;
+                let defines = [
+                    dtype_define(self.cfg.dtype),
+                    ("HEAD_DIM", hd.to_string()),
+                    sinks,
+                    sinks_at,
+                ];
                 let def = variant([&ATTN, &ATTN_SCALED, &ATTN_I4], extras);
                 let (splits, split_keys) = key_split(pairs, longest);
                 if splits == 1 {
@@ -307,17 +330,22 @@ impl KvCache {
         &self,
         pools: &[HostPool; 2],
         layer: usize,
-        qs: &[f32],
-        batch: &AttnBatch,
-        attn: &AttnConfig,
+        host: &HostCall<'_>,
         out: &mut [f32],
     ) -> Result<()> {
         let (cfg, kvh, hd) = (&self.cfg, self.cfg.kv_heads, self.cfg.head_dim);
+        let &HostCall {
+            q: qs,
+            sinks,
+            batch,
+            attn,
+        } = host;
         match (&self.device, pools) {
             (Device::Cpu(cpu), pools) => {
                 let call = crate::native::Attend {
                     cpu,
                     q: qs,
+                    sinks,
                     batch,
                     cfg,
                     attn,
@@ -379,13 +407,21 @@ impl KvCache {
                     }
                 }
             }
-            (_, [HostPool::F32(k), HostPool::F32(v)]) => {
-                out.copy_from_slice(&reference::paged_attention_host(qs, k, v, batch, cfg, attn))
-            }
+            (_, [HostPool::F32(k), HostPool::F32(v)]) => out.copy_from_slice(
+                &reference::paged_attention_host(qs, k, v, batch, cfg, attn, sinks),
+            ),
             _ => return invalid("the host pools do not match the device".into()),
         }
         Ok(())
     }
+}
+
+/// A host attention call's inputs as host slices: the queries and the sinks, if any.
+struct HostCall<'a> {
+    q: &'a [f32],
+    sinks: Option<&'a [f32]>,
+    batch: &'a AttnBatch,
+    attn: &'a AttnConfig,
 }
 
 #[cfg(test)]

@@ -257,6 +257,7 @@ impl Model {
                     heads: cfg.heads,
                     scale: cfg.attn_scale,
                     window: la.window,
+                    sinks: None,
                 },
             });
             progress(l + 1, cfg.layers);
