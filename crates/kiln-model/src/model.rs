@@ -122,14 +122,14 @@ impl Experts {
         let logits = rec.matmul(x, &self.router, None)?;
         let routes = rec.moe_route(&logits, self.used, self.kind)?;
         let m = match &self.gate_up {
-            ExpertStack::One(w) => rec.linear_routed(x, w, &routes, Some(act))?,
+            ExpertStack::One(w) => rec.linear_routed(x, w, None, &routes, Some(act))?,
             ExpertStack::Apart(g, u) => {
-                let g = rec.linear_routed(x, g, &routes, None)?;
-                let u = rec.linear_routed(x, u, &routes, None)?;
+                let g = rec.linear_routed(x, g, None, &routes, None)?;
+                let u = rec.linear_routed(x, u, None, &routes, None)?;
                 rec.gated_mul(&g, &u, act)?
             }
         };
-        let y = rec.linear_routed(&m, &self.down, &routes, None)?;
+        let y = rec.linear_routed(&m, &self.down, None, &routes, None)?;
         Ok(rec.moe_combine(&y, &routes, residual)?)
     }
 }

@@ -114,24 +114,29 @@ fn experts_weight(dev: &Device, dtype: DType, shape: [usize; 3], seed: u64) -> T
 }
 
 /// Routed products on `dev` for logits `l` (`[t, e]`, top `topk`), input rows `x` (a row a
-/// token, or a row a slot).
+/// token, or a row a slot), with the experts' `bias` (`[e, n]`) if given.
+#[allow(clippy::too_many_arguments)]
 fn run_routed(
     dev: &Device,
     w: &Tensor,
+    bias: Option<&[f32]>,
     l: &[f32],
     x: &[f32],
     t: usize,
     topk: usize,
     glu: Option<Activation>,
 ) -> Vec<f32> {
-    let [e, _, k] = [w.shape()[0], w.shape()[1], w.shape()[2]];
+    let [e, n, k] = [w.shape()[0], w.shape()[1], w.shape()[2]];
     let lt = Tensor::from_f32(dev, &[t, e], l).unwrap();
     let xt = Tensor::from_f32(dev, &[x.len() / k, k], x).unwrap();
+    let bt = bias.map(|b| Tensor::from_f32(dev, &[e, n], b).unwrap());
     let mut rec = Recorder::new(dev);
     let routes = rec
         .moe_route(&lt, topk, Router::SoftmaxTopK { renorm: true })
         .unwrap();
-    let y = rec.linear_routed(&xt, w, &routes, glu).unwrap();
+    let y = rec
+        .linear_routed(&xt, w, bt.as_ref(), &routes, glu)
+        .unwrap();
     rec.submit().unwrap();
     y.to_f32_vec().unwrap()
 }
@@ -147,14 +152,23 @@ fn routed_matmul_matches_the_reference_for_every_weight_dtype() {
             40
         };
         for (t, e, topk, n) in [(1, 4, 2, 48), (3, 5, 2, 24), (16, 8, 3, 40), (9, 6, 6, 10)] {
-            for glu in [None, Some(Activation::Silu), Some(Activation::GeluTanh)] {
+            // With the experts' biases (GPT-OSS's, before its clamped SwiGLU) and without.
+            for (glu, biased) in [
+                (None, false),
+                (None, true),
+                (Some(Activation::Silu), false),
+                (Some(Activation::GeluTanh), false),
+                (Some(Activation::SwigluOai), true),
+            ] {
                 for per_slot in [false, true] {
                     let l = randn(&mut r, t * e, 2.0);
                     let rows = if per_slot { t * topk } else { t };
                     let x = randn(&mut r, rows * k, 1.0);
+                    let bias = biased.then(|| randn(&mut r, e * n, 1.0));
+                    let bias = bias.as_deref();
                     let seed = r.random();
                     let host = experts_weight(&Device::Reference, dtype, [e, n, k], seed);
-                    let want = run_routed(&Device::Reference, &host, &l, &x, t, topk, glu);
+                    let want = run_routed(&Device::Reference, &host, bias, &l, &x, t, topk, glu);
                     let width = if glu.is_some() { n / 2 } else { n };
                     assert_eq!(want.len(), t * topk * width);
                     // Bindings of 16 KiB split the experts' weight (each expert whole in one)
@@ -166,14 +180,18 @@ fn routed_matmul_matches_the_reference_for_every_weight_dtype() {
                     {
                         let w = experts_weight(&dev, dtype, [e, n, k], seed);
                         split_weights += usize::from(w.chunk_count() > 1);
-                        let got = run_routed(&dev, &w, &l, &x, t, topk, glu);
+                        let got = run_routed(&dev, &w, bias, &l, &x, t, topk, glu);
                         let what = format!(
-                            "{name} {dtype:?} t={t} e={e} top{topk} n={n} k={k} {glu:?} per_slot={per_slot}"
+                            "{name} {dtype:?} t={t} e={e} top{topk} n={n} k={k} {glu:?} per_slot={per_slot} biased={biased}"
                         );
                         let tol = 1e-5 * k as f32 + 1e-5;
                         assert_close(&what, &got, &want, 4.0 * tol, 1e-4);
                     }
-                    native_equals_its_plain_matmul(dtype, [e, n, k], seed, &l, &x, t, topk, glu);
+                    // The dense op takes no bias with a GLU.
+                    if !(biased && glu.is_some()) {
+                        let w = (dtype, [e, n, k], seed);
+                        native_equals_its_plain_matmul(w, bias, &l, &x, t, topk, glu);
+                    }
                 }
             }
         }
@@ -185,12 +203,11 @@ fn routed_matmul_matches_the_reference_for_every_weight_dtype() {
 }
 
 /// On the native backend each slot's routed row equals the plain matmul of its input row by
-/// its expert's matrix alone, bit for bit.
-#[allow(clippy::too_many_arguments)]
+/// its expert's matrix alone (plus its bias row), bit for bit. `weight`: the experts' dtype,
+/// shape and seed.
 fn native_equals_its_plain_matmul(
-    dtype: DType,
-    shape: [usize; 3],
-    seed: u64,
+    (dtype, shape, seed): (DType, [usize; 3], u64),
+    bias: Option<&[f32]>,
     l: &[f32],
     x: &[f32],
     t: usize,
@@ -200,7 +217,7 @@ fn native_equals_its_plain_matmul(
     let native = kiln_testkit::native_cpu();
     let [e, n, k] = shape;
     let w = experts_weight(&native, dtype, shape, seed);
-    let got = run_routed(&native, &w, l, x, t, topk, glu);
+    let got = run_routed(&native, &w, bias, l, x, t, topk, glu);
     let (ids, _) = route(&native, l, t, e, topk, Router::SoftmaxTopK { renorm: true });
     let bytes = w.to_bytes().unwrap();
     let per_expert = bytes.len() / e;
@@ -217,6 +234,7 @@ fn native_equals_its_plain_matmul(
         .unwrap();
         let row = s / x_step;
         let xr = Tensor::from_f32(&native, &[1, k], &x[row * k..(row + 1) * k]).unwrap();
+        let be = bias.map(|b| Tensor::from_f32(&native, &[n], &b[ex * n..(ex + 1) * n]).unwrap());
         let mut rec = Recorder::new(&native);
         let y = rec
             .linear(
@@ -224,6 +242,7 @@ fn native_equals_its_plain_matmul(
                 &we,
                 LinearOps {
                     glu,
+                    bias: be.as_ref(),
                     ..LinearOps::default()
                 },
             )
@@ -297,23 +316,29 @@ fn bad_routing_and_shapes_are_refused() {
     let w = Tensor::from_f32(&dev, &[3, 8, 16], &[0.0; 3 * 8 * 16]).unwrap();
     let x = Tensor::from_f32(&dev, &[2, 16], &[0.0; 32]).unwrap();
     let e = rec
-        .linear_routed(&x, &w, &routes, None)
+        .linear_routed(&x, &w, None, &routes, None)
         .unwrap_err()
         .to_string();
     assert!(e.contains("for 4 experts"), "{e}");
     let w = Tensor::from_f32(&dev, &[4, 8, 16], &[0.0; 4 * 8 * 16]).unwrap();
     let x3 = Tensor::from_f32(&dev, &[3, 16], &[0.0; 48]).unwrap();
     let e = rec
-        .linear_routed(&x3, &w, &routes, None)
+        .linear_routed(&x3, &w, None, &routes, None)
         .unwrap_err()
         .to_string();
     assert!(e.contains("3 input rows for 2 tokens"), "{e}");
     let flat = Tensor::from_f32(&dev, &[32, 16], &[0.0; 512]).unwrap();
     let e = rec
-        .linear_routed(&x, &flat, &routes, None)
+        .linear_routed(&x, &flat, None, &routes, None)
         .unwrap_err()
         .to_string();
     assert!(e.contains("is not [experts, n, k]"), "{e}");
+    let bias = Tensor::from_f32(&dev, &[4, 7], &[0.0; 28]).unwrap();
+    let e = rec
+        .linear_routed(&x, &w, Some(&bias), &routes, None)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("experts' bias [4, 7]"), "{e}");
     let y = Tensor::from_f32(&dev, &[3, 16], &[0.0; 48]).unwrap();
     let e = rec.moe_combine(&y, &routes, &x).unwrap_err().to_string();
     assert!(e.contains("for 2 tokens of 2 experts"), "{e}");

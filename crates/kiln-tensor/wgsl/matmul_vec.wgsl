@@ -12,7 +12,8 @@
 // (glu.wgsl's activation). Y's row stride is n_total.
 //
 // ROUTED (mixture of experts, ggml's mul_mat_id): W holds n_exp experts of w_stride rows from
-// expert e0, and the routing's groups (binding 4) list the slots routed to each. A workgroup
+// expert e0, and the routing's groups (binding 4) list the slots routed to each (BIAS: each
+// expert's bias, binding 5, added before the GLU, as GPT-OSS's experts have). A workgroup
 // takes one tile of rows of one expert and runs through that expert's slots MV_M at a time:
 // slot s reads row s / x_step of X and writes row s of Y. Each expert's weight is read by
 // its workgroups once for all its slots (a pass per MV_M slots re-reads it from cache).
@@ -46,7 +47,12 @@ struct Params {
 #endif
 @group(0) @binding(3) var<storage, read_write> y: array<f32>;
 #if BIAS
+#if ROUTED
+// [experts, w_stride]: each expert's bias ([gate; up] under GATED), after the groups.
+@group(0) @binding(5) var<storage, read> bias: array<f32>;
+#else
 @group(0) @binding(4) var<storage, read> bias: array<f32>;
+#endif
 #endif
 #if RES
 @group(0) @binding(4) var<storage, read> res: array<f32>;
@@ -60,6 +66,8 @@ struct Params {
 var<private> x_base: array<u32, {{MV_M}}>;
 var<private> y_base: array<u32, {{MV_M}}>;
 var<workgroup> span: vec2<u32>;
+// Where the workgroup's expert's bias starts.
+var<private> b_base: u32;
 #endif
 
 const MV_M: u32 = {{MV_M}}u;
@@ -141,6 +149,7 @@ fn main(
         }
     }
     let s = workgroupUniformLoad(&span);
+    b_base = (p.e0 + el) * p.w_stride;
     for (var s0 = s.x; s0 < s.y; s0 += MV_M) {
         for (var i = 0u; i < MV_M; i++) {
             // Past the expert's last slot, the last one again: computed, not stored.
@@ -241,7 +250,14 @@ fn product(g: u32, lid: u32, w0: u32, valid: u32) {
 #endif
 #endif
 #if BIAS
+#if ROUTED
+            s += bias[b_base + col];
+#if GATED
+            s2 += bias[b_base + p.n1 + col];
+#endif
+#else
             s += bias[col];
+#endif
 #endif
 #if RES
             s += res[y_at(i) + col];

@@ -9,7 +9,7 @@ use rayon::prelude::*;
 
 use super::dot::Rows;
 use super::{CpuContext, QuantX, activation, dispatch};
-use crate::ops::{Activation, dot, host_row, rms_norm_row};
+use crate::ops::{Activation, RoutedX, dot, host_row, rms_norm_row};
 use crate::tensor::Storage;
 use crate::{Result, Tensor, TensorError};
 
@@ -76,15 +76,15 @@ pub(crate) fn linear_native(
 }
 
 /// The routed matmul (`Recorder::linear_routed`): for each expert that has slots, their
-/// input rows gathered (row `slot / x_step` of `x`), multiplied by the expert's rows of `w`
-/// (`[experts, n, k]`) as [`linear_native`] does, each expert's weight read once, and the
-/// products scattered to the slots' rows of `y`.
+/// input rows gathered (row `slot / x.step` of `x`), multiplied by the expert's rows of `w`
+/// (`[experts, n, k]`) as [`linear_native`] does, with the expert's row of `bias`, each
+/// expert's weight read once, and the products scattered to the slots' rows of `y`.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn linear_routed_native(
     ctx: &CpuContext,
-    x: &[f32],
-    x_step: usize,
+    x: RoutedX<'_>,
     w: &Tensor,
+    bias: Option<&[f32]>,
     groups: &[u32],
     experts: usize,
     glu: Option<Activation>,
@@ -92,22 +92,22 @@ pub(crate) fn linear_routed_native(
 ) -> Result<()> {
     let (n, k) = (w.shape()[1], w.cols());
     let width = if glu.is_some() { n / 2 } else { n };
-    let fused = Fused {
-        norm: None,
-        bias: None,
-        glu,
-        residual: None,
-    };
     let (mut xs, mut ys) = (Vec::new(), Vec::new());
     for e in 0..experts {
         let slots = crate::ops::expert_slots(groups, experts, e);
         if slots.is_empty() {
             continue;
         }
+        let fused = Fused {
+            norm: None,
+            bias: bias.map(|b| &b[e * n..(e + 1) * n]),
+            glu,
+            residual: None,
+        };
         xs.clear();
         for &s in slots {
-            let r = s as usize / x_step;
-            xs.extend_from_slice(&x[r * k..(r + 1) * k]);
+            let r = s as usize / x.step;
+            xs.extend_from_slice(&x.x[r * k..(r + 1) * k]);
         }
         ys.resize(slots.len() * width, 0.0);
         linear_rows(
@@ -287,9 +287,9 @@ fn epilogue(
         residual(i, out);
     };
     if m == 1
+        && fused.bias.is_none()
         && let Some(act) = fused.glu
     {
-        debug_assert!(fused.bias.is_none(), "a bias with a GLU is refused");
         // The products are Y's one `[gate; up]` row.
         gated(act, 0, by_row, y);
         return;

@@ -247,6 +247,13 @@ pub(super) static MATVEC_ROUTED: KernelDef = KernelDef {
     bindings: &[R, R, W, R],
 };
 
+/// [`MATVEC_ROUTED`] with the experts' biases after the groups.
+pub(super) static MATVEC_ROUTED_BIAS: KernelDef = KernelDef {
+    name: "matmul_vec_routed",
+    source: VEC_SRC,
+    bindings: &[R, R, W, R, R],
+};
+
 /// A linear op's operands, checked.
 struct Checked {
     m: usize,

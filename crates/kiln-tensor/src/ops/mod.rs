@@ -16,8 +16,8 @@ pub mod sample;
 pub(crate) use elementwise::glu_row;
 pub use embedding::ColumnIndex;
 pub use matmul::{Activation, LinearOps, RmsNorm};
-pub(crate) use moe::expert_slots;
 pub use moe::{MAX_EXPERTS, MAX_EXPERTS_USED, Router, Routes};
+pub(crate) use moe::{RoutedX, expert_slots};
 pub use rope::{RopeConfig, RopeLayout, RopePositions, RopeScaling, RopeTable};
 pub(crate) use rows::rms_norm_row;
 

@@ -284,11 +284,13 @@ impl Recorder {
     /// Y = X·W_eᵀ for every slot, `e` the slot's expert: `w` is `[experts, n, k]`; `x` holds
     /// one row per token (each of its slots reads it) or one per slot; Y is F32
     /// `[tokens·k, n]` (`n/2` wide with `glu`, each expert's matrix then the stack
-    /// `[gate; up]`). One launch a binding of `w` for all experts.
+    /// `[gate; up]`). `bias`, F32 `[experts, n]`, adds expert e's row to its products before
+    /// the GLU (GPT-OSS). One launch a binding of `w` for all experts.
     pub fn linear_routed(
         &mut self,
         x: &Tensor,
         w: &Tensor,
+        bias: Option<&Tensor>,
         routes: &Routes,
         glu: Option<Activation>,
     ) -> Result<Tensor> {
@@ -296,6 +298,21 @@ impl Recorder {
         require_dtype(OP, "the input", x, &[DType::F32])?;
         require_dtype(OP, "the experts' weight", w, WEIGHT_DTYPES)?;
         self.check_device(OP, &[x, w, &routes.ids])?;
+        if let Some(b) = bias {
+            require_dtype(OP, "the experts' bias", b, &[DType::F32])?;
+            self.check_device(OP, &[b])?;
+            if b.shape() != [routes.experts, w.shape().get(1).copied().unwrap_or(0)] {
+                return Err(TensorError::Shape {
+                    op: OP,
+                    detail: format!(
+                        "experts' bias {:?} for the experts' weight {:?}",
+                        b.shape(),
+                        w.shape()
+                    ),
+                });
+            }
+            one_binding(OP, &[b])?;
+        }
         let k = x.cols();
         let slots = routes.tokens * routes.k;
         let &[experts, n, wk] = w.shape() else {
@@ -342,15 +359,18 @@ impl Recorder {
         let Some(ctx) = self.gpu().cloned() else {
             let ids = routes.ids.host_u32()?;
             let xs = x.host_f32()?;
+            let bias = bias.map(Tensor::host_f32).transpose()?;
+            let x = RoutedX {
+                x: xs,
+                step: x_step,
+            };
             if let Some(cpu) = self.device().native() {
                 let groups = routes.groups.host_u32()?;
                 return Tensor::host_f32_with(&[slots, n_out], |y| {
-                    crate::cpu::linear_routed_native(cpu, xs, x_step, w, groups, experts, glu, y)
+                    crate::cpu::linear_routed_native(cpu, x, w, bias, groups, experts, glu, y)
                 });
             }
-            return Tensor::host_f32_with(&[slots, n_out], |y| {
-                routed_ref(xs, x_step, w, ids, glu, y)
-            });
+            return Tensor::host_f32_with(&[slots, n_out], |y| routed_ref(x, w, bias, ids, glu, y));
         };
         one_binding(OP, &[x])?;
         let Storage::Gpu { chunks, .. } = w.storage() else {
@@ -361,7 +381,8 @@ impl Recorder {
         let mv_m = matvec_max_m(cpu_shaped);
         let shape = ctx.matvec_shape(n_out);
         let mut defines = weight_defines(w.dtype(), 2);
-        for f in ["BIAS", "RES", "NORM"] {
+        defines.push(("BIAS", flag(bias.is_some())));
+        for f in ["RES", "NORM"] {
             defines.push((f, flag(false)));
         }
         defines.push(("GATED", flag(glu.is_some())));
@@ -406,19 +427,18 @@ impl Recorder {
                 list: (experts + 1) as u32,
                 _pad: [0; 2],
             };
-            let bind = vec![
+            let mut bind = vec![
                 (x.clone(), 0),
                 (w.clone(), ci),
                 (y.clone(), 0),
                 (routes.groups.clone(), 0),
             ];
-            self.dispatch(
-                &super::matmul::MATVEC_ROUTED,
-                &defines,
-                &params,
-                bind,
-                (tiles * n_exp) as u32,
-            )?;
+            bind.extend(bias.map(|b| (b.clone(), 0)));
+            let def = match bias {
+                None => &super::matmul::MATVEC_ROUTED,
+                Some(_) => &super::matmul::MATVEC_ROUTED_BIAS,
+            };
+            self.dispatch(def, &defines, &params, bind, (tiles * n_exp) as u32)?;
         }
         Ok(y)
     }
@@ -514,10 +534,18 @@ pub(crate) fn combine_ref(
 
 /// The routed matmul's CPU reference: every slot's row dotted with each of its expert's rows,
 /// each weight row dequantized for it.
+/// The input of a routed product on the host: X's rows, and the slots a row (`step`: the
+/// routing's k where each token's row serves all its slots, else 1).
+#[derive(Clone, Copy)]
+pub(crate) struct RoutedX<'a> {
+    pub x: &'a [f32],
+    pub step: usize,
+}
+
 fn routed_ref(
-    x: &[f32],
-    x_step: usize,
+    x: RoutedX<'_>,
     w: &Tensor,
+    bias: Option<&[f32]>,
     ids: &[u32],
     glu: Option<Activation>,
     y: &mut [f32],
@@ -527,10 +555,15 @@ fn routed_ref(
     let mut products = vec![0f32; n];
     let width = y.len() / ids.len().max(1);
     for (s, &e) in ids.iter().enumerate() {
-        let xr = &x[s / x_step * k..(s / x_step + 1) * k];
+        let r = s / x.step;
+        let xr = &x.x[r * k..(r + 1) * k];
         for (j, p) in products.iter_mut().enumerate() {
             host_row(w, e as usize * n + j, &mut row)?;
             *p = dot(xr, &row);
+        }
+        if let Some(b) = bias {
+            let b = &b[e as usize * n..(e as usize + 1) * n];
+            products.iter_mut().zip(b).for_each(|(p, b)| *p += b);
         }
         let out = &mut y[s * width..(s + 1) * width];
         match glu {
