@@ -21,8 +21,8 @@ import sys
 
 import torch
 from safetensors.torch import save_file
-from transformers import (AutoModelForCausalLM, Gemma3TextConfig, LlamaConfig, MistralConfig,
-                          MixtralConfig, Qwen2Config, Qwen3Config, Qwen3MoeConfig)
+from transformers import (AutoModelForCausalLM, Gemma3TextConfig, GptOssConfig, LlamaConfig,
+                          MistralConfig, MixtralConfig, Qwen2Config, Qwen3Config, Qwen3MoeConfig)
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 OUT = ROOT / "crates/kiln-testkit/fixtures/tiny"
@@ -99,11 +99,21 @@ CONFIGS = {
     # 8 experts of 32 (intermediate_size is the expert's), top-2.
     "mixtral": MixtralConfig(**{**COMMON, "intermediate_size": 32}, num_local_experts=8,
                              num_experts_per_tok=2, rope_theta=1000000.0, sliding_window=None),
+    # GPT-OSS: 8 experts of 32 with biases, top-3 then softmax with the router's bias, the
+    # clamped SwiGLU, attention sinks, q/k/v/o biases, sliding (window 8 over the 40-token
+    # prompt) and full layers alternating, YaRN 4x an original 32 untruncated as released.
+    "gpt_oss": GptOssConfig(**{**COMMON, "intermediate_size": 32, "num_hidden_layers": 4},
+                            head_dim=32, num_local_experts=8, num_experts_per_tok=3,
+                            sliding_window=8, attention_bias=True,
+                            rope_parameters={"rope_type": "yarn", "rope_theta": 150000.0,
+                                             "factor": 4.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                                             "truncate": False,
+                                             "original_max_position_embeddings": 32}),
 }
 
 # Fixtures that store a greedy continuation; those converted to GGUF as well.
-GREEDY = {"qwen3moe", "qwen3moe_dense", "mixtral"}
-GGUF = {"qwen3moe", "mixtral"}
+GREEDY = {"qwen3moe", "qwen3moe_dense", "mixtral", "gpt_oss"}
+GGUF = {"qwen3moe", "mixtral", "gpt_oss"}
 GGUF_TYPES = ["f32", "q8_0"]
 
 # Gemma's RMSNorm scales by (1 + w): its norm weights are drawn around 0, not 1; its embedding
@@ -232,6 +242,9 @@ def main():
                         p.uniform_(0.8, 1.2)
                 if n == "model.embed_tokens.weight" and name in EMBED_STD:
                     p.normal_(0.0, EMBED_STD[name])
+                if n.endswith("self_attn.sinks"):
+                    # Sinks near the scores' scale take a real share of each softmax.
+                    p.normal_(0.5, 1.0)
         model.eval()
         ids = torch.randint(0, cfg.vocab_size, (1, SEQ), generator=torch.Generator().manual_seed(7))
         with torch.no_grad():

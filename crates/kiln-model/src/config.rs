@@ -26,11 +26,14 @@ pub enum Arch {
     /// Mistral with mixture-of-experts MLPs, as HF names it (llama.cpp's converter writes
     /// it as `llama` with experts).
     Mixtral,
+    /// OpenAI's GPT-OSS: experts with biases and a clamped SwiGLU, attention sinks,
+    /// alternating sliding and full layers, YaRN RoPE.
+    GptOss,
 }
 
 /// The architectures kiln runs, as configs name them (for error messages).
 pub const SUPPORTED_ARCHITECTURES: &str =
-    "llama, mistral, qwen2, qwen3, gemma3, qwen3moe (qwen3_moe), mixtral";
+    "llama, mistral, qwen2, qwen3, gemma3, qwen3moe (qwen3_moe), mixtral, gpt-oss (gpt_oss)";
 
 impl Arch {
     /// The name configs use (`llama`, `mistral`, `qwen2`, `qwen3`, `gemma3`).
@@ -43,6 +46,7 @@ impl Arch {
             Arch::Gemma3 => "gemma3",
             Arch::Qwen3Moe => "qwen3moe",
             Arch::Mixtral => "mixtral",
+            Arch::GptOss => "gpt-oss",
         }
     }
 
@@ -57,6 +61,7 @@ impl Arch {
             // GGUF's name, and transformers'.
             "qwen3moe" | "qwen3_moe" => Ok(Arch::Qwen3Moe),
             "mixtral" => Ok(Arch::Mixtral),
+            "gpt-oss" | "gpt_oss" => Ok(Arch::GptOss),
             other => Err(ModelError::Architecture {
                 file: file.into(),
                 arch: other.into(),
@@ -72,6 +77,8 @@ pub enum Activation {
     Silu,
     /// GELU with the tanh approximation (Gemma's `gelu_pytorch_tanh`).
     GeluTanh,
+    /// GPT-OSS's clamped SwiGLU: `(clamp(up, -7, 7) + 1) · g·σ(1.702·g)`, `g = min(gate, 7)`.
+    SwigluOai,
 }
 
 /// Rotary embedding parameters of one kind of layer.
@@ -100,6 +107,8 @@ pub struct MoeConfig {
     /// Width of one expert's MLP.
     pub expert_ffn: usize,
     pub router: Router,
+    /// The router and every expert projection carry a bias (GPT-OSS).
+    pub biases: bool,
     /// Layers whose MLP is dense (`ffn` wide) instead (Qwen3-MoE's `mlp_only_layers`).
     pub dense_layers: Vec<usize>,
 }
@@ -142,8 +151,12 @@ pub struct ModelConfig {
     /// Each layer's attention: its window and its RoPE (Gemma 3 mixes sliding-window layers
     /// with RoPE base 10,000 and full-attention layers with their own base and scaling).
     pub attention: Vec<LayerAttention>,
-    /// Q/K/V projections carry biases (qwen2).
+    /// Q/K/V projections carry biases (qwen2, gpt-oss).
     pub qkv_bias: bool,
+    /// The attention output projection carries a bias (gpt-oss).
+    pub o_bias: bool,
+    /// Each layer has attention sinks, a logit per query head (gpt-oss).
+    pub attn_sinks: bool,
     /// Q and K are RMS-normalised per head before RoPE (qwen3, gemma3).
     pub qk_norm: bool,
     /// Norms after attention and after the MLP too (gemma3): the pre-MLP norm is then a
@@ -178,6 +191,17 @@ pub mod limits {
 }
 
 impl ModelConfig {
+    /// The weight of layer `l`'s norm before its MLP: Gemma 3's `pre_feedforward_layernorm`
+    /// beside its sandwich norms; GPT-OSS's `post_attention_norm` in llama.cpp's files (its
+    /// HF name is everyone's `post_attention_layernorm`); `ffn_norm` elsewhere.
+    pub fn ffn_norm_weight(&self, l: usize) -> crate::Weight {
+        match self.arch {
+            _ if self.sandwich_norms => crate::Weight::PreFfnNorm(l),
+            Arch::GptOss => crate::Weight::PostAttnNorm(l),
+            _ => crate::Weight::FfnNorm(l),
+        }
+    }
+
     /// Whether layer `l`'s MLP is a mixture of experts.
     pub fn sparse_layer(&self, l: usize) -> bool {
         self.moe
@@ -415,15 +439,21 @@ impl FamilyDefaults {
         Self {
             qk_norm: matches!(arch, Arch::Qwen3 | Arch::Qwen3Moe | Arch::Gemma3),
             sandwich_norms: gemma,
-            activation: if gemma {
-                Activation::GeluTanh
-            } else {
-                Activation::Silu
+            activation: match arch {
+                Arch::Gemma3 => Activation::GeluTanh,
+                Arch::GptOss => Activation::SwigluOai,
+                _ => Activation::Silu,
             },
             // transformers builds the scale as `hidden ** 0.5` in the weights' dtype (f32).
             embed_scale: gemma.then(|| (hidden as f32).sqrt()),
         }
     }
+}
+
+/// GPT-OSS's layer pattern (transformers' default `layer_types`, llama.cpp's SWA pattern 2):
+/// even layers slide, odd ones attend fully. The iterator yields `true` for sliding layers.
+fn alternating_pattern(layers: usize) -> impl Iterator<Item = bool> {
+    (0..layers).map(|l| l % 2 == 0)
 }
 
 /// Gemma 3's layer pattern when a file gives only its period: every `period`-th layer

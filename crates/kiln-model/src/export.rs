@@ -135,6 +135,7 @@ fn config_json(cfg: &ModelConfig, bos: Option<u64>, eos: Option<u64>, dtype: StD
         // Refused by `write_hf_folder`: their experts are not written.
         Arch::Qwen3Moe => ("qwen3_moe", "Qwen3MoeForCausalLM"),
         Arch::Mixtral => ("mixtral", "MixtralForCausalLM"),
+        Arch::GptOss => ("gpt_oss", "GptOssForCausalLM"),
     };
     // The full-attention layers' RoPE is the model's `rope_theta`/`rope_scaling`; Gemma's
     // sliding layers have their own base.
@@ -160,7 +161,8 @@ fn config_json(cfg: &ModelConfig, bos: Option<u64>, eos: Option<u64>, dtype: StD
         "head_dim": cfg.head_dim,
         "vocab_size": cfg.vocab,
         "hidden_act": match cfg.activation {
-            Activation::Silu => "silu",
+            // GPT-OSS's config names its clamped SwiGLU `silu` too.
+            Activation::Silu | Activation::SwigluOai => "silu",
             Activation::GeluTanh => "gelu_pytorch_tanh",
         },
         "rms_norm_eps": num(cfg.rms_eps),

@@ -4,6 +4,7 @@ mod config;
 mod error;
 pub mod export;
 mod files;
+mod hf_experts;
 mod hf_quant;
 mod model;
 pub mod perplexity;

@@ -83,22 +83,46 @@ enum Mlp {
     Moe(Experts),
 }
 
-/// A mixture-of-experts MLP: the router's weight and every expert's projections stacked
-/// `[experts, rows, cols]`.
+/// A mixture-of-experts MLP: the router's weight (and bias) and every expert's projections
+/// stacked `[experts, rows, cols]`.
 struct Experts {
     router: Tensor,
+    router_bias: Option<Tensor>,
     /// Experts a token uses, and how their weights are chosen.
     used: usize,
     kind: Router,
     /// Each expert's `[gate; up]` (one launch for both), or gate and up apart where their
     /// dtypes differ.
     gate_up: ExpertStack,
-    down: Tensor,
+    down: RoutedProj,
+}
+
+/// One projection of every expert, `[experts, rows, cols]`, with each expert's bias
+/// `[experts, rows]` (gpt-oss).
+struct RoutedProj {
+    w: Tensor,
+    bias: Option<Tensor>,
+}
+
+impl RoutedProj {
+    fn apply(
+        &self,
+        rec: &mut Recorder,
+        x: &Tensor,
+        routes: &kiln_tensor::Routes,
+        glu: Option<Act>,
+    ) -> Result<Tensor> {
+        Ok(rec.linear_routed(x, &self.w, self.bias.as_ref(), routes, glu)?)
+    }
+
+    fn bytes(&self) -> u64 {
+        bytes_of(&self.w) + self.bias.as_ref().map_or(0, bytes_of)
+    }
 }
 
 enum ExpertStack {
-    One(Tensor),
-    Apart(Tensor, Tensor),
+    One(RoutedProj),
+    Apart(RoutedProj, RoutedProj),
 }
 
 impl Mlp {
@@ -107,10 +131,11 @@ impl Mlp {
             Mlp::Dense { gate_up, down } => gate_up.bytes() + down.bytes(),
             Mlp::Moe(e) => {
                 let gate_up = match &e.gate_up {
-                    ExpertStack::One(t) => bytes_of(t),
-                    ExpertStack::Apart(g, u) => bytes_of(g) + bytes_of(u),
+                    ExpertStack::One(p) => p.bytes(),
+                    ExpertStack::Apart(g, u) => g.bytes() + u.bytes(),
                 };
-                bytes_of(&e.router) + gate_up + bytes_of(&e.down)
+                let router = bytes_of(&e.router) + e.router_bias.as_ref().map_or(0, bytes_of);
+                router + gate_up + e.down.bytes()
             }
         }
     }
@@ -119,17 +144,17 @@ impl Mlp {
 impl Experts {
     /// `residual + Σ weight · expert(x)` over each token's experts, `x` already normed.
     fn apply(&self, rec: &mut Recorder, x: &Tensor, act: Act, residual: &Tensor) -> Result<Tensor> {
-        let logits = rec.matmul(x, &self.router, None)?;
+        let logits = rec.matmul(x, &self.router, self.router_bias.as_ref())?;
         let routes = rec.moe_route(&logits, self.used, self.kind)?;
         let m = match &self.gate_up {
-            ExpertStack::One(w) => rec.linear_routed(x, w, None, &routes, Some(act))?,
+            ExpertStack::One(p) => p.apply(rec, x, &routes, Some(act))?,
             ExpertStack::Apart(g, u) => {
-                let g = rec.linear_routed(x, g, None, &routes, None)?;
-                let u = rec.linear_routed(x, u, None, &routes, None)?;
+                let g = g.apply(rec, x, &routes, None)?;
+                let u = u.apply(rec, x, &routes, None)?;
                 rec.gated_mul(&g, &u, act)?
             }
         };
-        let y = rec.linear_routed(&m, &self.down, None, &routes, None)?;
+        let y = self.down.apply(rec, &m, &routes, None)?;
         Ok(rec.moe_combine(&y, &routes, residual)?)
     }
 }
@@ -351,6 +376,7 @@ impl Model {
         let act = match cfg.activation {
             Activation::Silu => Act::Silu,
             Activation::GeluTanh => Act::GeluTanh,
+            Activation::SwigluOai => Act::SwigluOai,
         };
         for (li, l) in self.layers.iter().enumerate() {
             let pos = positions.get(l.rope).ok_or_else(|| {

@@ -12,7 +12,7 @@ use serde_json::{Map, Value};
 
 use crate::config::HfQuant;
 use crate::files::DataFile;
-use crate::weights::{Linear, Weight, WeightSource};
+use crate::weights::{ExpertProj, Linear, Weight, WeightSource, stack_experts};
 use crate::{ModelError, Result};
 
 /// Element types a safetensors header may name. kiln loads the float ones as weights; the
@@ -25,6 +25,7 @@ pub enum StDtype {
     I64,
     I32,
     I8,
+    U8,
     /// Anything else (`F8_E4M3`, `U16`, ...): listed, refused at load.
     Other,
 }
@@ -38,6 +39,7 @@ impl StDtype {
             "I64" => StDtype::I64,
             "I32" => StDtype::I32,
             "I8" => StDtype::I8,
+            "U8" => StDtype::U8,
             _ => StDtype::Other,
         }
     }
@@ -50,21 +52,22 @@ impl StDtype {
             StDtype::I64 => "I64",
             StDtype::I32 => "I32",
             StDtype::I8 => "I8",
+            StDtype::U8 => "U8",
             StDtype::Other => "other",
         }
     }
 
-    fn size(self) -> Option<usize> {
+    pub(crate) fn size(self) -> Option<usize> {
         match self {
             StDtype::I64 => Some(8),
             StDtype::F32 | StDtype::I32 => Some(4),
             StDtype::F16 | StDtype::BF16 => Some(2),
-            StDtype::I8 => Some(1),
+            StDtype::I8 | StDtype::U8 => Some(1),
             StDtype::Other => None,
         }
     }
 
-    fn kiln(self) -> Option<DType> {
+    pub(crate) fn kiln(self) -> Option<DType> {
         match self {
             StDtype::F32 => Some(DType::F32),
             StDtype::F16 => Some(DType::F16),
@@ -525,20 +528,105 @@ impl HfSource {
             .sum()
     }
 
-    /// The tensor name of `w` in this checkpoint: transformers' usual one, else the name
-    /// Mixtral checkpoints use where this checkpoint names its routers so (a missing
-    /// weight is then named as this checkpoint would name it).
+    /// The tensor name of `w` in this checkpoint: transformers' usual one, else the name of
+    /// the family (Mixtral, GPT-OSS) by whose names this checkpoint calls its first router
+    /// (a missing weight is then named as this checkpoint would name it), else any alias
+    /// present.
     fn key(&self, w: Weight) -> String {
         let name = w.hf_name();
         if self.index.contains_key(&name) {
             return name;
         }
-        let mixtral = Weight::Router(0)
-            .hf_alias()
-            .is_some_and(|r| self.index.contains_key(&r));
-        match w.hf_alias() {
-            Some(alias) if mixtral || self.index.contains_key(&alias) => alias,
-            _ => name,
+        let present = |n: &Option<String>| n.as_ref().is_some_and(|n| self.index.contains_key(n));
+        let family = Weight::Router(0).hf_aliases().iter().position(present);
+        let aliases = w.hf_aliases();
+        let alias = match family {
+            Some(i) if aliases[i].is_some() => aliases[i].clone(),
+            _ => aliases.iter().find(|a| present(a)).cloned().flatten(),
+        };
+        alias.unwrap_or(name)
+    }
+
+    /// The bytes of tensor `name`, checked: present, of shape `shape` and one of `dtypes`.
+    pub(crate) fn checked_bytes(
+        &self,
+        name: &str,
+        shape: &[usize],
+        dtypes: &[StDtype],
+    ) -> Result<(StDtype, Cow<'_, [u8]>)> {
+        let err = |file: &str, problem: String| ModelError::Tensor {
+            file: file.into(),
+            tensor: name.into(),
+            problem,
+        };
+        let fi = *self
+            .index
+            .get(name)
+            .ok_or_else(|| err(&self.describe, "missing".into()))?;
+        let file = &self.files[fi];
+        let e = file
+            .tensors
+            .get(name)
+            .ok_or_else(|| err(file.name(), "missing".into()))?;
+        if !dtypes.contains(&e.dtype) {
+            let names: Vec<&str> = dtypes.iter().map(|d| d.name()).collect();
+            return Err(err(
+                file.name(),
+                format!("dtype {} is not {}", e.dtype_name, names.join(" or ")),
+            ));
+        }
+        if e.shape != shape {
+            return Err(err(
+                file.name(),
+                format!("shape {:?} disagrees with config.json's {shape:?}", e.shape),
+            ));
+        }
+        Ok((e.dtype, file.bytes(name, e)?))
+    }
+
+    /// Float weights stored as `stored` (F32, F16, BF16) uploaded as the load options ask:
+    /// quantized where asked and a row is whole blocks, cast to F16 or F32, or as stored.
+    pub(crate) fn upload(
+        &self,
+        device: &Device,
+        stored: StDtype,
+        shape: &[usize],
+        bytes: &[u8],
+        name: &str,
+    ) -> Result<Tensor> {
+        let wrap = |r: kiln_tensor::Result<Tensor>| {
+            r.map_err(|source| ModelError::Upload {
+                file: self.describe.clone(),
+                tensor: name.into(),
+                source: Box::new(source),
+            })
+        };
+        let stored = stored.kiln().unwrap_or(DType::F32);
+        let f32s = || {
+            wrap(Tensor::from_bytes(&Device::Reference, stored, shape, bytes))?
+                .to_f32_vec()
+                .map_err(ModelError::from)
+        };
+        let cols = shape.last().copied().unwrap_or(0);
+        if let Some(q) = self.options.quantize
+            && shape.len() >= 2
+            && cols.is_multiple_of(QK)
+        {
+            return wrap(Tensor::quantize_f32(device, q, shape, &f32s()?));
+        }
+        match self.options.dtype {
+            None => wrap(Tensor::from_bytes(device, stored, shape, bytes)),
+            Some(DType::F16) if stored == DType::F16 => {
+                wrap(Tensor::from_bytes(device, DType::F16, shape, bytes))
+            }
+            Some(DType::F16) => {
+                let halves: Vec<u8> = f32s()?
+                    .into_iter()
+                    .flat_map(|x| half::f16::from_f32(x).to_le_bytes())
+                    .collect();
+                wrap(Tensor::from_bytes(device, DType::F16, shape, &halves))
+            }
+            Some(_) => wrap(Tensor::from_f32(device, shape, &f32s()?)),
         }
     }
 
@@ -612,44 +700,29 @@ impl WeightSource for HfSource {
         }
         let (file, e) = self.entry(w, shape)?;
         let name = self.key(w);
-        let wrap = |r: kiln_tensor::Result<Tensor>| {
-            r.map_err(|source| ModelError::Upload {
-                file: file.name().into(),
-                tensor: name.clone(),
-                source: Box::new(source),
-            })
-        };
-        if let Some(q) = self.options.quantize
-            && shape.len() == 2
-            && shape[1].is_multiple_of(QK)
-        {
-            let v = file.entry_f32(&name, e)?;
-            return wrap(Tensor::quantize_f32(device, q, shape, &v));
+        self.upload(device, e.dtype, shape, &file.bytes(&name, e)?, &name)
+    }
+
+    fn load_experts(
+        &self,
+        device: &Device,
+        layer: usize,
+        proj: ExpertProj,
+        shape: [usize; 3],
+    ) -> Result<Tensor> {
+        match self.stacked_experts(device, layer, proj, shape)? {
+            Some(t) => Ok(t),
+            None => stack_experts(self, device, layer, proj, shape),
         }
-        let stored = e.dtype.kiln().unwrap_or(DType::F32);
-        match self.options.dtype {
-            None => wrap(Tensor::from_bytes(
-                device,
-                stored,
-                shape,
-                &file.bytes(&name, e)?,
-            )),
-            Some(DType::F16) if stored == DType::F16 => wrap(Tensor::from_bytes(
-                device,
-                DType::F16,
-                shape,
-                &file.bytes(&name, e)?,
-            )),
-            Some(DType::F16) => {
-                let bytes: Vec<u8> = file
-                    .entry_f32(&name, e)?
-                    .into_iter()
-                    .flat_map(|x| half::f16::from_f32(x).to_le_bytes())
-                    .collect();
-                wrap(Tensor::from_bytes(device, DType::F16, shape, &bytes))
-            }
-            Some(_) => wrap(Tensor::from_f32(device, shape, &file.entry_f32(&name, e)?)),
-        }
+    }
+
+    fn load_expert_bias(
+        &self,
+        layer: usize,
+        proj: ExpertProj,
+        shape: [usize; 2],
+    ) -> Result<Vec<f32>> {
+        self.stacked_expert_bias(layer, proj, shape)
     }
 
     fn load_f32(&self, device: &Device, w: Weight, shape: &[usize]) -> Result<Tensor> {

@@ -100,6 +100,9 @@ fn stream(w: Weight) -> u64 {
         PreFfnNorm(l) => (18, l),
         PostFfnNorm(l) => (19, l),
         Router(l) => (20, l),
+        OBias(l) => (21, l),
+        Sinks(l) => (22, l),
+        RouterBias(l) => (23, l),
         // Each expert's projections: streams of their own, above every other weight's.
         Expert(l, e, p) => return 1 << 48 | (l as u64) << 24 | (3 * e as u64 + p as u64),
     };
@@ -123,7 +126,12 @@ impl WeightSource for SyntheticSource {
             // Norms (ones) and biases (zeros); the rare matrix whose rows are not whole
             // blocks stays F32.
             let fill = match w {
-                Weight::QBias(_) | Weight::KBias(_) | Weight::VBias(_) => 0.0,
+                Weight::QBias(_)
+                | Weight::KBias(_)
+                | Weight::VBias(_)
+                | Weight::OBias(_)
+                | Weight::Sinks(_)
+                | Weight::RouterBias(_) => 0.0,
                 _ if vector => 1.0,
                 _ => 1.0 / (16.0 * (k as f32).sqrt()),
             };

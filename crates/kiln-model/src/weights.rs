@@ -23,6 +23,10 @@ pub enum Weight {
     KBias(usize),
     VBias(usize),
     O(usize),
+    /// The attention output projection's bias (gpt-oss).
+    OBias(usize),
+    /// Attention sinks, a logit per query head (gpt-oss).
+    Sinks(usize),
     FfnNorm(usize),
     Gate(usize),
     Up(usize),
@@ -35,8 +39,9 @@ pub enum Weight {
     PostAttnNorm(usize),
     PreFfnNorm(usize),
     PostFfnNorm(usize),
-    /// A mixture-of-experts layer's router, `[experts, hidden]`.
+    /// A mixture-of-experts layer's router, `[experts, hidden]`, and its bias (gpt-oss).
     Router(usize),
+    RouterBias(usize),
     /// One expert's projection: layer, expert, which (HF checkpoints store each expert
     /// apart; llama.cpp stacks them, see [`WeightSource::load_experts`]).
     Expert(usize, usize, ExpertProj),
@@ -60,7 +65,7 @@ impl ExpertProj {
         }
     }
 
-    /// transformers' name (Qwen3-MoE's; Mixtral's in [`Weight::hf_alias`]).
+    /// transformers' name (Qwen3-MoE's; Mixtral's in [`Weight::hf_aliases`]).
     fn hf(self) -> &'static str {
         match self {
             ExpertProj::Gate => "gate_proj",
@@ -95,6 +100,8 @@ impl Weight {
             KBias(l) => format!("blk.{l}.attn_k.bias"),
             VBias(l) => format!("blk.{l}.attn_v.bias"),
             O(l) => format!("blk.{l}.attn_output.weight"),
+            OBias(l) => format!("blk.{l}.attn_output.bias"),
+            Sinks(l) => format!("blk.{l}.attn_sinks.weight"),
             FfnNorm(l) => format!("blk.{l}.ffn_norm.weight"),
             Gate(l) => format!("blk.{l}.ffn_gate.weight"),
             Up(l) => format!("blk.{l}.ffn_up.weight"),
@@ -105,21 +112,29 @@ impl Weight {
             PreFfnNorm(l) => format!("blk.{l}.ffn_norm.weight"),
             PostFfnNorm(l) => format!("blk.{l}.post_ffw_norm.weight"),
             Router(l) => format!("blk.{l}.ffn_gate_inp.weight"),
+            RouterBias(l) => format!("blk.{l}.ffn_gate_inp.bias"),
             // Early Mixtral files stored each expert apart.
             Expert(l, e, p) => format!("blk.{l}.ffn_{}.{e}.weight", p.gguf()),
         }
     }
 
-    /// The name Mixtral checkpoints give a weight that other families name as
-    /// [`Weight::hf_name`] says.
-    pub fn hf_alias(self) -> Option<String> {
+    /// The names other families' checkpoints give a weight that transformers' usual layout
+    /// names as [`Weight::hf_name`] says: Mixtral's, then GPT-OSS's (whose experts are stacked
+    /// tensors of their own, see `HfSource::load_experts`).
+    pub fn hf_aliases(self) -> [Option<String>; HF_ALIAS_FAMILIES] {
         match self {
-            Weight::Router(l) => Some(format!("model.layers.{l}.block_sparse_moe.gate.weight")),
-            Weight::Expert(l, e, p) => Some(format!(
-                "model.layers.{l}.block_sparse_moe.experts.{e}.{}.weight",
-                p.mixtral()
-            )),
-            _ => None,
+            Weight::Router(l) => [
+                Some(format!("model.layers.{l}.block_sparse_moe.gate.weight")),
+                Some(format!("model.layers.{l}.mlp.router.weight")),
+            ],
+            Weight::Expert(l, e, p) => [
+                Some(format!(
+                    "model.layers.{l}.block_sparse_moe.experts.{e}.{}.weight",
+                    p.mixtral()
+                )),
+                None,
+            ],
+            _ => [None, None],
         }
     }
 
@@ -138,6 +153,8 @@ impl Weight {
             KBias(l) => format!("model.layers.{l}.self_attn.k_proj.bias"),
             VBias(l) => format!("model.layers.{l}.self_attn.v_proj.bias"),
             O(l) => format!("model.layers.{l}.self_attn.o_proj.weight"),
+            OBias(l) => format!("model.layers.{l}.self_attn.o_proj.bias"),
+            Sinks(l) => format!("model.layers.{l}.self_attn.sinks"),
             FfnNorm(l) => format!("model.layers.{l}.post_attention_layernorm.weight"),
             Gate(l) => format!("model.layers.{l}.mlp.gate_proj.weight"),
             Up(l) => format!("model.layers.{l}.mlp.up_proj.weight"),
@@ -148,10 +165,14 @@ impl Weight {
             PreFfnNorm(l) => format!("model.layers.{l}.pre_feedforward_layernorm.weight"),
             PostFfnNorm(l) => format!("model.layers.{l}.post_feedforward_layernorm.weight"),
             Router(l) => format!("model.layers.{l}.mlp.gate.weight"),
+            RouterBias(l) => format!("model.layers.{l}.mlp.router.bias"),
             Expert(l, e, p) => format!("model.layers.{l}.mlp.experts.{e}.{}.weight", p.hf()),
         }
     }
 }
+
+/// Checkpoint families whose names [`Weight::hf_aliases`] lists: Mixtral, GPT-OSS.
+pub const HF_ALIAS_FAMILIES: usize = 2;
 
 /// A linear layer's weight and the input order it expects.
 #[derive(Debug)]
@@ -193,6 +214,21 @@ pub trait WeightSource {
         shape: [usize; 3],
     ) -> Result<Tensor> {
         stack_experts(self, device, layer, proj, shape)
+    }
+    /// The bias of projection `proj` of every expert of layer `layer` (gpt-oss), F32
+    /// `[experts, rows]` on the host. Gate's and up's are each their own rows.
+    fn load_expert_bias(
+        &self,
+        layer: usize,
+        proj: ExpertProj,
+        shape: [usize; 2],
+    ) -> Result<Vec<f32>> {
+        let _ = shape;
+        Err(ModelError::Tensor {
+            file: self.describe().into(),
+            tensor: format!("layer {layer} experts' {} bias", proj.gguf()),
+            problem: "missing: this source holds no expert biases".into(),
+        })
     }
     /// The weight as an F32 device tensor (norms and biases).
     fn load_f32(&self, device: &Device, w: Weight, shape: &[usize]) -> Result<Tensor> {
@@ -318,6 +354,18 @@ impl WeightSource for GgufSource {
             return stack_experts(self, device, layer, proj, shape);
         }
         self.load_tensor(device, &name, &shape)
+    }
+
+    fn load_expert_bias(
+        &self,
+        layer: usize,
+        proj: ExpertProj,
+        shape: [usize; 2],
+    ) -> Result<Vec<f32>> {
+        let name = format!("blk.{layer}.ffn_{}_exps.bias", proj.gguf());
+        Ok(self
+            .load_tensor(&Device::Reference, &name, &shape)?
+            .to_f32_vec()?)
     }
 
     fn load(&self, device: &Device, w: Weight, shape: &[usize]) -> Result<Tensor> {

@@ -97,6 +97,7 @@ fn qwen3moe_matches_transformers_and_llama_cpp_in_both_formats() {
         used: 3,
         expert_ffn: 32,
         router: Router::SoftmaxTopK { renorm: true },
+        biases: false,
         dense_layers: vec![],
     };
     assert_eq!((hf.arch, hf.moe.as_ref()), (Arch::Qwen3Moe, Some(&moe)));
@@ -112,11 +113,61 @@ fn mixtral_matches_transformers_and_llama_cpp_in_both_formats() {
         used: 2,
         expert_ffn: 32,
         router: Router::SoftmaxTopK { renorm: true },
+        biases: false,
         dense_layers: vec![],
     };
     assert_eq!((hf.arch, hf.moe.as_ref()), (Arch::Mixtral, Some(&moe)));
     // llama.cpp's converter writes Mixtral as `llama` with experts.
     assert_eq!((gguf.arch, gguf.moe.as_ref()), (Arch::Llama, Some(&moe)));
+}
+
+/// GPT-OSS: the HF folder (transformers' own float layout, `gate_up_proj` interleaved) against
+/// transformers; the GGUFs against llama.cpp on the same file. GGUF metadata cannot say
+/// YaRN's `truncate: false` (GPT-OSS's): llama.cpp rounds the correction range out to whole
+/// dimensions, and kiln reads a GGUF as llama.cpp does, so even the F32 file follows
+/// llama.cpp rather than transformers (llama.cpp's own F32 greedy parts from transformers'
+/// at step 10 on this fixture).
+#[test]
+fn gpt_oss_matches_transformers_and_llama_cpp_in_both_formats() {
+    let d = dir("gpt_oss");
+    let transformers = json(&d.join("reference.json"))["greedy"].clone();
+    let hf = check(&d, &transformers, F32_TIE, true, "gpt_oss HF");
+    let mut gguf = None;
+    for ty in ["f32", "q8_0", "mxfp4"] {
+        let llama = json(&d.join(format!("reference-{ty}.json")))["greedy"].clone();
+        let path = d.join(format!("model-{ty}.gguf"));
+        gguf = Some(check(
+            &path,
+            &llama,
+            Q8_TIE,
+            false,
+            &format!("gpt_oss {ty} GGUF"),
+        ));
+    }
+    let gguf = gguf.unwrap();
+    let moe = MoeConfig {
+        experts: 8,
+        used: 3,
+        expert_ffn: 32,
+        router: Router::TopKSoftmax,
+        biases: true,
+        dense_layers: vec![],
+    };
+    for (what, cfg) in [("HF", &hf), ("GGUF", &gguf)] {
+        assert_eq!(
+            (cfg.arch, cfg.moe.as_ref()),
+            (Arch::GptOss, Some(&moe)),
+            "{what}"
+        );
+        assert!(cfg.qkv_bias && cfg.o_bias && cfg.attn_sinks, "{what}");
+        let windows: Vec<_> = cfg.attention.iter().map(|a| a.window).collect();
+        assert_eq!(windows, [Some(8), None, Some(8), None], "{what}");
+        let truncate = match cfg.attention[0].rope.scaling {
+            kiln_tensor::RopeScaling::Yarn { truncate, .. } => truncate,
+            other => panic!("{what}: {other:?}"),
+        };
+        assert_eq!(truncate, what == "GGUF", "{what}");
+    }
 }
 
 #[test]

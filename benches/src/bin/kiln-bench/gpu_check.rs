@@ -773,10 +773,16 @@ fn attention_check(dev: &Device, dtype: KvDtype, seed: u64) -> anyhow::Result<f3
         )?;
         let t1 = table(3, 13);
         let t2 = [BlockId(1)];
+        // With attention sinks (GPT-OSS's), so that the check covers them too.
         let attn = AttnConfig {
             heads,
             scale: 1.0 / (d as f32).sqrt(),
             window: None,
+            sinks: Some(Tensor::from_f32(
+                device,
+                &[heads],
+                &values(seed ^ 0x51, heads),
+            )?),
         };
         let width = (heads + 2 * kvh) * d;
         // A 200-token prompt and a 9-token one in one step (whole queries), then a decode

@@ -5,7 +5,8 @@ use kiln_gguf::{GgufError, GgufFile};
 use kiln_tensor::{RopeLayout, RopeScaling, Router};
 
 use super::{
-    Arch, FamilyDefaults, LayerAttention, ModelConfig, MoeConfig, RopeParams, gemma_pattern, limits,
+    Arch, FamilyDefaults, LayerAttention, ModelConfig, MoeConfig, RopeParams, alternating_pattern,
+    gemma_pattern, limits,
 };
 use crate::{ModelError, Result, Weight};
 
@@ -37,13 +38,18 @@ fn gguf_key(field: &str) -> Option<&'static str> {
 
 /// The router llama.cpp's metadata describes: `expert_gating_func` 1 (softmax, the default)
 /// with `expert_weights_norm` (llama.cpp renormalises the top-k of `qwen3moe` and `llama`
-/// files, which do not write it).
+/// files, which do not write it); `gpt-oss` takes the top k, then their softmax (llama.cpp's
+/// graph for it says so, not its metadata).
 fn gguf_router(
     md: &kiln_gguf::Metadata,
     src: &str,
+    arch: Arch,
     key: &dyn Fn(&str) -> String,
 ) -> Result<Router> {
     const SOFTMAX: u64 = 1;
+    if arch == Arch::GptOss {
+        return Ok(Router::TopKSoftmax);
+    }
     match md.get_u64(&key("expert_gating_func"))? {
         None | Some(SOFTMAX) => Ok(Router::SoftmaxTopK {
             renorm: md.get_bool(&key("expert_weights_norm"))?.unwrap_or(true),
@@ -54,6 +60,37 @@ fn gguf_router(
             problem: format!("router {other} is not supported (1: softmax)"),
         }),
     }
+}
+
+/// YaRN as llama.cpp runs it from a file's `rope.scaling.*` keys: beta fast and slow
+/// (32 and 1 unless written), the correction range rounded out to whole dimensions, and the
+/// attention factor `0.1·ln(factor) + 1` (llama.cpp derives it; a written `yarn_attn_factor`
+/// is overridden there too).
+fn gguf_yarn(
+    md: &kiln_gguf::Metadata,
+    key: &dyn Fn(&str) -> String,
+    src: &str,
+) -> Result<RopeScaling> {
+    let factor = md.get_f32(&key("rope.scaling.factor"))?.unwrap_or(1.0);
+    let original = md
+        .get_u64(&key("rope.scaling.original_context_length"))?
+        .ok_or_else(|| ModelError::Config {
+            file: src.into(),
+            field: key("rope.scaling.original_context_length"),
+            problem: "missing (YaRN needs the original context length)".into(),
+        })?;
+    Ok(RopeScaling::Yarn {
+        factor,
+        original_max_position: u32::try_from(original).unwrap_or(u32::MAX),
+        beta_fast: md
+            .get_f32(&key("rope.scaling.yarn_beta_fast"))?
+            .unwrap_or(32.0),
+        beta_slow: md
+            .get_f32(&key("rope.scaling.yarn_beta_slow"))?
+            .unwrap_or(1.0),
+        attention_factor: RopeScaling::yarn_attention_factor(factor, None, None),
+        truncate: true,
+    })
 }
 
 impl ModelConfig {
@@ -141,12 +178,13 @@ impl ModelConfig {
             Some("linear") => RopeScaling::Linear {
                 factor: md.get_f32(&key("rope.scaling.factor"))?.unwrap_or(1.0),
             },
+            Some("yarn") => gguf_yarn(md, &key, &src)?,
             Some("none") | None => RopeScaling::None,
             Some(other) => {
                 return Err(ModelError::Config {
                     file: src,
                     field: key("rope.scaling.type"),
-                    problem: format!("unsupported `{other}` (linear)"),
+                    problem: format!("unsupported `{other}` (linear, yarn)"),
                 });
             }
         };
@@ -179,6 +217,13 @@ impl ModelConfig {
                     })
                     .collect()
             }
+        } else if arch == Arch::GptOss {
+            alternating_pattern(layers.min(limits::LAYERS))
+                .map(|sliding| LayerAttention {
+                    window: window.filter(|_| sliding),
+                    rope: global,
+                })
+                .collect()
         } else {
             let layer = LayerAttention {
                 window,
@@ -218,12 +263,16 @@ impl ModelConfig {
             // families keep the HF layout and run the half-split ("neox") rotation.
             rope_layout: match arch {
                 Arch::Llama | Arch::Mistral | Arch::Mixtral => RopeLayout::Interleaved,
-                Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen3Moe | Arch::Gemma3 => RopeLayout::HalfSplit,
+                Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen3Moe | Arch::Gemma3 | Arch::GptOss => {
+                    RopeLayout::HalfSplit
+                }
             },
             max_position: opt("context_length")?.unwrap_or(2048),
             tie_embeddings: file.tensor("output.weight").is_none(),
             attention,
             qkv_bias: file.tensor("blk.0.attn_q.bias").is_some(),
+            o_bias: file.tensor("blk.0.attn_output.bias").is_some(),
+            attn_sinks: arch == Arch::GptOss,
             qk_norm: family.qk_norm,
             sandwich_norms: family.sandwich_norms,
             // llama.cpp's converter stores Gemma's norm weights as `1 + w` already.
@@ -250,7 +299,8 @@ impl ModelConfig {
                         None if arch == Arch::Qwen3Moe => cfg.ffn / used.max(1),
                         None => cfg.ffn,
                     },
-                    router: gguf_router(md, &src, &key)?,
+                    router: gguf_router(md, &src, arch, &key)?,
+                    biases: arch == Arch::GptOss,
                     // A layer without a router has a dense MLP.
                     dense_layers: (0..layers.min(limits::LAYERS))
                         .filter(|&l| file.tensor(&Weight::Router(l).gguf_name()).is_none())

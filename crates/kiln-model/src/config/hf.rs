@@ -4,7 +4,8 @@ use kiln_tensor::{RopeLayout, RopeScaling, Router};
 use serde_json::{Map, Value};
 
 use super::{
-    Arch, FamilyDefaults, LayerAttention, ModelConfig, MoeConfig, RopeParams, gemma_pattern, limits,
+    Arch, FamilyDefaults, LayerAttention, ModelConfig, MoeConfig, RopeParams, alternating_pattern,
+    gemma_pattern, limits,
 };
 use crate::{ModelError, Result};
 
@@ -136,7 +137,12 @@ fn experts_key(f: &Fields<'_>) -> &'static str {
     }
 }
 
-/// The experts of a `qwen3_moe` or `mixtral` config (`None` for the dense families).
+/// GPT-OSS's clamped SwiGLU, which kiln's kernels hold as constants: the `swiglu_limit`
+/// and `swiglu_alpha` its configs write.
+const SWIGLU_OAI: [(&str, f32); 2] = [("swiglu_limit", 7.0), ("swiglu_alpha", 1.702)];
+
+/// The experts of a `qwen3_moe`, `mixtral` or `gpt_oss` config (`None` for the dense
+/// families).
 fn hf_moe(f: &Fields<'_>, arch: Arch, layers: usize) -> Result<Option<MoeConfig>> {
     let (ffn_key, router) = match arch {
         Arch::Qwen3Moe => (
@@ -146,9 +152,18 @@ fn hf_moe(f: &Fields<'_>, arch: Arch, layers: usize) -> Result<Option<MoeConfig>
             },
         ),
         Arch::Mixtral => ("intermediate_size", Router::SoftmaxTopK { renorm: true }),
+        Arch::GptOss => ("intermediate_size", Router::TopKSoftmax),
         _ => return Ok(None),
     };
-    if let Some(act) = f.get("hidden_act").and_then(Value::as_str)
+    if arch == Arch::GptOss {
+        for (key, value) in SWIGLU_OAI {
+            if let Some(v) = f.float(key)?
+                && v != value
+            {
+                return Err(f.err(key, format!("{v} is not supported (GPT-OSS's {value})")));
+            }
+        }
+    } else if let Some(act) = f.get("hidden_act").and_then(Value::as_str)
         && act != "silu"
     {
         return Err(f.err("hidden_act", format!("`{act}` is not supported (silu)")));
@@ -188,6 +203,7 @@ fn hf_moe(f: &Fields<'_>, arch: Arch, layers: usize) -> Result<Option<MoeConfig>
         used: f.size("num_experts_per_tok")?,
         expert_ffn: f.size(ffn_key)?,
         router,
+        biases: arch == Arch::GptOss,
         dense_layers,
     }))
 }
@@ -302,7 +318,7 @@ impl ModelConfig {
             Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen3Moe => {
                 f.bool("use_sliding_window").unwrap_or(false)
             }
-            Arch::Mistral | Arch::Mixtral | Arch::Gemma3 => true,
+            Arch::Mistral | Arch::Mixtral | Arch::Gemma3 | Arch::GptOss => true,
         };
         let kinds: Vec<bool> = match f.get("layer_types") {
             Some(Value::Array(types)) => types
@@ -324,6 +340,9 @@ impl ModelConfig {
             None if arch == Arch::Gemma3 => {
                 let period = f.size_opt("sliding_window_pattern")?.unwrap_or(6);
                 gemma_pattern(layers.min(limits::LAYERS), period).collect()
+            }
+            None if arch == Arch::GptOss => {
+                alternating_pattern(layers.min(limits::LAYERS)).collect()
             }
             None => vec![use_window; layers.min(limits::LAYERS)],
         };
@@ -360,6 +379,7 @@ impl ModelConfig {
             ));
         }
         let family = FamilyDefaults::of(arch, hidden);
+        let attention_bias = f.bool("attention_bias").unwrap_or(arch == Arch::GptOss);
         let scalar = match f.float("query_pre_attn_scalar")? {
             Some(s) if gemma => s,
             None if gemma => 256.0,
@@ -380,7 +400,11 @@ impl ModelConfig {
             // Gemma ties its head to the embeddings unless told otherwise.
             tie_embeddings: f.bool("tie_word_embeddings").unwrap_or(gemma),
             attention,
-            qkv_bias: arch == Arch::Qwen2 || f.bool("attention_bias").unwrap_or(false),
+            qkv_bias: arch == Arch::Qwen2 || attention_bias,
+            // Qwen2's biases are Q/K/V's only; where `attention_bias` is set, transformers
+            // gives the output projection one too.
+            o_bias: arch != Arch::Qwen2 && attention_bias,
+            attn_sinks: arch == Arch::GptOss,
             qk_norm: family.qk_norm,
             sandwich_norms: family.sandwich_norms,
             // HF Gemma checkpoints hold `w`; the model scales by `1 + w`.

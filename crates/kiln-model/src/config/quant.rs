@@ -71,9 +71,12 @@ impl HfQuant {
             "gptq" => gptq(&f).map(Some),
             "awq" => awq(&f).map(Some),
             "compressed-tensors" => compressed_tensors(&f).map(Some),
+            // GPT-OSS's release: only the experts are MXFP4, as `_blocks`/`_scales` tensors
+            // the expert loader reads (`hf_experts.rs`); every other weight is float.
+            "mxfp4" => Ok(None),
             other => Err(f.err(
                 "quant_method",
-                format!("`{other}` is not supported (gptq, awq, compressed-tensors)"),
+                format!("`{other}` is not supported (gptq, awq, compressed-tensors, mxfp4)"),
             )),
         }
     }

@@ -4,7 +4,7 @@
 use kiln_attention::AttnConfig;
 use kiln_tensor::{ColumnIndex, Device, RopeTable, Tensor};
 
-use super::{ExpertStack, Experts, Layer, Mlp, Model, Proj, Stack, bytes_of};
+use super::{ExpertStack, Experts, Layer, Mlp, Model, Proj, RoutedProj, Stack, bytes_of};
 use crate::config::{MoeConfig, RopeParams};
 use crate::weights::{ExpertProj, Weight, WeightSource};
 use crate::{ModelConfig, ModelError, Result};
@@ -108,18 +108,21 @@ fn load_stack(
     }))
 }
 
-/// One projection, uploaded as the source gives it.
+/// One projection, uploaded as the source gives it, with its bias where it has one.
 fn load_proj(
     device: &Device,
     src: &dyn WeightSource,
     w: Weight,
+    bias: Option<Weight>,
     shape: [usize; 2],
 ) -> Result<Proj> {
     let lin = src.load_linear(device, w, &shape)?;
     Ok(Proj {
         order: order(device, lin.input_perm.as_ref())?,
         w: lin.weight,
-        bias: None,
+        bias: bias
+            .map(|b| src.load_f32(device, b, &[shape[0]]))
+            .transpose()?,
     })
 }
 
@@ -137,8 +140,22 @@ fn load_experts(
     // In f32 whatever the checkpoint or `--quantize` says, as llama.cpp keeps it: a rounded
     // router flips near-tied choices of experts.
     let router = src.load_f32(device, Weight::Router(l), &[e, h])?;
+    let router_bias = moe
+        .biases
+        .then(|| src.load_f32(device, Weight::RouterBias(l), &[e]))
+        .transpose()?;
     let host = |p: ExpertProj| src.load_experts(&Device::Reference, l, p, [e, f, h]);
+    let bias = |p: ExpertProj, rows: usize| {
+        moe.biases
+            .then(|| src.load_expert_bias(l, p, [e, rows]))
+            .transpose()
+    };
     let (gate, up) = (host(ExpertProj::Gate)?, host(ExpertProj::Up)?);
+    let (gate_b, up_b) = (bias(ExpertProj::Gate, f)?, bias(ExpertProj::Up, f)?);
+    let upload_bias = |b: Option<Vec<f32>>, rows: usize| {
+        b.map(|b| Tensor::from_f32(device, &[e, rows], &b))
+            .transpose()
+    };
     let gate_up = if gate.dtype() == up.dtype() {
         let (g, u) = (gate.to_bytes()?, up.to_bytes()?);
         let per = g.len() / e;
@@ -148,22 +165,40 @@ fn load_experts(
             both.extend_from_slice(&u[x * per..(x + 1) * per]);
         }
         drop((g, u));
-        ExpertStack::One(Tensor::from_bytes(
-            device,
-            gate.dtype(),
-            &[e, 2 * f, h],
-            &both,
-        )?)
+        // Each expert's biases stacked alike: `[gate_b; up_b]`.
+        let both_b = gate_b.zip(up_b).map(|(g, u)| {
+            (0..e)
+                .flat_map(|x| g[x * f..(x + 1) * f].iter().chain(&u[x * f..(x + 1) * f]))
+                .copied()
+                .collect()
+        });
+        ExpertStack::One(RoutedProj {
+            w: Tensor::from_bytes(device, gate.dtype(), &[e, 2 * f, h], &both)?,
+            bias: upload_bias(both_b, 2 * f)?,
+        })
     } else {
         let upload = |t: &Tensor| Tensor::from_bytes(device, t.dtype(), &[e, f, h], &t.to_bytes()?);
-        ExpertStack::Apart(upload(&gate)?, upload(&up)?)
+        ExpertStack::Apart(
+            RoutedProj {
+                w: upload(&gate)?,
+                bias: upload_bias(gate_b, f)?,
+            },
+            RoutedProj {
+                w: upload(&up)?,
+                bias: upload_bias(up_b, f)?,
+            },
+        )
     };
     Ok(Experts {
         router,
+        router_bias,
         used: moe.used,
         kind: moe.router,
         gate_up,
-        down: src.load_experts(device, l, ExpertProj::Down, [e, h, f])?,
+        down: RoutedProj {
+            w: src.load_experts(device, l, ExpertProj::Down, [e, h, f])?,
+            bias: upload_bias(bias(ExpertProj::Down, h)?, h)?,
+        },
     })
 }
 
@@ -210,14 +245,14 @@ impl Model {
             } else {
                 None
             };
-            let (post_attn_norm, ffn_norm, post_ffn_norm) = if cfg.sandwich_norms {
+            let ffn_norm = norm_of(cfg.ffn_norm_weight(l), h)?;
+            let (post_attn_norm, post_ffn_norm) = if cfg.sandwich_norms {
                 (
                     Some(norm_of(Weight::PostAttnNorm(l), h)?),
-                    norm_of(Weight::PreFfnNorm(l), h)?,
                     Some(norm_of(Weight::PostFfnNorm(l), h)?),
                 )
             } else {
-                (None, norm_of(Weight::FfnNorm(l), h)?, None)
+                (None, None)
             };
             let la = cfg.attention.get(l).copied().ok_or_else(|| {
                 ModelError::Batch(format!("layer {l} has no attention description"))
@@ -240,14 +275,20 @@ impl Model {
                             (Weight::Up(l), None, [cfg.ffn, h]),
                         ],
                     )?,
-                    down: load_proj(device, src, Weight::Down(l), [h, cfg.ffn])?,
+                    down: load_proj(device, src, Weight::Down(l), None, [h, cfg.ffn])?,
                 },
             };
             layers.push(Layer {
                 attn_norm: norm_of(Weight::AttnNorm(l), h)?,
                 qkv,
                 qk_norm,
-                o: load_proj(device, src, Weight::O(l), [h, qd])?,
+                o: load_proj(
+                    device,
+                    src,
+                    Weight::O(l),
+                    cfg.o_bias.then_some(Weight::OBias(l)),
+                    [h, qd],
+                )?,
                 post_attn_norm,
                 ffn_norm,
                 mlp,
@@ -257,7 +298,10 @@ impl Model {
                     heads: cfg.heads,
                     scale: cfg.attn_scale,
                     window: la.window,
-                    sinks: None,
+                    sinks: cfg
+                        .attn_sinks
+                        .then(|| src.load_f32(device, Weight::Sinks(l), &[cfg.heads]))
+                        .transpose()?,
                 },
             });
             progress(l + 1, cfg.layers);
@@ -274,6 +318,7 @@ impl Model {
                 .chain(l.qk_norm.iter().flatten())
                 .chain(l.post_attn_norm.iter())
                 .chain(l.post_ffn_norm.iter())
+                .chain(l.attn.sinks.iter())
                 .map(bytes_of)
                 .sum::<u64>();
             weight_bytes += l.qkv.bytes() + l.o.bytes() + l.mlp.bytes();
