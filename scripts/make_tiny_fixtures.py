@@ -111,6 +111,8 @@ CONFIGS = {
                                              "original_max_position_embeddings": 32}),
 }
 
+# Fixtures that also get a copy with MXFP4 experts in OpenAI's layout (`<name>_mxfp4`).
+OPENAI_MXFP4 = {"gpt_oss"}
 # Fixtures that store a greedy continuation; those converted to GGUF as well.
 GREEDY = {"qwen3moe", "qwen3moe_dense", "mixtral", "gpt_oss"}
 GGUF = {"qwen3moe", "mixtral", "gpt_oss"}
@@ -190,6 +192,55 @@ def llama_cpp_mxfp4(d):
     print(f"{out.name} ({out.stat().st_size} bytes) by llama.cpp's quantizer")
 
 
+def openai_mxfp4(d, ids):
+    """`<d>_mxfp4`: the folder with its experts in MXFP4 as OpenAI released GPT-OSS
+    (`*_blocks [experts, out, in/32, 16]`: element 2j in the low nibble of byte j, 2j + 1 in
+    the high; `*_scales [experts, out, in/32]`: e8m0), quantized by gguf-py's MXFP4 encoder
+    and laid out again; its reference is transformers' own dequantization of that layout
+    (`Mxfp4Config(dequantize=True)`), in float32."""
+    import numpy as np
+    import gguf
+    from gguf.quants import quantize
+    from safetensors.torch import load_file
+    from transformers import Mxfp4Config
+    out = d.with_name(d.name + "_mxfp4")
+    out.mkdir(exist_ok=True)
+    tensors = {}
+    for k, v in load_file(d / "model.safetensors").items():
+        if not k.endswith(("mlp.experts.gate_up_proj", "mlp.experts.down_proj")):
+            tensors[k] = v
+            continue
+        w = v.transpose(1, 2).contiguous().numpy()  # transformers' [in, out] to [out, in]
+        e, o, i = w.shape
+        q = quantize(w.reshape(e * o, i), gguf.GGMLQuantizationType.MXFP4)
+        q = q.reshape(e, o, i // 32, 17)
+        # ggml's block: the scale, then elements j and j + 16 in byte j's low and high nibbles.
+        values = np.concatenate([q[..., 1:] & 0x0F, q[..., 1:] >> 4], axis=-1)
+        tensors[k + "_blocks"] = torch.from_numpy((values[..., 0::2] | (values[..., 1::2] << 4))
+                                                  .astype(np.uint8))
+        tensors[k + "_scales"] = torch.from_numpy(np.ascontiguousarray(q[..., 0]))
+    save_file(tensors, out / "model.safetensors", metadata={"format": "pt"})
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["quantization_config"] = {
+        "quant_method": "mxfp4",
+        "modules_to_not_convert": ["model.layers.*.self_attn", "model.layers.*.mlp.router",
+                                   "model.embed_tokens", "lm_head"],
+    }
+    (out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+    model = AutoModelForCausalLM.from_pretrained(
+        out, quantization_config=Mxfp4Config(dequantize=True), dtype=torch.float32)
+    model.eval()
+    with torch.no_grad():
+        logits = model(ids).logits[0]
+    reference = {
+        "input_ids": ids[0].tolist(),
+        "logits": [[round(float(x), 6) for x in row] for row in logits],
+        "greedy": greedy(model, ids),
+    }
+    (out / "reference.json").write_text(json.dumps(reference, separators=(",", ":")) + "\n")
+    print(f"{out.name}: MXFP4 experts as released; greedy {reference['greedy']['tokens']}")
+
+
 def llama_cpp_greedy(d, ids):
     """Each GGUF's greedy continuation under llama.cpp (llama-cpp-python), with margins."""
     import numpy as np
@@ -255,6 +306,8 @@ def main():
             # transformers 5 holds experts fused (`experts.gate_up_proj`); save_pretrained
             # writes them as published checkpoints have them, one tensor per expert.
             model.save_pretrained(d)
+            # Its sampling defaults, which no test reads.
+            (d / "generation_config.json").unlink(missing_ok=True)
         else:
             state = {k: v.contiguous() for k, v in model.state_dict().items()}
             if cfg.tie_word_embeddings:
@@ -268,6 +321,8 @@ def main():
         if name in GREEDY:
             reference["greedy"] = greedy(model, ids)
         (d / "reference.json").write_text(json.dumps(reference, separators=(",", ":")) + "\n")
+        if name in OPENAI_MXFP4:
+            openai_mxfp4(d, ids)
         if name in GGUF and args.converter:
             byte_tokenizer(d)
             convert(args.converter, d, name)
