@@ -121,8 +121,14 @@ impl MoeConfig {
             Router::SoftmaxTopK { renorm: false } => "softmax, top-k as is",
             Router::TopKSoftmax => "top-k, then softmax",
         };
+        let biases = if self.biases {
+            "; router and experts with biases"
+        } else {
+            ""
+        };
         format!(
-            "{} experts of {} a layer, {} used a token ({router}); {} of {layers} layers sparse",
+            "{} experts of {} a layer, {} used a token ({router}{biases}); {} of {layers} \
+             layers sparse",
             self.experts,
             self.expert_ffn,
             self.used,
