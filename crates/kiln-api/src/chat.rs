@@ -101,10 +101,10 @@ impl Message {
     /// The message as templates read it (transformers' shape of OpenAI messages). A
     /// `developer` message is a `system` one for templates that know no `developer` role
     /// (Codex sends its instructions as one; Qwen3's template would drop it).
-    fn to_template(&self, developer_role: bool) -> Value {
+    fn to_template(&self, shape: TemplateShape) -> Value {
         let mut m = Map::new();
         let role = match self.role {
-            Role::Developer if !developer_role => Role::System,
+            Role::Developer if !shape.developer_role => Role::System,
             role => role,
         };
         m.insert("role".into(), role.name().into());
@@ -120,19 +120,45 @@ impl Message {
                 .tool_calls
                 .iter()
                 .map(|c| {
+                    let arguments = match shape.object_arguments {
+                        true => serde_json::from_str(&c.arguments)
+                            .unwrap_or_else(|_| Value::String(c.arguments.clone())),
+                        false => Value::String(c.arguments.clone()),
+                    };
                     json!({"id": c.id, "type": "function",
-                           "function": {"name": c.name, "arguments": c.arguments}})
+                           "function": {"name": c.name, "arguments": arguments}})
                 })
                 .collect();
             m.insert("tool_calls".into(), Value::Array(calls));
         }
         if let Some(r) = &self.reasoning {
             m.insert("reasoning_content".into(), r.clone().into());
+            // GPT-OSS's template reads it as `thinking`.
+            m.insert("thinking".into(), r.clone().into());
         }
         if self.is_error {
             m.insert("is_error".into(), true.into());
         }
         Value::Object(m)
+    }
+}
+
+/// What a template expects of the messages it reads.
+#[derive(Debug, Clone, Copy)]
+struct TemplateShape {
+    /// It knows the `developer` role.
+    developer_role: bool,
+    /// A past call's arguments as a JSON value, not its text (transformers' convention, which
+    /// GPT-OSS's template relies on: it writes them with `tojson`).
+    object_arguments: bool,
+}
+
+impl TemplateShape {
+    fn of(source: &str) -> Self {
+        Self {
+            developer_role: source.contains("developer"),
+            object_arguments: crate::harmony::is_harmony_template(source),
+        }
     }
 }
 
@@ -192,6 +218,9 @@ pub struct Prepared {
     pub reply: ReplyFormat,
     /// A forced call's grammar (a `required` or named `tool_choice`).
     pub forced: Option<Constraint>,
+    /// Token ids that end the reply besides the model's EOS ids (Harmony's `<|return|>` and
+    /// `<|call|>`).
+    pub stops: Vec<u32>,
 }
 
 /// What closes a think block the prompt left open, before a constrained answer.
@@ -207,6 +236,11 @@ impl Prepared {
         r.prompt = kiln_engine::Prompt::TokenIds(self.ids);
         if let Some(grammar) = self.forced {
             r.constraint = Some(grammar);
+        }
+        r.stopping.stop_token_ids.extend(self.stops);
+        if self.reply.harmony {
+            // Its headers' markers are special tokens: the reply is read with them.
+            r.output.skip_special_tokens = false;
         }
         if self.reply.reasoning.is_some_and(Reasoning::starts_inside) {
             r.constraint = r.constraint.take().map(|c| c.after(CLOSE_THINK));
@@ -255,6 +289,22 @@ fn tools(list: &[Tool]) -> Result<(Vec<ToolSpec>, Vec<Value>), ApiError> {
 }
 
 impl Conversation {
+    /// The conversation as the template `source` reads it: its messages, and the variables
+    /// beside them (the tools `shown`, when they are on; `chat_template_kwargs`).
+    fn template_inputs(
+        &self,
+        source: &str,
+        shown: Option<Vec<Value>>,
+    ) -> (Vec<Value>, Map<String, Value>) {
+        let mut extra = self.template_kwargs.clone();
+        if let Some(shown) = shown {
+            extra.insert("tools".into(), Value::Array(shown));
+        }
+        let shape = TemplateShape::of(source);
+        let messages = self.messages.iter().map(|m| m.to_template(shape)).collect();
+        (messages, extra)
+    }
+
     /// Renders and tokenizes the conversation for the model `info` describes.
     pub fn prepare(
         &self,
@@ -286,16 +336,7 @@ impl Conversation {
             ));
         };
         let tools_on = choice.tools_on(&specs);
-        let mut extra = self.template_kwargs.clone();
-        if tools_on {
-            extra.insert("tools".into(), Value::Array(shown));
-        }
-        let developer_role = source.contains("developer");
-        let messages: Vec<Value> = self
-            .messages
-            .iter()
-            .map(|m| m.to_template(developer_role))
-            .collect();
+        let (messages, extra) = self.template_inputs(source, tools_on.then_some(shown));
         let options = ChatOptions {
             add_generation_prompt: self.add_generation_prompt,
         };
@@ -315,16 +356,129 @@ impl Conversation {
             .map_err(|e| ApiError::invalid_because(Field::Messages, "cannot be tokenized", e))?;
         let format = ToolFormat::for_template(source);
         let forced = choice.forced(&specs);
+        let harmony = crate::harmony::is_harmony_template(source);
+        if harmony && !forced.is_empty() {
+            // As vLLM serves GPT-OSS: the model chooses its calls.
+            return Err(ApiError::invalid(
+                Field::ToolChoice,
+                "must be `auto` or `none` for a Harmony (GPT-OSS) model, which chooses its calls",
+            ));
+        }
         let reasoning = cfg
             .reasoning
+            .filter(|_| !harmony)
             .map(|p| Reasoning::for_prompt(p, rendered.text()));
+        let stops = match harmony {
+            true => crate::harmony::STOPS
+                .iter()
+                .filter_map(|s| tok.token_to_id(s))
+                .collect(),
+            false => Vec::new(),
+        };
         Ok(Prepared {
             ids,
             reply: ReplyFormat {
                 tools: tools_on.then_some(format),
                 reasoning,
+                harmony,
             },
             forced: (!forced.is_empty()).then(|| Constraint::Grammar(format.call_grammar(&forced))),
+            stops,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use kiln_tokenizer::{ChatOptions, ChatTemplate};
+    use serde_json::Value;
+
+    use super::*;
+
+    /// `tests/fixtures/harmony.json` (`scripts/make_harmony_fixtures.py`).
+    fn fixture() -> Value {
+        serde_json::from_str(include_str!("../tests/fixtures/harmony.json")).unwrap()
+    }
+
+    /// A fixture conversation as a door hands it over (a call's arguments as JSON text).
+    fn conversation(case: &Value) -> Conversation {
+        let text = |v: &Value| v.as_str().unwrap_or_default().to_owned();
+        let messages = case["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| Message {
+                tool_call_id: m["tool_call_id"].as_str().map(str::to_owned),
+                reasoning: m["reasoning_content"].as_str().map(str::to_owned),
+                tool_calls: m["tool_calls"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .map(|c| PastCall {
+                        id: text(&c["id"]),
+                        name: text(&c["function"]["name"]),
+                        arguments: c["function"]["arguments"].to_string(),
+                    })
+                    .collect(),
+                ..Message::new(
+                    Role::parse(m["role"].as_str().unwrap()).unwrap(),
+                    text(&m["content"]),
+                )
+            })
+            .collect();
+        let tools = case["tools"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|t| Tool {
+                name: text(&t["function"]["name"]),
+                description: t["function"]["description"].as_str().map(str::to_owned),
+                parameters: Some(t["function"]["parameters"].clone()),
+            })
+            .collect();
+        Conversation {
+            tools,
+            ..Conversation::new(messages)
+        }
+    }
+
+    /// GPT-OSS's chat template, rendered from what the doors hand over, writes what
+    /// transformers renders from it; where the template writes Harmony as openai-harmony
+    /// does (all but a past call's header and result), that is openai-harmony's text too.
+    #[test]
+    fn gpt_oss_conversations_render_as_transformers_and_openai_harmony_do() {
+        let source = include_str!("../tests/fixtures/gpt_oss_chat_template.jinja");
+        let template = ChatTemplate::new("gpt-oss", source).unwrap();
+        let options = ChatOptions {
+            add_generation_prompt: true,
+        };
+        let mut agreeing = 0;
+        for case in fixture()["renderings"].as_array().unwrap() {
+            let conv = conversation(case);
+            let (_, shown) = tools(&conv.tools).unwrap();
+            let on = (!shown.is_empty()).then_some(shown);
+            let (messages, extra) = conv.template_inputs(source, on);
+            let before = chrono::Local::now().format("%Y-%m-%d").to_string();
+            let got = template
+                .render_with(&messages, &options, &extra, None, None)
+                .unwrap();
+            let after = chrono::Local::now().format("%Y-%m-%d").to_string();
+            let want = |key: &str, date: &str| case[key].as_str().unwrap().replace("{DATE}", date);
+            let name = &case["name"];
+            assert!(
+                got == want("template", &before) || got == want("template", &after),
+                "{name}:\n{got}\n{}",
+                want("template", &after)
+            );
+            if case["harmony"] == case["template"] {
+                agreeing += 1;
+            }
+        }
+        assert_eq!(
+            agreeing, 3,
+            "the cases where openai-harmony's text is the template's"
+        );
     }
 }

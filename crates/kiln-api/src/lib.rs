@@ -4,6 +4,7 @@ mod chat;
 mod config;
 pub mod edge;
 mod error;
+pub mod harmony;
 mod params;
 mod reasoning;
 mod reply;

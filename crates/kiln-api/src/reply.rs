@@ -2,11 +2,14 @@
 //! (`--reasoning-parser`), then, with tools on, the calls read out of the content; and how
 //! it ended, `tool_calls` when it ended by itself with calls. Streamed, the reasoning and the
 //! content go out as they come, except that with tools on the content is held to the end
-//! (a call cannot be told from text before it is whole).
+//! (a call cannot be told from text before it is whole). A Harmony output (GPT-OSS) says
+//! which is which in each message's header ([`crate::harmony`]), so its content streams with
+//! tools on too.
 
 use kiln_engine::FinishReason;
 use kiln_tokenizer::{ToolCall, ToolFormat};
 
+use crate::harmony::{HarmonyStream, Messages};
 use crate::reasoning::{Reasoning, ReasoningStream, Split};
 
 /// How to read a request's outputs.
@@ -16,6 +19,9 @@ pub struct ReplyFormat {
     pub tools: Option<ToolFormat>,
     /// The reasoning syntax, and whether the prompt left the think block open.
     pub reasoning: Option<Reasoning>,
+    /// The output is Harmony (GPT-OSS's channels), which says both what is reasoning and
+    /// what is a call: `reasoning` is then unused.
+    pub harmony: bool,
 }
 
 /// How an output ended, as the doors report it.
@@ -62,6 +68,9 @@ pub struct Reply {
 impl ReplyFormat {
     /// Reads a whole output.
     pub fn read(&self, text: &str, finish: Option<&FinishReason>) -> Reply {
+        if self.harmony {
+            return harmony_reply(HarmonyStream::split(self.tools.is_some(), text), finish);
+        }
         let (reasoning, content) = match self.reasoning {
             Some(r) => {
                 let Split { reasoning, content } = r.split(text);
@@ -77,6 +86,9 @@ impl ReplyFormat {
         ReplyStream {
             format: *self,
             reasoning: self.reasoning.map(Reasoning::stream),
+            harmony: self
+                .harmony
+                .then(|| HarmonyStream::new(self.tools.is_some())),
             held: String::new(),
         }
     }
@@ -107,6 +119,17 @@ impl ReplyFormat {
     }
 }
 
+/// A Harmony output's parts as a reply.
+fn harmony_reply(m: Messages, finish: Option<&FinishReason>) -> Reply {
+    let some = |s: String| (!s.is_empty()).then_some(s);
+    Reply {
+        finish: finish.map(|f| Finish::of(f, !m.calls.is_empty())),
+        reasoning: some(m.reasoning),
+        content: some(m.content),
+        calls: m.calls,
+    }
+}
+
 /// What a delta of a streamed output shows now.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Piece {
@@ -119,6 +142,7 @@ pub struct Piece {
 pub struct ReplyStream {
     format: ReplyFormat,
     reasoning: Option<ReasoningStream>,
+    harmony: Option<HarmonyStream>,
     /// Tools on: the content so far, read for calls when the output ends.
     held: String,
 }
@@ -126,6 +150,13 @@ pub struct ReplyStream {
 impl ReplyStream {
     /// The parts of a delta that can be shown now.
     pub fn push(&mut self, delta: &str) -> Piece {
+        if let Some(h) = &mut self.harmony {
+            let m = h.push(delta);
+            return Piece {
+                reasoning: m.reasoning,
+                content: m.content,
+            };
+        }
         let (reasoning, content) = match &mut self.reasoning {
             Some(s) => {
                 let Split { reasoning, content } = s.push(delta);
@@ -145,6 +176,9 @@ impl ReplyStream {
 
     /// The output ended: what was held back, with the calls read out of the content.
     pub fn finish(&mut self, finish: Option<&FinishReason>) -> Reply {
+        if let Some(h) = &mut self.harmony {
+            return harmony_reply(h.finish(), finish);
+        }
         let Split { reasoning, content } = match &mut self.reasoning {
             Some(s) => s.finish(),
             None => Split::default(),
@@ -161,6 +195,9 @@ impl ReplyStream {
 
     /// Whether the reasoning is over (or there is none): content follows.
     pub fn in_content(&self) -> bool {
+        if let Some(h) = &self.harmony {
+            return h.in_content();
+        }
         self.reasoning
             .as_ref()
             .is_none_or(ReasoningStream::in_content)
@@ -180,6 +217,7 @@ mod tests {
                 parser: ReasoningParser::Qwen3,
                 opened: true,
             }),
+            harmony: false,
         };
         let text = "let me look\n</think>\n\n<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": 1}}\n</tool_call>";
         let whole = f.read(text, Some(&FinishReason::EosToken));

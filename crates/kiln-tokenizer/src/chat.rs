@@ -47,7 +47,9 @@ pub struct ChatOptions {
 ///
 /// Rendering matches Python Jinja as Hugging Face configures it: `trim_blocks` and
 /// `lstrip_blocks` on, Python string methods (`.strip()`, `.startswith()`, ...),
-/// `raise_exception(msg)`, and a `tojson` that formats like Python's `json.dumps`.
+/// `raise_exception(msg)`, `strftime_now(format)` (the local time, as transformers gives it:
+/// GPT-OSS's and Llama 3's templates write the date), and a `tojson` that formats like
+/// Python's `json.dumps`.
 #[derive(Debug)]
 pub struct ChatTemplate {
     name: String,
@@ -65,6 +67,7 @@ impl ChatTemplate {
         env.set_lstrip_blocks(true);
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_function("raise_exception", raise_exception);
+        env.add_function("strftime_now", strftime_now);
         env.add_filter("tojson", tojson);
         env.add_template_owned(TEMPLATE_NAME, source.clone())
             .map_err(|e| TokenizerError::TemplateSyntax {
@@ -177,6 +180,20 @@ fn describe(e: &Error) -> String {
 
 fn raise_exception(message: String) -> Result<Value, Error> {
     Err(Error::new(ErrorKind::InvalidOperation, message))
+}
+
+/// The local time in strftime's `format` (Python's codes, which chrono shares); a code it
+/// does not know is an error naming the format.
+fn strftime_now(format: String) -> Result<String, Error> {
+    use std::fmt::Write;
+    let mut out = String::new();
+    write!(out, "{}", chrono::Local::now().format(&format)).map_err(|_| {
+        Error::new(
+            ErrorKind::InvalidOperation,
+            format!("strftime_now: `{format}` is not a strftime format"),
+        )
+    })?;
+    Ok(out)
 }
 
 /// Python's `json.dumps(value, ensure_ascii=False, indent=indent, sort_keys=sort_keys)`, the
@@ -327,6 +344,27 @@ mod tests {
         let src = "{% for m in messages %}\n    {% if true %}\n{{ m.content }}\n    {% endif %}\n{% endfor %}";
         assert_eq!(render(src, &[ChatMessage::new("u", "x")])?, "x\n");
         Ok(())
+    }
+
+    /// `strftime_now` writes the local date as Python's strftime does, and names a format it
+    /// cannot write.
+    #[test]
+    fn strftime_now_writes_the_date() {
+        let before = chrono::Local::now().date_naive();
+        let got = render::<ChatMessage>("{{ strftime_now('%Y-%m-%d|%d %b %Y') }}", &[]).unwrap();
+        let after = chrono::Local::now().date_naive();
+        let want = |d: chrono::NaiveDate| d.format("%Y-%m-%d|%d %b %Y").to_string();
+        assert!(got == want(before) || got == want(after), "{got}");
+        let ymd: Vec<u32> = got[..10].split('-').map(|p| p.parse().unwrap()).collect();
+        assert!(ymd[0] >= 2024 && (1..=12).contains(&ymd[1]), "{got}");
+        let err = render::<ChatMessage>("{{ strftime_now('%Q') }}", &[])
+            .err()
+            .map(|e| e.to_string());
+        assert!(
+            err.as_deref()
+                .is_some_and(|e| e.contains("`%Q` is not a strftime format")),
+            "{err:?}"
+        );
     }
 
     #[test]
