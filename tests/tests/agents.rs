@@ -537,6 +537,112 @@ async fn the_reasoning_split_reaches_every_door() {
     t.shutdown().await;
 }
 
+/// GPT-OSS's chat template (Harmony), as its GGUF and tokenizer config carry it.
+const GPT_OSS_TEMPLATE: &str =
+    include_str!("../../crates/kiln-api/tests/fixtures/gpt_oss_chat_template.jinja");
+
+/// Harmony's channels reach every door as reasoning, content and tool calls. The CI model
+/// does not speak Harmony, so a regex makes it write Harmony's markers (as text: its
+/// vocabulary has no such special tokens) under GPT-OSS's own template, which turns the
+/// split on by itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn harmony_channels_reach_every_door() {
+    let mut opts = Options::default();
+    opts.server.api.chat_template = Some(std::sync::Arc::new(
+        ChatTemplate::new("gpt-oss", GPT_OSS_TEMPLATE).unwrap(),
+    ));
+    let t = TestServer::start(opts).await;
+    let addr = t.http_addr();
+    let user = json!([{"role": "user", "content": QUESTION}]);
+    let answer = "<\\|channel\\|>analysis<\\|message\\|>[a-z]{3,8}<\\|end\\|>\
+                  <\\|start\\|>assistant<\\|channel\\|>final<\\|message\\|>(Red|Blue|Green)";
+    let body = json!({"messages": user, "temperature": 0, "max_tokens": 64,
+                      "structured_outputs": {"regex": answer}});
+    let c = post(addr, "/v1/chat/completions", &body).await.json();
+    let m = &c["choices"][0]["message"];
+    let thought = m["reasoning_content"].as_str().unwrap().to_owned();
+    assert!(
+        !thought.is_empty() && thought.chars().all(|c| c.is_ascii_lowercase()),
+        "{c}"
+    );
+    let said = m["content"].as_str().unwrap().to_owned();
+    assert!(["Red", "Blue", "Green"].contains(&said.as_str()), "{c}");
+    let mut streamed = body.clone();
+    streamed["stream"] = json!(true);
+    let events = events(SseStream::open(addr, "/v1/chat/completions", &streamed).await).await;
+    let part = |key: &str| -> String {
+        events
+            .iter()
+            .filter_map(|e| e["choices"][0]["delta"][key].as_str().map(str::to_owned))
+            .collect()
+    };
+    assert_eq!(
+        (part("reasoning_content"), part("content")),
+        (thought.clone(), said.clone())
+    );
+
+    // A call in the commentary channel, with tools on: a tool call, not text.
+    let weather = json!([{"type": "function", "function": {"name": "get_weather",
+        "description": "The weather in a city.",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                       "required": ["city"]}}}]);
+    let call = "<\\|channel\\|>analysis<\\|message\\|>[a-z]{3,8}<\\|end\\|>\
+                <\\|start\\|>assistant<\\|channel\\|>commentary to=functions\\.get_weather \
+                <\\|constrain\\|>json<\\|message\\|>\\{\"city\":\"(Oslo|Rome)\"\\}";
+    let called = post(
+        addr,
+        "/v1/chat/completions",
+        &json!({"messages": user, "tools": weather, "temperature": 0, "max_tokens": 96,
+                "structured_outputs": {"regex": call}}),
+    )
+    .await
+    .json();
+    let choice = &called["choices"][0];
+    assert_eq!(choice["finish_reason"], "tool_calls", "{called}");
+    let f = &choice["message"]["tool_calls"][0]["function"];
+    assert_eq!(f["name"], "get_weather", "{called}");
+    let args: Value = serde_json::from_str(f["arguments"].as_str().unwrap()).unwrap();
+    assert!(
+        ["Oslo", "Rome"].contains(&args["city"].as_str().unwrap()),
+        "{called}"
+    );
+    assert!(choice["message"]["content"].is_null(), "{called}");
+    assert!(
+        choice["message"]["reasoning_content"].is_string(),
+        "{called}"
+    );
+    // A forced call is refused: the model chooses its calls.
+    let forced = post(
+        addr,
+        "/v1/chat/completions",
+        &json!({"messages": user, "tools": weather, "tool_choice": "required"}),
+    )
+    .await;
+    assert_eq!(forced.status, 400);
+    assert!(forced.body.contains("tool_choice"), "{}", forced.body);
+
+    // gRPC: the same split of the same greedy output.
+    let mut g = grpc_chat(QUESTION);
+    g.sampling = Some(pb::SamplingParams {
+        temperature: Some(0.0),
+        ..Default::default()
+    });
+    g.stopping = Some(pb::StoppingCriteria {
+        max_new_tokens: Some(64),
+        ..Default::default()
+    });
+    g.constraint = Some(pb::generate_request::Constraint::Regex(answer.to_owned()));
+    let out = t.generation().generate(g).await.unwrap().into_inner();
+    assert_eq!(
+        (
+            out.outputs[0].reasoning.clone(),
+            out.outputs[0].text.clone()
+        ),
+        (thought, said)
+    );
+    t.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_key_is_taken_as_bearer_or_x_api_key_and_refused_in_each_door_s_shape() {
     let mut opts = Options::default();
