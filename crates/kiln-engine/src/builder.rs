@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use kiln_kv::{BlockManagerConfig, KvBudget, KvDtype, KvError, KvPlan, KvPlanConfig};
-use kiln_model::{LoadOptions, Model, ModelConfig, ModelError, ModelFiles, ModelSource};
+use kiln_model::{CpuMoe, LoadOptions, Model, ModelConfig, ModelError, ModelFiles, ModelSource};
 use kiln_scheduler::SchedulerConfig;
 use kiln_tensor::Device;
 use kiln_tokenizer::{Tokenizer, TokenizerError};
@@ -64,17 +64,20 @@ impl Checkpoint {
         &self.files
     }
 
-    /// Uploads the weights to `device`, calling `progress(layers_done, layers)` after each
-    /// layer; the file bytes are released afterwards.
+    /// Uploads the weights to `device` (the experts of the layers `cpu_moe` covers to the
+    /// native CPU backend instead), calling `progress(layers_done, layers)` after each layer;
+    /// the file bytes are released afterwards.
     pub fn load(
         self,
         device: &Device,
+        cpu_moe: CpuMoe,
         progress: &mut dyn FnMut(usize, usize),
     ) -> Result<(Model, Tokenizer), BuildError> {
         let model = Model::load_with_progress(
             device,
             self.files.config().clone(),
             self.files.weights(),
+            cpu_moe,
             progress,
         )
         .map_err(|source| BuildError::Weights {
@@ -131,6 +134,9 @@ pub struct EngineOptions {
     pub faults: FaultPlan,
     /// Record prefix-cache changes for [`EngineHandle::kv_events`](crate::EngineHandle::kv_events).
     pub kv_events: bool,
+    /// Layers whose experts stay in host memory on the native CPU backend (`--cpu-moe`,
+    /// `--n-cpu-moe N`).
+    pub cpu_moe: CpuMoe,
 }
 
 impl EngineOptions {
@@ -156,6 +162,7 @@ impl EngineOptions {
             device_sampling: DeviceSampling::Auto,
             faults: FaultPlan::default(),
             kv_events: false,
+            cpu_moe: CpuMoe::Off,
         }
     }
 
@@ -244,7 +251,7 @@ pub fn build(
     // Plan first: a pool that cannot exist fails before the weights upload.
     let kv = opts.kv_plan(&config)?;
     let start = Instant::now();
-    let (model, tokenizer) = checkpoint.load(&opts.device, progress)?;
+    let (model, tokenizer) = checkpoint.load(&opts.device, opts.cpu_moe, progress)?;
     let load_time = start.elapsed();
     let weight_bytes = model.weight_bytes();
     tracing::info!(
@@ -254,11 +261,19 @@ pub fn build(
         ms = load_time.as_millis() as u64,
         "model loaded"
     );
+    let (host_bytes, host_layers) = model.host_experts();
+    if !host_layers.is_empty() {
+        tracing::info!(
+            layers = host_layers.len(),
+            host_mib = host_bytes as f64 / f64::from(1 << 20),
+            "experts in host memory, on the native CPU backend"
+        );
+    }
     let draft = match &opts.draft_model {
         None => None,
         Some(path) => {
             let draft = Checkpoint::open(path, LoadOptions::default())
-                .and_then(|c| c.load(&opts.device, &mut |_, _| {}))
+                .and_then(|c| c.load(&opts.device, CpuMoe::Off, &mut |_, _| {}))
                 .map_err(|source| BuildError::Draft {
                     path: path.clone(),
                     source: Box::new(source),

@@ -87,9 +87,26 @@ impl ModelFiles {
 
     /// Bytes of weight data as stored in the file(s).
     pub fn stored_bytes(&self) -> u64 {
+        self.stored_bytes_where(|_| true)
+    }
+
+    /// Bytes as stored of the expert weights (and their biases) of the layers `which` picks:
+    /// what `--cpu-moe` keeps in host memory.
+    pub fn stored_expert_bytes(&self, which: impl Fn(usize) -> bool) -> u64 {
+        self.stored_bytes_where(|name| crate::weights::expert_layer(name).is_some_and(&which))
+    }
+
+    /// Bytes as stored of the tensors whose names `keep` picks.
+    fn stored_bytes_where(&self, keep: impl Fn(&str) -> bool) -> u64 {
         match &self.source {
-            ModelSource::Gguf(g) => g.file().tensors().iter().filter_map(|t| t.byte_size).sum(),
-            ModelSource::Hf { weights, .. } => weights.stored_bytes(),
+            ModelSource::Gguf(g) => g
+                .file()
+                .tensors()
+                .iter()
+                .filter(|t| keep(&t.name))
+                .filter_map(|t| t.byte_size)
+                .sum(),
+            ModelSource::Hf { weights, .. } => weights.stored_bytes_where(keep),
         }
     }
 }

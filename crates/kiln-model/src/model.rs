@@ -83,11 +83,39 @@ enum Mlp {
     Moe(Experts),
 }
 
+/// Which layers keep their experts in host memory, run by the native CPU backend, while the
+/// rest of the model runs on the GPU (llama.cpp's `--cpu-moe` and `--n-cpu-moe N`). On a CPU
+/// device it changes nothing: the experts are in host memory already.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum CpuMoe {
+    /// Every weight on the model's device.
+    #[default]
+    Off,
+    /// Every sparse layer's experts (`--cpu-moe`).
+    All,
+    /// The experts of the sparse layers among the first N (`--n-cpu-moe N`).
+    First(usize),
+}
+
+impl CpuMoe {
+    /// Whether layer `l`'s experts stay on the CPU.
+    pub fn covers(self, l: usize) -> bool {
+        match self {
+            CpuMoe::Off => false,
+            CpuMoe::All => true,
+            CpuMoe::First(n) => l < n,
+        }
+    }
+}
+
 /// A mixture-of-experts MLP: the router's weight (and bias) and every expert's projections
 /// stacked `[experts, rows, cols]`.
 struct Experts {
     router: Tensor,
     router_bias: Option<Tensor>,
+    /// Where the expert weights live when not on the model's device: the native CPU
+    /// backend, which then routes and runs the experts (`CpuMoe`).
+    host: Option<Device>,
     /// Experts a token uses, and how their weights are chosen.
     used: usize,
     kind: Router,
@@ -126,36 +154,70 @@ enum ExpertStack {
 }
 
 impl Mlp {
-    fn bytes(&self) -> u64 {
+    /// Bytes on the model's device and in host memory (experts kept on the CPU).
+    fn bytes(&self) -> [u64; 2] {
         match self {
-            Mlp::Dense { gate_up, down } => gate_up.bytes() + down.bytes(),
+            Mlp::Dense { gate_up, down } => [gate_up.bytes() + down.bytes(), 0],
             Mlp::Moe(e) => {
                 let gate_up = match &e.gate_up {
                     ExpertStack::One(p) => p.bytes(),
                     ExpertStack::Apart(g, u) => g.bytes() + u.bytes(),
                 };
                 let router = bytes_of(&e.router) + e.router_bias.as_ref().map_or(0, bytes_of);
-                router + gate_up + e.down.bytes()
+                let experts = gate_up + e.down.bytes();
+                match e.host {
+                    None => [router + experts, 0],
+                    Some(_) => [router, experts],
+                }
             }
         }
     }
 }
 
 impl Experts {
-    /// `residual + Σ weight · expert(x)` over each token's experts, `x` already normed.
+    /// `residual + Σ weight · expert(x)` over each token's experts, `x` already normed. The
+    /// router's product runs where the model does; with the experts on the host, what they
+    /// read (the normed input, the router's logits, the residual) is read back there, and the
+    /// sum goes back to the model's device.
     fn apply(&self, rec: &mut Recorder, x: &Tensor, act: Act, residual: &Tensor) -> Result<Tensor> {
         let logits = rec.matmul(x, &self.router, self.router_bias.as_ref())?;
-        let routes = rec.moe_route(&logits, self.used, self.kind)?;
+        let Some(host) = &self.host else {
+            let routes = rec.moe_route(&logits, self.used, self.kind)?;
+            let y = self.experts(rec, x, &routes, act)?;
+            return Ok(rec.moe_combine(&y, &routes, residual)?);
+        };
+        rec.submit()?;
+        let to_host = |t: &Tensor| Tensor::from_f32(host, t.shape(), &t.to_f32_vec()?);
+        let (x, logits, residual) = (to_host(x)?, to_host(&logits)?, to_host(residual)?);
+        let mut hrec = Recorder::new(host);
+        let routes = hrec.moe_route(&logits, self.used, self.kind)?;
+        let y = self.experts(&mut hrec, &x, &routes, act)?;
+        let out = hrec.moe_combine(&y, &routes, &residual)?;
+        hrec.submit()?;
+        Ok(Tensor::from_f32(
+            rec.device(),
+            out.shape(),
+            out.host_f32()?,
+        )?)
+    }
+
+    /// Each slot's expert output `[tokens·k, hidden]`, on the recorder's device.
+    fn experts(
+        &self,
+        rec: &mut Recorder,
+        x: &Tensor,
+        routes: &kiln_tensor::Routes,
+        act: Act,
+    ) -> Result<Tensor> {
         let m = match &self.gate_up {
-            ExpertStack::One(p) => p.apply(rec, x, &routes, Some(act))?,
+            ExpertStack::One(p) => p.apply(rec, x, routes, Some(act))?,
             ExpertStack::Apart(g, u) => {
-                let g = g.apply(rec, x, &routes, None)?;
-                let u = u.apply(rec, x, &routes, None)?;
+                let g = g.apply(rec, x, routes, None)?;
+                let u = u.apply(rec, x, routes, None)?;
                 rec.gated_mul(&g, &u, act)?
             }
         };
-        let y = self.down.apply(rec, &m, &routes, None)?;
-        Ok(rec.moe_combine(&y, &routes, residual)?)
+        self.down.apply(rec, &m, routes, None)
     }
 }
 
@@ -188,6 +250,9 @@ pub struct Model {
     /// One table per distinct RoPE of the layers (Gemma 3: local and global).
     ropes: Vec<RopeTable>,
     weight_bytes: u64,
+    /// Bytes of experts kept in host memory (`CpuMoe`), and the layers whose they are.
+    host_expert_bytes: u64,
+    host_expert_layers: Vec<usize>,
     /// The last step's lists, their room kept for the next.
     lists: Keep<StepLists>,
 }
@@ -261,6 +326,12 @@ impl Model {
     /// Bytes of weights resident on the device (quantized sizes as stored).
     pub fn weight_bytes(&self) -> u64 {
         self.weight_bytes
+    }
+
+    /// Bytes of expert weights in host memory, run by the native CPU backend (`CpuMoe`), and
+    /// the layers whose they are (none without `CpuMoe` or on a CPU device).
+    pub fn host_experts(&self) -> (u64, &[usize]) {
+        (self.host_expert_bytes, &self.host_expert_layers)
     }
 
     /// Record one forward step for `seqs` (laid out in order along the token dimension):

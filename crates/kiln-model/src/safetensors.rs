@@ -521,10 +521,16 @@ impl HfSource {
 
     /// Bytes of tensor data in the files.
     pub fn stored_bytes(&self) -> u64 {
+        self.stored_bytes_where(|_| true)
+    }
+
+    /// Bytes of the tensors whose names `keep` picks.
+    pub(crate) fn stored_bytes_where(&self, keep: impl Fn(&str) -> bool) -> u64 {
         self.files
             .iter()
-            .flat_map(|f| f.tensors.values())
-            .map(|e| e.range.len() as u64)
+            .flat_map(|f| &f.tensors)
+            .filter(|(name, _)| keep(name))
+            .map(|(_, e)| e.range.len() as u64)
             .sum()
     }
 

@@ -171,6 +171,27 @@ impl Weight {
     }
 }
 
+/// The layer whose experts a stored tensor belongs to, by the names llama.cpp's files
+/// (`blk.L.ffn_*_exps.*`, early Mixtral's `blk.L.ffn_*.E.weight`) and HF checkpoints
+/// (`model.layers.L.mlp.experts.*`, Mixtral's `model.layers.L.block_sparse_moe.experts.*`)
+/// give them; `None` for every other tensor.
+pub(crate) fn expert_layer(name: &str) -> Option<usize> {
+    let (layer, rest) = match name.strip_prefix("blk.") {
+        Some(rest) => rest.split_once('.')?,
+        None => name.strip_prefix("model.layers.")?.split_once('.')?,
+    };
+    let gguf_stack = rest.starts_with("ffn_") && rest.contains("_exps.");
+    let gguf_one = ["gate", "up", "down"].iter().any(|p| {
+        rest.strip_prefix(&format!("ffn_{p}."))
+            .and_then(|r| r.split_once('.'))
+            .is_some_and(|(e, _)| e.parse::<usize>().is_ok())
+    });
+    let hf = rest.starts_with("mlp.experts.") || rest.starts_with("block_sparse_moe.experts.");
+    (gguf_stack || gguf_one || hf)
+        .then(|| layer.parse().ok())
+        .flatten()
+}
+
 /// Checkpoint families whose names [`Weight::hf_aliases`] lists: Mixtral, GPT-OSS.
 pub const HF_ALIAS_FAMILIES: usize = 2;
 
@@ -411,6 +432,29 @@ impl GgufSource {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Expert tensors by every naming, and tensors that are not experts.
+    #[test]
+    fn expert_tensors_are_told_by_name() {
+        for (name, want) in [
+            ("blk.3.ffn_gate_exps.weight", Some(3)),
+            ("blk.12.ffn_down_exps.bias", Some(12)),
+            ("blk.0.ffn_up.7.weight", Some(0)),
+            ("model.layers.5.mlp.experts.gate_up_proj_blocks", Some(5)),
+            ("model.layers.2.mlp.experts.4.down_proj.weight", Some(2)),
+            (
+                "model.layers.1.block_sparse_moe.experts.0.w1.weight",
+                Some(1),
+            ),
+            ("blk.3.ffn_gate_inp.weight", None),
+            ("blk.3.ffn_gate.weight", None),
+            ("model.layers.5.mlp.router.weight", None),
+            ("model.layers.5.mlp.gate_proj.weight", None),
+            ("token_embd.weight", None),
+        ] {
+            assert_eq!(expert_layer(name), want, "{name}");
+        }
+    }
 
     /// kiln-tensor's format rows and kiln-gguf's table of ggml types agree: each GGUF type kiln
     /// loads names one dtype, whose block sizes are ggml's; kiln's own formats are no GGUF type.

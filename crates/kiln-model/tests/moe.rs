@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 
 use common::tiny;
 use kiln_model::{
-    Arch, ExpertProj, GgufSource, LoadOptions, Model, ModelConfig, ModelFiles, MoeConfig,
+    Arch, CpuMoe, ExpertProj, GgufSource, LoadOptions, Model, ModelConfig, ModelFiles, MoeConfig,
     SafetensorsFile, StDtype, encode_safetensors,
 };
 use kiln_tensor::{DType, Router};
@@ -208,6 +208,71 @@ fn gpt_oss_with_mxfp4_experts_as_released_matches_transformers() {
         .load_experts(&dev, 0, ExpertProj::Gate, [8, 32, 64])
         .unwrap();
     assert_eq!(experts.dtype(), DType::MXFP4);
+}
+
+/// `--cpu-moe` and `--n-cpu-moe 1` on lavapipe: the experts on the native CPU backend, the
+/// rest on the GPU, give the all-device result: with f32 weights the same logits (within f32
+/// rounding) and greedy tokens; with MXFP4 experts, whose native products take 8-bit
+/// activations, llama.cpp's greedy tokens until its first near-tie, as the all-device run.
+#[test]
+fn experts_on_the_cpu_beside_the_gpu_give_the_all_device_result() {
+    let Some(gpu) = kiln_testkit::wgpu() else {
+        return;
+    };
+    let cases = [
+        (dir("qwen3moe").join("model-f32.gguf"), None),
+        (dir("gpt_oss"), None),
+        (
+            dir("gpt_oss").join("model-mxfp4.gguf"),
+            Some("reference-mxfp4.json"),
+        ),
+    ];
+    for (path, quantized) in cases {
+        let files = ModelFiles::open(&path, LoadOptions::default()).unwrap();
+        let cfg = files.config().clone();
+        let reference = match path.is_dir() {
+            true => json(&path.join("reference.json")),
+            false => json(&path.with_file_name("reference.json")),
+        };
+        let ids = tiny::ids(&reference["input_ids"]);
+        let all = Model::load(&gpu, cfg.clone(), files.weights()).unwrap();
+        assert_eq!(all.host_experts().1, [] as [usize; 0]);
+        let want = tiny::forward_all(&all, &gpu, &ids);
+        let tokens = tiny::greedy(&all, &gpu, &ids, STEPS);
+        for (placement, layers) in [
+            (CpuMoe::All, (0..cfg.layers).collect()),
+            (CpuMoe::First(1), vec![0]),
+        ] {
+            let what = format!("{} {placement:?}", path.display());
+            let split = Model::load_with_progress(
+                &gpu,
+                cfg.clone(),
+                files.weights(),
+                placement,
+                &mut |_, _| {},
+            )
+            .unwrap();
+            let (host, on_cpu) = split.host_experts();
+            assert_eq!(on_cpu, layers.as_slice(), "{what}");
+            assert!(host > 0, "{what}");
+            assert_eq!(split.weight_bytes() + host, all.weight_bytes(), "{what}");
+            let greedy = tiny::greedy(&split, &gpu, &ids, STEPS);
+            match quantized {
+                None => {
+                    let got = tiny::forward_all(&split, &gpu, &ids);
+                    tiny::assert_logits_within(&got, &want, cfg.vocab, &what, 1e-4);
+                    assert_eq!(greedy, tokens, "{what}");
+                }
+                // The native products round activations to 8 bits, which moves a router's
+                // near-tie in a later layer (0.14 on a logit here): greedy tokens, as for
+                // every quantized file, follow llama.cpp's until its first near-tie.
+                Some(r) => {
+                    let llama = json(&path.with_file_name(r))["greedy"].clone();
+                    tiny::assert_greedy(&greedy, &llama, Q8_TIE, &what);
+                }
+            }
+        }
+    }
 }
 
 #[test]

@@ -4,6 +4,7 @@
 use clap::{Args, ValueEnum};
 use kiln_engine::{DeviceSampling, EngineOptions, KvSize};
 use kiln_kv::KvDtype;
+use kiln_model::CpuMoe;
 use std::str::FromStr;
 
 use kiln_tensor::BackendChoice;
@@ -63,6 +64,24 @@ pub struct DeviceArgs {
     /// Threads of the native CPU backend (default: one a core)
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     pub threads: Option<u32>,
+    /// Mixture of experts on a GPU: keep every layer's expert weights in host memory and run
+    /// them on the native CPU backend (attention, the routers and dense parts stay on the GPU)
+    #[arg(long, conflicts_with = "n_cpu_moe")]
+    pub cpu_moe: bool,
+    /// Mixture of experts on a GPU: keep the experts of the first N layers on the CPU
+    #[arg(long, value_name = "N")]
+    pub n_cpu_moe: Option<usize>,
+}
+
+impl DeviceArgs {
+    /// Which layers' experts stay on the CPU (`--cpu-moe`, `--n-cpu-moe N`).
+    pub fn cpu_moe(&self) -> CpuMoe {
+        match (self.cpu_moe, self.n_cpu_moe) {
+            (true, _) => CpuMoe::All,
+            (false, Some(n)) => CpuMoe::First(n),
+            (false, None) => CpuMoe::Off,
+        }
+    }
 }
 
 /// The engine's memory and batching limits (`serve`).

@@ -135,10 +135,31 @@ fn info(args: &InfoArgs) -> CmdResult {
         println!("experts: {}", moe.summary(cfg.layers));
     }
     let weights = c.files().stored_bytes();
+    let mib = |b: u64| b as f64 / f64::from(1 << 20);
     println!(
         "weights: {weights} bytes ({:.1} MiB) as stored",
-        weights as f64 / (1 << 20) as f64
+        mib(weights)
     );
+    // `--cpu-moe` / `--n-cpu-moe`: which layers' experts stay in host memory, and the bytes
+    // on each side.
+    let placement = args.device.cpu_moe();
+    if cfg.moe.is_some() && placement != kiln_model::CpuMoe::Off {
+        let on_cpu = |l: usize| cfg.sparse_layer(l) && placement.covers(l);
+        let layers = (0..cfg.layers).filter(|&l| on_cpu(l)).count();
+        let host = c.files().stored_expert_bytes(on_cpu);
+        if dev.is_cpu() {
+            println!("experts: on the CPU with everything else (the device is the CPU)");
+        } else {
+            println!(
+                "split: the experts of {layers} of {} layers on the CPU, {host} bytes ({:.1} MiB) \
+                 in host memory; {} bytes ({:.1} MiB) on the device",
+                cfg.layers,
+                mib(host),
+                weights - host,
+                mib(weights - host)
+            );
+        }
+    }
     // The pool `kiln serve --kv-cache-memory` would plan (its other defaults).
     let opts = EngineOptions {
         kv_size: KvSize::Bytes(args.kv_cache_memory),

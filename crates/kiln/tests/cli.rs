@@ -209,6 +209,67 @@ fn info_and_generate_on_a_mixture_of_experts() {
     assert_eq!(v["token_ids"].as_array().map(Vec::len), Some(4), "{v}");
 }
 
+/// `--cpu-moe` / `--n-cpu-moe N` on lavapipe: `kiln info` shows which layers' experts stay
+/// on the CPU and the bytes on each side; `kiln generate` gives the tokens of the run with
+/// every weight on the device (the F32 GPT-OSS file).
+#[test]
+fn experts_on_the_cpu_beside_the_gpu() {
+    let gguf = kiln_testkit::tiny_model_dir("gpt_oss").join("model-f32.gguf");
+    let path = gguf.to_str().unwrap();
+    let out = stdout(&kiln(&[
+        "info",
+        "--model",
+        path,
+        "--backend",
+        "wgpu",
+        "--n-cpu-moe",
+        "2",
+    ]));
+    let line = line_after(&out, "split: ");
+    assert!(
+        line.starts_with("the experts of 2 of 4 layers on the CPU, ")
+            && line.contains("on the device"),
+        "{line}"
+    );
+    let generate = |extra: &[&str]| {
+        let mut args = vec![
+            "generate",
+            "--model",
+            path,
+            "--prompt",
+            "the fox",
+            "--max-tokens",
+            "6",
+            "--backend",
+            "wgpu",
+            "--json",
+        ];
+        args.extend_from_slice(extra);
+        let v: serde_json::Value = serde_json::from_str(stdout(&kiln(&args)).trim()).unwrap();
+        v["token_ids"].clone()
+    };
+    let all = generate(&[]);
+    assert_eq!(all.as_array().map(Vec::len), Some(6), "{all}");
+    assert_eq!(generate(&["--cpu-moe"]), all);
+    assert_eq!(generate(&["--n-cpu-moe", "1"]), all);
+    let bad = kiln(&[
+        "generate",
+        "--model",
+        path,
+        "--prompt",
+        "x",
+        "--cpu-moe",
+        "--n-cpu-moe",
+        "1",
+    ]);
+    assert!(!bad.status.success());
+    let err = String::from_utf8_lossy(&bad.stderr);
+    assert!(
+        err.contains("--cpu-moe") && err.contains("--n-cpu-moe"),
+        "{err}"
+    );
+}
+
 /// `kiln info` lists what each `--kv-dtype` holds in the same memory; INT4 holds at least
 /// 3.5 times the tokens of F16 at the default model's head_dim 64.
 #[test]

@@ -4,7 +4,7 @@
 use kiln_attention::AttnConfig;
 use kiln_tensor::{ColumnIndex, Device, RopeTable, Tensor};
 
-use super::{ExpertStack, Experts, Layer, Mlp, Model, Proj, RoutedProj, Stack, bytes_of};
+use super::{CpuMoe, ExpertStack, Experts, Layer, Mlp, Model, Proj, RoutedProj, Stack, bytes_of};
 use crate::config::{MoeConfig, RopeParams};
 use crate::weights::{ExpertProj, Weight, WeightSource};
 use crate::{ModelConfig, ModelError, Result};
@@ -126,11 +126,11 @@ fn load_proj(
     })
 }
 
-/// A mixture-of-experts layer's router and experts: gate and up stacked per expert
-/// (`[gate_e; up_e]`, one launch for both) where they share a dtype, read on the host a
-/// projection at a time.
+/// A mixture-of-experts layer's router (on `device`) and experts (on `host`, the native CPU
+/// backend, where given; else on `device`): gate and up stacked per expert (`[gate_e; up_e]`,
+/// one launch for both) where they share a dtype, read on the host a projection at a time.
 fn load_experts(
-    device: &Device,
+    (device, host): (&Device, Option<&Device>),
     src: &dyn WeightSource,
     moe: &MoeConfig,
     l: usize,
@@ -144,16 +144,18 @@ fn load_experts(
         .biases
         .then(|| src.load_f32(device, Weight::RouterBias(l), &[e]))
         .transpose()?;
-    let host = |p: ExpertProj| src.load_experts(&Device::Reference, l, p, [e, f, h]);
+    // Everything below lives where the experts run.
+    let runs_on = host.unwrap_or(device);
+    let read = |p: ExpertProj| src.load_experts(&Device::Reference, l, p, [e, f, h]);
     let bias = |p: ExpertProj, rows: usize| {
         moe.biases
             .then(|| src.load_expert_bias(l, p, [e, rows]))
             .transpose()
     };
-    let (gate, up) = (host(ExpertProj::Gate)?, host(ExpertProj::Up)?);
+    let (gate, up) = (read(ExpertProj::Gate)?, read(ExpertProj::Up)?);
     let (gate_b, up_b) = (bias(ExpertProj::Gate, f)?, bias(ExpertProj::Up, f)?);
     let upload_bias = |b: Option<Vec<f32>>, rows: usize| {
-        b.map(|b| Tensor::from_f32(device, &[e, rows], &b))
+        b.map(|b| Tensor::from_f32(runs_on, &[e, rows], &b))
             .transpose()
     };
     let gate_up = if gate.dtype() == up.dtype() {
@@ -173,11 +175,12 @@ fn load_experts(
                 .collect()
         });
         ExpertStack::One(RoutedProj {
-            w: Tensor::from_bytes(device, gate.dtype(), &[e, 2 * f, h], &both)?,
+            w: Tensor::from_bytes(runs_on, gate.dtype(), &[e, 2 * f, h], &both)?,
             bias: upload_bias(both_b, 2 * f)?,
         })
     } else {
-        let upload = |t: &Tensor| Tensor::from_bytes(device, t.dtype(), &[e, f, h], &t.to_bytes()?);
+        let upload =
+            |t: &Tensor| Tensor::from_bytes(runs_on, t.dtype(), &[e, f, h], &t.to_bytes()?);
         ExpertStack::Apart(
             RoutedProj {
                 w: upload(&gate)?,
@@ -192,11 +195,12 @@ fn load_experts(
     Ok(Experts {
         router,
         router_bias,
+        host: host.cloned(),
         used: moe.used,
         kind: moe.router,
         gate_up,
         down: RoutedProj {
-            w: src.load_experts(device, l, ExpertProj::Down, [e, h, f])?,
+            w: src.load_experts(runs_on, l, ExpertProj::Down, [e, h, f])?,
             bias: upload_bias(bias(ExpertProj::Down, h)?, h)?,
         },
     })
@@ -205,17 +209,25 @@ fn load_experts(
 impl Model {
     /// Upload every weight the config names from `src` to `device`.
     pub fn load(device: &Device, cfg: ModelConfig, src: &dyn WeightSource) -> Result<Self> {
-        Self::load_with_progress(device, cfg, src, &mut |_, _| {})
+        Self::load_with_progress(device, cfg, src, CpuMoe::Off, &mut |_, _| {})
     }
 
-    /// [`Model::load`], calling `progress(layers_loaded, layers)` after each layer (for a
-    /// progress bar on large files).
+    /// [`Model::load`], the experts of the layers `cpu_moe` covers kept in host memory on the
+    /// native CPU backend (where `device` is a GPU), calling `progress(layers_loaded, layers)`
+    /// after each layer (for a progress bar on large files).
     pub fn load_with_progress(
         device: &Device,
         cfg: ModelConfig,
         src: &dyn WeightSource,
+        cpu_moe: CpuMoe,
         progress: &mut dyn FnMut(usize, usize),
     ) -> Result<Self> {
+        // One native CPU backend for every layer whose experts it runs.
+        let host = match (cpu_moe, device.is_cpu(), &cfg.moe) {
+            (CpuMoe::Off, _, _) | (_, true, _) | (_, _, None) => None,
+            _ => Some(Device::cpu()?),
+        };
+        let mut host_expert_layers = Vec::new();
         let start = std::time::Instant::now();
         let (h, d) = (cfg.hidden, cfg.head_dim);
         let (qd, kvd) = (cfg.heads * d, cfg.kv_heads * d);
@@ -265,7 +277,13 @@ impl Model {
                 }
             };
             let mlp = match &cfg.moe {
-                Some(moe) if cfg.sparse_layer(l) => Mlp::Moe(load_experts(device, src, moe, l, h)?),
+                Some(moe) if cfg.sparse_layer(l) => {
+                    let here = host.as_ref().filter(|_| cpu_moe.covers(l));
+                    if here.is_some() {
+                        host_expert_layers.push(l);
+                    }
+                    Mlp::Moe(load_experts((device, here), src, moe, l, h)?)
+                }
                 _ => Mlp::Dense {
                     gate_up: load_stack(
                         device,
@@ -312,6 +330,7 @@ impl Model {
             .collect::<std::result::Result<Vec<_>, _>>()?;
         let mut weight_bytes =
             bytes_of(&embed) + bytes_of(&norm) + lm_head.as_ref().map_or(0, bytes_of);
+        let mut host_expert_bytes = 0;
         for l in &layers {
             weight_bytes += [&l.attn_norm, &l.ffn_norm]
                 .into_iter()
@@ -321,7 +340,9 @@ impl Model {
                 .chain(l.attn.sinks.iter())
                 .map(bytes_of)
                 .sum::<u64>();
-            weight_bytes += l.qkv.bytes() + l.o.bytes() + l.mlp.bytes();
+            let [on_device, on_host] = l.mlp.bytes();
+            weight_bytes += l.qkv.bytes() + l.o.bytes() + on_device;
+            host_expert_bytes += on_host;
         }
         tracing::info!(
             "loaded {} bytes of weights from {} in {:?}",
@@ -338,6 +359,8 @@ impl Model {
             layers,
             ropes,
             weight_bytes,
+            host_expert_bytes,
+            host_expert_layers,
             lists: Default::default(),
         })
     }
