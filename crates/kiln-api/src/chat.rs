@@ -120,7 +120,7 @@ impl Message {
                 .tool_calls
                 .iter()
                 .map(|c| {
-                    let arguments = match shape.object_arguments {
+                    let arguments = match shape.harmony {
                         true => serde_json::from_str(&c.arguments)
                             .unwrap_or_else(|_| Value::String(c.arguments.clone())),
                         false => Value::String(c.arguments.clone()),
@@ -133,8 +133,10 @@ impl Message {
         }
         if let Some(r) = &self.reasoning {
             m.insert("reasoning_content".into(), r.clone().into());
-            // GPT-OSS's template reads it as `thinking`.
-            m.insert("thinking".into(), r.clone().into());
+            if shape.harmony {
+                // GPT-OSS's template reads it as `thinking` (transformers passes both).
+                m.insert("thinking".into(), r.clone().into());
+            }
         }
         if self.is_error {
             m.insert("is_error".into(), true.into());
@@ -148,16 +150,17 @@ impl Message {
 struct TemplateShape {
     /// It knows the `developer` role.
     developer_role: bool,
-    /// A past call's arguments as a JSON value, not its text (transformers' convention, which
-    /// GPT-OSS's template relies on: it writes them with `tojson`).
-    object_arguments: bool,
+    /// It writes Harmony (GPT-OSS's): it reads a past turn's reasoning as `thinking`, and a
+    /// past call's arguments as a JSON value, not its text (transformers' convention: it
+    /// writes them with `tojson`).
+    harmony: bool,
 }
 
 impl TemplateShape {
     fn of(source: &str) -> Self {
         Self {
             developer_role: source.contains("developer"),
-            object_arguments: crate::harmony::is_harmony_template(source),
+            harmony: crate::harmony::is_harmony_template(source),
         }
     }
 }

@@ -11,7 +11,10 @@
 //! - a body sent `to=functions.NAME` is a call of NAME with the body as its arguments (with
 //!   tools off, it is content);
 //! - a body ends at `<|end|>`, `<|return|>` or `<|call|>`, or where the output ends (the last
-//!   two stop generation, so the text usually ends inside the last body).
+//!   two stop generation, so the text usually ends inside the last body); a call cut short
+//!   (the output ran out of tokens) is content, as other formats leave a broken call;
+//! - an output that does not open with a marker is not Harmony (a constraint shaped it, say):
+//!   all content.
 //!
 //! The output is read as text with its special tokens kept (openai-harmony reads the same
 //! markers as token ids). Whole and streamed outputs go through one splitter, so a stream ends
@@ -52,6 +55,8 @@ enum State {
     /// Reading a header (collected) until `<|message|>`.
     Header(String),
     Body(Body),
+    /// The output opened with text, not a marker: everything is content.
+    Plain,
 }
 
 /// An output split: its reasoning, content and calls.
@@ -68,6 +73,8 @@ pub struct HarmonyStream {
     /// Tools on: bodies sent to a function are calls.
     tools: bool,
     state: State,
+    /// A message has begun (its header read).
+    started: bool,
     /// Text that may be the start of a marker, not yet read.
     held: String,
     calls: Vec<ToolCall>,
@@ -79,16 +86,17 @@ impl HarmonyStream {
         Self {
             tools,
             state: State::Header(String::new()),
+            started: false,
             held: String::new(),
             calls: Vec::new(),
         }
     }
 
-    /// Splits a whole output.
-    pub fn split(tools: bool, text: &str) -> Messages {
+    /// Splits a whole output; `complete`: it ended by itself, not for want of tokens.
+    pub fn split(tools: bool, text: &str, complete: bool) -> Messages {
         let mut s = Self::new(tools);
         let mut out = s.push(text);
-        let end = s.finish();
+        let end = s.finish(complete);
         out.reasoning.push_str(&end.reasoning);
         out.content.push_str(&end.content);
         out.calls = end.calls;
@@ -104,14 +112,24 @@ impl HarmonyStream {
         let mut rest = rest.as_str();
         loop {
             match &mut self.state {
+                State::Plain => {
+                    out.content.push_str(rest);
+                    return out;
+                }
                 State::Header(header) => {
                     // A header is short: held whole until its `<|message|>`, which may come
                     // in pieces.
                     let seen = header.len();
                     header.push_str(rest);
+                    if !self.started && !opens_with_marker(header) {
+                        out.content.push_str(header);
+                        self.state = State::Plain;
+                        return out;
+                    }
                     let Some(at) = header.find(MESSAGE) else {
                         return out;
                     };
+                    self.started = true;
                     let after = at + MESSAGE.len() - seen;
                     header.truncate(at);
                     let body = self.body_of_header();
@@ -142,15 +160,21 @@ impl HarmonyStream {
         }
     }
 
-    /// The output ended: what was held back, and the calls.
-    pub fn finish(&mut self) -> Messages {
+    /// The output ended: what was held back, and the calls (`complete`: it ended by itself;
+    /// a call it was still writing when it ran out of tokens is content).
+    pub fn finish(&mut self, complete: bool) -> Messages {
         let mut out = Messages::default();
         let held = std::mem::take(&mut self.held);
-        match &self.state {
+        match &mut self.state {
+            State::Body(Body::Call(_, args)) if !complete => {
+                out.content.push_str(args);
+                out.content.push_str(&held);
+            }
             State::Body(_) => {
                 self.body_text(&held, &mut out);
                 self.end_body();
             }
+            State::Plain => out.content.push_str(&held),
             // Text that never reached a `<|message|>`: not Harmony after all, so it is shown
             // as content (markers and all) rather than lost.
             State::Header(header) => {
@@ -205,7 +229,7 @@ impl HarmonyStream {
             State::Body(Body::Reasoning) => out.reasoning.push_str(text),
             State::Body(Body::Content) => out.content.push_str(text),
             State::Body(Body::Call(_, args)) => args.push_str(text),
-            State::Header(_) => {}
+            State::Header(_) | State::Plain => {}
         }
     }
 
@@ -218,6 +242,11 @@ impl HarmonyStream {
         }
         self.state = State::Header(String::new());
     }
+}
+
+/// Whether `text` (a header so far) opens with a marker, or may yet.
+fn opens_with_marker(text: &str) -> bool {
+    text.starts_with("<|") || "<|".starts_with(text)
 }
 
 /// How many trailing bytes of a body's `text` may be the start of a marker that ends it.
@@ -239,7 +268,7 @@ mod tests {
 
     /// Splits `text` whole, in one delta and a char at a time: all three the same.
     fn split_every_way(tools: bool, text: &str) -> Messages {
-        let whole = HarmonyStream::split(tools, text);
+        let whole = HarmonyStream::split(tools, text, true);
         let chars: Vec<String> = text.chars().map(String::from).collect();
         for deltas in [vec![text.to_owned()], chars] {
             let mut s = HarmonyStream::new(tools);
@@ -250,7 +279,7 @@ mod tests {
                 got.reasoning.push_str(&m.reasoning);
                 got.content.push_str(&m.content);
             }
-            let end = s.finish();
+            let end = s.finish(true);
             got.reasoning.push_str(&end.reasoning);
             got.content.push_str(&end.content);
             got.calls = end.calls;
@@ -319,8 +348,15 @@ mod tests {
         );
         let m = split_every_way(true, "<|channel|>final<|message|>Hi <|end");
         assert_eq!(m.content, "Hi <|end", "a marker cut short is text");
-        // Text that never opens a message is not Harmony: shown as content, not lost.
-        let m = split_every_way(true, "plain words");
-        assert_eq!(m.content, "plain words");
+        // Text that does not open with a marker is not Harmony: content as it comes (a JSON
+        // format shaped it, say).
+        let mut s = HarmonyStream::new(true);
+        assert_eq!(s.push("{\"a\": ").content, "{\"a\": ");
+        assert_eq!(split_every_way(true, "{\"a\": 1}").content, "{\"a\": 1}");
+        // A call cut short by the token limit is content, not a call of broken JSON.
+        let cut = "<|channel|>commentary to=functions.f <|constrain|>json<|message|>{\"a\": 1";
+        let m = HarmonyStream::split(true, cut, false);
+        assert_eq!((m.content.as_str(), m.calls.len()), ("{\"a\": 1", 0));
+        assert_eq!(HarmonyStream::split(true, cut, true).calls.len(), 1);
     }
 }

@@ -69,7 +69,8 @@ impl ReplyFormat {
     /// Reads a whole output.
     pub fn read(&self, text: &str, finish: Option<&FinishReason>) -> Reply {
         if self.harmony {
-            return harmony_reply(HarmonyStream::split(self.tools.is_some(), text), finish);
+            let m = HarmonyStream::split(self.tools.is_some(), text, ended_by_itself(finish));
+            return harmony_reply(m, finish);
         }
         let (reasoning, content) = match self.reasoning {
             Some(r) => {
@@ -117,6 +118,14 @@ impl ReplyFormat {
             calls,
         }
     }
+}
+
+/// Whether an output ended by itself, not for want of tokens or room.
+fn ended_by_itself(finish: Option<&FinishReason>) -> bool {
+    !matches!(
+        finish,
+        Some(FinishReason::Length | FinishReason::ContextLength)
+    )
 }
 
 /// A Harmony output's parts as a reply.
@@ -177,7 +186,7 @@ impl ReplyStream {
     /// The output ended: what was held back, with the calls read out of the content.
     pub fn finish(&mut self, finish: Option<&FinishReason>) -> Reply {
         if let Some(h) = &mut self.harmony {
-            return harmony_reply(h.finish(), finish);
+            return harmony_reply(h.finish(ended_by_itself(finish)), finish);
         }
         let Split { reasoning, content } = match &mut self.reasoning {
             Some(s) => s.finish(),

@@ -9,7 +9,9 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use kiln_kv::{BlockManagerConfig, KvBudget, KvDtype, KvError, KvPlan, KvPlanConfig};
-use kiln_model::{CpuMoe, LoadOptions, Model, ModelConfig, ModelError, ModelFiles, ModelSource};
+use kiln_model::{
+    CpuExperts, LoadOptions, Model, ModelConfig, ModelError, ModelFiles, ModelSource,
+};
 use kiln_scheduler::SchedulerConfig;
 use kiln_tensor::Device;
 use kiln_tokenizer::{Tokenizer, TokenizerError};
@@ -64,20 +66,20 @@ impl Checkpoint {
         &self.files
     }
 
-    /// Uploads the weights to `device` (the experts of the layers `cpu_moe` covers to the
-    /// native CPU backend instead), calling `progress(layers_done, layers)` after each layer;
-    /// the file bytes are released afterwards.
+    /// Uploads the weights to `device` (the experts `cpu_experts` covers to its CPU device
+    /// instead), calling `progress(layers_done, layers)` after each layer; the file bytes are
+    /// released afterwards.
     pub fn load(
         self,
         device: &Device,
-        cpu_moe: CpuMoe,
+        cpu_experts: Option<&CpuExperts>,
         progress: &mut dyn FnMut(usize, usize),
     ) -> Result<(Model, Tokenizer), BuildError> {
         let model = Model::load_with_progress(
             device,
             self.files.config().clone(),
             self.files.weights(),
-            cpu_moe,
+            cpu_experts,
             progress,
         )
         .map_err(|source| BuildError::Weights {
@@ -135,8 +137,8 @@ pub struct EngineOptions {
     /// Record prefix-cache changes for [`EngineHandle::kv_events`](crate::EngineHandle::kv_events).
     pub kv_events: bool,
     /// Layers whose experts stay in host memory on the native CPU backend (`--cpu-moe`,
-    /// `--n-cpu-moe N`).
-    pub cpu_moe: CpuMoe,
+    /// `--n-cpu-moe N`), and that backend.
+    pub cpu_experts: Option<CpuExperts>,
 }
 
 impl EngineOptions {
@@ -162,7 +164,7 @@ impl EngineOptions {
             device_sampling: DeviceSampling::Auto,
             faults: FaultPlan::default(),
             kv_events: false,
-            cpu_moe: CpuMoe::Off,
+            cpu_experts: None,
         }
     }
 
@@ -251,7 +253,7 @@ pub fn build(
     // Plan first: a pool that cannot exist fails before the weights upload.
     let kv = opts.kv_plan(&config)?;
     let start = Instant::now();
-    let (model, tokenizer) = checkpoint.load(&opts.device, opts.cpu_moe, progress)?;
+    let (model, tokenizer) = checkpoint.load(&opts.device, opts.cpu_experts.as_ref(), progress)?;
     let load_time = start.elapsed();
     let weight_bytes = model.weight_bytes();
     tracing::info!(
@@ -273,7 +275,7 @@ pub fn build(
         None => None,
         Some(path) => {
             let draft = Checkpoint::open(path, LoadOptions::default())
-                .and_then(|c| c.load(&opts.device, CpuMoe::Off, &mut |_, _| {}))
+                .and_then(|c| c.load(&opts.device, None, &mut |_, _| {}))
                 .map_err(|source| BuildError::Draft {
                     path: path.clone(),
                     source: Box::new(source),

@@ -42,7 +42,8 @@ impl ModelFiles {
             let cfg_name = cfg_path.display().to_string();
             let config = ModelConfig::from_hf_json(&cfg_name, &text)?;
             let quant = HfQuant::from_hf_json(&cfg_name, &text)?;
-            let weights = HfSource::open(path, options)?.with_quant(quant);
+            let mut weights = HfSource::open(path, options)?.with_quant(quant);
+            weights.arch = Some(config.arch);
             return Ok(Self {
                 config,
                 source: ModelSource::Hf {

@@ -6,6 +6,7 @@
 
 use kiln_tensor::{DType, Device, Tensor};
 
+use crate::Arch;
 use crate::safetensors::{HfSource, StDtype};
 use crate::weights::ExpertProj;
 use crate::{ModelError, Result};
@@ -65,6 +66,9 @@ impl HfSource {
         proj: ExpertProj,
         shape: [usize; 3],
     ) -> Result<Option<Tensor>> {
+        if self.arch != Some(Arch::GptOss) {
+            return Ok(None);
+        }
         let s = Stacked::of(layer, proj);
         let blocks = format!("{}_blocks", s.name);
         if self.index.contains_key(&blocks) {
@@ -76,7 +80,7 @@ impl HfSource {
         let [experts, rows, cols] = shape;
         // Stored `[experts, in, out]`: the transpose of kiln's `[experts, out, in]`.
         let stored = [experts, cols, rows * s.stride];
-        let (dtype, bytes) = self.checked_bytes(&s.name, &stored, FLOATS)?;
+        let (dtype, bytes, file) = self.checked_bytes(&s.name, &stored, FLOATS)?;
         let size = dtype.size().unwrap_or(4);
         let mut out = Vec::with_capacity(experts * rows * cols * size);
         for e in 0..experts {
@@ -89,8 +93,8 @@ impl HfSource {
                 }
             }
         }
-        drop(bytes);
-        self.upload(device, dtype, &shape, &out, &s.name).map(Some)
+        self.upload(device, dtype, &shape, &out, (file, &s.name))
+            .map(Some)
     }
 
     /// GPT-OSS's MXFP4 experts as kiln's MXFP4 blocks.
@@ -107,12 +111,12 @@ impl HfSource {
         }
         let groups = cols / MX_BLOCK;
         let stored_rows = rows * s.stride;
-        let (_, blocks) = self.checked_bytes(
+        let (_, blocks, _) = self.checked_bytes(
             &blocks_name,
             &[experts, stored_rows, groups, MX_PACKED],
             &[StDtype::U8],
         )?;
-        let (_, scales) = self.checked_bytes(
+        let (_, scales, _) = self.checked_bytes(
             &scales_name,
             &[experts, stored_rows, groups],
             &[StDtype::U8],
@@ -152,9 +156,9 @@ impl HfSource {
         let name = format!("{}_bias", s.name);
         let [experts, rows] = shape;
         let stored = [experts, rows * s.stride];
-        let (dtype, bytes) = self.checked_bytes(&name, &stored, FLOATS)?;
+        let (dtype, bytes, file) = self.checked_bytes(&name, &stored, FLOATS)?;
         let all = self
-            .upload(&Device::Reference, dtype, &stored, &bytes, &name)?
+            .upload(&Device::Reference, dtype, &stored, &bytes, (file, &name))?
             .to_f32_vec()?;
         Ok((0..experts)
             .flat_map(|e| (0..rows).map(move |r| (e, r)))

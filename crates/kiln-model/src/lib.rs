@@ -20,7 +20,7 @@ pub use config::{
 };
 pub use error::{ModelError, Result};
 pub use files::{ModelFiles, ModelSource};
-pub use model::{CpuMoe, LogitsAt, Model, SeqInput};
+pub use model::{CpuExperts, CpuMoe, LogitsAt, Model, SeqInput};
 pub use runner::{
     CALIBRATION_TOKENS, KV_CALIBRATION_TEXT, KvPoolConfig, ModelRunner, StepOutput, StepSeq,
 };

@@ -108,6 +108,14 @@ impl CpuMoe {
     }
 }
 
+/// The experts `layers` covers, on `cpu` (a native CPU device, opened as the caller's
+/// `--threads` says), beside a model on a GPU.
+#[derive(Debug, Clone)]
+pub struct CpuExperts {
+    pub layers: CpuMoe,
+    pub cpu: Device,
+}
+
 /// A mixture-of-experts MLP: the router's weight (and bias) and every expert's projections
 /// stacked `[experts, rows, cols]`.
 struct Experts {
@@ -336,7 +344,8 @@ impl Model {
 
     /// Record one forward step for `seqs` (laid out in order along the token dimension):
     /// writes their K/V into `cache` and returns logits at the positions `at` asks for. Nothing
-    /// runs on a GPU until the recorder is submitted.
+    /// runs on a GPU until the recorder is submitted, except where a layer's experts run on
+    /// the CPU (`CpuExperts`): the step so far is submitted there, to read that layer's input.
     pub fn forward(
         &self,
         rec: &mut Recorder,

@@ -205,7 +205,8 @@ impl ModelRunner {
     }
 
     /// One forward step: the block copies `copies` (copy-on-write, before anything writes),
-    /// then the model over `seqs`, recorded into one submit; reads back the argmax of every
+    /// then the model over `seqs`, recorded into one submit (one more for each layer whose
+    /// experts run on the CPU beside a GPU: `CpuExperts`); reads back the argmax of every
     /// logits row and the rows whose sequence asked for them.
     pub fn step(&mut self, seqs: &[StepSeq<'_>], copies: &[BlockCopy]) -> Result<StepOutput> {
         let device = self.model.device().clone();

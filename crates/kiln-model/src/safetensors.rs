@@ -439,6 +439,9 @@ pub struct HfSource {
     options: LoadOptions,
     /// `config.json`'s `quantization_config` (`hf_quant.rs` loads those weights).
     pub(crate) quant: Option<HfQuant>,
+    /// The architecture `config.json` names: GPT-OSS's experts are stacked tensors of their
+    /// own layout (`hf_experts.rs`).
+    pub(crate) arch: Option<crate::Arch>,
 }
 
 impl HfSource {
@@ -512,6 +515,7 @@ impl HfSource {
             index,
             options,
             quant: None,
+            arch: None,
         })
     }
 
@@ -553,13 +557,14 @@ impl HfSource {
         alias.unwrap_or(name)
     }
 
-    /// The bytes of tensor `name`, checked: present, of shape `shape` and one of `dtypes`.
+    /// The bytes of tensor `name`, checked: present, of shape `shape` and one of `dtypes`;
+    /// with its dtype and the file that holds it.
     pub(crate) fn checked_bytes(
         &self,
         name: &str,
         shape: &[usize],
         dtypes: &[StDtype],
-    ) -> Result<(StDtype, Cow<'_, [u8]>)> {
+    ) -> Result<(StDtype, Cow<'_, [u8]>, &str)> {
         let err = |file: &str, problem: String| ModelError::Tensor {
             file: file.into(),
             tensor: name.into(),
@@ -587,22 +592,23 @@ impl HfSource {
                 format!("shape {:?} disagrees with config.json's {shape:?}", e.shape),
             ));
         }
-        Ok((e.dtype, file.bytes(name, e)?))
+        Ok((e.dtype, file.bytes(name, e)?, file.name()))
     }
 
     /// Float weights stored as `stored` (F32, F16, BF16) uploaded as the load options ask:
     /// quantized where asked and a row is whole blocks, cast to F16 or F32, or as stored.
+    /// Errors name tensor `name` of `file`.
     pub(crate) fn upload(
         &self,
         device: &Device,
         stored: StDtype,
         shape: &[usize],
         bytes: &[u8],
-        name: &str,
+        (file, name): (&str, &str),
     ) -> Result<Tensor> {
         let wrap = |r: kiln_tensor::Result<Tensor>| {
             r.map_err(|source| ModelError::Upload {
-                file: self.describe.clone(),
+                file: file.into(),
                 tensor: name.into(),
                 source: Box::new(source),
             })
@@ -706,7 +712,13 @@ impl WeightSource for HfSource {
         }
         let (file, e) = self.entry(w, shape)?;
         let name = self.key(w);
-        self.upload(device, e.dtype, shape, &file.bytes(&name, e)?, &name)
+        self.upload(
+            device,
+            e.dtype,
+            shape,
+            &file.bytes(&name, e)?,
+            (file.name(), &name),
+        )
     }
 
     fn load_experts(

@@ -14,8 +14,8 @@ use std::path::{Path, PathBuf};
 
 use common::tiny;
 use kiln_model::{
-    Arch, CpuMoe, ExpertProj, GgufSource, LoadOptions, Model, ModelConfig, ModelFiles, MoeConfig,
-    SafetensorsFile, StDtype, encode_safetensors,
+    Arch, CpuExperts, CpuMoe, ExpertProj, GgufSource, LoadOptions, Model, ModelConfig, ModelFiles,
+    MoeConfig, SafetensorsFile, StDtype, encode_safetensors,
 };
 use kiln_tensor::{DType, Router};
 use serde_json::Value;
@@ -248,7 +248,10 @@ fn experts_on_the_cpu_beside_the_gpu_give_the_all_device_result() {
                 &gpu,
                 cfg.clone(),
                 files.weights(),
-                placement,
+                Some(&CpuExperts {
+                    layers: placement,
+                    cpu: kiln_testkit::native_cpu(),
+                }),
                 &mut |_, _| {},
             )
             .unwrap();

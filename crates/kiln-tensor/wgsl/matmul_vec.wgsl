@@ -48,7 +48,8 @@ struct Params {
 @group(0) @binding(3) var<storage, read_write> y: array<f32>;
 #if BIAS
 #if ROUTED
-// [experts, w_stride]: each expert's bias ([gate; up] under GATED), after the groups.
+// [experts, w_stride]: each expert's bias ([gate; up] under GATED), after the groups (the
+// binding NORM's weights take otherwise: a routed product is never normed).
 @group(0) @binding(5) var<storage, read> bias: array<f32>;
 #else
 @group(0) @binding(4) var<storage, read> bias: array<f32>;

@@ -4,10 +4,10 @@
 use clap::{Args, ValueEnum};
 use kiln_engine::{DeviceSampling, EngineOptions, KvSize};
 use kiln_kv::KvDtype;
-use kiln_model::CpuMoe;
+use kiln_model::{CpuExperts, CpuMoe};
 use std::str::FromStr;
 
-use kiln_tensor::BackendChoice;
+use kiln_tensor::{BackendChoice, Device, DeviceOptions};
 
 /// `--model PATH`: what every command runs on.
 #[derive(Debug, Clone, Args)]
@@ -69,8 +69,8 @@ pub struct DeviceArgs {
     #[arg(long, conflicts_with = "n_cpu_moe")]
     pub cpu_moe: bool,
     /// Mixture of experts on a GPU: keep the experts of the first N layers on the CPU
-    #[arg(long, value_name = "N")]
-    pub n_cpu_moe: Option<usize>,
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    pub n_cpu_moe: Option<u64>,
 }
 
 impl DeviceArgs {
@@ -78,9 +78,25 @@ impl DeviceArgs {
     pub fn cpu_moe(&self) -> CpuMoe {
         match (self.cpu_moe, self.n_cpu_moe) {
             (true, _) => CpuMoe::All,
-            (false, Some(n)) => CpuMoe::First(n),
+            (false, Some(n)) => CpuMoe::First(usize::try_from(n).unwrap_or(usize::MAX)),
             (false, None) => CpuMoe::Off,
         }
+    }
+
+    /// The native CPU backend (`--threads`) for the experts `--cpu-moe` / `--n-cpu-moe` put
+    /// there, if either is given.
+    pub fn cpu_experts(&self) -> Result<Option<CpuExperts>, String> {
+        let layers = self.cpu_moe();
+        if layers == CpuMoe::Off {
+            return Ok(None);
+        }
+        let cpu = Device::new(&DeviceOptions {
+            backend: BackendChoice::Cpu,
+            threads: self.threads.map(|n| n as usize),
+            ..DeviceOptions::default()
+        })
+        .map_err(|e| e.to_string())?;
+        Ok(Some(CpuExperts { layers, cpu }))
     }
 }
 

@@ -144,7 +144,7 @@ pub fn run(args: &GenerateArgs) -> Result<(), String> {
         watermark: Some(0.0),
         max_num_seqs: Some(1),
         max_num_batched_tokens: Some(PREFILL_CHUNK),
-        cpu_moe: args.device.cpu_moe(),
+        cpu_experts: args.device.cpu_experts()?,
         ..EngineOptions::new(dev.clone())
     };
     crate::speculative::apply(&args.speculative, &mut opts)?;

@@ -100,7 +100,7 @@ pub fn run(args: &PerplexityArgs) -> Result<(), String> {
     };
     let dev = crate::device(&args.device)?;
     let (model, _) = checkpoint
-        .load(&dev, args.device.cpu_moe(), &mut |_, _| {})
+        .load(&dev, args.device.cpu_experts()?.as_ref(), &mut |_, _| {})
         .map_err(|e| crate::build_error(&e, path, None))?;
     let weight_bytes = model.weight_bytes();
     let pool = KvPoolConfig {

@@ -303,7 +303,7 @@ pub fn run(args: &ServeArgs) -> Result<(), String> {
     let checkpoint = crate::open(&p.path, crate::load_options(&args.load))?;
     p.server.architecture = checkpoint.config().arch.name().to_owned();
     p.engine.device = crate::device(&args.device)?;
-    p.engine.cpu_moe = args.device.cpu_moe();
+    p.engine.cpu_experts = args.device.cpu_experts()?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("kiln-server")

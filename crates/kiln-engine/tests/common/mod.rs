@@ -76,7 +76,7 @@ pub fn tiny_engine_with_draft(
 pub fn default_model(dev: &Device) -> (Model, Tokenizer) {
     Checkpoint::open(&kiln_testkit::default_model(), LoadOptions::default())
         .unwrap()
-        .load(dev, kiln_model::CpuMoe::Off, &mut |_, _| {})
+        .load(dev, None, &mut |_, _| {})
         .unwrap()
 }
 

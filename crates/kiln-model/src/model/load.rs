@@ -4,7 +4,9 @@
 use kiln_attention::AttnConfig;
 use kiln_tensor::{ColumnIndex, Device, RopeTable, Tensor};
 
-use super::{CpuMoe, ExpertStack, Experts, Layer, Mlp, Model, Proj, RoutedProj, Stack, bytes_of};
+use super::{
+    CpuExperts, ExpertStack, Experts, Layer, Mlp, Model, Proj, RoutedProj, Stack, bytes_of,
+};
 use crate::config::{MoeConfig, RopeParams};
 use crate::weights::{ExpertProj, Weight, WeightSource};
 use crate::{ModelConfig, ModelError, Result};
@@ -209,24 +211,21 @@ fn load_experts(
 impl Model {
     /// Upload every weight the config names from `src` to `device`.
     pub fn load(device: &Device, cfg: ModelConfig, src: &dyn WeightSource) -> Result<Self> {
-        Self::load_with_progress(device, cfg, src, CpuMoe::Off, &mut |_, _| {})
+        Self::load_with_progress(device, cfg, src, None, &mut |_, _| {})
     }
 
-    /// [`Model::load`], the experts of the layers `cpu_moe` covers kept in host memory on the
-    /// native CPU backend (where `device` is a GPU), calling `progress(layers_loaded, layers)`
-    /// after each layer (for a progress bar on large files).
+    /// [`Model::load`], the experts of the layers `cpu_experts` covers kept in host memory on
+    /// its native CPU device (where `device` is a GPU: on a CPU they are there already),
+    /// calling `progress(layers_loaded, layers)` after each layer (for a progress bar on
+    /// large files).
     pub fn load_with_progress(
         device: &Device,
         cfg: ModelConfig,
         src: &dyn WeightSource,
-        cpu_moe: CpuMoe,
+        cpu_experts: Option<&CpuExperts>,
         progress: &mut dyn FnMut(usize, usize),
     ) -> Result<Self> {
-        // One native CPU backend for every layer whose experts it runs.
-        let host = match (cpu_moe, device.is_cpu(), &cfg.moe) {
-            (CpuMoe::Off, _, _) | (_, true, _) | (_, _, None) => None,
-            _ => Some(Device::cpu()?),
-        };
+        let cpu_experts = cpu_experts.filter(|c| !device.is_cpu() && c.cpu.is_cpu());
         let mut host_expert_layers = Vec::new();
         let start = std::time::Instant::now();
         let (h, d) = (cfg.hidden, cfg.head_dim);
@@ -278,7 +277,7 @@ impl Model {
             };
             let mlp = match &cfg.moe {
                 Some(moe) if cfg.sparse_layer(l) => {
-                    let here = host.as_ref().filter(|_| cpu_moe.covers(l));
+                    let here = cpu_experts.filter(|c| c.layers.covers(l)).map(|c| &c.cpu);
                     if here.is_some() {
                         host_expert_layers.push(l);
                     }

@@ -532,8 +532,6 @@ pub(crate) fn combine_ref(
     }
 }
 
-/// The routed matmul's CPU reference: every slot's row dotted with each of its expert's rows,
-/// each weight row dequantized for it.
 /// The input of a routed product on the host: X's rows, and the slots a row (`step`: the
 /// routing's k where each token's row serves all its slots, else 1).
 #[derive(Clone, Copy)]
@@ -542,6 +540,8 @@ pub(crate) struct RoutedX<'a> {
     pub step: usize,
 }
 
+/// The routed matmul's CPU reference: every slot's row dotted with each of its expert's rows,
+/// each weight row dequantized for it, plus the expert's `bias` row, then the GLU.
 fn routed_ref(
     x: RoutedX<'_>,
     w: &Tensor,
