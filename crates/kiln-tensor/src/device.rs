@@ -377,6 +377,15 @@ impl Device {
         }
     }
 
+    /// What the routed products read of their experts since the last call (then cleared),
+    /// on the native CPU backend (`None` elsewhere: a GPU groups the slots on the device).
+    pub fn take_routed_stats(&self) -> Option<crate::cpu::RoutedStats> {
+        match self {
+            Device::Cpu(c) => Some(c.routed.take()),
+            Device::Reference | Device::Wgpu(_) => None,
+        }
+    }
+
     /// Clear [`Device::host_stats`].
     pub fn reset_host_stats(&self) {
         if let Device::Wgpu(g) = self {

@@ -12,7 +12,7 @@ mod quant;
 mod recorder;
 mod tensor;
 
-pub use cpu::{CpuContext, Isa};
+pub use cpu::{CpuContext, Isa, RoutedStats};
 pub use device::{
     BackendChoice, DEFAULT_SPLIT_K_WORKGROUPS, Device, DeviceInfo, DeviceOptions, HostStats,
     KernelTime, MATVEC_GPU_THREADS, MatvecShape, Profile,

@@ -343,3 +343,32 @@ fn bad_routing_and_shapes_are_refused() {
     let e = rec.moe_combine(&y, &routes, &x).unwrap_err().to_string();
     assert!(e.contains("for 2 tokens of 2 experts"), "{e}");
 }
+
+/// The native backend counts what the routed products read: each expert any slot routes to,
+/// once a call, of the stack it holds.
+#[test]
+fn routed_products_count_the_experts_they_read() {
+    // A device of its own: the counters are the device's, and other tests run beside this.
+    let dev = Device::cpu().unwrap();
+    let (t, e, topk, n, k) = (3, 8, 2, 16, 64);
+    // Tokens 0 and 1 pick experts 1 and 5, token 2 experts 5 and 6: three experts of eight.
+    let mut l = vec![0f32; t * e];
+    for (tok, picks) in [[1, 5], [1, 5], [5, 6]].iter().enumerate() {
+        for &p in picks {
+            l[tok * e + p] = 4.0;
+        }
+    }
+    let w = experts_weight(&dev, DType::Q8_0, [e, n, k], 3);
+    let x = vec![0.5f32; t * k];
+    let _ = dev.take_routed_stats();
+    run_routed(&dev, &w, None, &l, &x, t, topk, None);
+    let s = dev.take_routed_stats().unwrap();
+    let per_expert = (DType::Q8_0.block_bytes() * n * k / DType::Q8_0.block_elems()) as u64;
+    assert_eq!(
+        (s.calls, s.experts_read, s.experts_held, s.bytes_read, s.bytes_held),
+        (1, 3, 8, 3 * per_expert, 8 * per_expert)
+    );
+    assert!((s.bytes_share() - 3.0 / 8.0).abs() < 1e-12);
+    assert_eq!(dev.take_routed_stats().unwrap().calls, 0, "taking them clears them");
+    assert!(Device::Reference.take_routed_stats().is_none());
+}

@@ -93,11 +93,13 @@ pub(crate) fn linear_routed_native(
     let (n, k) = (w.shape()[1], w.cols());
     let width = if glu.is_some() { n / 2 } else { n };
     let (mut xs, mut ys) = (Vec::new(), Vec::new());
+    let mut read = 0;
     for e in 0..experts {
         let slots = crate::ops::expert_slots(groups, experts, e);
         if slots.is_empty() {
             continue;
         }
+        read += 1;
         let fused = Fused {
             norm: None,
             bias: bias.map(|b| &b[e * n..(e + 1) * n]),
@@ -124,6 +126,8 @@ pub(crate) fn linear_routed_native(
             y[s * width..(s + 1) * width].copy_from_slice(out);
         }
     }
+    let expert_bytes = w.dtype().stored().bytes_for(n * k).unwrap_or(0) as u64;
+    ctx.routed.add(read, experts as u64, expert_bytes);
     Ok(())
 }
 

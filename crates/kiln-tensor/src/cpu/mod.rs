@@ -111,6 +111,54 @@ pub struct CpuContext {
     pool: rayon::ThreadPool,
     /// The matmul's buffers (X quantized, X normed, the products), kept between calls.
     linear: Keep<LinearScratch>,
+    /// What the routed products read of their experts ([`RoutedStats`]).
+    pub(crate) routed: RoutedCounters,
+}
+
+/// What the routed products ([`crate::Recorder::linear_routed`]) of a native CPU device read
+/// of their expert stacks since the last reset: calls, experts and weight bytes read (an
+/// expert is read once a call when any slot routes to it) against what the stacks hold.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RoutedStats {
+    pub calls: u64,
+    pub experts_read: u64,
+    pub experts_held: u64,
+    pub bytes_read: u64,
+    pub bytes_held: u64,
+}
+
+impl RoutedStats {
+    /// The share of the expert bytes held that were read (0 before any call).
+    pub fn bytes_share(&self) -> f64 {
+        self.bytes_read as f64 / self.bytes_held.max(1) as f64
+    }
+}
+
+/// [`RoutedStats`] as counters the pool's callers add to.
+#[derive(Debug, Default)]
+pub(crate) struct RoutedCounters([std::sync::atomic::AtomicU64; 5]);
+
+impl RoutedCounters {
+    /// One call that read `read` of `held` experts of `expert_bytes` each.
+    pub(crate) fn add(&self, read: u64, held: u64, expert_bytes: u64) {
+        use std::sync::atomic::Ordering::Relaxed;
+        for (c, v) in self.0.iter().zip([1, read, held, read * expert_bytes, held * expert_bytes]) {
+            c.fetch_add(v, Relaxed);
+        }
+    }
+
+    pub(crate) fn take(&self) -> RoutedStats {
+        use std::sync::atomic::Ordering::Relaxed;
+        let [calls, experts_read, experts_held, bytes_read, bytes_held] =
+            std::array::from_fn(|i| self.0[i].swap(0, Relaxed));
+        RoutedStats {
+            calls,
+            experts_read,
+            experts_held,
+            bytes_read,
+            bytes_held,
+        }
+    }
 }
 
 impl fmt::Debug for CpuContext {
@@ -157,6 +205,7 @@ impl CpuContext {
             isa,
             pool,
             linear: Keep::default(),
+            routed: RoutedCounters::default(),
         })
     }
 
