@@ -22,7 +22,22 @@ pub(crate) fn run(args: &[String]) -> anyhow::Result<()> {
         "kiln-bench",
         "--",
     ]);
-    if !has_model && !wants_help {
+    // `bench moe` makes its own model and takes the default model's vocabulary.
+    let moe = args.first().is_some_and(|a| a == "moe");
+    let has_vocab = args.iter().any(|a| a.starts_with("--vocab-from"));
+    if moe && !has_vocab && !wants_help {
+        let model = crate::fetch_model::ensure_default_model()?;
+        cmd.arg("moe").arg("--vocab-from").arg(model);
+        let status = cmd
+            .args(&args[1..])
+            .status()
+            .context("running kiln-bench moe")?;
+        if !status.success() {
+            bail!("kiln-bench moe exited with {status}");
+        }
+        return Ok(());
+    }
+    if !has_model && !wants_help && !moe {
         let model = crate::fetch_model::ensure_default_model()?;
         cmd.arg("--model").arg(model);
     }

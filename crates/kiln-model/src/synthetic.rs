@@ -31,11 +31,11 @@ impl Mix {
 }
 
 impl SyntheticSource {
-    /// Weights of `dtype` (Q8_0, Q4_0 or Q4_1) for `cfg`, from `seed`.
+    /// Weights of `dtype` (Q8_0, Q4_0, Q4_1 or Q4_K) for `cfg`, from `seed`.
     pub fn new(cfg: ModelConfig, dtype: DType, seed: u64) -> Result<Self> {
-        if !matches!(dtype, DType::Q8_0 | DType::Q4_0 | DType::Q4_1) {
+        if !matches!(dtype, DType::Q8_0 | DType::Q4_0 | DType::Q4_1 | DType::Q4_K) {
             return Err(ModelError::Batch(format!(
-                "synthetic weights are Q8_0, Q4_0 or Q4_1, not {dtype:?}"
+                "synthetic weights are Q8_0, Q4_0, Q4_1 or Q4_K, not {dtype:?}"
             )));
         }
         Ok(Self {
@@ -47,14 +47,28 @@ impl SyntheticSource {
     }
 
     /// The bytes of `blocks` random blocks: scale |d| ≈ 1/(16·√k) (so a row's dot product
-    /// stays near 1 whatever k is), quants uniform.
+    /// stays near 1 whatever k is; Q4_K's, under its sub-block scales, 32 times less), quants
+    /// uniform. Every format's values are centred on zero: Q4_1's offset is −8·d, Q4_K's
+    /// sub-blocks take scale s and offset 7.5·s (the first four s = 8, offset 60; the last
+    /// four, whose offsets are 4 bits, s = 2, offset 15), so no row carries a common bias
+    /// (which would route every token of a mixture of experts to the same experts).
     fn blocks(&self, which: u64, blocks: usize, k: usize) -> Vec<u8> {
         let mut r = Mix(self.seed ^ which.wrapping_mul(0xd6e8_feb8_6659_fd93));
-        let d = half::f16::from_f32(1.0 / (16.0 * (k as f32).sqrt())).to_le_bytes();
+        let sub = if self.dtype == DType::Q4_K { 32.0 } else { 1.0 };
+        let d = half::f16::from_f32(1.0 / (16.0 * sub * (k as f32).sqrt())).to_le_bytes();
         let bb = self.dtype.block_bytes();
         let mut out = vec![0u8; blocks * bb];
         for b in out.chunks_exact_mut(bb) {
             let head = match self.dtype {
+                // d and dmin (its offsets' scale), then the sub-block scales and the quants.
+                DType::Q4_K => {
+                    b[..2].copy_from_slice(&d);
+                    b[2..4].copy_from_slice(&d);
+                    // ggml's 12 packed bytes: scales then offsets (6 bits) of sub-blocks 0-3,
+                    // then the low (scale) and high (offset) nibbles of sub-blocks 4-7.
+                    b[4..16].copy_from_slice(&Q4_K_CENTRED_SCALES);
+                    16
+                }
                 DType::Q4_1 => {
                     b[..2].copy_from_slice(&d);
                     let m = half::f16::from_f32(-8.0 * f32::from(half::f16::from_le_bytes(d)));
@@ -74,6 +88,9 @@ impl SyntheticSource {
         out
     }
 }
+
+/// Q4_K sub-block scales whose offsets are 7.5 times the scales ([`SyntheticSource::blocks`]).
+const Q4_K_CENTRED_SCALES: [u8; 12] = [8, 8, 8, 8, 60, 60, 60, 60, 0xf2, 0xf2, 0xf2, 0xf2];
 
 /// A number per weight role and layer, so each weight gets its own stream.
 fn stream(w: Weight) -> u64 {
@@ -199,5 +216,18 @@ mod tests {
             .unwrap();
         assert!(out.logits(0, 0).unwrap().iter().all(|v| v.is_finite()));
         assert!(SyntheticSource::new(tiny(), DType::Q6_K, 1).is_err());
+        // Q4_K's values are centred: the mean of a row is a small part of its spread.
+        let k4 = SyntheticSource::new(tiny(), DType::Q4_K, 3).unwrap();
+        let w = k4
+            .load(&Device::Reference, Weight::Gate(0), &[8, 256])
+            .unwrap();
+        for row in w.to_f32_vec().unwrap().chunks(256) {
+            let mean = row.iter().sum::<f32>() / 256.0;
+            let rms = (row.iter().map(|v| v * v).sum::<f32>() / 256.0).sqrt();
+            assert!(
+                rms > 0.0 && mean.abs() < 0.25 * rms,
+                "mean {mean}, rms {rms}"
+            );
+        }
     }
 }

@@ -365,10 +365,20 @@ fn routed_products_count_the_experts_they_read() {
     let s = dev.take_routed_stats().unwrap();
     let per_expert = (DType::Q8_0.block_bytes() * n * k / DType::Q8_0.block_elems()) as u64;
     assert_eq!(
-        (s.calls, s.experts_read, s.experts_held, s.bytes_read, s.bytes_held),
+        (
+            s.calls,
+            s.experts_read,
+            s.experts_held,
+            s.bytes_read,
+            s.bytes_held
+        ),
         (1, 3, 8, 3 * per_expert, 8 * per_expert)
     );
     assert!((s.bytes_share() - 3.0 / 8.0).abs() < 1e-12);
-    assert_eq!(dev.take_routed_stats().unwrap().calls, 0, "taking them clears them");
+    assert_eq!(
+        dev.take_routed_stats().unwrap().calls,
+        0,
+        "taking them clears them"
+    );
     assert!(Device::Reference.take_routed_stats().is_none());
 }

@@ -474,7 +474,7 @@ fn shape(name: &str) -> anyhow::Result<ModelConfig> {
 }
 
 /// SplitMix64 values in [-1, 1).
-fn values(seed: u64, n: usize) -> Vec<f32> {
+pub(crate) fn values(seed: u64, n: usize) -> Vec<f32> {
     let mut s = seed;
     (0..n)
         .map(|_| {
@@ -831,21 +831,21 @@ fn attention_check(dev: &Device, dtype: KvDtype, seed: u64) -> anyhow::Result<f3
 }
 
 /// Blocks `[first, first + n)`.
-fn table(first: u32, n: usize) -> Vec<BlockId> {
+pub(crate) fn table(first: u32, n: usize) -> Vec<BlockId> {
     (first..first + n as u32).map(BlockId).collect()
 }
 
 /// A decode workload: `b` sequences of `ctx` prompt tokens each, blocks of `per_seq`.
-struct Decode {
-    b: usize,
-    ctx: usize,
-    per_seq: usize,
-    seed: u64,
-    vocab: usize,
+pub(crate) struct Decode {
+    pub b: usize,
+    pub ctx: usize,
+    pub per_seq: usize,
+    pub seed: u64,
+    pub vocab: usize,
 }
 
 impl Decode {
-    fn ids(&self, n: usize, s: u64) -> Vec<u32> {
+    pub fn ids(&self, n: usize, s: u64) -> Vec<u32> {
         values(s, n)
             .iter()
             .map(|v| ((v + 1.0) * 0.5 * (self.vocab - 1) as f32) as u32)
@@ -854,7 +854,7 @@ impl Decode {
 
     /// Prefills every sequence (at most 2048 tokens a step), runs one step (this batch size's
     /// pipelines), calls `warm`, then `steps` steps of the whole batch: their seconds.
-    fn run(
+    pub fn run(
         &self,
         runner: &mut ModelRunner,
         steps: usize,

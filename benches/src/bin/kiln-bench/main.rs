@@ -22,6 +22,7 @@ mod cli;
 mod gpu_check;
 mod llama_cpp;
 mod llama_server;
+mod moe;
 mod paired;
 mod profile;
 mod report;
@@ -64,6 +65,9 @@ fn main() -> ExitCode {
     let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
     if argv.get(1).is_some_and(|a| a == "gpu-check") {
         return gpu_check::main(argv[1..].to_vec());
+    }
+    if argv.get(1).is_some_and(|a| a == "moe") {
+        return moe::main(argv[1..].to_vec());
     }
     let args = match cli::parse(argv) {
         Ok(a) => a,

@@ -142,7 +142,11 @@ impl RoutedCounters {
     /// One call that read `read` of `held` experts of `expert_bytes` each.
     pub(crate) fn add(&self, read: u64, held: u64, expert_bytes: u64) {
         use std::sync::atomic::Ordering::Relaxed;
-        for (c, v) in self.0.iter().zip([1, read, held, read * expert_bytes, held * expert_bytes]) {
+        for (c, v) in self
+            .0
+            .iter()
+            .zip([1, read, held, read * expert_bytes, held * expert_bytes])
+        {
             c.fetch_add(v, Relaxed);
         }
     }
