@@ -138,17 +138,28 @@ struct MatvecRun {
 
 /// `kiln-bench gpu-check [FLAGS]`.
 pub fn main(argv: Vec<std::ffi::OsString>) -> ExitCode {
-    let cli = match Cli::try_parse_from(argv) {
+    subcommand(argv, "gpu-check", |cli: Cli| run(&cli))
+}
+
+/// A `kiln-bench` subcommand (`gpu-check`, `moe`): its flags parsed from `argv` (`--help` to
+/// stdout and 0; a usage error to stderr and 2), then `run`, whose error is printed after
+/// the subcommand's `name`.
+pub fn subcommand<C: Parser>(
+    argv: Vec<std::ffi::OsString>,
+    name: &str,
+    run: impl FnOnce(C) -> anyhow::Result<ExitCode>,
+) -> ExitCode {
+    let cli = match C::try_parse_from(argv) {
         Ok(c) => c,
         Err(e) => {
             let _ = e.print();
             return ExitCode::from(u8::try_from(e.exit_code()).unwrap_or(2));
         }
     };
-    match run(&cli) {
+    match run(cli) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("gpu-check: {}", kiln_engine::error_chain(e.as_ref()));
+            eprintln!("{name}: {}", kiln_engine::error_chain(e.as_ref()));
             ExitCode::FAILURE
         }
     }

@@ -146,25 +146,15 @@ pub fn check_importable(python: &str) -> anyhow::Result<()> {
     }
 }
 
-/// Runs the script; `kiln` is kiln's single stream on the same prompt.
-pub fn run(
+/// Runs a llama-cpp-python `script` (it reads `job` as JSON on stdin and prints its result as
+/// its last JSON line) and reads that result.
+pub fn run_script<R: serde::de::DeserializeOwned>(
     python: &str,
-    model: &Path,
-    prompt_ids: &[u32],
-    new_tokens: usize,
-    threads: usize,
-    kiln: &crate::scenarios::Single,
-) -> anyhow::Result<LlamaCpp> {
-    let job = serde_json::json!({
-        "model": model,
-        "prompt_ids": prompt_ids,
-        "new_tokens": new_tokens,
-        "threads": threads,
-        "n_ctx": (prompt_ids.len() + new_tokens + 64).max(2048),
-        "n_batch": prompt_ids.len().clamp(1, 512),
-    });
+    script: &str,
+    job: &serde_json::Value,
+) -> anyhow::Result<R> {
     let mut child = Command::new(python)
-        .args(["-c", SCRIPT])
+        .args(["-c", script])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -193,7 +183,27 @@ pub fn run(
         .rev()
         .find(|l| l.trim_start().starts_with('{'))
         .context("llama-cpp-python printed no result")?;
-    let r: RawResult = serde_json::from_str(line).context("reading llama-cpp-python's result")?;
+    serde_json::from_str(line).context("reading llama-cpp-python's result")
+}
+
+/// Runs the script; `kiln` is kiln's single stream on the same prompt.
+pub fn run(
+    python: &str,
+    model: &Path,
+    prompt_ids: &[u32],
+    new_tokens: usize,
+    threads: usize,
+    kiln: &crate::scenarios::Single,
+) -> anyhow::Result<LlamaCpp> {
+    let job = serde_json::json!({
+        "model": model,
+        "prompt_ids": prompt_ids,
+        "new_tokens": new_tokens,
+        "threads": threads,
+        "n_ctx": (prompt_ids.len() + new_tokens + 64).max(2048),
+        "n_batch": prompt_ids.len().clamp(1, 512),
+    });
+    let r: RawResult = run_script(python, SCRIPT, &job)?;
     let mut gaps: Vec<std::time::Duration> = r
         .gaps_s
         .iter()

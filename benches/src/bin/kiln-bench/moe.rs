@@ -12,12 +12,11 @@
 //! once a step when any of the batch's tokens routes to it (llama.cpp's `mul_mat_id` reads the
 //! same ones). Figures go to `<out>/kiln-bench-moe-<unix-seconds>.json`.
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Command, ExitCode, Stdio};
+use std::process::ExitCode;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use anyhow::{Context, bail};
+use anyhow::Context;
 use clap::Parser;
 use kiln_gguf::{GgmlType, GgufFile, GgufWriter};
 use kiln_kv::KvDtype;
@@ -340,33 +339,7 @@ fn llama_cpp(cli: &Cli, path: &Path, threads: usize) -> anyhow::Result<(Vec<Row>
         "model": path, "batches": BATCHES, "prompts": prompts, "steps": cli.steps,
         "threads": threads,
     });
-    let mut child = Command::new(&python)
-        .args(["-c", SCRIPT])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .with_context(|| format!("running {python}"))?;
-    if let Some(mut stdin) = child.stdin.take() {
-        stdin.write_all(job.to_string().as_bytes())?;
-    }
-    let out = child.wait_with_output()?;
-    if !out.status.success() {
-        let err = String::from_utf8_lossy(&out.stderr);
-        let tail: Vec<&str> = err.lines().rev().take(6).collect();
-        bail!(
-            "llama-cpp-python exited with {}: {}",
-            out.status,
-            tail.join(" | ")
-        );
-    }
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let line = stdout
-        .lines()
-        .rev()
-        .find(|l| l.starts_with('{'))
-        .context("llama-cpp-python printed no result")?;
-    let r: LlamaRuns = serde_json::from_str(line)?;
+    let r: LlamaRuns = crate::llama_cpp::run_script(&python, SCRIPT, &job)?;
     let rows = r
         .runs
         .iter()
@@ -447,18 +420,7 @@ fn bench(cli: &Cli) -> anyhow::Result<()> {
 }
 
 pub fn main(argv: Vec<std::ffi::OsString>) -> ExitCode {
-    let cli = match Cli::try_parse_from(argv) {
-        Ok(c) => c,
-        Err(e) => {
-            let _ = e.print();
-            return ExitCode::from(u8::try_from(e.exit_code()).unwrap_or(2));
-        }
-    };
-    match bench(&cli) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("kiln-bench moe: {e:#}");
-            ExitCode::FAILURE
-        }
-    }
+    crate::gpu_check::subcommand(argv, "moe", |cli: Cli| {
+        bench(&cli).map(|()| ExitCode::SUCCESS)
+    })
 }
