@@ -7,11 +7,9 @@
 use kiln_tensor::{DType, Device, Tensor};
 
 use crate::Arch;
-use crate::safetensors::{HfSource, StDtype};
+use crate::safetensors::{FLOATS, HfSource, StDtype};
 use crate::weights::ExpertProj;
 use crate::{ModelError, Result};
-
-const FLOATS: &[StDtype] = &[StDtype::F32, StDtype::F16, StDtype::BF16];
 
 /// Elements of an MXFP4 block, and its packed bytes (two 4-bit values a byte).
 const MX_BLOCK: usize = 32;

@@ -397,6 +397,9 @@ pub fn encode_safetensors(
     Ok(out)
 }
 
+/// The float dtypes kiln loads from safetensors.
+pub(crate) const FLOATS: &[StDtype] = &[StDtype::F32, StDtype::F16, StDtype::BF16];
+
 /// How an HF checkpoint's float weights are turned into device tensors.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct LoadOptions {
@@ -557,14 +560,14 @@ impl HfSource {
         alias.unwrap_or(name)
     }
 
-    /// The bytes of tensor `name`, checked: present, of shape `shape` and one of `dtypes`;
-    /// with its dtype and the file that holds it.
-    pub(crate) fn checked_bytes(
+    /// Tensor `name`, checked: present, of shape `shape` and one of `dtypes` (which the error
+    /// lists); with the file that holds it.
+    fn checked_entry(
         &self,
         name: &str,
         shape: &[usize],
         dtypes: &[StDtype],
-    ) -> Result<(StDtype, Cow<'_, [u8]>, &str)> {
+    ) -> Result<(&SafetensorsFile, &Entry)> {
         let err = |file: &str, problem: String| ModelError::Tensor {
             file: file.into(),
             tensor: name.into(),
@@ -583,7 +586,11 @@ impl HfSource {
             let names: Vec<&str> = dtypes.iter().map(|d| d.name()).collect();
             return Err(err(
                 file.name(),
-                format!("dtype {} is not {}", e.dtype_name, names.join(" or ")),
+                format!(
+                    "dtype {} is not supported ({})",
+                    e.dtype_name,
+                    names.join(", ")
+                ),
             ));
         }
         if e.shape != shape {
@@ -592,6 +599,18 @@ impl HfSource {
                 format!("shape {:?} disagrees with config.json's {shape:?}", e.shape),
             ));
         }
+        Ok((file, e))
+    }
+
+    /// The bytes of tensor `name`, checked as [`HfSource::checked_entry`] does; with its
+    /// dtype and the file that holds it.
+    pub(crate) fn checked_bytes(
+        &self,
+        name: &str,
+        shape: &[usize],
+        dtypes: &[StDtype],
+    ) -> Result<(StDtype, Cow<'_, [u8]>, &str)> {
+        let (file, e) = self.checked_entry(name, shape, dtypes)?;
         Ok((e.dtype, file.bytes(name, e)?, file.name()))
     }
 
@@ -644,34 +663,7 @@ impl HfSource {
 
     /// The checked entry for `w`: present, F32/F16/BF16, of shape `shape`.
     fn entry(&self, w: Weight, shape: &[usize]) -> Result<(&SafetensorsFile, &Entry)> {
-        let name = self.key(w);
-        let err = |file: &str, problem: String| ModelError::Tensor {
-            file: file.into(),
-            tensor: name.clone(),
-            problem,
-        };
-        let fi = *self
-            .index
-            .get(&name)
-            .ok_or_else(|| err(&self.describe, "missing".into()))?;
-        let file = &self.files[fi];
-        let e = file
-            .tensors
-            .get(&name)
-            .ok_or_else(|| err(file.name(), "missing".into()))?;
-        if e.dtype.kiln().is_none() {
-            return Err(err(
-                file.name(),
-                format!("dtype {} is not supported (F32, F16, BF16)", e.dtype_name),
-            ));
-        }
-        if e.shape != shape {
-            return Err(err(
-                file.name(),
-                format!("shape {:?} disagrees with config.json's {shape:?}", e.shape),
-            ));
-        }
-        Ok((file, e))
+        self.checked_entry(&self.key(w), shape, FLOATS)
     }
 }
 
