@@ -33,7 +33,7 @@ use kiln_model::{KvPoolConfig, Model, ModelConfig, ModelRunner, StepSeq, Synthet
 use kiln_tensor::sample::{self, LogitEdit, RowSampling};
 use kiln_tensor::{
     Activation, BackendChoice, DType, Device, DeviceOptions, LinearOps, MatvecShape, Recorder,
-    RmsNorm, RopeConfig, RopeLayout, RopeScaling, RopeTable, Tensor,
+    RmsNorm, RopeConfig, RopeLayout, RopeScaling, RopeTable, Router, Tensor,
 };
 use serde::Serialize;
 
@@ -682,6 +682,7 @@ fn kernel_checks(dev: &Device, seed: u64) -> anyhow::Result<Vec<Check>> {
             }
         }
     }
+    out.extend(routed_checks(dev, seed)?);
     for dtype in KvDtype::ALL {
         let e = attention_check(dev, dtype, seed)?;
         let bound = match dtype {
@@ -695,6 +696,67 @@ fn kernel_checks(dev: &Device, seed: u64) -> anyhow::Result<Vec<Check>> {
             bound,
             ok: e <= bound,
         });
+    }
+    Ok(out)
+}
+
+/// A mixture of experts' step on `dev` against the CPU reference: routing (top-2 of 8), the
+/// routed gate/up product with each expert's bias and GPT-OSS's clamped SwiGLU (or SiLU
+/// without biases), the routed down product and the weighted sum into the residual, for a
+/// decode step (1 token) and a batch (16), in a float, a block and a K-quant format and MXFP4.
+fn routed_checks(dev: &Device, seed: u64) -> anyhow::Result<Vec<Check>> {
+    let mut out = Vec::new();
+    let (e, topk, f, h) = (8usize, 2usize, 256usize, 512usize);
+    for (di, dtype) in [DType::F16, DType::Q8_0, DType::Q4_K, DType::MXFP4]
+        .into_iter()
+        .enumerate()
+    {
+        for (t, biased) in [(1usize, true), (16, true), (16, false)] {
+            let s = seed ^ 0x5eed ^ ((di as u64) << 8 | t as u64);
+            let logits = values(s, t * e);
+            let x = values(s + 1, t * h);
+            let gu = values(s + 2, e * 2 * f * h);
+            let down = values(s + 3, e * h * f);
+            let bias = (values(s + 4, e * 2 * f), values(s + 5, e * h));
+            let run = |d: &Device| -> anyhow::Result<Vec<f32>> {
+                let lt = Tensor::from_f32(d, &[t, e], &logits)?;
+                let xt = Tensor::from_f32(d, &[t, h], &x)?;
+                let gut = weight(d, dtype, e * 2 * f, h, &gu, s + 6)?.reshape(&[e, 2 * f, h])?;
+                let dt = weight(d, dtype, e * h, f, &down, s + 7)?.reshape(&[e, h, f])?;
+                let (gb, db) = match biased {
+                    true => (
+                        Some(Tensor::from_f32(d, &[e, 2 * f], &bias.0)?),
+                        Some(Tensor::from_f32(d, &[e, h], &bias.1)?),
+                    ),
+                    false => (None, None),
+                };
+                let act = if biased {
+                    Activation::SwigluOai
+                } else {
+                    Activation::Silu
+                };
+                let mut rec = Recorder::new(d);
+                let routes = rec.moe_route(&lt, topk, Router::SoftmaxTopK { renorm: true })?;
+                let m = rec.linear_routed(&xt, &gut, gb.as_ref(), &routes, Some(act))?;
+                let y = rec.linear_routed(&m, &dt, db.as_ref(), &routes, None)?;
+                let out = rec.moe_combine(&y, &routes, &xt)?;
+                rec.submit()?;
+                Ok(out.to_f32_vec()?)
+            };
+            let want = run(&Device::Reference)?;
+            let err = max_error(&run(dev)?, &want);
+            let scale = want.iter().fold(1.0f32, |m, v| m.max(v.abs()));
+            // f32 sums over h, then over f terms of the gated products.
+            let bound = 4e-5 * (h + f) as f32 * scale;
+            out.push(Check {
+                what: format!(
+                    "moe route + routed gate/up/down + combine {dtype:?} t={t} biased={biased}"
+                ),
+                max_error: err,
+                bound,
+                ok: err <= bound,
+            });
+        }
     }
     Ok(out)
 }
