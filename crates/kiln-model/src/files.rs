@@ -7,7 +7,7 @@ use std::io::ErrorKind;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 
-use crate::safetensors::{HfSource, LoadOptions};
+use crate::hf_source::{HfSource, LoadOptions};
 use crate::weights::{GgufSource, WeightSource};
 use crate::{HfQuant, ModelConfig, ModelError, Result};
 

@@ -7,7 +7,8 @@
 use kiln_tensor::{DType, Device, Tensor};
 
 use crate::Arch;
-use crate::safetensors::{FLOATS, HfSource, StDtype};
+use crate::hf_source::HfSource;
+use crate::safetensors::{FLOATS, StDtype};
 use crate::weights::ExpertProj;
 use crate::{ModelError, Result};
 

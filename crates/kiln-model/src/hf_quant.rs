@@ -5,8 +5,9 @@
 use kiln_tensor::{Device, Tensor};
 
 use crate::config::{HfQuant, QuantMethod};
+use crate::hf_source::HfSource;
 use crate::repack::{self, CtZeros, RepackError, Repacked};
-use crate::safetensors::{Entry, HfSource, SafetensorsFile, StDtype};
+use crate::safetensors::{Entry, SafetensorsFile, StDtype};
 use crate::weights::{Linear, Weight};
 use crate::{ModelError, Result};
 

@@ -6,6 +6,7 @@ pub mod export;
 mod files;
 mod hf_experts;
 mod hf_quant;
+mod hf_source;
 mod model;
 pub mod perplexity;
 mod repack;
@@ -20,10 +21,11 @@ pub use config::{
 };
 pub use error::{ModelError, Result};
 pub use files::{ModelFiles, ModelSource};
+pub use hf_source::{HfSource, LoadOptions};
 pub use model::{CpuExperts, CpuMoe, LogitsAt, Model, SeqInput};
 pub use runner::{
     CALIBRATION_TOKENS, KV_CALIBRATION_TEXT, KvPoolConfig, ModelRunner, StepOutput, StepSeq,
 };
-pub use safetensors::{HfSource, LoadOptions, SafetensorsFile, StDtype, encode_safetensors};
+pub use safetensors::{SafetensorsFile, StDtype, encode_safetensors};
 pub use synthetic::SyntheticSource;
 pub use weights::{ExpertProj, GgufSource, Linear, Weight, WeightSource, stack_experts};
