@@ -2,7 +2,8 @@
 //! graph (`cargo metadata`), transitive dependencies included: the bookkeeping crates and
 //! xtask link no GPU stack (xtask no kiln crate), only the server crate (and what sits on it)
 //! links protobuf, the front doors' core (kiln-api) no wire format; the README shows the Python client as it is; and `unsafe` appears only in
-//! the native CPU backend's dispatch module, each block with a `// SAFETY:` line.
+//! the native CPU backend's dispatch module and the GPU side's opt-in to wgpu's experimental
+//! features, each block with a `// SAFETY:` line.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -336,8 +337,12 @@ fn python_blocks_are_read_whole() {
     assert_eq!(python_blocks(md), vec!["import grpc\n\nprint(1)\n"]);
 }
 
-/// The one file where `unsafe` may appear: the calls into `#[target_feature]` kernels.
-const UNSAFE_HOME: &str = "crates/kiln-tensor/src/cpu/dispatch.rs";
+/// The files where `unsafe` may appear: the calls into `#[target_feature]` kernels, and the
+/// one call that opens wgpu's experimental features (`--kernels experimental`).
+const UNSAFE_HOMES: [&str; 2] = [
+    "crates/kiln-tensor/src/cpu/dispatch.rs",
+    "crates/kiln-tensor/src/gpu/experimental.rs",
+];
 
 /// Lines of `src` (a Rust file) that use `unsafe` (blocks, fns, impls, or allowing the lint),
 /// comments aside, and those of its `unsafe {` blocks without a `// SAFETY:` line above.
@@ -376,13 +381,13 @@ fn rust_files(dir: &Path, out: &mut Vec<std::path::PathBuf>) {
 }
 
 #[test]
-fn unsafe_lives_only_in_the_cpu_dispatch_module() {
+fn unsafe_lives_only_in_its_two_homes() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let mut files = Vec::new();
     for top in ["crates", "xtask", "benches", "tests", "fuzz"] {
         rust_files(&root.join(top), &mut files);
     }
-    let mut found_home = false;
+    let mut found = Vec::new();
     for f in files {
         let rel = f
             .strip_prefix(&root)
@@ -393,8 +398,10 @@ fn unsafe_lives_only_in_the_cpu_dispatch_module() {
             continue;
         }
         let (uses, unexplained) = unsafe_uses(&std::fs::read_to_string(&f).unwrap());
-        if rel == UNSAFE_HOME {
-            found_home = !uses.is_empty();
+        if UNSAFE_HOMES.contains(&rel.as_str()) {
+            if !uses.is_empty() {
+                found.push(rel.clone());
+            }
             assert!(
                 unexplained.is_empty(),
                 "{rel}: unsafe blocks without a `// SAFETY:` line above, lines {unexplained:?}"
@@ -402,11 +409,15 @@ fn unsafe_lives_only_in_the_cpu_dispatch_module() {
         } else {
             assert!(
                 uses.is_empty(),
-                "{rel} uses unsafe (lines {uses:?}): only {UNSAFE_HOME} may"
+                "{rel} uses unsafe (lines {uses:?}): only {UNSAFE_HOMES:?} may"
             );
         }
     }
-    assert!(found_home, "{UNSAFE_HOME} should hold the kernel calls");
+    assert_eq!(
+        found.len(),
+        UNSAFE_HOMES.len(),
+        "each of {UNSAFE_HOMES:?} holds its calls"
+    );
 }
 
 #[test]

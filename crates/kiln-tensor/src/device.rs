@@ -49,6 +49,43 @@ impl BackendChoice {
     }
 }
 
+/// Which GPU kernels a device may run (`--kernels tested|experimental`, env `KILN_KERNELS`).
+///
+/// A kernel is `Tested` once `kiln-bench gpu-check` has checked it against the CPU reference on
+/// a real GPU; until then it runs only where a user opts in, so a user's GPU is never the first
+/// place a kernel runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Kernels {
+    #[default]
+    Tested,
+    /// Also the kernels not yet checked on a real GPU: today the cooperative-matrix (tensor
+    /// core) matmul, where the adapter multiplies 16 × 16 f16 tiles into f32. Opening the
+    /// device then enables wgpu's experimental features.
+    Experimental,
+}
+
+/// `tested` or `experimental`, any case; empty is `tested`.
+impl FromStr for Kernels {
+    type Err = TensorError;
+    fn from_str(s: &str) -> Result<Self> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "tested" | "" => Ok(Self::Tested),
+            "experimental" => Ok(Self::Experimental),
+            other => Err(TensorError::UnknownKernels(other.to_string())),
+        }
+    }
+}
+
+impl Kernels {
+    /// The set named by env `KILN_KERNELS`, or `Tested` when unset.
+    pub fn from_env() -> Result<Self> {
+        match std::env::var("KILN_KERNELS") {
+            Ok(v) => v.parse(),
+            Err(_) => Ok(Self::Tested),
+        }
+    }
+}
+
 /// How to open a device.
 #[derive(Debug, Clone)]
 pub struct DeviceOptions {
@@ -80,6 +117,8 @@ pub struct DeviceOptions {
     /// The highest instruction set the native CPU backend may use; `None` reads env
     /// `KILN_CPU_ISA` (`scalar|avx2|avx512`), else takes the best the CPU has.
     pub cpu_isa: Option<Isa>,
+    /// Which GPU kernels may run ([`Kernels`]).
+    pub kernels: Kernels,
 }
 
 /// Threads [`MatvecShape::choose`] puts to work on a GPU.
@@ -160,6 +199,7 @@ impl Default for DeviceOptions {
             split_k_workgroups: None,
             threads: None,
             cpu_isa: None,
+            kernels: Kernels::Tested,
         }
     }
 }
@@ -231,6 +271,12 @@ pub struct DeviceInfo {
     pub subgroups: bool,
     /// Smallest and largest subgroup size the adapter reports (0 when subgroups are off).
     pub subgroup_size: (u32, u32),
+    /// The cooperative-matrix (tensor core) configurations the adapter reports, whether or
+    /// not the device uses them.
+    pub cooperative_matrix: Vec<crate::gpu::CoopConfig>,
+    /// The tiled matmul runs on cooperative matrices (`matmul_coop.wgsl`; only with
+    /// [`Kernels::Experimental`]).
+    pub coop_matmul: bool,
     pub max_storage_binding_bytes: u64,
     pub max_buffer_bytes: u64,
     pub max_workgroups_per_dim: u32,
@@ -261,7 +307,11 @@ impl fmt::Display for DeviceInfo {
             self.subgroup_size,
             self.max_storage_binding_bytes >> 20,
             self.max_buffer_bytes >> 20
-        )
+        )?;
+        if self.coop_matmul {
+            write!(f, ", cooperative matmul (experimental)")?;
+        }
+        Ok(())
     }
 }
 
@@ -344,6 +394,8 @@ impl Device {
             shader_f16: false,
             subgroups: false,
             subgroup_size: (0, 0),
+            cooperative_matrix: Vec::new(),
+            coop_matmul: false,
             max_storage_binding_bytes: u64::MAX,
             max_buffer_bytes: u64::MAX,
             max_workgroups_per_dim: u32::MAX,

@@ -18,6 +18,9 @@ pub enum TensorError {
     /// An unknown backend name was given (`auto|wgpu|cpu|reference` are accepted).
     #[error("unknown backend `{0}`: expected one of auto, wgpu, cpu, reference")]
     UnknownBackend(String),
+    /// An unknown kernel set was given (`tested|experimental` are accepted).
+    #[error("unknown kernel set `{0}`: expected tested or experimental")]
+    UnknownKernels(String),
     /// Two shapes that must agree do not.
     #[error("{op}: shape mismatch: {detail}")]
     Shape { op: &'static str, detail: String },

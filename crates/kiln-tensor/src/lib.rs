@@ -15,11 +15,11 @@ mod tensor;
 pub use cpu::{CpuContext, Isa, RoutedStats};
 pub use device::{
     BackendChoice, DEFAULT_SPLIT_K_WORKGROUPS, Device, DeviceInfo, DeviceOptions, HostStats,
-    KernelTime, MATVEC_GPU_THREADS, MatvecShape, Profile,
+    KernelTime, Kernels, MATVEC_GPU_THREADS, MatvecShape, Profile,
 };
 pub use dtype::{DType, QK, QK_K};
 pub use error::{Result, TensorError};
-pub use gpu::{Access, GpuContext, KernelDef, TemplateError};
+pub use gpu::{Access, COOP_F16_16, CoopConfig, GpuContext, KernelDef, TemplateError};
 pub use keep::Keep;
 pub use ops::sample;
 pub use ops::{

@@ -595,3 +595,49 @@ fn profiling_times_every_launch_by_kernel() {
     let p = dev.profile().unwrap();
     assert_eq!((p.submits, p.dispatches), (1, 2100), "{p:?}");
 }
+
+/// `--kernels experimental` opens the device on any adapter: where the adapter lacks what an
+/// experimental kernel needs (lavapipe has no cooperative matrices), the tested kernels run
+/// and give the same products. An unknown set name is an error naming the choices.
+#[test]
+fn the_experimental_kernel_set_falls_back_where_the_adapter_lacks_it() {
+    use kiln_tensor::{DeviceOptions, Kernels};
+    assert_eq!(
+        "Experimental".parse::<Kernels>().unwrap(),
+        Kernels::Experimental
+    );
+    assert_eq!("".parse::<Kernels>().unwrap(), Kernels::Tested);
+    let e = "fast".parse::<Kernels>().unwrap_err().to_string();
+    assert!(e.contains("fast") && e.contains("experimental"), "{e}");
+    let Some(tested) = gpu() else { return };
+    let Some(exp) = kiln_testkit::wgpu_device(DeviceOptions {
+        kernels: Kernels::Experimental,
+        ..DeviceOptions::default()
+    }) else {
+        return;
+    };
+    let info = exp.info();
+    let coop = info.cooperative_matrix.contains(&kiln_tensor::COOP_F16_16);
+    assert_eq!(
+        info.coop_matmul,
+        coop && info.shader_f16 && info.subgroup_size.0 == info.subgroup_size.1,
+        "{info:?}"
+    );
+    assert!(!tested.info().coop_matmul, "tested kernels only by default");
+    let mut rng = rng(7);
+    let (m, k, n) = (40, 96, 72);
+    let x = randn(&mut rng, m * k, 1.0);
+    let w = randn(&mut rng, n * k, 1.0);
+    let run = |dev: &Device| {
+        let xt = Tensor::from_f32(dev, &[m, k], &x).unwrap();
+        let wt = Tensor::from_f32(dev, &[n, k], &w).unwrap();
+        let mut r = Recorder::new(dev);
+        let y = r.matmul(&xt, &wt, None).unwrap();
+        r.submit().unwrap();
+        y.to_f32_vec().unwrap()
+    };
+    let want = run(&Device::reference());
+    // f16 tiles where the cooperative matmul runs; the f32 kernels' bound elsewhere.
+    let bound = if info.coop_matmul { 2e-2 } else { 1e-4 };
+    assert_close("experimental set", &run(&exp), &want, bound, bound);
+}

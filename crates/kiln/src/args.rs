@@ -7,7 +7,7 @@ use kiln_kv::KvDtype;
 use kiln_model::{CpuExperts, CpuMoe};
 use std::str::FromStr;
 
-use kiln_tensor::{BackendChoice, Device, DeviceOptions};
+use kiln_tensor::{BackendChoice, Device, DeviceOptions, Kernels};
 
 /// `--model PATH`: what every command runs on.
 #[derive(Debug, Clone, Args)]
@@ -64,6 +64,17 @@ pub struct DeviceArgs {
     /// Threads of the native CPU backend (default: one a core)
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     pub threads: Option<u32>,
+    /// GPU kernels: `tested` runs only those checked against the CPU reference on a real GPU
+    /// (`kiln-bench gpu-check`); `experimental` also those not yet checked there (today the
+    /// tensor-core matmul on adapters with 16x16 f16 cooperative matrices)
+    #[arg(
+        long,
+        env = "KILN_KERNELS",
+        value_name = "tested|experimental",
+        default_value = "tested",
+        value_parser = Kernels::from_str
+    )]
+    pub kernels: Kernels,
     /// Mixture of experts on a GPU: keep every layer's expert weights in host memory and run
     /// them on the native CPU backend (attention, the routers and dense parts stay on the GPU)
     #[arg(long, conflicts_with = "n_cpu_moe")]

@@ -85,6 +85,7 @@ pub(crate) fn device(args: &DeviceArgs) -> Result<Device, String> {
     Device::new(&DeviceOptions {
         backend: args.backend,
         threads: args.threads.map(|n| n as usize),
+        kernels: args.kernels,
         ..DeviceOptions::default()
     })
     .map_err(|e| error_chain(&e))

@@ -1,8 +1,13 @@
 //! The wgpu side: adapter selection, device, buffer pool, pipeline cache.
 
 mod binds;
+mod experimental;
 mod pool;
+#[cfg(test)]
+pub(crate) mod spirv_check;
 mod template;
+
+pub use experimental::{COOP_F16_16, CoopConfig};
 
 pub use template::TemplateError;
 
@@ -91,6 +96,11 @@ pub struct GpuContext {
     cpu_shaped: bool,
     matvec: Option<crate::device::MatvecShape>,
     split_k: u32,
+    /// The subgroup size `matmul_coop.wgsl` runs with, where it runs ([`Kernels::Experimental`]
+    /// on an adapter with 16 × 16 f16 cooperative matrices).
+    ///
+    /// [`Kernels::Experimental`]: crate::Kernels::Experimental
+    coop_subgroup: Option<u32>,
     pub(crate) pool: Arc<BufferPool>,
     pipelines: Mutex<HashMap<String, Arc<Pipeline>>>,
     /// The same pipelines found without building their key: by a hash of the kernel and its
@@ -177,13 +187,21 @@ impl GpuContext {
         if profile {
             features |= wgpu::Features::TIMESTAMP_QUERY;
         }
+        let adapter_subgroups = (ainfo.subgroup_min_size, ainfo.subgroup_max_size);
+        let experimental = experimental::open(
+            opts.kernels,
+            &adapter,
+            features.contains(wgpu::Features::SHADER_F16),
+            adapter_subgroups,
+        );
+        features |= experimental.features;
         // Take the adapter's own limits: the defaults cap buffers at 256 MiB.
         let limits = adapter.limits();
         let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
             label: Some("kiln"),
             required_features: features,
             required_limits: limits.clone(),
-            experimental_features: wgpu::ExperimentalFeatures::disabled(),
+            experimental_features: experimental.token,
             memory_hints: wgpu::MemoryHints::Performance,
             trace: wgpu::Trace::Off,
         }))
@@ -201,7 +219,6 @@ impl GpuContext {
             .min(opts.max_binding_bytes.unwrap_or(u64::MAX));
         let max_uniform = limits.max_uniform_buffer_binding_size;
         let uniform_align = u64::from(limits.min_uniform_buffer_offset_alignment);
-        let ainfo2 = adapter.get_info();
         let info = DeviceInfo {
             backend: ainfo.backend.to_string(),
             name: ainfo.name.clone(),
@@ -211,11 +228,9 @@ impl GpuContext {
                 .to_string(),
             shader_f16: features.contains(wgpu::Features::SHADER_F16),
             subgroups,
-            subgroup_size: if subgroups {
-                (ainfo2.subgroup_min_size, ainfo2.subgroup_max_size)
-            } else {
-                (0, 0)
-            },
+            subgroup_size: if subgroups { adapter_subgroups } else { (0, 0) },
+            cooperative_matrix: experimental::coop_configs(&adapter),
+            coop_matmul: experimental.coop_subgroup.is_some(),
             max_storage_binding_bytes: max_binding,
             max_buffer_bytes: limits.max_buffer_size,
             max_workgroups_per_dim: limits.max_compute_workgroups_per_dimension,
@@ -245,6 +260,7 @@ impl GpuContext {
             cpu_shaped,
             matvec,
             split_k,
+            coop_subgroup: experimental.coop_subgroup,
             pool: Arc::new(BufferPool::default()),
             pipelines: Mutex::default(),
             recent: Mutex::default(),
@@ -287,6 +303,11 @@ impl GpuContext {
     }
 
     /// Tiles below which the tiled matmul splits k ([`crate::DeviceOptions::split_k_workgroups`]).
+    /// The subgroup size of the cooperative matmul, where this device runs it.
+    pub(crate) fn coop_subgroup(&self) -> Option<u32> {
+        self.coop_subgroup
+    }
+
     pub(crate) fn split_k_workgroups(&self) -> usize {
         self.split_k as usize
     }

@@ -1,6 +1,8 @@
 //! The tiled matmul (`matmul_tiled.wgsl`: prefill and batched decode) and, on GPUs, its
 //! split-K form: a product with too few tiles to fill the device splits k between several
 //! workgroups a tile, whose partial products `matmul_split_sum.wgsl` adds up with the bias.
+//! With [`Kernels::Experimental`](crate::Kernels::Experimental), on an adapter with 16 × 16
+//! f16 cooperative matrices, the same product runs on them instead (`matmul_coop.wgsl`).
 
 use bytemuck::{Pod, Zeroable};
 
@@ -17,6 +19,12 @@ const TILED_SRC: &str = concat!(
     include_str!("../../wgsl/matmul_tiled.wgsl")
 );
 const SPLIT_SUM_SRC: &str = include_str!("../../wgsl/matmul_split_sum.wgsl");
+/// The cooperative-matrix form; its extension comes first, before any declaration.
+pub(crate) const COOP_SRC: &str = concat!(
+    "enable wgpu_cooperative_matrix;\n",
+    include_str!("../../wgsl/weights.wgsl"),
+    include_str!("../../wgsl/matmul_coop.wgsl")
+);
 
 static MATMUL_TILED: KernelDef = KernelDef {
     name: "matmul_tiled",
@@ -26,6 +34,16 @@ static MATMUL_TILED: KernelDef = KernelDef {
 static MATMUL_TILED_BIAS: KernelDef = KernelDef {
     name: "matmul_tiled",
     source: TILED_SRC,
+    bindings: &[R, R, W, R],
+};
+static MATMUL_COOP: KernelDef = KernelDef {
+    name: "matmul_coop",
+    source: COOP_SRC,
+    bindings: &[R, R, W],
+};
+static MATMUL_COOP_BIAS: KernelDef = KernelDef {
+    name: "matmul_coop",
+    source: COOP_SRC,
     bindings: &[R, R, W, R],
 };
 static MATMUL_SPLIT_SUM: KernelDef = KernelDef {
@@ -38,6 +56,9 @@ static MATMUL_SPLIT_SUM_BIAS: KernelDef = KernelDef {
     source: SPLIT_SUM_SRC,
     bindings: &[R, W, R],
 };
+
+/// Rows and columns of Y a workgroup of `matmul_coop.wgsl` computes.
+const COOP_TILE: usize = 32;
 
 /// Columns of Y (rows of W) a workgroup of `matmul_tiled.wgsl` computes.
 const TILED_COLS: usize = 64;
@@ -110,6 +131,9 @@ impl Recorder {
             return Err(TensorError::DeviceMismatch { op: "matmul" });
         };
         let (m, k, n) = (x.rows(), x.cols(), w.rows());
+        if let Some(sg) = self.gpu().and_then(|c| c.coop_subgroup()) {
+            return self.matmul_coop(x, w, y, bias, sg);
+        }
         let bm = tiled_rows(m);
         let target = self.gpu().map_or(0, |c| c.split_k_workgroups());
         for (ci, c) in chunks.iter().enumerate() {
@@ -173,11 +197,85 @@ impl Recorder {
         }
         Ok(())
     }
+
+    /// [`Recorder::matmul_tiled`] on cooperative matrices: tiles of 32 × 32, one subgroup of
+    /// `sg` invocations a tile, no split of k (each tile's workgroup is small enough that
+    /// the tiles fill the device).
+    fn matmul_coop(
+        &mut self,
+        x: &Tensor,
+        w: &Tensor,
+        y: &Tensor,
+        bias: Option<&Tensor>,
+        sg: u32,
+    ) -> Result<()> {
+        let Storage::Gpu { chunks, .. } = w.storage() else {
+            return Err(TensorError::DeviceMismatch { op: "matmul" });
+        };
+        let (m, k, n) = (x.rows(), x.cols(), w.rows());
+        for (ci, c) in chunks.iter().enumerate() {
+            let mut defines = weight_defines(w.dtype(), 2);
+            defines.push(("BIAS", flag(bias.is_some())));
+            defines.push(("SG", number(sg as usize)));
+            let params = TiledParams {
+                m: m as u32,
+                k: k as u32,
+                rows: c.rows as u32,
+                n_total: n as u32,
+                n_offset: c.row0 as u32,
+                qs: c.qs_offset,
+                splits: 1,
+                kc: k as u32,
+            };
+            let groups = (m.div_ceil(COOP_TILE) * c.rows.div_ceil(COOP_TILE)) as u32;
+            let mut bind = vec![(x.clone(), 0), (w.clone(), ci), (y.clone(), 0)];
+            let kernel = match bias {
+                Some(b) => {
+                    bind.push((b.clone(), 0));
+                    &MATMUL_COOP_BIAS
+                }
+                None => &MATMUL_COOP,
+            };
+            self.dispatch(kernel, &defines, &params, bind, groups)?;
+        }
+        Ok(())
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::gpu::spirv_check::{self, Needs, OP_COOP_MUL_ADD};
+
+    /// Every variant of the cooperative matmul (weight dtype, bias, subgroup size) compiles
+    /// to SPIR-V that `spirv-val` accepts, with the cooperative multiply-add in it: no CI
+    /// adapter has cooperative matrices, so this is what runs before a GPU does.
+    #[test]
+    fn the_cooperative_matmul_compiles_to_valid_spirv_for_every_weight() {
+        let needs = Needs {
+            f16: true,
+            subgroups: false,
+            coop: true,
+            int_dot: false,
+        };
+        for &dtype in super::super::WEIGHT_DTYPES {
+            for bias in [false, true] {
+                for sg in [32usize, 64] {
+                    let mut defines = weight_defines(dtype, 2);
+                    defines.push(("BIAS", flag(bias)));
+                    defines.push(("SG", number(sg)));
+                    let what = format!("matmul_coop {dtype:?} bias={bias} sg={sg}");
+                    let words = spirv_check::to_spirv(COOP_SRC, &defines, needs)
+                        .unwrap_or_else(|e| panic!("{what}: {e}"));
+                    assert!(
+                        spirv_check::has_op(&words, OP_COOP_MUL_ADD),
+                        "{what}: no OpCooperativeMatrixMulAddKHR"
+                    );
+                    spirv_check::spirv_val(&words, &what).unwrap_or_else(|e| panic!("{e}"));
+                }
+            }
+        }
+    }
 
     #[test]
     fn split_k_fills_the_device_only_where_the_tiles_do_not() {
