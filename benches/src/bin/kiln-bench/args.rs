@@ -143,6 +143,9 @@ pub struct Args {
     pub compare: Option<Compare>,
     /// Where `llama-server` and `llama-bench` are (`--compare llama-server`).
     pub llama_cpp_dir: PathBuf,
+    /// `-ngl` for llama.cpp (with flash attention on); `None` runs its CPU backend.
+    pub llama_gpu_layers: Option<usize>,
+    pub kernels: kiln_tensor::Kernels,
     /// Single-stream runs, for the mean ± std of the llama-bench style table.
     pub repetitions: usize,
     pub serve_requests: usize,

@@ -112,6 +112,19 @@ struct Cli {
     /// else target/llama.cpp/bin in the workspace, where `cargo xtask llama-cpp` builds them]
     #[arg(long, value_name = "DIR")]
     llama_cpp_dir: Option<PathBuf>,
+    /// Layers llama.cpp offloads to its GPU backend (`-ngl N`, flash attention on), for a
+    /// llama.cpp built with one (the GPU check's Vulkan build) [default: none, its CPU backend]
+    #[arg(long, value_name = "N")]
+    llama_gpu_layers: Option<usize>,
+    /// kiln's GPU kernels: tested, or experimental too (`kiln serve --kernels`)
+    #[arg(
+        long,
+        env = "KILN_KERNELS",
+        value_name = "tested|experimental",
+        default_value = "tested",
+        value_parser = kiln_tensor::Kernels::from_str
+    )]
+    kernels: kiln_tensor::Kernels,
     /// Single stream: runs, for the mean ± std of the llama-bench style table
     #[arg(long, value_name = "N", default_value_t = 3, value_parser = positive::<usize>)]
     repetitions: usize,
@@ -242,6 +255,8 @@ impl Cli {
                 .llama_cpp_dir
                 .or_else(|| std::env::var_os("KILN_LLAMA_CPP_DIR").map(PathBuf::from))
                 .unwrap_or_else(|| target_dir().join("llama.cpp").join("bin")),
+            llama_gpu_layers: self.llama_gpu_layers,
+            kernels: self.kernels,
             repetitions: self.repetitions,
             serve_requests: self.serve_requests,
             serve_concurrency: self.serve_concurrency,
@@ -369,6 +384,15 @@ mod tests {
         .unwrap();
         assert_eq!(a.compare, Some(Compare::LlamaServer));
         assert_eq!(a.llama_cpp_dir, PathBuf::from("/l"));
+        assert_eq!(
+            (a.llama_gpu_layers, a.kernels),
+            (None, kiln_tensor::Kernels::Tested)
+        );
+        let g = parse_args("--model m --llama-gpu-layers 99 --kernels experimental").unwrap();
+        assert_eq!(
+            (g.llama_gpu_layers, g.kernels),
+            (Some(99), kiln_tensor::Kernels::Experimental)
+        );
         assert_eq!(
             (
                 a.serve_requests,

@@ -25,6 +25,14 @@ impl Drop for LlamaServer {
     }
 }
 
+/// The flags that put `gpu_layers` layers on llama.cpp's GPU backend, with flash attention
+/// (its faster attention there); none for its CPU backend.
+fn gpu_flags(gpu_layers: Option<usize>) -> Vec<String> {
+    gpu_layers.map_or_else(Vec::new, |n| {
+        vec!["-ngl".into(), n.to_string(), "-fa".into(), "on".into()]
+    })
+}
+
 /// The binary `name` in `dir`, or why not.
 fn binary(dir: &Path, name: &str) -> anyhow::Result<PathBuf> {
     let p = dir.join(name);
@@ -39,12 +47,13 @@ fn binary(dir: &Path, name: &str) -> anyhow::Result<PathBuf> {
 
 impl LlamaServer {
     /// Starts `llama-server` on a free loopback port with `slots` parallel slots of `ctx`
-    /// tokens each and `threads` threads, and waits until its `/health` answers 200. Its log
-    /// goes to `log`.
+    /// tokens each and `threads` threads (`gpu_layers` on its GPU backend), and waits until
+    /// its `/health` answers 200. Its log goes to `log`.
     pub async fn start(
         dir: &Path,
         model: &Path,
         threads: usize,
+        gpu_layers: Option<usize>,
         slots: usize,
         ctx: usize,
         log: &Path,
@@ -60,6 +69,7 @@ impl LlamaServer {
             .args(["-t", &threads.to_string(), "-tb", &threads.to_string()])
             // -c is shared by the slots.
             .args(["-np", &slots.to_string(), "-c", &(slots * ctx).to_string()])
+            .args(gpu_flags(gpu_layers))
             .args(["--host", "127.0.0.1", "--port", &port.to_string()])
             .stdout(Stdio::from(out.try_clone()?))
             .stderr(Stdio::from(out))
@@ -146,11 +156,13 @@ pub struct BenchTests {
     pub depth: usize,
 }
 
-/// `llama-bench -p pp -n tg -d depth -r reps -t threads -o json` on `model`.
+/// `llama-bench -p pp -n tg -d depth -r reps -t threads -o json` on `model` (`gpu_layers`
+/// on its GPU backend).
 pub fn llama_bench(
     dir: &Path,
     model: &Path,
     threads: usize,
+    gpu_layers: Option<usize>,
     tests: BenchTests,
     reps: usize,
 ) -> anyhow::Result<Vec<BenchRow>> {
@@ -168,6 +180,7 @@ pub fn llama_bench(
             "-d",
             &tests.depth.to_string(),
         ])
+        .args(gpu_flags(gpu_layers))
         .args(["-r", &reps.to_string(), "-o", "json"])
         .output()
         .with_context(|| format!("running {}", bin.display()))?;

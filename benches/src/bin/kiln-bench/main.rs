@@ -20,6 +20,7 @@
 mod args;
 mod cli;
 mod gpu_check;
+mod kernel_checks;
 mod llama_cpp;
 mod llama_server;
 mod moe;
@@ -32,6 +33,7 @@ mod serve;
 mod speculative;
 mod stats;
 mod structured;
+mod synthetic_gguf;
 mod table;
 mod target;
 
@@ -68,6 +70,9 @@ fn main() -> ExitCode {
     }
     if argv.get(1).is_some_and(|a| a == "moe") {
         return moe::main(argv[1..].to_vec());
+    }
+    if argv.get(1).is_some_and(|a| a == "write-gguf") {
+        return synthetic_gguf::main(argv[1..].to_vec());
     }
     let args = match cli::parse(argv) {
         Ok(a) => a,
@@ -263,6 +268,7 @@ async fn bench(a: Args) -> anyhow::Result<()> {
             let dev = Device::new(&DeviceOptions {
                 backend: a.backend,
                 threads: Some(a.threads),
+                kernels: a.kernels,
                 ..DeviceOptions::default()
             })
             .context("opening the device")?;
@@ -631,6 +637,7 @@ fn bench_table(
                     &a.llama_cpp_dir,
                     &a.model,
                     a.threads,
+                    a.llama_gpu_layers,
                     tests,
                     a.repetitions,
                 );
@@ -677,6 +684,7 @@ async fn serve_doors(
                 &a.llama_cpp_dir,
                 &a.model,
                 a.threads,
+                a.llama_gpu_layers,
                 a.serve_concurrency,
                 a.serve_prompt_tokens + a.serve_output_tokens + 16,
                 &log,

@@ -18,11 +18,10 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use anyhow::Context;
 use clap::Parser;
-use kiln_gguf::{GgmlType, GgufFile, GgufWriter};
+use kiln_gguf::GgufFile;
 use kiln_kv::KvDtype;
 use kiln_model::{
-    Arch, ExpertProj, KvPoolConfig, LayerAttention, Model, ModelConfig, ModelRunner, MoeConfig,
-    RopeParams, SyntheticSource, Weight, WeightSource,
+    Arch, KvPoolConfig, LayerAttention, Model, ModelConfig, ModelRunner, MoeConfig, RopeParams,
 };
 use kiln_tensor::{DType, Device, DeviceOptions, RopeLayout, RopeScaling, Router};
 use serde::Serialize;
@@ -108,94 +107,10 @@ fn config(vocab: usize) -> ModelConfig {
 
 /// Writes the model as llama.cpp's converter would (`qwen3moe` keys, stacked experts).
 fn write_model(cli: &Cli, path: &Path) -> anyhow::Result<()> {
-    let vocab_file = GgufFile::open(&cli.vocab_from)
+    let vocab = GgufFile::open(&cli.vocab_from)
         .with_context(|| format!("reading {}", cli.vocab_from.display()))?;
-    let tokens = vocab_file
-        .metadata()
-        .get_strings("tokenizer.ggml.tokens")?
-        .context("the vocabulary file has no tokenizer.ggml.tokens")?
-        .len();
-    let cfg = config(tokens);
-    let moe = cfg.moe.clone().context("a mixture of experts")?;
-    let src = SyntheticSource::new(cfg.clone(), DType::Q4_K, cli.seed)?;
-    let mut w = GgufWriter::new();
-    let a = "qwen3moe";
-    w.metadata("general.architecture", a).metadata(
-        "general.name",
-        format!("kiln-bench moe, Q4_K, seed {}", cli.seed),
-    );
-    for (key, value) in [
-        ("block_count", cfg.layers),
-        ("context_length", cfg.max_position),
-        ("embedding_length", cfg.hidden),
-        ("feed_forward_length", cfg.ffn),
-        ("attention.head_count", cfg.heads),
-        ("attention.head_count_kv", cfg.kv_heads),
-        ("attention.key_length", cfg.head_dim),
-        ("attention.value_length", cfg.head_dim),
-        ("expert_count", moe.experts),
-        ("expert_used_count", moe.used),
-        ("expert_feed_forward_length", moe.expert_ffn),
-    ] {
-        w.metadata(format!("{a}.{key}"), u32::try_from(value)?);
-    }
-    w.metadata(format!("{a}.rope.freq_base"), 1_000_000f32)
-        .metadata(format!("{a}.attention.layer_norm_rms_epsilon"), cfg.rms_eps);
-    for (key, value) in vocab_file.metadata().iter() {
-        if key.starts_with("tokenizer.") {
-            w.metadata(key, value.clone());
-        }
-    }
-    // A tensor as the source gives it: its stored dtype, ggml's dimension order.
-    let put = |w: &mut GgufWriter, name: String, t: kiln_tensor::Tensor| -> anyhow::Result<()> {
-        let id = t.dtype().ggml().context("a GGUF type")?;
-        let dims: Vec<u64> = t.shape().iter().rev().map(|&d| d as u64).collect();
-        w.tensor(name, &dims, GgmlType(id), t.to_bytes()?);
-        Ok(())
-    };
-    let dev = Device::Reference;
-    let (h, d, e, f) = (cfg.hidden, cfg.head_dim, moe.experts, moe.expert_ffn);
-    let (qd, kvd) = (cfg.heads * d, cfg.kv_heads * d);
-    for (weight, shape) in [
-        (Weight::Embed, vec![cfg.vocab, h]),
-        (Weight::FinalNorm, vec![h]),
-        (Weight::LmHead, vec![cfg.vocab, h]),
-    ] {
-        put(&mut w, weight.gguf_name(), src.load(&dev, weight, &shape)?)?;
-    }
-    for l in 0..cfg.layers {
-        for (weight, shape) in [
-            (Weight::AttnNorm(l), vec![h]),
-            (Weight::Q(l), vec![qd, h]),
-            (Weight::K(l), vec![kvd, h]),
-            (Weight::V(l), vec![kvd, h]),
-            (Weight::O(l), vec![h, qd]),
-            (Weight::QNorm(l), vec![d]),
-            (Weight::KNorm(l), vec![d]),
-            (Weight::FfnNorm(l), vec![h]),
-        ] {
-            put(&mut w, weight.gguf_name(), src.load(&dev, weight, &shape)?)?;
-        }
-        // The router in F32, as llama.cpp's converter keeps it.
-        let router = src.load(&dev, Weight::Router(l), &[e, h])?.to_f32_vec()?;
-        let router = kiln_tensor::Tensor::from_f32(&dev, &[e, h], &router)?;
-        put(&mut w, Weight::Router(l).gguf_name(), router)?;
-        for (proj, shape) in [
-            (ExpertProj::Gate, [e, f, h]),
-            (ExpertProj::Up, [e, f, h]),
-            (ExpertProj::Down, [e, h, f]),
-        ] {
-            let name = format!("blk.{l}.ffn_{}_exps.weight", proj.gguf());
-            put(&mut w, name, src.load_experts(&dev, l, proj, shape)?)?;
-        }
-    }
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir)?;
-    }
-    let tmp = path.with_extension("gguf.part");
-    std::fs::write(&tmp, w.to_bytes()?).with_context(|| format!("writing {}", tmp.display()))?;
-    std::fs::rename(&tmp, path)?;
-    Ok(())
+    let cfg = config(crate::synthetic_gguf::vocab_size(&vocab)?);
+    crate::synthetic_gguf::write(&cfg, DType::Q4_K, cli.seed, &vocab, path)
 }
 
 /// One engine at one batch size.
