@@ -1,11 +1,22 @@
-//! `cargo xtask gpu-check [--run] [FLAGS]`: bundles the GPU check for a machine with a real
-//! GPU and, with `--run`, runs it here. The bundle, `target/gpu-check/` (well under 64 MiB),
-//! holds what such a short, offline session needs and may lack: `kiln-bench` from a release
-//! build, stripped of its debug line tables; in `lib/`, this machine's Vulkan loader and
-//! glvnd's libraries (which NVIDIA's Vulkan driver needs); and `run.sh`, which uses
-//! those libraries only where the machine has none, points the loader at NVIDIA's driver when
-//! its manifest is not where the loader looks (or writes one when it has none), and runs
-//! `kiln-bench gpu-check` (synthetic weights of real shapes from a seed: no model carried).
+//! `cargo xtask gpu-check [--peer] [--run] [FLAGS]`: bundles the GPU check for a machine with a
+//! real GPU and, with `--run`, runs it here. The bundle, `target/gpu-check/` (under the 64 MiB
+//! a device session carries), holds what such a short, offline session needs and may lack:
+//! - `kiln-bench` from a release build, stripped of its debug line tables;
+//! - in `lib/`, this machine's Vulkan loader, glvnd's libraries (which NVIDIA's Vulkan driver
+//!   needs) and what `vulkaninfo` links;
+//! - `vulkaninfo`, for the driver's integer dot product support (whether `dot4I8Packed`
+//!   lowers to `OpSDot`: wgpu declares the capability where the device has
+//!   `shaderIntegerDotProduct`);
+//! - the peer, where it is built (`--peer` builds it: `cargo xtask llama-cpp --vulkan`):
+//!   llama.cpp's `llama-bench` and `llama-server` on its Vulkan backend, xz-compressed
+//!   (`peer.tar.xz`), and `vocab.gguf`, the default model's vocabulary alone;
+//! - `run.sh`, which uses the carried libraries only where the machine has none, points the
+//!   loader at NVIDIA's driver when its manifest is not where the loader looks (or writes one
+//!   when it has none), prints the driver's integer dot product support, runs `kiln-bench
+//!   gpu-check` (synthetic weights of real shapes from a seed: no model carried), and, with a
+//!   peer, writes a SmolLM2-shaped Q4_1 and a 7B-shaped Q4_0 GGUF from a seed and runs the
+//!   bench on each, kiln against the peer: pp512, tg128 and 16-stream serving.
+//!
 //! FLAGS go to `kiln-bench gpu-check` with `--run` (`--help` there lists them).
 
 use std::path::{Path, PathBuf};
@@ -52,14 +63,42 @@ if [ -z "$VK_ICD_FILENAMES$VK_DRIVER_FILES$listed" ]; then
         export VK_DRIVER_FILES="$manifest" VK_ICD_FILENAMES="$manifest"
     fi
 fi
-exec "$here/kiln-bench" gpu-check "$@"
+# What the tensor-core and dp4a kernels depend on: wgpu declares the SPIR-V dot product
+# capabilities (dot4I8Packed as OpSDot) where shaderIntegerDotProduct is true.
+if [ -x "$here/vulkaninfo" ]; then
+    echo "run.sh: the driver's integer dot product and cooperative matrix support:"
+    "$here/vulkaninfo" 2>/dev/null | grep -E "deviceName|apiVersion|shaderIntegerDotProduct|integerDotProduct(4x8BitPacked|8Bit)SignedAccelerated|cooperativeMatrix|subgroupSize" | sort -u | sed 's/^/    /'
+fi
+"$here/kiln-bench" gpu-check "$@"
+status=$?
+# The peer: llama.cpp's Vulkan build on the same GGUFs, written here from a seed with the
+# default model's vocabulary (RUN_PEER=0 skips it).
+if [ -f "$here/peer.tar.xz" ] && [ -f "$here/vocab.gguf" ] && [ "${RUN_PEER:-1}" != 0 ]; then
+    mkdir -p "$here/peer" "$here/models"
+    tar -xJf "$here/peer.tar.xz" -C "$here/peer"
+    for m in smollm2:Q4_1 7b:Q4_0; do
+        shape=${m%%:*}
+        dtype=${m#*:}
+        model="$here/models/$shape-$dtype.gguf"
+        "$here/kiln-bench" write-gguf --shape "$shape" --dtype "$dtype" --vocab-from "$here/vocab.gguf" --out "$model" || status=1
+        "$here/kiln-bench" --model "$model" --backend wgpu --scenarios single,serve --levels 1 \
+            --prompt-tokens 512 --new-tokens 128 --repetitions 2 \
+            --serve-concurrency 16 --serve-requests 32 \
+            --compare llama-server --llama-cpp-dir "$here/peer" --llama-gpu-layers 99 \
+            --out "${OUT:-$here}/peer-$shape-$dtype" || status=1
+    done
+elif [ "${RUN_PEER:-1}" != 0 ]; then
+    echo "run.sh: no peer in this bundle (cargo xtask gpu-check --peer carries llama.cpp's Vulkan build)"
+fi
+exit $status
 "#;
 
 /// The libraries the bundle carries for machines that lack them: the Vulkan loader, and
 /// glvnd's libraries, which NVIDIA's Vulkan driver (`libGLX_nvidia`) needs (a machine with
-/// the driver and neither found no adapter until glvnd's were there). With the package that
-/// has each and whether the bundle can go without it.
-const CARRIED_LIBS: [(&str, &str, bool); 7] = [
+/// the driver and neither found no adapter until glvnd's were there); then what vulkaninfo
+/// and the peer link. With the package that has each and whether the bundle can go without
+/// it.
+const CARRIED_LIBS: [(&str, &str, bool); 15] = [
     ("libvulkan.so.1", "libvulkan1", true),
     ("libGLdispatch.so.0", "libglvnd0", true),
     ("libGLX.so.0", "libglx0", false),
@@ -67,6 +106,16 @@ const CARRIED_LIBS: [(&str, &str, bool); 7] = [
     ("libGL.so.1", "libgl1", false),
     ("libOpenGL.so.0", "libopengl0", false),
     ("libGLESv2.so.2", "libgles2", false),
+    // What vulkaninfo links beyond libc and libstdc++.
+    ("libwayland-client.so.0", "libwayland-client0", false),
+    ("libxcb.so.1", "libxcb1", false),
+    ("libX11.so.6", "libx11-6", false),
+    ("libXau.so.6", "libxau6", false),
+    ("libXdmcp.so.6", "libxdmcp6", false),
+    ("libbsd.so.0", "libbsd0", false),
+    ("libmd.so.0", "libmd0", false),
+    // The peer's CPU code's OpenMP.
+    ("libgomp.so.1", "libgomp1", false),
 ];
 
 fn run(cmd: &mut Command, what: &str) -> anyhow::Result<()> {
@@ -102,18 +151,27 @@ fn shared_lib(name: &str, package: &str) -> anyhow::Result<PathBuf> {
 pub(crate) fn run_cmd(args: &[String]) -> anyhow::Result<()> {
     if args.iter().any(|a| a == "-h" || a == "--help") && !args.iter().any(|a| a == "--run") {
         println!(
-            "usage: cargo xtask gpu-check [--run [FLAGS]]\n\nBundles kiln-bench (stripped), the \
-             Vulkan loader and run.sh into target/gpu-check/ for a machine with a GPU; --run \
-             runs it here too (a CPU-type adapter is refused unless FLAGS has \
-             --allow-cpu-adapter). FLAGS go to `kiln-bench gpu-check`."
+            "usage: cargo xtask gpu-check [--peer] [--run [FLAGS]]\n\nBundles kiln-bench \
+             (stripped), the Vulkan loader, vulkaninfo and run.sh into target/gpu-check/ for a \
+             machine with a GPU, and llama.cpp's Vulkan build where it is built; --peer builds \
+             it first (cargo xtask llama-cpp --vulkan); --run runs the bundle here too (a \
+             CPU-type adapter is refused unless FLAGS has --allow-cpu-adapter). FLAGS go to \
+             `kiln-bench gpu-check`."
         );
         return Ok(());
     }
+    let (peer, args) = match args.split_first() {
+        Some((f, rest)) if f == "--peer" => (true, rest),
+        _ => (false, args),
+    };
     let (run_here, flags) = match args.split_first() {
         Some((f, rest)) if f == "--run" => (true, rest),
         Some((f, _)) => bail!("unexpected argument {f:?} (see --help)"),
         None => (false, &[][..]),
     };
+    if peer {
+        crate::llama_cpp::build(crate::llama_cpp::Flavor::Vulkan)?;
+    }
     let root = crate::workspace_root();
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     run(
@@ -151,6 +209,21 @@ pub(crate) fn run_cmd(args: &[String]) -> anyhow::Result<()> {
             .with_context(|| format!("copying {}", from.display()))?;
         carried.push(name);
     }
+    match Command::new("sh")
+        .args(["-c", "command -v vulkaninfo"])
+        .output()
+    {
+        Ok(o) if o.status.success() => {
+            let from = String::from_utf8_lossy(&o.stdout).trim().to_owned();
+            std::fs::copy(&from, bundle.join("vulkaninfo"))
+                .with_context(|| format!("copying {from}"))?;
+            carried.push("vulkaninfo");
+        }
+        _ => eprintln!("gpu-check: not carried: vulkaninfo (Debian: apt-get install vulkan-tools)"),
+    }
+    if carry_peer(&root, &bundle)? {
+        carried.push("peer.tar.xz vocab.gguf");
+    }
     let script = bundle.join("run.sh");
     std::fs::write(&script, RUN_SH).context("writing run.sh")?;
     make_executable(&script)?;
@@ -163,7 +236,7 @@ pub(crate) fn run_cmd(args: &[String]) -> anyhow::Result<()> {
         .map(|m| m.len())
         .sum();
     println!(
-        "{}: {:.1} MiB (kiln-bench, run.sh, lib/: {})",
+        "{}: {:.1} MiB (kiln-bench, run.sh; carried: {})",
         bundle.display(),
         size as f64 / (1u64 << 20) as f64,
         carried.join(" ")
@@ -174,6 +247,51 @@ pub(crate) fn run_cmd(args: &[String]) -> anyhow::Result<()> {
         run(&mut cmd, "target/gpu-check/run.sh")?;
     }
     Ok(())
+}
+
+/// Puts llama.cpp's Vulkan build (xz-compressed) and the default model's vocabulary in
+/// `bundle` where the build exists; false, with the reason printed, where it does not.
+fn carry_peer(root: &Path, bundle: &Path) -> anyhow::Result<bool> {
+    use crate::llama_cpp::{BINARIES, Flavor};
+    let bin = Flavor::Vulkan.bin();
+    let tarball = bundle.join("peer.tar.xz");
+    let _ = std::fs::remove_file(&tarball);
+    if !BINARIES.iter().all(|b| bin.join(b).is_file()) {
+        println!(
+            "gpu-check: no peer carried: {} has no Vulkan build (cargo xtask gpu-check --peer)",
+            bin.display()
+        );
+        return Ok(false);
+    }
+    let model = crate::fetch_model::ensure_default_model()?;
+    run(
+        Command::new(root.join("target/release/kiln-bench"))
+            .args(["write-gguf", "--vocab-only", "--vocab-from"])
+            .arg(&model)
+            .arg("--out")
+            .arg(bundle.join("vocab.gguf")),
+        "kiln-bench write-gguf --vocab-only",
+    )?;
+    let stripped = bundle.join("peer-stripped");
+    std::fs::create_dir_all(&stripped)?;
+    for b in BINARIES {
+        std::fs::copy(bin.join(b), stripped.join(b)).with_context(|| format!("copying {b}"))?;
+        run(
+            Command::new("strip").arg(stripped.join(b)),
+            "strip (binutils)",
+        )?;
+    }
+    run(
+        Command::new("tar")
+            .arg("-cJf")
+            .arg(&tarball)
+            .arg("-C")
+            .arg(&stripped)
+            .args(BINARIES),
+        "tar -cJf (xz-utils)",
+    )?;
+    std::fs::remove_dir_all(&stripped)?;
+    Ok(true)
 }
 
 #[cfg(unix)]

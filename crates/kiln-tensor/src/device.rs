@@ -277,6 +277,9 @@ pub struct DeviceInfo {
     /// The tiled matmul runs on cooperative matrices (`matmul_coop.wgsl`; only with
     /// [`Kernels::Experimental`]).
     pub coop_matmul: bool,
+    /// Decode's Q8_0 and Q4_0 matmuls take the integer dot product kernel
+    /// (`matmul_vec_dp4a.wgsl`; only with [`Kernels::Experimental`]).
+    pub dp4a_matvec: bool,
     pub max_storage_binding_bytes: u64,
     pub max_buffer_bytes: u64,
     pub max_workgroups_per_dim: u32,
@@ -310,6 +313,9 @@ impl fmt::Display for DeviceInfo {
         )?;
         if self.coop_matmul {
             write!(f, ", cooperative matmul (experimental)")?;
+        }
+        if self.dp4a_matvec {
+            write!(f, ", integer dot product matvec (experimental)")?;
         }
         Ok(())
     }
@@ -396,6 +402,7 @@ impl Device {
             subgroup_size: (0, 0),
             cooperative_matrix: Vec::new(),
             coop_matmul: false,
+            dp4a_matvec: false,
             max_storage_binding_bytes: u64::MAX,
             max_buffer_bytes: u64::MAX,
             max_workgroups_per_dim: u32::MAX,

@@ -393,22 +393,9 @@ fn int8_x_bound(dtype: DType, c: Case, o: &Operands, m: usize, k: usize) -> f32 
     };
     rec.submit().unwrap();
     let (x, w) = (x.to_f32_vec().unwrap(), wt.to_f32_vec().unwrap());
-    let half_step: Vec<f32> = x
-        .chunks_exact(32)
-        .map(|b| b.iter().fold(0f32, |a, v| a.max(v.abs())) / 254.0)
-        .collect();
-    let mut worst = 0f32;
-    for i in 0..m {
-        for wr in w.chunks_exact(k) {
-            let b: f32 = wr
-                .iter()
-                .enumerate()
-                .map(|(e, v)| v.abs() * half_step[(i * k + e) / 32])
-                .sum();
-            worst = worst.max(b);
-        }
-    }
-    worst
+    kiln_testkit::int8_x_bounds(&x, &w, k)
+        .into_iter()
+        .fold(0f32, f32::max)
 }
 
 /// `linear` on the native CPU backend against the reference, for every weight dtype, every

@@ -134,3 +134,27 @@ pub fn devices() -> Vec<(&'static str, Device)> {
     v.extend(wgpu().map(|d| ("wgpu", d)));
     v
 }
+
+/// How far each output of X `[m, k]` · W `[n, k]`ᵀ may move when X is quantized to 8 bits a
+/// 32-element block (the native CPU backend, the integer dot product kernel): each element by
+/// at most half a step (its block's max |x| / 254), so output (i, r) by Σ |w_rc|·step_c / 2.
+/// `w` is the weight as the reference dequantizes it; `k` a multiple of 32. Row-major, `m·n`
+/// bounds; the f32 sums' own rounding is the caller's to add.
+pub fn int8_x_bounds(x: &[f32], w: &[f32], k: usize) -> Vec<f32> {
+    let half_step: Vec<f32> = x
+        .chunks_exact(32)
+        .map(|b| b.iter().fold(0f32, |a, v| a.max(v.abs())) / 254.0)
+        .collect();
+    let mut out = Vec::with_capacity(x.len() / k * (w.len() / k));
+    for i in 0..x.len() / k {
+        for wr in w.chunks_exact(k) {
+            out.push(
+                wr.iter()
+                    .enumerate()
+                    .map(|(e, v)| v.abs() * half_step[(i * k + e) / 32])
+                    .sum(),
+            );
+        }
+    }
+    out
+}

@@ -3,9 +3,10 @@
 //!
 //! 1. the adapter: none, or a CPU-type one (a software Vulkan driver on many cores is not a
 //!    GPU result), is refused with the reason and a non-zero exit;
-//! 2. the adapter's f16, subgroup sizes and cooperative-matrix configurations, and where it
-//!    has 16 × 16 f16 ones, the cooperative matmul (`--kernels experimental`) against the CPU
-//!    reference; then the GPU kernel family against the CPU reference compiled into the same binary: every
+//! 2. the adapter's f16, subgroup sizes and cooperative-matrix configurations; the experimental
+//!    kernels (`--kernels experimental`: the integer dot product matvec, and the cooperative
+//!    matmul where the adapter has 16 × 16 f16 tiles) against the CPU reference; then the GPU
+//!    kernel family against the CPU reference compiled into the same binary: every
 //!    weight dtype through `linear` (plain, norm + gated, residual) at 1, 5, 9, 20 and 40 rows, a
 //!    layer's K/V write and paged attention for every KV dtype (a prompt step, then a decode
 //!    step whose keys split into runs), and the device sampler's picks
@@ -201,7 +202,7 @@ fn run(cli: &Cli) -> anyhow::Result<ExitCode> {
         info.subgroup_size,
         crate::kernel_checks::configs(&info)
     );
-    let mut checks = crate::kernel_checks::coop_checks(cli.seed)?;
+    let mut checks = crate::kernel_checks::experimental_checks(cli.seed)?;
     checks.extend(kernel_checks(&dev, cli.seed)?);
     checks.push(sampling_check(&dev, cli.seed)?);
     let sampling_16_rows_ms = sampling_times(&dev, cli.seed)?;

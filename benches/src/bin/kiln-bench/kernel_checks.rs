@@ -444,41 +444,48 @@ fn attention_check(dev: &Device, dtype: KvDtype, seed: u64) -> anyhow::Result<f3
     Ok(max_error(&run(dev)?, &run(&Device::Reference)?))
 }
 
-/// The cooperative-matrix matmul (`--kernels experimental`) against the CPU reference, where
-/// the adapter runs it: one 16 × 16 × 16 tile of f16 weights, then every weight dtype at
+/// The experimental kernels (`--kernels experimental`) against the CPU reference: the
+/// integer dot product matrix-vector kernel over Q8_0 and Q4_0 weights at 1 and 4 rows of X
+/// (within 8-bit X's rounding), and, where the adapter has 16 × 16 f16 cooperative matrices,
+/// the cooperative matmul: one 16 × 16 × 16 tile of f16 weights, then every weight dtype at
 /// rows of X that fill one tile, part of one and several (with and without a bias, over a
-/// weight whose rows end inside a tile). Empty, with the reason printed, where it does not
-/// run.
-pub(crate) fn coop_checks(seed: u64) -> anyhow::Result<Vec<Check>> {
+/// weight whose rows end inside a tile).
+pub(crate) fn experimental_checks(seed: u64) -> anyhow::Result<Vec<Check>> {
     let dev = match Device::new(&DeviceOptions {
         backend: BackendChoice::Wgpu,
         cpu_shaped_kernels: Some(false),
         kernels: Kernels::Experimental,
         ..DeviceOptions::default()
     }) {
-        Ok(d) if d.info().coop_matmul => d,
-        Ok(d) => {
-            let i = d.info();
-            println!(
-                "gpu-check: no cooperative matmul here (f16 shaders {}, subgroup sizes {:?}, \
-                 configurations [{}]; it needs f16, one subgroup size and {COOP_F16_16})",
-                i.shader_f16,
-                i.subgroup_size,
-                configs(&i)
-            );
-            return Ok(Vec::new());
-        }
+        Ok(d) => d,
         Err(e) => {
             println!("gpu-check: --kernels experimental did not open the device: {e}");
             return Ok(vec![Check {
-                what: "cooperative matmul: device opened".into(),
+                what: "experimental kernels: device opened".into(),
                 max_error: f32::NAN,
                 bound: 0.0,
                 ok: false,
             }]);
         }
     };
-    let mut out = vec![coop_check(&dev, DType::F16, 16, 16, 16, false, seed)?];
+    let mut out = Vec::new();
+    for (di, dtype) in [DType::Q8_0, DType::Q4_0].into_iter().enumerate() {
+        for m in [1usize, 4] {
+            out.push(dp4a_check(&dev, dtype, m, 4096, seed ^ (di as u64) << 24)?);
+        }
+    }
+    let i = dev.info();
+    if !i.coop_matmul {
+        println!(
+            "gpu-check: no cooperative matmul here (f16 shaders {}, subgroup sizes {:?}, \
+             configurations [{}]; it needs f16, one subgroup size and {COOP_F16_16})",
+            i.shader_f16,
+            i.subgroup_size,
+            configs(&i)
+        );
+        return Ok(out);
+    }
+    out.push(coop_check(&dev, DType::F16, 16, 16, 16, false, seed)?);
     for (di, &dtype) in DType::WEIGHTS.iter().enumerate() {
         let k = if dtype.is_k_quant() { 512 } else { 256 };
         for (m, bias) in [(16usize, false), (20, true), (64, false), (200, true)] {
@@ -494,6 +501,42 @@ pub(crate) fn coop_checks(seed: u64) -> anyhow::Result<Vec<Check>> {
         }
     }
     Ok(out)
+}
+
+/// X `[m, k]` · W `[n, k]`ᵀ with W in `dtype` through the integer dot product kernel on `dev`
+/// against the reference, within 8-bit X's rounding (`kiln_testkit::int8_x_bounds`) and the
+/// f32 sums' share.
+fn dp4a_check(dev: &Device, dtype: DType, m: usize, k: usize, seed: u64) -> anyhow::Result<Check> {
+    let n = 96;
+    let x = values(seed, m * k);
+    let w = values(seed + 1, n * k);
+    let run = |d: &Device| -> anyhow::Result<(Vec<f32>, Vec<f32>)> {
+        let xt = Tensor::from_f32(d, &[m, k], &x)?;
+        let wt = weight(d, dtype, n, k, &w, seed + 2)?;
+        let mut rec = Recorder::new(d);
+        let y = rec.matmul(&xt, &wt, None)?;
+        rec.submit()?;
+        Ok((y.to_f32_vec()?, wt.to_f32_vec()?))
+    };
+    let (want, wf) = run(&Device::Reference)?;
+    let (got, _) = run(dev)?;
+    let scale = want.iter().fold(1.0f32, |a, v| a.max(v.abs()));
+    let bounds = kiln_testkit::int8_x_bounds(&x, &wf, k);
+    let (mut worst_ratio, mut err, mut bound_at) = (0f32, 0f32, 0f32);
+    for ((g, w), b) in got.iter().zip(&want).zip(&bounds) {
+        let b = b * 1.01 + 4e-5 * k as f32 * scale / 64.0;
+        let e = (g - w).abs();
+        let e = if e.is_nan() { f32::INFINITY } else { e };
+        if e / b >= worst_ratio {
+            (worst_ratio, err, bound_at) = (e / b, e, b);
+        }
+    }
+    Ok(Check {
+        what: format!("dp4a matvec {dtype:?} m={m} k={k}"),
+        max_error: err,
+        bound: bound_at,
+        ok: worst_ratio <= 1.0 && got.len() == want.len(),
+    })
 }
 
 /// The adapter's cooperative-matrix configurations, listed.

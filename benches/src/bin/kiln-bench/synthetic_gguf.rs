@@ -140,12 +140,16 @@ pub(crate) fn write(
 )]
 struct Cli {
     /// The shape: smollm2 (the default model's) or 7b (Llama-2-7B's)
-    #[arg(long)]
-    shape: String,
+    #[arg(long, required_unless_present = "vocab_only")]
+    shape: Option<String>,
     /// The weights' format: any block format kiln quantizes to (Q4_0, Q4_1, Q8_0) or writes
     /// random blocks of (Q4_K)
-    #[arg(long, value_name = "DTYPE")]
-    dtype: String,
+    #[arg(long, value_name = "DTYPE", required_unless_present = "vocab_only")]
+    dtype: Option<String>,
+    /// No model: only the vocabulary's `tokenizer.*` metadata (what the GPU check's bundle
+    /// carries instead of the default model)
+    #[arg(long, conflicts_with_all = ["shape", "dtype"])]
+    vocab_only: bool,
     /// The GGUF whose vocabulary (its `tokenizer.*` metadata) the model takes
     #[arg(long, value_name = "PATH")]
     vocab_from: PathBuf,
@@ -160,14 +164,31 @@ struct Cli {
 /// The weight formats `write-gguf` writes: those llama.cpp's GPU backends and kiln's load.
 const DTYPES: [DType; 4] = [DType::Q4_0, DType::Q4_1, DType::Q8_0, DType::Q4_K];
 
+/// Writes `vocab`'s `tokenizer.*` metadata alone to `path`.
+fn write_vocab(vocab: &GgufFile, path: &Path) -> anyhow::Result<()> {
+    let mut w = GgufWriter::new();
+    for (key, value) in vocab.metadata().iter() {
+        if key.starts_with("tokenizer.") {
+            w.metadata(key, value.clone());
+        }
+    }
+    std::fs::write(path, w.to_bytes()?).with_context(|| format!("writing {}", path.display()))
+}
+
 fn run(cli: &Cli) -> anyhow::Result<ExitCode> {
+    let vocab = GgufFile::open(&cli.vocab_from)
+        .with_context(|| format!("--vocab-from {}", cli.vocab_from.display()))?;
+    let (Some(shape), Some(dtype)) = (&cli.shape, &cli.dtype) else {
+        write_vocab(&vocab, &cli.out)?;
+        println!("wrote {} (the vocabulary alone)", cli.out.display());
+        return Ok(ExitCode::SUCCESS);
+    };
     let Some(dtype) = DTYPES
         .into_iter()
-        .find(|d| format!("{d:?}").eq_ignore_ascii_case(&cli.dtype))
+        .find(|d| format!("{d:?}").eq_ignore_ascii_case(dtype))
     else {
         bail!(
-            "--dtype {:?}: expected one of {}",
-            cli.dtype,
+            "--dtype {dtype:?}: expected one of {}",
             DTYPES.map(|d| format!("{d:?}")).join(", ")
         );
     };
@@ -175,14 +196,11 @@ fn run(cli: &Cli) -> anyhow::Result<ExitCode> {
         println!("{} exists; kept", cli.out.display());
         return Ok(ExitCode::SUCCESS);
     }
-    let vocab = GgufFile::open(&cli.vocab_from)
-        .with_context(|| format!("--vocab-from {}", cli.vocab_from.display()))?;
-    let cfg = crate::gpu_check::shape(&cli.shape, Some(vocab_size(&vocab)?))?;
+    let cfg = crate::gpu_check::shape(shape, Some(vocab_size(&vocab)?))?;
     write(&cfg, dtype, cli.seed, &vocab, &cli.out)?;
     println!(
-        "wrote {} ({} shape, {dtype:?}, seed {})",
+        "wrote {} ({shape} shape, {dtype:?}, seed {})",
         cli.out.display(),
-        cli.shape,
         cli.seed
     );
     Ok(ExitCode::SUCCESS)

@@ -101,6 +101,12 @@ pub struct GpuContext {
     ///
     /// [`Kernels::Experimental`]: crate::Kernels::Experimental
     coop_subgroup: Option<u32>,
+    /// Decode's Q8_0 and Q4_0 matmuls take the integer dot product kernel
+    /// ([`Kernels::Experimental`]; `dot4I8Packed` runs everywhere, natively where the device
+    /// has integer dot products).
+    ///
+    /// [`Kernels::Experimental`]: crate::Kernels::Experimental
+    dp4a: bool,
     pub(crate) pool: Arc<BufferPool>,
     pipelines: Mutex<HashMap<String, Arc<Pipeline>>>,
     /// The same pipelines found without building their key: by a hash of the kernel and its
@@ -231,6 +237,7 @@ impl GpuContext {
             subgroup_size: if subgroups { adapter_subgroups } else { (0, 0) },
             cooperative_matrix: experimental::coop_configs(&adapter),
             coop_matmul: experimental.coop_subgroup.is_some(),
+            dp4a_matvec: opts.kernels == crate::Kernels::Experimental,
             max_storage_binding_bytes: max_binding,
             max_buffer_bytes: limits.max_buffer_size,
             max_workgroups_per_dim: limits.max_compute_workgroups_per_dimension,
@@ -261,6 +268,7 @@ impl GpuContext {
             matvec,
             split_k,
             coop_subgroup: experimental.coop_subgroup,
+            dp4a: opts.kernels == crate::Kernels::Experimental,
             pool: Arc::new(BufferPool::default()),
             pipelines: Mutex::default(),
             recent: Mutex::default(),
@@ -303,6 +311,11 @@ impl GpuContext {
     }
 
     /// Tiles below which the tiled matmul splits k ([`crate::DeviceOptions::split_k_workgroups`]).
+    /// Whether decode's Q8_0 and Q4_0 matmuls take the integer dot product kernel.
+    pub(crate) fn dp4a(&self) -> bool {
+        self.dp4a
+    }
+
     /// The subgroup size of the cooperative matmul, where this device runs it.
     pub(crate) fn coop_subgroup(&self) -> Option<u32> {
         self.coop_subgroup

@@ -178,6 +178,8 @@ pub(crate) fn without_stray_layouts(words: &[u32]) -> Vec<u32> {
     out
 }
 
+/// `OpSDot`'s opcode (SPV_KHR_integer_dot_product).
+pub(crate) const OP_SDOT: u32 = 4450;
 /// `OpCooperativeMatrixMulAddKHR`'s opcode (SPV_KHR_cooperative_matrix).
 pub(crate) const OP_COOP_MUL_ADD: u32 = 4459;
 

@@ -8,13 +8,16 @@
 //! (prefill, batched decode: tiles of 16, 32 or 64 rows of X by 64 of W; on GPUs, k split
 //! between several workgroups a tile where the tiles are too few to fill the device), with
 //! the fused parts as separate ops. CPU-type adapters take `matmul_rows.wgsl` for block
-//! dtypes, with everything fused. A weight split into several chunks (bigger than one binding) is launched
+//! dtypes, with everything fused. With `--kernels experimental`, Q8_0 and Q4_0 weights at
+//! decode take the integer dot product kernel (`matmul_dp4a.rs`) and tiled products the
+//! cooperative-matrix one where the adapter has it. A weight split into several chunks (bigger than one binding) is launched
 //! chunk by chunk into column ranges of Y.
 
 use bytemuck::{Pod, Zeroable};
 
 use super::elementwise::glu_ref;
 use super::matmul_code::{ROWS_R, rows_accumulators, rows_x_broadcast};
+use super::matmul_dp4a::dp4a_reads;
 use super::rows::rms_norm_ref;
 use super::{Define, WEIGHT_DTYPES, dot, flag, host_row, number, require_dtype, weight_defines};
 use crate::gpu::{Access, GpuContext, KernelDef};
@@ -323,7 +326,9 @@ impl Recorder {
         let fusable = epilogues.iter().filter(|&&e| e).count() <= 1;
         // A GLU pairs row r with row f + r, which must be in the same binding.
         let pairs_ok = ops.glu.is_none() || w.chunk_count() == 1;
-        if fusable && pairs_ok {
+        // The integer dot product kernel fuses nothing: the ops around it run in sequence.
+        let dp4a = ctx.dp4a() && dp4a_reads(w.dtype()) && c.m <= max_vec;
+        if fusable && pairs_ok && !dp4a {
             if let Some(group) = rows_group(&ctx, w, c.m, c.k) {
                 let y = Tensor::gpu_output(&ctx, DType::F32, &c.shape, OP)?;
                 self.matmul_rows(x, w, &y, epi, ops.norm, group)?;
@@ -349,7 +354,9 @@ impl Recorder {
             *last = c.n;
         }
         let y = Tensor::gpu_output(&ctx, DType::F32, &shape, OP)?;
-        if c.m <= max_vec {
+        if dp4a {
+            self.matmul_dp4a(x, w, &y, ops.bias)?;
+        } else if c.m <= max_vec {
             let bias_epi = ops.bias.map_or(Epilogue::None, Epilogue::Bias);
             self.matmul_vec(x, w, &y, bias_epi, None)?;
         } else {

@@ -6,6 +6,7 @@ mod elementwise;
 mod embedding;
 mod matmul;
 mod matmul_code;
+mod matmul_dp4a;
 mod matmul_tiled;
 mod moe;
 mod rope;
