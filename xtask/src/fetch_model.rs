@@ -198,7 +198,7 @@ pub(crate) fn run(args: &[String]) -> anyhow::Result<()> {
 }
 
 /// `$KILN_MODEL_DIR`, or `<workspace>/models`.
-fn model_dir() -> PathBuf {
+pub(crate) fn model_dir() -> PathBuf {
     match std::env::var_os("KILN_MODEL_DIR") {
         Some(dir) => PathBuf::from(dir),
         None => crate::workspace_root().join("models"),

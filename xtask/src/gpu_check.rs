@@ -7,15 +7,17 @@
 //! - `vulkaninfo`, for the driver's integer dot product support (whether `dot4I8Packed`
 //!   lowers to `OpSDot`: wgpu declares the capability where the device has
 //!   `shaderIntegerDotProduct`);
+//! - `vocab.gguf`, the default model's vocabulary alone (the models run.sh writes take it);
 //! - the peer, where it is built (`--peer` builds it: `cargo xtask llama-cpp --vulkan`):
 //!   llama.cpp's `llama-bench` and `llama-server` on its Vulkan backend, xz-compressed
-//!   (`peer.tar.xz`), and `vocab.gguf`, the default model's vocabulary alone;
+//!   (`peer.tar.xz`);
 //! - `run.sh`, which uses the carried libraries only where the machine has none, points the
 //!   loader at NVIDIA's driver when its manifest is not where the loader looks (or writes one
 //!   when it has none), prints the driver's integer dot product support, runs `kiln-bench
-//!   gpu-check` (synthetic weights of real shapes from a seed: no model carried), and, with a
-//!   peer, writes a SmolLM2-shaped Q4_1 and a 7B-shaped Q4_0 GGUF from a seed and runs the
-//!   bench on each, kiln against the peer: pp512, tg128 and 16-stream serving.
+//!   gpu-check` (synthetic weights of real shapes from a seed: no model carried), then writes
+//!   a SmolLM2-shaped Q4_1 and a 7B-shaped Q4_0 GGUF from a seed and runs the bench: on the
+//!   7B one with `--kernels experimental`, and with a peer on each, kiln against it: pp512,
+//!   tg128 and 16-stream serving.
 //!
 //! FLAGS go to `kiln-bench gpu-check` with `--run` (`--help` there lists them).
 
@@ -71,24 +73,35 @@ if [ -x "$here/vulkaninfo" ]; then
 fi
 "$here/kiln-bench" gpu-check "$@"
 status=$?
-# The peer: llama.cpp's Vulkan build on the same GGUFs, written here from a seed with the
-# default model's vocabulary (RUN_PEER=0 skips it).
-if [ -f "$here/peer.tar.xz" ] && [ -f "$here/vocab.gguf" ] && [ "${RUN_PEER:-1}" != 0 ]; then
-    mkdir -p "$here/peer" "$here/models"
-    tar -xJf "$here/peer.tar.xz" -C "$here/peer"
+# GGUFs of real shapes, written here from a seed with the default model's vocabulary: kiln's
+# experimental kernels against its tested ones on the 7B-shaped one, and, with a peer in the
+# bundle, kiln against llama.cpp's Vulkan build on each (RUN_MODELS=0 skips all of it).
+if [ -f "$here/vocab.gguf" ] && [ "${RUN_MODELS:-1}" != 0 ]; then
+    mkdir -p "$here/models"
+    if [ -f "$here/peer.tar.xz" ]; then
+        mkdir -p "$here/peer"
+        tar -xJf "$here/peer.tar.xz" -C "$here/peer"
+    else
+        echo "run.sh: no peer in this bundle (cargo xtask gpu-check --peer carries llama.cpp's Vulkan build)"
+    fi
     for m in smollm2:Q4_1 7b:Q4_0; do
         shape=${m%%:*}
         dtype=${m#*:}
         model="$here/models/$shape-$dtype.gguf"
         "$here/kiln-bench" write-gguf --shape "$shape" --dtype "$dtype" --vocab-from "$here/vocab.gguf" --out "$model" || status=1
-        "$here/kiln-bench" --model "$model" --backend wgpu --scenarios single,serve --levels 1 \
-            --prompt-tokens 512 --new-tokens 128 --repetitions 2 \
-            --serve-concurrency 16 --serve-requests 32 \
-            --compare llama-server --llama-cpp-dir "$here/peer" --llama-gpu-layers 99 \
-            --out "${OUT:-$here}/peer-$shape-$dtype" || status=1
+        if [ "$shape" = 7b ]; then
+            "$here/kiln-bench" --model "$model" --backend wgpu --scenarios single --levels 1 \
+                --prompt-tokens 512 --new-tokens 128 --repetitions 2 --kernels experimental \
+                --out "${OUT:-$here}/experimental-$shape-$dtype" || status=1
+        fi
+        if [ -d "$here/peer" ]; then
+            "$here/kiln-bench" --model "$model" --backend wgpu --scenarios single,serve --levels 1 \
+                --prompt-tokens 512 --new-tokens 128 --repetitions 2 \
+                --serve-concurrency 16 --serve-requests 32 \
+                --compare llama-server --llama-cpp-dir "$here/peer" --llama-gpu-layers 99 \
+                --out "${OUT:-$here}/peer-$shape-$dtype" || status=1
+        fi
     done
-elif [ "${RUN_PEER:-1}" != 0 ]; then
-    echo "run.sh: no peer in this bundle (cargo xtask gpu-check --peer carries llama.cpp's Vulkan build)"
 fi
 exit $status
 "#;
@@ -221,8 +234,9 @@ pub(crate) fn run_cmd(args: &[String]) -> anyhow::Result<()> {
         }
         _ => eprintln!("gpu-check: not carried: vulkaninfo (Debian: apt-get install vulkan-tools)"),
     }
-    if carry_peer(&root, &bundle)? {
-        carried.push("peer.tar.xz vocab.gguf");
+    carried.extend(carry_vocab(&root, &bundle)?);
+    if carry_peer(&bundle)? {
+        carried.push("peer.tar.xz");
     }
     let script = bundle.join("run.sh");
     std::fs::write(&script, RUN_SH).context("writing run.sh")?;
@@ -249,9 +263,34 @@ pub(crate) fn run_cmd(args: &[String]) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Puts llama.cpp's Vulkan build (xz-compressed) and the default model's vocabulary in
-/// `bundle` where the build exists; false, with the reason printed, where it does not.
-fn carry_peer(root: &Path, bundle: &Path) -> anyhow::Result<bool> {
+/// Puts the default model's vocabulary alone in `bundle` (`vocab.gguf`: the models run.sh
+/// writes take it) where the default model is here; none, with the reason printed, where not.
+fn carry_vocab(root: &Path, bundle: &Path) -> anyhow::Result<Option<&'static str>> {
+    let model = crate::fetch_model::model_dir().join(crate::fetch_model::MODELS[0].file_name);
+    let vocab = bundle.join("vocab.gguf");
+    let _ = std::fs::remove_file(&vocab);
+    if !model.is_file() {
+        println!(
+            "gpu-check: no vocab.gguf carried: no {} (cargo xtask fetch-model); run.sh will \
+             write no models",
+            model.display()
+        );
+        return Ok(None);
+    }
+    run(
+        Command::new(root.join("target/release/kiln-bench"))
+            .args(["write-gguf", "--vocab-only", "--vocab-from"])
+            .arg(&model)
+            .arg("--out")
+            .arg(&vocab),
+        "kiln-bench write-gguf --vocab-only",
+    )?;
+    Ok(Some("vocab.gguf"))
+}
+
+/// Puts llama.cpp's Vulkan build (stripped, xz-compressed) in `bundle` where it is built;
+/// false, with the reason printed, where it is not.
+fn carry_peer(bundle: &Path) -> anyhow::Result<bool> {
     use crate::llama_cpp::{BINARIES, Flavor};
     let bin = Flavor::Vulkan.bin();
     let tarball = bundle.join("peer.tar.xz");
@@ -263,15 +302,6 @@ fn carry_peer(root: &Path, bundle: &Path) -> anyhow::Result<bool> {
         );
         return Ok(false);
     }
-    let model = crate::fetch_model::ensure_default_model()?;
-    run(
-        Command::new(root.join("target/release/kiln-bench"))
-            .args(["write-gguf", "--vocab-only", "--vocab-from"])
-            .arg(&model)
-            .arg("--out")
-            .arg(bundle.join("vocab.gguf")),
-        "kiln-bench write-gguf --vocab-only",
-    )?;
     let stripped = bundle.join("peer-stripped");
     std::fs::create_dir_all(&stripped)?;
     for b in BINARIES {

@@ -106,7 +106,19 @@ struct Report {
     matvec_shapes: Vec<MatvecRun>,
     /// The tiled matmul by the tiles below which k splits (`DeviceOptions::split_k_workgroups`).
     split_k: Vec<SplitRun>,
+    /// The experimental kernels against the tested ones (`--kernels experimental`).
+    experimental: Vec<AbRun>,
     shapes: Vec<ShapeRun>,
+}
+
+/// An experimental kernel against the tested one it replaces, on one weight.
+#[derive(Debug, Clone, Serialize)]
+struct AbRun {
+    kernel: String,
+    weight: String,
+    m: usize,
+    tested_us: f64,
+    experimental_us: f64,
 }
 
 /// One split-K threshold on one weight.
@@ -232,6 +244,7 @@ fn run(cli: &Cli) -> anyhow::Result<ExitCode> {
     let matmul_sweep = matmul_sweep(&dev, cli).context("matmul sweep")?;
     let matvec_shapes = matvec_shapes(cli).context("matrix-vector layouts")?;
     let split_k = split_k_sweep(cli).context("split-K thresholds")?;
+    let experimental = experimental_ab(&dev, cli).context("experimental kernels' timings")?;
     // A second device with timestamp queries for kernel profiles (each submit waits there, so
     // the timed runs use the first).
     let pdev = Device::new(&DeviceOptions {
@@ -279,6 +292,7 @@ fn run(cli: &Cli) -> anyhow::Result<ExitCode> {
         matmul_sweep,
         matvec_shapes,
         split_k,
+        experimental,
         shapes,
     };
     print_table(&report);
@@ -325,6 +339,58 @@ fn matmul_sweep(dev: &Device, cli: &Cli) -> anyhow::Result<Vec<(usize, f64, f64)
             2.0 * (m * n * k) as f64 / s / 1e9
         );
         out.push((m, s * 1e6, gb_s));
+    }
+    Ok(out)
+}
+
+/// [`Report::experimental`]: each experimental kernel against the tested one it replaces, on
+/// a 7B MLP weight read from memory: the integer dot product matvec at 1 and 4 rows of X over
+/// Q4_0 and Q8_0, and, where the adapter has it, the cooperative matmul at 64 and 512 rows over
+/// Q4_0, Q4_K and F16. Microseconds a launch, tested then experimental.
+fn experimental_ab(dev: &Device, cli: &Cli) -> anyhow::Result<Vec<AbRun>> {
+    let exp = Device::new(&DeviceOptions {
+        backend: BackendChoice::Wgpu,
+        cpu_shaped_kernels: Some(dev.cpu_shaped_kernels()),
+        kernels: kiln_tensor::Kernels::Experimental,
+        ..DeviceOptions::default()
+    })?;
+    let (n, k) = if cli.quick {
+        (1024, 1024)
+    } else {
+        (11008, 4096)
+    };
+    let mut cases: Vec<(&str, DType, usize)> = Vec::new();
+    for dtype in [DType::Q4_0, DType::Q8_0] {
+        cases.extend([("dp4a matvec", dtype, 1), ("dp4a matvec", dtype, 4)]);
+    }
+    if exp.info().coop_matmul {
+        for dtype in [DType::Q4_0, DType::Q4_K, DType::F16] {
+            cases.extend([("coop matmul", dtype, 64), ("coop matmul", dtype, 512)]);
+        }
+    }
+    println!("experimental kernels against the tested ones, {n} x {k} weights, us a launch:");
+    let mut out = Vec::new();
+    for (kernel, dtype, m) in cases {
+        let x = values(cli.seed ^ m as u64, m * k);
+        let mut us = [0f64; 2];
+        for (slot, d) in [dev, &exp].into_iter().enumerate() {
+            let ws = sweep_weight(d, dtype, n, k, cli.seed, cli.quick)?;
+            let xt = Tensor::from_f32(d, &[m, k], &x)?;
+            us[slot] = crate::roofline::matmul_seconds_over(d, &xt, &ws)? * 1e6;
+        }
+        println!(
+            "  {kernel:<12} {dtype:?} m {m:>3}: tested {:>9.1}, experimental {:>9.1} ({:.2}x)",
+            us[0],
+            us[1],
+            us[0] / us[1]
+        );
+        out.push(AbRun {
+            kernel: kernel.to_owned(),
+            weight: format!("{dtype:?} {n}x{k}"),
+            m,
+            tested_us: us[0],
+            experimental_us: us[1],
+        });
     }
     Ok(out)
 }

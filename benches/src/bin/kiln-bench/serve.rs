@@ -462,6 +462,12 @@ pub fn print(s: &[Summary]) {
     line("Output token throughput (tok/s):", &|x| {
         format!("{:.2}", x.output_throughput)
     });
+    // Each door's output throughput as a ratio to llama-server's, where it ran.
+    if let Some(peer) = s.iter().find(|x| x.door == "llama-server") {
+        line("  vs llama-server:", &|x| {
+            format!("{:.2}x", x.output_throughput / peer.output_throughput)
+        });
+    }
     line("Total Token throughput (tok/s):", &|x| {
         format!("{:.2}", x.total_token_throughput)
     });

@@ -87,12 +87,24 @@ pub fn llama_rows(rows: &[BenchRow]) -> Vec<Row> {
         .collect()
 }
 
+/// A row's rate as a ratio to llama.cpp's row of the same test (`pp512`, `tg128`; llama's
+/// decode rows name their depth, `tg128 @ d512`), where there is one and this row is not it.
+pub fn vs_llama(row: &Row, rows: &[Row]) -> Option<f64> {
+    let kind = |t: &str| t.split(" @").next().unwrap_or(t).to_owned();
+    if row.backend.starts_with("llama.cpp") {
+        return None;
+    }
+    rows.iter()
+        .find(|o| o.backend.starts_with("llama.cpp") && kind(&o.test) == kind(&row.test))
+        .map(|o| row.mean / o.mean)
+}
+
 pub fn print(rows: &[Row]) {
-    println!("| model | size | params | backend | threads | test | t/s |");
-    println!("| --- | ---: | ---: | --- | ---: | ---: | ---: |");
+    println!("| model | size | params | backend | threads | test | t/s | vs llama.cpp |");
+    println!("| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: |");
     for r in rows {
         println!(
-            "| {} | {:.2} MiB | {:.2} M | {} | {} | {} | {:.2} ± {:.2} |",
+            "| {} | {:.2} MiB | {:.2} M | {} | {} | {} | {:.2} ± {:.2} | {} |",
             r.model,
             r.size_bytes as f64 / (1u64 << 20) as f64,
             r.params as f64 / 1e6,
@@ -100,7 +112,8 @@ pub fn print(rows: &[Row]) {
             r.threads,
             r.test,
             r.mean,
-            r.std
+            r.std,
+            vs_llama(r, rows).map_or(String::new(), |x| format!("{x:.2}x"))
         );
     }
     println!();
@@ -134,5 +147,34 @@ mod tests {
         )
         .unwrap();
         assert_eq!(llama_rows(&[no_depth])[0].test, "tg128");
+    }
+
+    #[test]
+    fn kiln_rows_are_put_against_llama_rows_of_the_same_test() {
+        let row = |backend: &str, test: &str, mean: f64| Row {
+            model: "m".into(),
+            size_bytes: 1,
+            params: 1,
+            backend: backend.into(),
+            threads: "2".into(),
+            test: test.into(),
+            mean,
+            std: 0.0,
+        };
+        let rows = [
+            row("kiln wgpu", "pp512", 300.0),
+            row("kiln wgpu", "tg128", 50.0),
+            row("kiln wgpu", "pp64", 1.0),
+            row("llama.cpp Vulkan", "pp512", 200.0),
+            row("llama.cpp Vulkan", "tg128 @ d512", 100.0),
+        ];
+        assert_eq!(vs_llama(&rows[0], &rows), Some(1.5));
+        assert_eq!(vs_llama(&rows[1], &rows), Some(0.5));
+        assert_eq!(
+            vs_llama(&rows[2], &rows),
+            None,
+            "no llama.cpp row of that test"
+        );
+        assert_eq!(vs_llama(&rows[3], &rows), None, "llama.cpp's own row");
     }
 }
