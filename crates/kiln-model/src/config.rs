@@ -2,10 +2,12 @@
 //! (`config/gguf.rs`) or an HF `config.json` (`config/hf.rs`); the file formats stay there.
 //! Every count and size is checked against [`limits`] before anything is sized by it.
 
+mod deepseek_v4;
 mod gguf;
 mod hf;
 mod quant;
 
+pub use deepseek_v4::{DeepseekV4Config, V4Attention, V4HyperConnections, V4Indexer, V4Moe};
 pub use quant::{HfQuant, QuantMethod};
 
 use kiln_tensor::{RopeConfig, RopeLayout, RopeScaling, Router};

@@ -6,11 +6,12 @@ use std::ffi::OsString;
 use clap::error::{ContextKind, ContextValue, ErrorKind};
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
+use crate::TokenizeArgs;
 use crate::export::ExportHfArgs;
 use crate::generate::GenerateArgs;
+use crate::info::InfoArgs;
 use crate::perplexity::PerplexityArgs;
 use crate::serve::ServeArgs;
-use crate::{InfoArgs, TokenizeArgs};
 
 /// Serve a Llama-family model over gRPC and OpenAI-compatible HTTP, generate text, tokenize,
 /// describe a model.

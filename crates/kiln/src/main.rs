@@ -5,6 +5,7 @@ mod args;
 mod cli;
 mod export;
 mod generate;
+mod info;
 mod memory;
 mod perplexity;
 mod serve;
@@ -17,8 +18,7 @@ use std::process::ExitCode;
 
 use args::{DeviceArgs, LoadArgs, ModelArgs, Quantize, WeightDtype};
 use cli::Command;
-use kiln_engine::{BuildError, Checkpoint, EngineOptions, KvSize, StartError, error_chain};
-use kiln_kv::KvDtype;
+use kiln_engine::{BuildError, Checkpoint, KvSize, StartError, error_chain};
 use kiln_model::LoadOptions;
 use kiln_tensor::{DType, Device, DeviceOptions};
 
@@ -101,18 +101,6 @@ pub struct TokenizeArgs {
     pub text: String,
 }
 
-/// `kiln info`.
-#[derive(Debug, Clone, clap::Args)]
-pub struct InfoArgs {
-    #[command(flatten)]
-    pub model: ModelArgs,
-    #[command(flatten)]
-    pub device: DeviceArgs,
-    /// K/V cache memory in bytes to plan for
-    #[arg(long, value_name = "BYTES", default_value_t = 1 << 30)]
-    pub kv_cache_memory: u64,
-}
-
 fn tokenize(args: &TokenizeArgs) -> CmdResult {
     let c = open(&args.model.model, LoadOptions::default())?;
     let ids = c
@@ -123,88 +111,12 @@ fn tokenize(args: &TokenizeArgs) -> CmdResult {
     Ok(())
 }
 
-fn info(args: &InfoArgs) -> CmdResult {
-    let path = &args.model.model;
-    let c = open(path, LoadOptions::default())?;
-    let cfg = c.config();
-    let dev = device(&args.device)?;
-    println!("model: {path}");
-    println!("device: {}", dev.info());
-    println!("config: {cfg:#?}");
-    println!("attention: {}", cfg.attention_summary());
-    if let Some(moe) = &cfg.moe {
-        println!("experts: {}", moe.summary(cfg.layers));
-    }
-    let weights = c.files().stored_bytes();
-    let mib = |b: u64| b as f64 / f64::from(1 << 20);
-    println!(
-        "weights: {weights} bytes ({:.1} MiB) as stored",
-        mib(weights)
-    );
-    // `--cpu-moe` / `--n-cpu-moe`: which layers' experts stay in host memory, and the bytes
-    // on each side.
-    let placement = args.device.cpu_moe();
-    if cfg.moe.is_some() && placement != kiln_model::CpuMoe::Off {
-        let on_cpu = |l: usize| cfg.sparse_layer(l) && placement.covers(l);
-        let layers = (0..cfg.layers).filter(|&l| on_cpu(l)).count();
-        let host = c.files().stored_expert_bytes(on_cpu);
-        if dev.is_cpu() {
-            println!("experts: on the CPU with everything else (the device is the CPU)");
-        } else {
-            println!(
-                "split: the experts of {layers} of {} layers on the CPU, {host} bytes ({:.1} MiB) \
-                 in host memory; {} bytes ({:.1} MiB) on the device",
-                cfg.layers,
-                mib(host),
-                weights - host,
-                mib(weights - host)
-            );
-        }
-    }
-    // The pool `kiln serve --kv-cache-memory` would plan (its other defaults).
-    let opts = EngineOptions {
-        kv_size: KvSize::Bytes(args.kv_cache_memory),
-        ..EngineOptions::new(dev)
-    };
-    let plan = opts.kv_plan(cfg).map_err(|e| build_error(&e, path, None))?;
-    println!("kv cache: {}", plan.explain());
-    // What `--kv-dtype` buys in the same memory.
-    let capacity: Vec<String> = KvDtype::ALL
-        .iter()
-        .map(|&kv_dtype| {
-            EngineOptions {
-                kv_dtype,
-                ..opts.clone()
-            }
-            .kv_plan(cfg)
-            .map_or_else(
-                |e| format!("{kv_dtype} {}", error_chain(&e)),
-                |p| format!("{kv_dtype} {} tokens", p.num_tokens()),
-            )
-        })
-        .collect();
-    println!(
-        "kv capacity in {} bytes by --kv-dtype: {}",
-        args.kv_cache_memory,
-        capacity.join(", ")
-    );
-    // What opening the model cost this process (its head and tokenizer, not the weights).
-    match memory::peak_rss_bytes() {
-        Some(b) => println!(
-            "peak rss: {b} bytes ({:.1} MiB)",
-            b as f64 / f64::from(1 << 20)
-        ),
-        None => println!("peak rss: not measured on this system"),
-    }
-    Ok(())
-}
-
 fn run(command: &Command) -> CmdResult {
     match command {
         Command::Serve(a) => serve::run(a),
         Command::Generate(a) => generate::run(a),
         Command::Tokenize(a) => tokenize(a),
-        Command::Info(a) => info(a),
+        Command::Info(a) => info::run(a),
         Command::Perplexity(a) => perplexity::run(a),
         Command::ExportHf(a) => export::run(a),
     }

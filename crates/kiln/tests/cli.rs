@@ -183,6 +183,50 @@ fn info_describes_the_model_and_memory_plan() {
     }
 }
 
+/// `kiln info` prints the KV layout of one sequence, cache by cache, and its total at
+/// `--context-len`: one full K/V cache for the default model; for a DeepSeek-V4 folder (its
+/// config read, its weights not), the window, compressed entries, indexer keys and
+/// compressor state; a key kiln cannot honour is an error naming the file and the key.
+#[test]
+fn info_prints_the_kv_layout_cache_by_cache() {
+    let out = stdout(&kiln(&[
+        "info",
+        "--model",
+        &model(),
+        "--backend",
+        "cpu",
+        "--context-len",
+        "1000",
+    ]));
+    // 30 layers × 2 × 3 KV heads × 64 × 2 bytes.
+    assert!(out.contains("full K/V: 23040 bytes a token; 23040000 bytes"), "{out}");
+    let dir = std::env::temp_dir().join(format!("kiln-v4-info-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let fixture = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../kiln-model/tests/fixtures/deepseek_v4/v4_flash_config.json");
+    let text = std::fs::read_to_string(fixture).unwrap();
+    std::fs::write(dir.join("config.json"), &text).unwrap();
+    let path = dir.to_str().unwrap();
+    let out = stdout(&kiln(&["info", "--model", path, "--context-len", "1048576"]));
+    for needle in [
+        "kiln cannot run its forward pass yet",
+        "43 layers: 2 sliding-window only, 21 CSA, 20 HCA; window 128",
+        "3440 values a token",
+        "compressed entries: 5536 bytes a token",
+        "indexer keys: 1344 bytes a token",
+        "sliding window: fixed; 5636096 bytes",
+    ] {
+        assert!(out.contains(needle), "missing `{needle}` in:\n{out}");
+    }
+    let bad = text.replace("\"sqrtsoftplus\"", "\"softmax\"");
+    std::fs::write(dir.join("config.json"), bad).unwrap();
+    fails_with(
+        &kiln(&["info", "--model", path]),
+        "config.json: config field `scoring_func`: `softmax` is not supported (sqrtsoftplus)",
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// `kiln info` on a mixture of experts (the tiny Qwen3-MoE GGUF llama.cpp's converter wrote)
 /// names its experts, and `kiln generate` runs it.
 #[test]

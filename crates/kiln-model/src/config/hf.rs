@@ -42,12 +42,12 @@ impl Fields<'_> {
         }
     }
 
-    fn size(&self, k: &str) -> Result<usize> {
+    pub(super) fn size(&self, k: &str) -> Result<usize> {
         self.size_opt(k)?
             .ok_or_else(|| self.err(k, "missing or not a number"))
     }
 
-    fn float(&self, k: &str) -> Result<Option<f32>> {
+    pub(super) fn float(&self, k: &str) -> Result<Option<f32>> {
         match self.get(k) {
             None => Ok(None),
             Some(x) => x
@@ -64,7 +64,11 @@ impl Fields<'_> {
 
 /// One rope dictionary (`rope_scaling`, `rope_parameters` or one of its per-layer-type
 /// entries): its `rope_theta` if it has one, and its scaling.
-fn rope_dict(f: &Fields<'_>, field: &str, s: &Value) -> Result<(Option<f32>, RopeScaling)> {
+pub(super) fn rope_dict(
+    f: &Fields<'_>,
+    field: &str,
+    s: &Value,
+) -> Result<(Option<f32>, RopeScaling)> {
     let theta = s
         .get("rope_theta")
         .and_then(Value::as_f64)

@@ -1,0 +1,478 @@
+//! DeepSeek-V4's `config.json` (`model_type: deepseek_v4`), read under both the names the
+//! hub's files use (DeepSeek's: `compress_ratios`, `num_hash_layers`, `qk_rope_head_dim`,
+//! `n_routed_experts`, `rope_scaling`) and those transformers writes (`layer_types`,
+//! `compress_rates`, `mlp_layer_types`, `partial_rotary_factor`, `rope_parameters` with
+//! `main` and `compress`), with transformers' defaults (`DeepseekV4Config`: V4-Pro's layer
+//! schedule) for what a file leaves out. A key kiln cannot honour is refused by name.
+//!
+//! What it sizes today is the KV cache ([`DeepseekV4Config::kv_layout`], laid out as
+//! llama.cpp's `llama_kv_cache_dsv4` keeps it); the forward pass is not written yet.
+
+use kiln_kv::{CacheKind, Growth, KvLayout, LayerCache};
+use kiln_tensor::RopeScaling;
+use serde_json::{Map, Value};
+
+use super::hf::{Fields, rope_dict};
+use super::limits;
+use crate::{ModelError, Result};
+
+/// A layer's attention.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum V4Attention {
+    /// The sliding window of raw K=V only (`sliding_attention`, ratio 0).
+    Sliding,
+    /// Compressed sparse attention: the window plus the indexer's top-k of entries pooled
+    /// every `ratio` tokens over overlapping windows (`compressed_sparse_attention`, 4).
+    Csa { ratio: u32 },
+    /// Heavily compressed attention: the window plus every entry pooled every `ratio` tokens
+    /// (`heavily_compressed_attention`, 128).
+    Hca { ratio: u32 },
+}
+
+/// The lightning indexer (CSA layers).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct V4Indexer {
+    pub heads: usize,
+    pub head_dim: usize,
+    pub topk: usize,
+}
+
+/// The hyper-connections (mHC) around every sublayer.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct V4HyperConnections {
+    pub streams: usize,
+    pub sinkhorn_iters: usize,
+    pub eps: f32,
+}
+
+/// The mixture of experts every layer has.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct V4Moe {
+    pub experts: usize,
+    pub used: usize,
+    pub shared: usize,
+    pub expert_ffn: usize,
+    /// Renormalise the chosen experts' scores (`norm_topk_prob`).
+    pub norm_topk: bool,
+    /// The routed weights' factor (`routed_scaling_factor`).
+    pub routed_scale: f32,
+    /// The first layers route by token id (`tid2eid`) instead of by score.
+    pub hash_layers: usize,
+    /// The clamp of the SwiGLU in routed and shared experts.
+    pub swiglu_limit: f32,
+}
+
+/// DeepSeek-V4's shape and hyperparameters.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DeepseekV4Config {
+    pub hidden: usize,
+    pub layers: usize,
+    pub heads: usize,
+    /// Of q and of the one shared K=V head.
+    pub head_dim: usize,
+    /// RoPE's channels: the last ones of each head.
+    pub rope_dim: usize,
+    pub q_lora_rank: usize,
+    pub o_groups: usize,
+    pub o_lora_rank: usize,
+    /// The raw K=V window every layer keeps.
+    pub window: usize,
+    pub attention: Vec<V4Attention>,
+    /// RoPE's base of sliding-only layers (no scaling).
+    pub rope_theta: f32,
+    /// RoPE's base and scaling of CSA and HCA layers (YaRN without its magnitude factor).
+    pub compress_rope_theta: f32,
+    pub compress_scaling: RopeScaling,
+    pub indexer: V4Indexer,
+    pub hc: V4HyperConnections,
+    pub moe: V4Moe,
+    pub vocab: usize,
+    pub rms_eps: f32,
+    pub max_position: usize,
+    pub tie_embeddings: bool,
+    /// Multi-token-prediction layers the checkpoint carries (unused for inference).
+    pub mtp_layers: usize,
+}
+
+/// transformers' `DeepseekV4Config` defaults (V4-Pro's shape where a file names nothing).
+const DEFAULT_CSA_RATIO: u32 = 4;
+const DEFAULT_HCA_RATIO: u32 = 128;
+const DEFAULT_HASH_LAYERS: usize = 3;
+
+impl DeepseekV4Config {
+    /// Reads `text`, the `config.json` at `file` (named in every error).
+    pub fn from_hf_json(file: &str, text: &str) -> Result<Self> {
+        let v: Map<String, Value> = serde_json::from_str(text).map_err(|e| ModelError::Config {
+            file: file.into(),
+            field: "(json)".into(),
+            problem: e.to_string(),
+        })?;
+        let f = Fields {
+            file,
+            prefix: "",
+            v: &v,
+        };
+        let model_type = f.get("model_type").and_then(Value::as_str).unwrap_or("");
+        if model_type != "deepseek_v4" {
+            return Err(f.err("model_type", format!("`{model_type}` is not deepseek_v4")));
+        }
+        let size_or = |k: &str, d: usize| -> Result<usize> { Ok(f.size_opt(k)?.unwrap_or(d)) };
+        let float_or = |k: &str, d: f32| -> Result<f32> { Ok(f.float(k)?.unwrap_or(d)) };
+        let layers = size_or("num_hidden_layers", 43)?;
+        let head_dim = size_or("head_dim", 512)?;
+        let rope_dim = match (
+            f.size_opt("qk_rope_head_dim")?,
+            f.float("partial_rotary_factor")?,
+        ) {
+            (Some(d), _) => d,
+            (None, Some(p)) => (head_dim as f32 * p) as usize,
+            (None, None) => head_dim / 8,
+        };
+        let heads = size_or("num_attention_heads", 64)?;
+        if let Some(kv) = f.size_opt("num_key_value_heads")?
+            && kv != 1
+        {
+            return Err(f.err(
+                "num_key_value_heads",
+                format!("{kv}: DeepSeek-V4 has one shared K=V head"),
+            ));
+        }
+        for (key, want) in [("hidden_act", "silu"), ("scoring_func", "sqrtsoftplus")] {
+            if let Some(got) = f.get(key).and_then(Value::as_str)
+                && got != want
+            {
+                return Err(f.err(key, format!("`{got}` is not supported ({want})")));
+            }
+        }
+        if f.bool("attention_bias") == Some(true) {
+            return Err(f.err("attention_bias", "true is not supported (no biases)"));
+        }
+        let moe = V4Moe {
+            experts: match f.size_opt("n_routed_experts")? {
+                Some(n) => n,
+                None => size_or("num_local_experts", 256)?,
+            },
+            used: size_or("num_experts_per_tok", 6)?,
+            shared: size_or("n_shared_experts", 1)?,
+            expert_ffn: size_or("moe_intermediate_size", 2048)?,
+            norm_topk: f.bool("norm_topk_prob").unwrap_or(true),
+            routed_scale: float_or("routed_scaling_factor", 1.5)?,
+            hash_layers: hash_layers(&f, layers)?,
+            swiglu_limit: float_or("swiglu_limit", 10.0)?,
+        };
+        if moe.used == 0 || moe.used > moe.experts {
+            return Err(f.err(
+                "num_experts_per_tok",
+                format!("{} of {} experts", moe.used, moe.experts),
+            ));
+        }
+        let (compress_rope_theta, compress_scaling) = compress_rope(&f)?;
+        let cfg = Self {
+            hidden: size_or("hidden_size", 4096)?,
+            layers,
+            heads,
+            head_dim,
+            rope_dim,
+            q_lora_rank: size_or("q_lora_rank", 1024)?,
+            o_groups: size_or("o_groups", 8)?,
+            o_lora_rank: size_or("o_lora_rank", 1024)?,
+            window: size_or("sliding_window", 128)?,
+            attention: attention(&f, layers)?,
+            rope_theta: main_rope_theta(&f)?,
+            compress_rope_theta,
+            compress_scaling,
+            indexer: V4Indexer {
+                heads: size_or("index_n_heads", 64)?,
+                head_dim: size_or("index_head_dim", 128)?,
+                topk: size_or("index_topk", 512)?,
+            },
+            hc: V4HyperConnections {
+                streams: size_or("hc_mult", 4)?,
+                sinkhorn_iters: size_or("hc_sinkhorn_iters", 20)?,
+                eps: float_or("hc_eps", 1e-6)?,
+            },
+            moe,
+            vocab: size_or("vocab_size", 129_280)?,
+            rms_eps: float_or("rms_norm_eps", 1e-6)?,
+            max_position: size_or("max_position_embeddings", 1 << 20)?,
+            tie_embeddings: f.bool("tie_word_embeddings").unwrap_or(false),
+            mtp_layers: size_or("num_nextn_predict_layers", 1)?,
+        };
+        cfg.check(&f)?;
+        Ok(cfg)
+    }
+
+    /// Sizes within [`limits`] and shapes that fit together.
+    fn check(&self, f: &Fields<'_>) -> Result<()> {
+        let bounded = [
+            ("num_hidden_layers", self.layers, limits::LAYERS),
+            ("hidden_size", self.hidden, limits::HIDDEN),
+            ("num_attention_heads", self.heads, limits::HEADS),
+            ("head_dim", self.head_dim, limits::HIDDEN),
+            ("vocab_size", self.vocab, limits::VOCAB),
+            ("moe_intermediate_size", self.moe.expert_ffn, limits::FFN),
+            ("sliding_window", self.window, limits::WINDOW),
+            ("index_head_dim", self.indexer.head_dim, limits::HIDDEN),
+            ("index_n_heads", self.indexer.heads, limits::HEADS),
+        ];
+        for (key, v, max) in bounded {
+            if v == 0 || v > max {
+                return Err(f.err(key, format!("{v} is outside 1..={max}")));
+            }
+        }
+        if self.rope_dim == 0 || self.rope_dim > self.head_dim || !self.rope_dim.is_multiple_of(2) {
+            return Err(f.err(
+                "qk_rope_head_dim",
+                format!(
+                    "{}: an even count of at most head_dim {}",
+                    self.rope_dim, self.head_dim
+                ),
+            ));
+        }
+        if self.o_groups == 0 || !self.heads.is_multiple_of(self.o_groups) {
+            return Err(f.err(
+                "o_groups",
+                format!("{} does not divide {} heads", self.o_groups, self.heads),
+            ));
+        }
+        if self.hc.streams == 0 || self.hc.sinkhorn_iters == 0 {
+            return Err(f.err("hc_mult", "hyper-connections need streams and iterations"));
+        }
+        Ok(())
+    }
+
+    /// One sequence's caches as llama.cpp's `llama_kv_cache_dsv4` keeps them (K=V, so one
+    /// vector an entry): every layer a ring of `window` raw rows of `head_dim`; a CSA layer one
+    /// entry of `head_dim` and one indexer key of `index_head_dim` every `ratio` tokens, and
+    /// its two overlapping compressors' state (2·ratio rows of kv and gate, 2·width wide, f32);
+    /// an HCA layer one entry every `ratio` tokens and its compressor's `ratio` rows of kv and
+    /// gate (f32).
+    pub fn kv_layout(&self) -> KvLayout {
+        let mut caches = Vec::new();
+        let (hd, id) = (self.head_dim as u32, self.indexer.head_dim as u32);
+        for (layer, a) in (0u32..).zip(&self.attention) {
+            let cache = |kind, width, vectors, growth, f32| LayerCache {
+                layer,
+                kind,
+                width,
+                vectors,
+                growth,
+                f32,
+            };
+            caches.push(cache(
+                CacheKind::Window,
+                hd,
+                1,
+                Growth::Last(self.window as u64),
+                false,
+            ));
+            match *a {
+                V4Attention::Sliding => {}
+                V4Attention::Csa { ratio } => {
+                    let r = u64::from(ratio);
+                    caches.extend([
+                        cache(CacheKind::Compressed, hd, 1, Growth::Every(r), false),
+                        cache(CacheKind::IndexerKeys, id, 1, Growth::Every(r), false),
+                        cache(
+                            CacheKind::CompressorState,
+                            2 * hd,
+                            2,
+                            Growth::Fixed(2 * r),
+                            true,
+                        ),
+                        cache(
+                            CacheKind::CompressorState,
+                            2 * id,
+                            2,
+                            Growth::Fixed(2 * r),
+                            true,
+                        ),
+                    ]);
+                }
+                V4Attention::Hca { ratio } => {
+                    let r = u64::from(ratio);
+                    caches.extend([
+                        cache(CacheKind::Compressed, hd, 1, Growth::Every(r), false),
+                        cache(CacheKind::CompressorState, hd, 2, Growth::Fixed(r), true),
+                    ]);
+                }
+            }
+        }
+        KvLayout { caches }
+    }
+}
+
+/// The layers' attention: `layer_types` (transformers), else `compress_ratios` (the hub's
+/// per-layer 0 / 4 / 128, MTP layers past the last), else transformers' default: V4-Pro's
+/// two HCA layers, then HCA and CSA alternating.
+fn attention(f: &Fields<'_>, layers: usize) -> Result<Vec<V4Attention>> {
+    let rates = f.get("compress_rates").and_then(Value::as_object);
+    let rate = |name: &str, legacy: &str, default: u32| -> Result<u32> {
+        let given = match rates.and_then(|r| r.get(name)) {
+            Some(x) => Some((format!("compress_rates.{name}"), x.clone())),
+            None => f.get(legacy).map(|x| (legacy.to_owned(), x.clone())),
+        };
+        match given {
+            None => Ok(default),
+            Some((key, x)) => x
+                .as_u64()
+                .filter(|&r| (2..=1 << 16).contains(&r))
+                .map(|r| r as u32)
+                .ok_or_else(|| f.err(&key, format!("{x} is not a compression ratio (2..=65536)"))),
+        }
+    };
+    let csa = rate(
+        "compressed_sparse_attention",
+        "compress_rate_csa",
+        DEFAULT_CSA_RATIO,
+    )?;
+    let hca = rate(
+        "heavily_compressed_attention",
+        "compress_rate_hca",
+        DEFAULT_HCA_RATIO,
+    )?;
+    let list = |key: &str| -> Result<Option<Vec<Value>>> {
+        match f.get(key) {
+            None => Ok(None),
+            Some(Value::Array(a)) if a.len() >= layers => Ok(Some(a[..layers].to_vec())),
+            Some(x) => Err(f.err(
+                key,
+                format!("{x} is not a list of at least {layers} layers"),
+            )),
+        }
+    };
+    if let Some(types) = list("layer_types")? {
+        return types
+            .iter()
+            .enumerate()
+            .map(|(i, t)| match t.as_str() {
+                Some("sliding_attention") => Ok(V4Attention::Sliding),
+                Some("compressed_sparse_attention") => Ok(V4Attention::Csa { ratio: csa }),
+                Some("heavily_compressed_attention") => Ok(V4Attention::Hca { ratio: hca }),
+                _ => Err(f.err(
+                    &format!("layer_types[{i}]"),
+                    format!(
+                        "{t} is not sliding_attention, compressed_sparse_attention or \
+                         heavily_compressed_attention"
+                    ),
+                )),
+            })
+            .collect();
+    }
+    if let Some(ratios) = list("compress_ratios")? {
+        return ratios
+            .iter()
+            .enumerate()
+            .map(|(i, r)| match r.as_u64() {
+                Some(0) => Ok(V4Attention::Sliding),
+                Some(4) => Ok(V4Attention::Csa { ratio: csa }),
+                Some(128) => Ok(V4Attention::Hca { ratio: hca }),
+                _ => Err(f.err(
+                    &format!("compress_ratios[{i}]"),
+                    format!("{r} is not 0, 4 or 128"),
+                )),
+            })
+            .collect();
+    }
+    Ok((0..layers)
+        .map(|i| {
+            if i < 2 || (i - 2) % 2 == 0 {
+                V4Attention::Hca { ratio: hca }
+            } else {
+                V4Attention::Csa { ratio: csa }
+            }
+        })
+        .collect())
+}
+
+/// Hash-routed layers: `mlp_layer_types` (transformers: `hash_moe` first, then `moe`), else
+/// `num_hash_layers`, else 3.
+fn hash_layers(f: &Fields<'_>, layers: usize) -> Result<usize> {
+    if let Some(types) = f.get("mlp_layer_types") {
+        let Some(types) = types.as_array() else {
+            return Err(f.err("mlp_layer_types", format!("{types} is not a list")));
+        };
+        let hashed = types
+            .iter()
+            .take(layers)
+            .take_while(|t| t.as_str() == Some("hash_moe"))
+            .count();
+        for (i, t) in types.iter().enumerate().take(layers).skip(hashed) {
+            if t.as_str() != Some("moe") {
+                return Err(f.err(
+                    &format!("mlp_layer_types[{i}]"),
+                    format!("{t}: hash_moe layers first, then moe"),
+                ));
+            }
+        }
+        return Ok(hashed);
+    }
+    Ok(f.size_opt("num_hash_layers")?
+        .unwrap_or(DEFAULT_HASH_LAYERS)
+        .min(layers))
+}
+
+/// Sliding-only layers' RoPE base: `rope_parameters.main.rope_theta`, else `rope_theta`.
+fn main_rope_theta(f: &Fields<'_>) -> Result<f32> {
+    if let Some(main) = f.get("rope_parameters").and_then(|p| p.get("main")) {
+        let (theta, scaling) = rope_dict(f, "rope_parameters.main", main)?;
+        if scaling != RopeScaling::None {
+            return Err(f.err(
+                "rope_parameters.main.rope_type",
+                "sliding-only layers take plain RoPE",
+            ));
+        }
+        if let Some(t) = theta {
+            return Ok(t);
+        }
+    }
+    Ok(f.float("rope_theta")?.unwrap_or(10_000.0))
+}
+
+/// CSA and HCA layers' RoPE: `rope_parameters.compress` (transformers), else
+/// `compress_rope_theta` with `rope_scaling` or a flat `rope_parameters` (which apply to these
+/// layers only);
+/// YaRN without its magnitude factor, as both references run it.
+fn compress_rope(f: &Fields<'_>) -> Result<(f32, RopeScaling)> {
+    let nested = f.get("rope_parameters").and_then(|p| p.get("compress"));
+    let (field, dict) = match (nested, f.get("rope_parameters")) {
+        (Some(c), _) => ("rope_parameters.compress", Some(c)),
+        // A flat `rope_parameters` is the compressed layers' scaling, as `rope_scaling` is.
+        (None, Some(p)) if p.get("main").is_none() => ("rope_parameters", Some(p)),
+        _ => ("rope_scaling", f.get("rope_scaling")),
+    };
+    let (dict_theta, scaling) = match dict {
+        Some(d) => rope_dict(f, field, d)?,
+        None => (None, RopeScaling::None),
+    };
+    // Only the nested form carries the compressed layers' own base.
+    let theta = match (nested.is_some(), dict_theta) {
+        (true, Some(t)) => t,
+        _ => f.float("compress_rope_theta")?.unwrap_or(160_000.0),
+    };
+    let scaling = match scaling {
+        RopeScaling::Yarn {
+            factor,
+            original_max_position,
+            beta_fast,
+            beta_slow,
+            truncate,
+            ..
+        } => RopeScaling::Yarn {
+            factor,
+            original_max_position,
+            beta_fast,
+            beta_slow,
+            attention_factor: 1.0,
+            truncate,
+        },
+        RopeScaling::None => RopeScaling::None,
+        _ => {
+            return Err(f.err(
+                field,
+                "compressed layers take YaRN or plain RoPE (DeepSeek-V4)",
+            ));
+        }
+    };
+    Ok((theta, scaling))
+}
