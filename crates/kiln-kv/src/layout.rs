@@ -158,14 +158,25 @@ impl KvLayout {
             .sum()
     }
 
+    /// Bytes of the caches of `kind` after `tokens` tokens.
+    pub fn kind_bytes(&self, kind: CacheKind, tokens: u64, dtype: KvDtype) -> u64 {
+        self.caches
+            .iter()
+            .filter(|c| c.kind == kind)
+            .map(|c| c.bytes_at(tokens, dtype))
+            .sum()
+    }
+
     /// Bytes by kind of cache after `tokens` tokens, in [`CacheKind`] order, kinds with none
     /// left out.
     pub fn by_kind(&self, tokens: u64, dtype: KvDtype) -> Vec<(CacheKind, u64)> {
-        let mut out: std::collections::BTreeMap<CacheKind, u64> = Default::default();
-        for c in &self.caches {
-            *out.entry(c.kind).or_default() += c.bytes_at(tokens, dtype);
-        }
-        out.into_iter().filter(|&(_, b)| b > 0).collect()
+        let kinds: std::collections::BTreeSet<CacheKind> =
+            self.caches.iter().map(|c| c.kind).collect();
+        kinds
+            .into_iter()
+            .map(|k| (k, self.kind_bytes(k, tokens, dtype)))
+            .filter(|&(_, b)| b > 0)
+            .collect()
     }
 }
 

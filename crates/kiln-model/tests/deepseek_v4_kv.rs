@@ -153,31 +153,14 @@ fn kv_bytes_at_one_million_tokens_against_dense_attention_and_v3_2() {
     assert_eq!(mla.values_per_token(), 61.0 * (512.0 + 64.0 + 128.0));
     // What does not grow: 43 windows of 128 rows, and the compressors' pending windows.
     let fl = flash.kv_layout();
-    let window: u64 = fl
-        .by_kind(MILLION, dt)
-        .iter()
-        .filter(|(k, _)| *k == CacheKind::Window)
-        .map(|(_, b)| b)
-        .sum();
+    let window = fl.kind_bytes(CacheKind::Window, MILLION, dt);
     assert_eq!(window, 43 * 128 * 512 * 2);
-    let state: u64 = fl
-        .by_kind(MILLION, dt)
-        .iter()
-        .filter(|(k, _)| *k == CacheKind::CompressorState)
-        .map(|(_, b)| b)
-        .sum();
+    let state = fl.kind_bytes(CacheKind::CompressorState, MILLION, dt);
     assert_eq!(
         state,
         21 * (8 * 1024 * 2 * 4 + 8 * 256 * 2 * 4) + 20 * 128 * 512 * 2 * 4
     );
-    assert_eq!(
-        state,
-        fl.by_kind(1, dt)
-            .iter()
-            .find(|(k, _)| *k == CacheKind::CompressorState)
-            .unwrap()
-            .1
-    );
+    assert_eq!(state, fl.kind_bytes(CacheKind::CompressorState, 1, dt));
     let share = fl.bytes_at(MILLION, dt) as f64 / v32_bytes;
     println!(
         "V4-Flash holds {:.1}% of V3.2's KV bytes at 2^20 tokens (published: about 10%); \

@@ -199,7 +199,10 @@ fn info_prints_the_kv_layout_cache_by_cache() {
         "1000",
     ]));
     // 30 layers × 2 × 3 KV heads × 64 × 2 bytes.
-    assert!(out.contains("full K/V: 23040 bytes a token; 23040000 bytes"), "{out}");
+    assert!(
+        out.contains("full K/V: 23040 bytes a token; 23040000 bytes"),
+        "{out}"
+    );
     let dir = std::env::temp_dir().join(format!("kiln-v4-info-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let fixture = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -207,7 +210,13 @@ fn info_prints_the_kv_layout_cache_by_cache() {
     let text = std::fs::read_to_string(fixture).unwrap();
     std::fs::write(dir.join("config.json"), &text).unwrap();
     let path = dir.to_str().unwrap();
-    let out = stdout(&kiln(&["info", "--model", path, "--context-len", "1048576"]));
+    let out = stdout(&kiln(&[
+        "info",
+        "--model",
+        path,
+        "--context-len",
+        "1048576",
+    ]));
     for needle in [
         "kiln cannot run its forward pass yet",
         "43 layers: 2 sliding-window only, 21 CSA, 20 HCA; window 128",

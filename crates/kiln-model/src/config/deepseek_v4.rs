@@ -450,29 +450,18 @@ fn compress_rope(f: &Fields<'_>) -> Result<(f32, RopeScaling)> {
         (true, Some(t)) => t,
         _ => f.float("compress_rope_theta")?.unwrap_or(160_000.0),
     };
-    let scaling = match scaling {
+    let mut scaling = scaling;
+    match &mut scaling {
         RopeScaling::Yarn {
-            factor,
-            original_max_position,
-            beta_fast,
-            beta_slow,
-            truncate,
-            ..
-        } => RopeScaling::Yarn {
-            factor,
-            original_max_position,
-            beta_fast,
-            beta_slow,
-            attention_factor: 1.0,
-            truncate,
-        },
-        RopeScaling::None => RopeScaling::None,
+            attention_factor, ..
+        } => *attention_factor = 1.0,
+        RopeScaling::None => {}
         _ => {
             return Err(f.err(
                 field,
                 "compressed layers take YaRN or plain RoPE (DeepSeek-V4)",
             ));
         }
-    };
+    }
     Ok((theta, scaling))
 }
