@@ -7,6 +7,10 @@
 // major), B is Wᵀ's (W's rows are B's columns: column major). The accumulators go through
 // workgroup memory to Y, so partial tiles at the edges and the bias need no second path.
 // The including launcher puts `enable wgpu_cooperative_matrix;` first and requires F16.
+// Before the first GPU run: naga 30 writes the module under the Vulkan memory model but its
+// barriers without MakeAvailable/MakeVisible (wgpu issue 8805); if tiles come out stale on a
+// GPU, the hand-offs through workgroup memory (staging to loads, stores to the copy) are the
+// first suspects.
 
 struct Params {
     m: u32,
@@ -52,10 +56,17 @@ fn main(
     if (m0 >= p.m) {
         return;
     }
-    var c00 = coop_mat16x16<f32, C>();
-    var c01 = coop_mat16x16<f32, C>();
-    var c10 = coop_mat16x16<f32, C>();
-    var c11 = coop_mat16x16<f32, C>();
+    // The accumulators start as loads of a zeroed tile rather than as constant zeros (an
+    // OpConstantNull of a cooperative matrix type, which Vulkan's conformance tests do not
+    // cover and one driver has mishandled).
+    for (var e = lid; e < BM * BN; e += SG) {
+        ys[e] = 0.0;
+    }
+    workgroupBarrier();
+    var c00 = coopLoadT<coop_mat16x16<f32, C>>(&ys[0u], BN);
+    var c01 = coopLoadT<coop_mat16x16<f32, C>>(&ys[16u], BN);
+    var c10 = coopLoadT<coop_mat16x16<f32, C>>(&ys[16u * BN], BN);
+    var c11 = coopLoadT<coop_mat16x16<f32, C>>(&ys[16u * BN + 16u], BN);
     for (var k0 = 0u; k0 < p.k; k0 += KS) {
         for (var e = lid; e < BM * KS; e += SG) {
             let r = e / KS;
