@@ -172,6 +172,32 @@ fn kv_bytes_at_one_million_tokens_against_dense_attention_and_v3_2() {
     assert!((0.079..0.082).contains(&share), "{share}");
 }
 
+/// Where a file names a thing twice, transformers' reading wins: `partial_rotary_factor` over
+/// `qk_rope_head_dim`, `num_local_experts` over `n_routed_experts`, `intermediate_size` over
+/// `moe_intermediate_size`, the legacy `compress_rate_csa` over `compress_rates`,
+/// `rope_scaling` over `rope_parameters`.
+#[test]
+fn names_given_twice_resolve_as_transformers_resolves_them() {
+    let (file, text) = fixture("v4_flash_config.json");
+    let mut c: serde_json::Value = serde_json::from_str(&text).unwrap();
+    c["partial_rotary_factor"] = 0.25.into();
+    c["num_local_experts"] = 128.into();
+    c["intermediate_size"] = 1024.into();
+    c["compress_rates"] = serde_json::json!({
+        "compressed_sparse_attention": 8,
+        "heavily_compressed_attention": 64
+    });
+    c["compress_rate_csa"] = 16.into();
+    c["rope_parameters"] =
+        serde_json::json!({"main": {"rope_theta": 777.0}, "compress": {"rope_theta": 123.0}});
+    let v = DeepseekV4Config::from_hf_json(&file, &c.to_string()).unwrap();
+    assert_eq!(v.rope_dim, 128);
+    assert_eq!((v.moe.experts, v.moe.expert_ffn), (128, 1024));
+    assert_eq!(v.attention[2], V4Attention::Csa { ratio: 16 });
+    assert_eq!(v.attention[3], V4Attention::Hca { ratio: 64 });
+    assert_eq!((v.rope_theta, v.compress_rope_theta), (10_000.0, 160_000.0));
+}
+
 #[test]
 fn keys_kiln_cannot_honour_are_refused_by_name() {
     let (file, text) = fixture("v4_flash_config.json");
@@ -210,6 +236,36 @@ fn keys_kiln_cannot_honour_are_refused_by_name() {
         .starts_with("rope_scaling")
     );
     assert!(field(with("model_type", "deepseek_v3".into())).starts_with("model_type"));
+    // Where transformers and llama.cpp read a key differently, only their common value.
+    assert!(field(with("norm_topk_prob", false.into())).starts_with("norm_topk_prob"));
+    assert!(field(with("n_shared_experts", 2.into())).starts_with("n_shared_experts: 2"));
+    assert!(field(with("mlp_bias", true.into())).starts_with("mlp_bias"));
+    let mut yarn = base["rope_scaling"].clone();
+    yarn["attention_factor"] = 1.3.into();
+    assert!(field(with("rope_scaling", yarn)).starts_with("rope_scaling.attention_factor: 1.3"));
+    assert!(field(with("compress_rates", 4.into())).starts_with("compress_rates: 4"));
+    assert!(
+        field(with(
+            "compress_rates",
+            serde_json::json!({"compressed_sparse_attention": 8})
+        ))
+        .starts_with("compress_rates.heavily_compressed_attention: missing")
+    );
+    let (pro_file, pro_text) = fixture("transformers_default_config.json");
+    let mut half: serde_json::Value = serde_json::from_str(&pro_text).unwrap();
+    half["rope_parameters"]
+        .as_object_mut()
+        .unwrap()
+        .remove("compress");
+    let e = DeepseekV4Config::from_hf_json(&pro_file, &half.to_string()).unwrap_err();
+    assert!(field(e).starts_with("rope_parameters.compress: missing"));
+    assert!(
+        field(with(
+            "mlp_layer_types",
+            serde_json::json!(["hash_moe", "moe"])
+        ))
+        .starts_with("mlp_layer_types")
+    );
     // The window and state caches are the layout's only fixed parts.
     let l = v4("v4_flash_config.json").kv_layout();
     assert!(l.caches.iter().all(|c: &LayerCache| matches!(

@@ -50,10 +50,9 @@ pub struct V4HyperConnections {
 pub struct V4Moe {
     pub experts: usize,
     pub used: usize,
-    pub shared: usize,
+    /// The routed experts' width, and the one shared expert's (transformers builds exactly
+    /// one; the chosen experts' scores are always renormalised).
     pub expert_ffn: usize,
-    /// Renormalise the chosen experts' scores (`norm_topk_prob`).
-    pub norm_topk: bool,
     /// The routed weights' factor (`routed_scaling_factor`).
     pub routed_scale: f32,
     /// The first layers route by token id (`tid2eid`) instead of by score.
@@ -120,12 +119,13 @@ impl DeepseekV4Config {
         let float_or = |k: &str, d: f32| -> Result<f32> { Ok(f.float(k)?.unwrap_or(d)) };
         let layers = size_or("num_hidden_layers", 43)?;
         let head_dim = size_or("head_dim", 512)?;
+        // transformers: `partial_rotary_factor` first, then the legacy `qk_rope_head_dim`.
         let rope_dim = match (
-            f.size_opt("qk_rope_head_dim")?,
             f.float("partial_rotary_factor")?,
+            f.size_opt("qk_rope_head_dim")?,
         ) {
-            (Some(d), _) => d,
-            (None, Some(p)) => (head_dim as f32 * p) as usize,
+            (Some(p), _) => (head_dim as f32 * p).round() as usize,
+            (None, Some(d)) => d,
             (None, None) => head_dim / 8,
         };
         let heads = size_or("num_attention_heads", 64)?;
@@ -144,18 +144,35 @@ impl DeepseekV4Config {
                 return Err(f.err(key, format!("`{got}` is not supported ({want})")));
             }
         }
-        if f.bool("attention_bias") == Some(true) {
-            return Err(f.err("attention_bias", "true is not supported (no biases)"));
+        for key in ["attention_bias", "mlp_bias"] {
+            if f.bool(key) == Some(true) {
+                return Err(f.err(key, "true is not supported (no biases)"));
+            }
+        }
+        // Where transformers and llama.cpp read a key differently, only the value both agree
+        // on is taken: transformers always renormalises and builds one shared expert.
+        if f.bool("norm_topk_prob") == Some(false) {
+            return Err(f.err(
+                "norm_topk_prob",
+                "false is not supported (the chosen experts' scores are renormalised)",
+            ));
+        }
+        if let Some(n) = f.size_opt("n_shared_experts")?
+            && n != 1
+        {
+            return Err(f.err("n_shared_experts", format!("{n} is not supported (one)")));
         }
         let moe = V4Moe {
-            experts: match f.size_opt("n_routed_experts")? {
+            // transformers' own names win over the aliases it folds in.
+            experts: match f.size_opt("num_local_experts")? {
                 Some(n) => n,
-                None => size_or("num_local_experts", 256)?,
+                None => size_or("n_routed_experts", 256)?,
             },
             used: size_or("num_experts_per_tok", 6)?,
-            shared: size_or("n_shared_experts", 1)?,
-            expert_ffn: size_or("moe_intermediate_size", 2048)?,
-            norm_topk: f.bool("norm_topk_prob").unwrap_or(true),
+            expert_ffn: match f.size_opt("intermediate_size")? {
+                Some(n) => n,
+                None => size_or("moe_intermediate_size", 2048)?,
+            },
             routed_scale: float_or("routed_scaling_factor", 1.5)?,
             hash_layers: hash_layers(&f, layers)?,
             swiglu_limit: float_or("swiglu_limit", 10.0)?,
@@ -166,7 +183,8 @@ impl DeepseekV4Config {
                 format!("{} of {} experts", moe.used, moe.experts),
             ));
         }
-        let (compress_rope_theta, compress_scaling) = compress_rope(&f)?;
+        let max_position = size_or("max_position_embeddings", 1 << 20)?;
+        let rope = rope_params(&f, rope_dim as f32 / head_dim as f32, max_position)?;
         let cfg = Self {
             hidden: size_or("hidden_size", 4096)?,
             layers,
@@ -178,9 +196,9 @@ impl DeepseekV4Config {
             o_lora_rank: size_or("o_lora_rank", 1024)?,
             window: size_or("sliding_window", 128)?,
             attention: attention(&f, layers)?,
-            rope_theta: main_rope_theta(&f)?,
-            compress_rope_theta,
-            compress_scaling,
+            rope_theta: rope.main_theta,
+            compress_rope_theta: rope.compress_theta,
+            compress_scaling: rope.compress_scaling,
             indexer: V4Indexer {
                 heads: size_or("index_n_heads", 64)?,
                 head_dim: size_or("index_head_dim", 128)?,
@@ -194,7 +212,7 @@ impl DeepseekV4Config {
             moe,
             vocab: size_or("vocab_size", 129_280)?,
             rms_eps: float_or("rms_norm_eps", 1e-6)?,
-            max_position: size_or("max_position_embeddings", 1 << 20)?,
+            max_position,
             tie_embeddings: f.bool("tie_word_embeddings").unwrap_or(false),
             mtp_layers: size_or("num_nextn_predict_layers", 1)?,
         };
@@ -306,11 +324,25 @@ impl DeepseekV4Config {
 /// per-layer 0 / 4 / 128, MTP layers past the last), else transformers' default: V4-Pro's
 /// two HCA layers, then HCA and CSA alternating.
 fn attention(f: &Fields<'_>, layers: usize) -> Result<Vec<V4Attention>> {
-    let rates = f.get("compress_rates").and_then(Value::as_object);
+    let rates = match f.get("compress_rates") {
+        None => None,
+        Some(Value::Object(r)) => Some(r),
+        Some(x) => return Err(f.err("compress_rates", format!("{x} is not an object"))),
+    };
+    // transformers: the legacy scalars override the dict; the dict names both types.
     let rate = |name: &str, legacy: &str, default: u32| -> Result<u32> {
-        let given = match rates.and_then(|r| r.get(name)) {
-            Some(x) => Some((format!("compress_rates.{name}"), x.clone())),
-            None => f.get(legacy).map(|x| (legacy.to_owned(), x.clone())),
+        let given = match (f.get(legacy), rates) {
+            (Some(x), _) => Some((legacy.to_owned(), x.clone())),
+            (None, Some(r)) => match r.get(name) {
+                Some(x) => Some((format!("compress_rates.{name}"), x.clone())),
+                None => {
+                    return Err(f.err(
+                        &format!("compress_rates.{name}"),
+                        "missing (the dict names both compressed layer types)",
+                    ));
+                }
+            },
+            (None, None) => None,
         };
         match given {
             None => Ok(default),
@@ -389,8 +421,11 @@ fn attention(f: &Fields<'_>, layers: usize) -> Result<Vec<V4Attention>> {
 /// `num_hash_layers`, else 3.
 fn hash_layers(f: &Fields<'_>, layers: usize) -> Result<usize> {
     if let Some(types) = f.get("mlp_layer_types") {
-        let Some(types) = types.as_array() else {
-            return Err(f.err("mlp_layer_types", format!("{types} is not a list")));
+        let Some(types) = types.as_array().filter(|t| t.len() >= layers) else {
+            return Err(f.err(
+                "mlp_layer_types",
+                format!("{types} is not a list of at least {layers} layers"),
+            ));
         };
         let hashed = types
             .iter()
@@ -412,45 +447,117 @@ fn hash_layers(f: &Fields<'_>, layers: usize) -> Result<usize> {
         .min(layers))
 }
 
-/// Sliding-only layers' RoPE base: `rope_parameters.main.rope_theta`, else `rope_theta`.
-fn main_rope_theta(f: &Fields<'_>) -> Result<f32> {
-    if let Some(main) = f.get("rope_parameters").and_then(|p| p.get("main")) {
-        let (theta, scaling) = rope_dict(f, "rope_parameters.main", main)?;
-        if scaling != RopeScaling::None {
+/// The two RoPEs: sliding-only layers' (plain) and compressed layers' (YaRN or plain).
+struct V4Rope {
+    main_theta: f32,
+    compress_theta: f32,
+    compress_scaling: RopeScaling,
+}
+
+/// [`V4Rope`] as transformers resolves it: `rope_scaling` wins (it is the compressed layers'
+/// scaling, their base `compress_rope_theta`, the main base `rope_theta`); else a nested
+/// `rope_parameters` with both `main` and `compress`, each with its own `rope_theta` and
+/// `partial_rotary_factor` (kiln takes one rotary width for both, `factor`); else a flat
+/// `rope_parameters` as the compressed layers' scaling. YaRN runs without its magnitude
+/// factor in both references (transformers sets it to 1 where a file leaves it out,
+/// llama.cpp cancels it): a file that gives another is refused, as is nested YaRN without
+/// one, which transformers would apply.
+fn rope_params(f: &Fields<'_>, factor: f32, max_position: usize) -> Result<V4Rope> {
+    let top_theta = |k: &str, d: f32| -> Result<f32> { Ok(f.float(k)?.unwrap_or(d)) };
+    let params = f.get("rope_parameters");
+    let nested = params.filter(|p| p.get("main").is_some() || p.get("compress").is_some());
+    if let (None, Some(p)) = (f.get("rope_scaling"), nested) {
+        let mut thetas = [0f32; 2];
+        for (i, half) in ["main", "compress"].into_iter().enumerate() {
+            let field = format!("rope_parameters.{half}");
+            let Some(d) = p.get(half).filter(|d| d.is_object()) else {
+                return Err(f.err(&field, "missing: `main` and `compress` come together"));
+            };
+            let got = d.get("partial_rotary_factor").and_then(Value::as_f64);
+            if got.is_none_or(|g| (g as f32 - factor).abs() > 1e-6) {
+                return Err(f.err(
+                    &format!("{field}.partial_rotary_factor"),
+                    format!("{got:?}: kiln rotates the same {factor} of each head in every layer"),
+                ));
+            }
+            thetas[i] = d
+                .get("rope_theta")
+                .and_then(Value::as_f64)
+                .ok_or_else(|| f.err(&format!("{field}.rope_theta"), "missing"))?
+                as f32;
+        }
+        let (_, main) = rope_dict(f, "rope_parameters.main", &p["main"])?;
+        if main != RopeScaling::None {
             return Err(f.err(
                 "rope_parameters.main.rope_type",
                 "sliding-only layers take plain RoPE",
             ));
         }
-        if let Some(t) = theta {
-            return Ok(t);
+        let compress = &p["compress"];
+        if compress.get("attention_factor").is_none() && yarn(compress) {
+            return Err(f.err(
+                "rope_parameters.compress.attention_factor",
+                "missing: transformers would scale by YaRN's factor, llama.cpp would not",
+            ));
         }
+        return Ok(V4Rope {
+            main_theta: thetas[0],
+            compress_theta: thetas[1],
+            compress_scaling: compress_scaling(
+                f,
+                "rope_parameters.compress",
+                compress,
+                max_position,
+            )?,
+        });
     }
-    Ok(f.float("rope_theta")?.unwrap_or(10_000.0))
+    let (field, dict) = match f.get("rope_scaling") {
+        Some(s) => ("rope_scaling", Some(s)),
+        None => ("rope_parameters", params),
+    };
+    Ok(V4Rope {
+        main_theta: top_theta("rope_theta", 10_000.0)?,
+        compress_theta: top_theta("compress_rope_theta", 160_000.0)?,
+        compress_scaling: match dict {
+            Some(d) => compress_scaling(f, field, d, max_position)?,
+            None => RopeScaling::None,
+        },
+    })
 }
 
-/// CSA and HCA layers' RoPE: `rope_parameters.compress` (transformers), else
-/// `compress_rope_theta` with `rope_scaling` or a flat `rope_parameters` (which apply to these
-/// layers only);
-/// YaRN without its magnitude factor, as both references run it.
-fn compress_rope(f: &Fields<'_>) -> Result<(f32, RopeScaling)> {
-    let nested = f.get("rope_parameters").and_then(|p| p.get("compress"));
-    let (field, dict) = match (nested, f.get("rope_parameters")) {
-        (Some(c), _) => ("rope_parameters.compress", Some(c)),
-        // A flat `rope_parameters` is the compressed layers' scaling, as `rope_scaling` is.
-        (None, Some(p)) if p.get("main").is_none() => ("rope_parameters", Some(p)),
-        _ => ("rope_scaling", f.get("rope_scaling")),
-    };
-    let (dict_theta, scaling) = match dict {
-        Some(d) => rope_dict(f, field, d)?,
-        None => (None, RopeScaling::None),
-    };
-    // Only the nested form carries the compressed layers' own base.
-    let theta = match (nested.is_some(), dict_theta) {
-        (true, Some(t)) => t,
-        _ => f.float("compress_rope_theta")?.unwrap_or(160_000.0),
-    };
-    let mut scaling = scaling;
+fn yarn(d: &Value) -> bool {
+    let ty = d.get("rope_type").or_else(|| d.get("type"));
+    ty.and_then(Value::as_str) == Some("yarn")
+}
+
+/// The compressed layers' scaling from `d` (at `field`): YaRN with its magnitude factor 1 (a
+/// file's other value refused), or plain. `factor` must be given; the original context
+/// defaults to the model's.
+fn compress_scaling(
+    f: &Fields<'_>,
+    field: &str,
+    d: &Value,
+    max_position: usize,
+) -> Result<RopeScaling> {
+    if yarn(d) {
+        if d.get("factor").and_then(Value::as_f64).is_none() {
+            return Err(f.err(&format!("{field}.factor"), "missing"));
+        }
+        if let Some(a) = d.get("attention_factor").and_then(Value::as_f64)
+            && a != 1.0
+        {
+            return Err(f.err(
+                &format!("{field}.attention_factor"),
+                format!("{a} is not supported (1: DeepSeek-V4 runs YaRN without it)"),
+            ));
+        }
+    }
+    let mut d = d.clone();
+    if let Some(o) = d.as_object_mut() {
+        o.entry("original_max_position_embeddings")
+            .or_insert_with(|| Value::from(max_position as u64));
+    }
+    let (_, mut scaling) = rope_dict(f, field, &d)?;
     match &mut scaling {
         RopeScaling::Yarn {
             attention_factor, ..
@@ -463,5 +570,5 @@ fn compress_rope(f: &Fields<'_>) -> Result<(f32, RopeScaling)> {
             ));
         }
     }
-    Ok((theta, scaling))
+    Ok(scaling)
 }

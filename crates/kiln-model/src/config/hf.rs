@@ -100,7 +100,8 @@ pub(super) fn rope_dict(
             // ratio, the attention factor 0.1·ln(factor) + 1 (or DeepSeek's mscale ratio).
             let original = match s
                 .get("original_max_position_embeddings")
-                .and_then(Value::as_u64)
+                .and_then(Value::as_f64)
+                .filter(|&o| o >= 1.0)
             {
                 Some(o) => o as u32,
                 None => f.size("max_position_embeddings")? as u32,
