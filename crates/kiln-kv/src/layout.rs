@@ -80,6 +80,15 @@ impl LayerCache {
     pub fn bytes_at(&self, tokens: u64, dtype: KvDtype) -> u64 {
         self.growth.entries(tokens) * self.entry_bytes(dtype)
     }
+
+    /// Bytes a token adds once the sequence is long (an entry's bytes spread over its
+    /// `ratio` tokens); `None` for a cache of fixed size.
+    pub fn bytes_per_token(&self, dtype: KvDtype) -> Option<f64> {
+        match self.growth {
+            Growth::Every(r) => Some(self.entry_bytes(dtype) as f64 / r.max(1) as f64),
+            Growth::Last(_) | Growth::Fixed(_) => None,
+        }
+    }
 }
 
 /// Every cache of one sequence.
@@ -137,10 +146,7 @@ impl KvLayout {
     pub fn bytes_per_token(&self, dtype: KvDtype) -> f64 {
         self.caches
             .iter()
-            .filter_map(|c| match c.growth {
-                Growth::Every(r) => Some(c.entry_bytes(dtype) as f64 / r.max(1) as f64),
-                Growth::Last(_) | Growth::Fixed(_) => None,
-            })
+            .filter_map(|c| c.bytes_per_token(dtype))
             .sum()
     }
 

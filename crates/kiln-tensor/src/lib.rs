@@ -26,6 +26,6 @@ pub use ops::{
     Activation, ColumnIndex, LinearOps, MAX_EXPERTS, MAX_EXPERTS_USED, RmsNorm, RopeConfig,
     RopeLayout, RopePositions, RopeScaling, RopeTable, Router, Routes,
 };
-pub use quant::{dequantize, quantize};
+pub use quant::{dequantize, int8_activation_bounds, quantize};
 pub use recorder::Recorder;
 pub use tensor::Tensor;

@@ -80,7 +80,7 @@ fn the_integer_dot_product_matvec_matches_the_reference_within_int8_rounding() {
                 let (want, wq) = run(&Device::reference());
                 let (got, _) = run(&dev);
                 // 8-bit X's rounding, then the f32 sums' share.
-                let bound: Vec<f32> = kiln_testkit::int8_x_bounds(&x, &wq, k)
+                let bound: Vec<f32> = kiln_tensor::int8_activation_bounds(&x, &wq, k)
                     .iter()
                     .map(|b| b * 1.01 + 1e-4)
                     .collect();

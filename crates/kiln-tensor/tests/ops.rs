@@ -393,7 +393,7 @@ fn int8_x_bound(dtype: DType, c: Case, o: &Operands, m: usize, k: usize) -> f32 
     };
     rec.submit().unwrap();
     let (x, w) = (x.to_f32_vec().unwrap(), wt.to_f32_vec().unwrap());
-    kiln_testkit::int8_x_bounds(&x, &w, k)
+    kiln_tensor::int8_activation_bounds(&x, &w, k)
         .into_iter()
         .fold(0f32, f32::max)
 }

@@ -120,7 +120,9 @@ pub fn wgpu_other_kernels() -> Option<Device> {
 }
 
 /// The native CPU backend at the best ISA this CPU has (and `KILN_CPU_ISA` allows), a thread
-/// a core, opened once per test binary.
+/// a core, opened once per test binary. It fails the calling test when the backend cannot
+/// open (a bad `KILN_CPU_ISA`): on purpose, as a missing model or adapter does, since this
+/// crate is only a dev-dependency.
 pub fn native_cpu() -> Device {
     static D: OnceLock<Device> = OnceLock::new();
     D.get_or_init(|| Device::cpu().unwrap_or_else(|e| panic!("native CPU backend: {e}")))
@@ -133,28 +135,4 @@ pub fn devices() -> Vec<(&'static str, Device)> {
     let mut v = vec![("reference", Device::reference()), ("cpu", native_cpu())];
     v.extend(wgpu().map(|d| ("wgpu", d)));
     v
-}
-
-/// How far each output of X `[m, k]` · W `[n, k]`ᵀ may move when X is quantized to 8 bits a
-/// 32-element block (the native CPU backend, the integer dot product kernel): each element by
-/// at most half a step (its block's max |x| / 254), so output (i, r) by Σ |w_rc|·step_c / 2.
-/// `w` is the weight as the reference dequantizes it; `k` a multiple of 32. Row-major, `m·n`
-/// bounds; the f32 sums' own rounding is the caller's to add.
-pub fn int8_x_bounds(x: &[f32], w: &[f32], k: usize) -> Vec<f32> {
-    let half_step: Vec<f32> = x
-        .chunks_exact(32)
-        .map(|b| b.iter().fold(0f32, |a, v| a.max(v.abs())) / 254.0)
-        .collect();
-    let mut out = Vec::with_capacity(x.len() / k * (w.len() / k));
-    for i in 0..x.len() / k {
-        for wr in w.chunks_exact(k) {
-            out.push(
-                wr.iter()
-                    .enumerate()
-                    .map(|(e, v)| v.abs() * half_step[(i * k + e) / 32])
-                    .sum(),
-            );
-        }
-    }
-    out
 }

@@ -40,10 +40,7 @@ fn print_layout(layout: &KvLayout, context: u64) {
             .caches
             .iter()
             .filter(|c| c.kind == kind)
-            .filter_map(|c| match c.growth {
-                kiln_kv::Growth::Every(r) => Some(c.entry_bytes(dt) as f64 / r as f64),
-                _ => None,
-            })
+            .filter_map(|c| c.bytes_per_token(dt))
             .sum();
         let rate = if per_token > 0.0 {
             format!("{per_token} bytes a token")

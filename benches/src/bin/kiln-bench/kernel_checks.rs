@@ -504,7 +504,7 @@ pub(crate) fn experimental_checks(seed: u64) -> anyhow::Result<Vec<Check>> {
 }
 
 /// X `[m, k]` · W `[n, k]`ᵀ with W in `dtype` through the integer dot product kernel on `dev`
-/// against the reference, within 8-bit X's rounding (`kiln_testkit::int8_x_bounds`) and the
+/// against the reference, within 8-bit X's rounding (`kiln_tensor::int8_activation_bounds`) and the
 /// f32 sums' share.
 fn dp4a_check(dev: &Device, dtype: DType, m: usize, k: usize, seed: u64) -> anyhow::Result<Check> {
     let n = 96;
@@ -521,7 +521,7 @@ fn dp4a_check(dev: &Device, dtype: DType, m: usize, k: usize, seed: u64) -> anyh
     let (want, wf) = run(&Device::Reference)?;
     let (got, _) = run(dev)?;
     let scale = want.iter().fold(1.0f32, |a, v| a.max(v.abs()));
-    let bounds = kiln_testkit::int8_x_bounds(&x, &wf, k);
+    let bounds = kiln_tensor::int8_activation_bounds(&x, &wf, k);
     let (mut worst_ratio, mut err, mut bound_at) = (0f32, 0f32, 0f32);
     for ((g, w), b) in got.iter().zip(&want).zip(&bounds) {
         let b = b * 1.01 + 4e-5 * k as f32 * scale / 64.0;

@@ -8,7 +8,25 @@
 use naga::back::spv::{self, Capability};
 use naga::valid::{Capabilities, ValidationFlags, Validator};
 
-use super::template;
+use super::template::{self, TemplateError};
+
+/// Why a kernel variant did not become valid SPIR-V, by the stage that refused it.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum SpirvCheckError {
+    #[error("template: {0}")]
+    Template(#[from] TemplateError),
+    /// naga's diagnostics, rendered against the WGSL they point into.
+    #[error("naga refused the WGSL:\n{0}")]
+    Naga(String),
+    #[error("naga could not write SPIR-V: {0}")]
+    Write(#[from] spv::Error),
+    #[error("SPIRV-Tools' validator refused {what}: {source}")]
+    Validator {
+        what: String,
+        #[source]
+        source: spirv_tools::Error,
+    },
+}
 
 /// What a kernel variant needs of the device, as wgpu's features.
 #[derive(Debug, Clone, Copy)]
@@ -80,12 +98,13 @@ pub(crate) fn to_spirv<V: AsRef<str>>(
     src: &str,
     defines: &[(&str, V)],
     needs: Needs,
-) -> Result<Vec<u32>, String> {
-    let wgsl = template::render(src, defines, needs.f16).map_err(|e| e.to_string())?;
-    let module = naga::front::wgsl::parse_str(&wgsl).map_err(|e| e.emit_to_string(&wgsl))?;
+) -> Result<Vec<u32>, SpirvCheckError> {
+    let wgsl = template::render(src, defines, needs.f16)?;
+    let module = naga::front::wgsl::parse_str(&wgsl)
+        .map_err(|e| SpirvCheckError::Naga(e.emit_to_string(&wgsl)))?;
     let info = Validator::new(ValidationFlags::all(), validator_caps(needs))
         .validate(&module)
-        .map_err(|e| e.emit_to_string(&wgsl))?;
+        .map_err(|e| SpirvCheckError::Naga(e.emit_to_string(&wgsl)))?;
     let options = spv::Options {
         lang_version: (1, 6),
         capabilities: Some(spirv_caps(needs).into_iter().collect()),
@@ -95,16 +114,19 @@ pub(crate) fn to_spirv<V: AsRef<str>>(
         shader_stage: naga::ShaderStage::Compute,
         entry_point: "main".into(),
     };
-    spv::write_vec(&module, &info, &options, Some(&pipeline)).map_err(|e| e.to_string())
+    Ok(spv::write_vec(&module, &info, &options, Some(&pipeline))?)
 }
 
 /// SPIRV-Tools' validator (what `spirv-val --target-env vulkan1.3` runs) on `words`, with
 /// [`without_stray_layouts`] applied first.
-pub(crate) fn spirv_val(words: &[u32], what: &str) -> Result<(), String> {
+pub(crate) fn spirv_val(words: &[u32], what: &str) -> Result<(), SpirvCheckError> {
     use spirv_tools::val::Validator as _;
     spirv_tools::val::create(Some(spirv_tools::TargetEnv::Vulkan_1_3))
         .validate(without_stray_layouts(words), None)
-        .map_err(|e| format!("SPIRV-Tools' validator refused {what}: {e}"))
+        .map_err(|source| SpirvCheckError::Validator {
+            what: what.to_owned(),
+            source,
+        })
 }
 
 // Opcodes, storage classes and decorations of the SPIR-V specification that

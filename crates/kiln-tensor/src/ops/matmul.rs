@@ -8,7 +8,7 @@
 //! (prefill, batched decode: tiles of 16, 32 or 64 rows of X by 64 of W; on GPUs, k split
 //! between several workgroups a tile where the tiles are too few to fill the device), with
 //! the fused parts as separate ops. CPU-type adapters take `matmul_rows.wgsl` for block
-//! dtypes, with everything fused. With `--kernels experimental`, Q8_0 and Q4_0 weights at
+//! dtypes, with everything fused (`matmul_rows.rs`). With `--kernels experimental`, Q8_0 and Q4_0 weights at
 //! decode take the integer dot product kernel (`matmul_dp4a.rs`) and tiled products the
 //! cooperative-matrix one where the adapter has it. A weight split into several chunks (bigger than one binding) is launched
 //! chunk by chunk into column ranges of Y.
@@ -16,12 +16,11 @@
 use bytemuck::{Pod, Zeroable};
 
 use super::elementwise::glu_ref;
-use super::matmul_code::{ROWS_R, rows_accumulators, rows_x_broadcast};
 use super::matmul_dp4a::dp4a_reads;
+use super::matmul_rows::rows_group;
 use super::rows::rms_norm_ref;
 use super::{Define, WEIGHT_DTYPES, dot, flag, host_row, number, require_dtype, weight_defines};
-use crate::gpu::{Access, GpuContext, KernelDef};
-use crate::recorder::Bind;
+use crate::gpu::{Access, KernelDef};
 use crate::tensor::{Shape, Storage};
 use crate::{DType, MatvecShape, Recorder, Result, Tensor, TensorError};
 
@@ -41,18 +40,14 @@ const VEC_SRC: &str = concat!(
     include_str!("../../wgsl/glu.wgsl"),
     include_str!("../../wgsl/matmul_vec.wgsl")
 );
-const ROWS_SRC: &str = concat!(
-    include_str!("../../wgsl/glu.wgsl"),
-    include_str!("../../wgsl/matmul_rows.wgsl")
-);
-const U: Access = Access::Uniform;
+pub(super) const U: Access = Access::Uniform;
 const R: Access = Access::Read;
 const W: Access = Access::ReadWrite;
 
 /// The fused kernels' definitions, `[epilogue][norm]`: epilogues none, bias, residual,
 /// gated (the bias and residual bind one more buffer), each without and with the norm
 /// (which binds its weights last).
-const fn family(
+pub(super) const fn family(
     names: [[&'static str; 2]; 4],
     source: &'static str,
     x: Access,
@@ -89,17 +84,6 @@ const fn family(
     ]
 }
 
-static MATMUL_ROWS: [[KernelDef; 2]; 4] = family(
-    [
-        ["matmul_rows", "matmul_rows_norm"],
-        ["matmul_rows", "matmul_rows_norm"],
-        ["matmul_rows_add", "matmul_rows_add_norm"],
-        ["matmul_rows_gated", "matmul_rows_gated_norm"],
-    ],
-    ROWS_SRC,
-    U,
-    U,
-);
 static MATMUL_VEC: [[KernelDef; 2]; 4] = family(
     [
         ["matmul_vec", "matmul_vec_norm"],
@@ -157,7 +141,7 @@ pub struct LinearOps<'a> {
 
 /// What the fused kernels do after the dot products.
 #[derive(Clone, Copy)]
-enum Epilogue<'a> {
+pub(super) enum Epilogue<'a> {
     None,
     Bias(&'a Tensor),
     Residual(&'a Tensor),
@@ -175,7 +159,7 @@ impl Epilogue<'_> {
     }
 
     /// Index into the kernel families.
-    fn index(self) -> usize {
+    pub(super) fn index(self) -> usize {
         match self {
             Epilogue::None => 0,
             Epilogue::Bias(_) => 1,
@@ -193,29 +177,6 @@ impl Epilogue<'_> {
         }
     }
 }
-
-/// Parameters of `matmul_rows.wgsl`.
-#[repr(C)]
-#[derive(Clone, Copy, Pod, Zeroable)]
-struct RowsParams {
-    m: u32,
-    k: u32,
-    rows: u32,
-    n_total: u32,
-    n_offset: u32,
-    qs: u32,
-    x_row0: u32,
-    n1: u32,
-    eps: f32,
-    _pad: [u32; 3],
-}
-/// Rows of X one launch of the CPU-adapter kernel takes at most.
-const ROWS_MAX_M: usize = 16;
-/// Invocations per workgroup of the CPU-adapter kernel: one 8-lane SIMD batch, so that small
-/// matrices split evenly over the worker threads (576 rows: 9 workgroups of 64 rows instead
-/// of 5 of 128, of which one of two threads ran 3; lavapipe matvec 1536x576 Q4_1 about 20%
-/// faster, measured both ways round).
-const ROWS_WG: usize = 8;
 
 /// Parameters of `matmul_vec.wgsl` (the last ones only under `ROUTED`).
 #[repr(C)]
@@ -524,81 +485,11 @@ impl Recorder {
         }
         Ok(())
     }
-
-    /// Launch `matmul_rows.wgsl` over `x`'s rows in groups of `group`, writing `y`.
-    fn matmul_rows(
-        &mut self,
-        x: &Tensor,
-        w: &Tensor,
-        y: &Tensor,
-        epi: Epilogue<'_>,
-        norm: Option<RmsNorm<'_>>,
-        group: usize,
-    ) -> Result<()> {
-        let Storage::Gpu { chunks, .. } = w.storage() else {
-            return Err(TensorError::DeviceMismatch { op: "matmul" });
-        };
-        let (m, k) = (x.rows(), x.cols());
-        let row_bytes = (k * 4) as u64;
-        let gated = matches!(epi, Epilogue::Gated(_));
-        let n_total = y.cols();
-        let kernel = &MATMUL_ROWS[epi.index()][usize::from(norm.is_some())];
-        let sg_x = rows_x_broadcast(self.gpu().map(|c| c.info()));
-        for (ci, c) in chunks.iter().enumerate() {
-            let rows = if gated { c.rows / 2 } else { c.rows };
-            let mut i0 = 0;
-            while i0 < m {
-                let mg = group.min(m - i0);
-                let mut defines = weight_defines(w.dtype(), 2);
-                epilogue_defines(&mut defines, epi, norm.is_some());
-                defines.push(("MV_M", number(mg)));
-                defines.push(("R", number(ROWS_R)));
-                defines.push(("WG", number(ROWS_WG)));
-                defines.push(("XV", number(mg * k / 4)));
-                defines.push(("GV", number(k / 4)));
-                let qsum = w.dtype().format().wgsl.sums.summed();
-                defines.extend(rows_accumulators(mg, ROWS_R, gated, norm.is_some(), qsum));
-                defines.extend(sg_x.iter().cloned());
-                let params = RowsParams {
-                    m: mg as u32,
-                    k: k as u32,
-                    rows: rows as u32,
-                    n_total: n_total as u32,
-                    n_offset: c.row0 as u32,
-                    qs: c.qs_offset,
-                    x_row0: i0 as u32,
-                    n1: rows as u32,
-                    eps: norm.map_or(0.0, |n| n.eps),
-                    _pad: [0; 3],
-                };
-                let mut bind = vec![
-                    Bind {
-                        tensor: x.clone(),
-                        chunk: 0,
-                        range: Some((i0 as u64 * row_bytes, mg as u64 * row_bytes)),
-                    },
-                    (w.clone(), ci).into(),
-                    (y.clone(), 0).into(),
-                ];
-                match epi {
-                    Epilogue::Bias(t) | Epilogue::Residual(t) => bind.push((t.clone(), 0).into()),
-                    Epilogue::None | Epilogue::Gated(_) => {}
-                }
-                if let Some(n) = norm {
-                    bind.push((n.weight.clone(), 0).into());
-                }
-                let groups = rows.div_ceil(ROWS_WG * ROWS_R) as u32;
-                self.dispatch_binds(kernel, &defines, &params, bind, groups)?;
-                i0 += mg;
-            }
-        }
-        Ok(())
-    }
 }
 
 /// The epilogue's switches (`BIAS`, `RES`, `GATED`, the activation's) and the norm's (`NORM`, and
 /// `G_BINDING`, its weights' binding: after the epilogue's operand).
-fn epilogue_defines(d: &mut Vec<Define>, epi: Epilogue<'_>, norm: bool) {
+pub(super) fn epilogue_defines(d: &mut Vec<Define>, epi: Epilogue<'_>, norm: bool) {
     for f in ["BIAS", "RES", "GATED"] {
         d.push((f, flag(epi.switch() == Some(f))));
     }
@@ -659,30 +550,6 @@ fn linear_host(
         }
         Ok(())
     })
-}
-
-/// Rows of X per launch of the CPU-adapter kernel (`matmul_rows.wgsl`), or `None` when that
-/// kernel does not apply: a GPU adapter, a float weight or a format it does not read, or X
-/// rows that do not fit a uniform binding at an aligned offset.
-fn rows_group(ctx: &GpuContext, w: &Tensor, m: usize, k: usize) -> Option<usize> {
-    let reads = w.dtype().format().wgsl.reads;
-    if !ctx.cpu_shaped_kernels() || !w.dtype().is_quantized() || reads == 0 {
-        return None;
-    }
-    if !k.is_multiple_of(32) {
-        return None;
-    }
-    let row_bytes = (k * 4) as u64;
-    let fit = (ctx.max_uniform_binding() / row_bytes) as usize;
-    let group = fit.min(ROWS_MAX_M);
-    if group == 0 {
-        return None;
-    }
-    // Later launches bind X at an offset of whole groups, which must be aligned.
-    if m > group && !(group as u64 * row_bytes).is_multiple_of(ctx.uniform_align()) {
-        return None;
-    }
-    Some(group)
 }
 
 /// CPU reference: each weight row is dequantized once, then dotted with every row of X.

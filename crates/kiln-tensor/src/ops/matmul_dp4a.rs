@@ -148,8 +148,9 @@ mod tests {
                 int_dot,
             };
             let none: [(&str, &str); 0] = [];
-            let words = spirv_check::to_spirv(QUANTIZE_SRC, &none, needs).unwrap();
-            spirv_check::spirv_val(&words, "quantize_q8").unwrap();
+            let words = spirv_check::to_spirv(QUANTIZE_SRC, &none, needs)
+                .unwrap_or_else(|e| panic!("quantize_q8: {e}"));
+            spirv_check::spirv_val(&words, "quantize_q8").unwrap_or_else(|e| panic!("{e}"));
             for dtype in [DType::Q8_0, DType::Q4_0] {
                 for (m, tpr, bias) in [(1usize, 32usize, false), (4, 8, true), (8, 64, false)] {
                     let mut defines = weight_defines(dtype, 2);

@@ -7,6 +7,7 @@ mod embedding;
 mod matmul;
 mod matmul_code;
 mod matmul_dp4a;
+mod matmul_rows;
 mod matmul_tiled;
 mod moe;
 mod rope;

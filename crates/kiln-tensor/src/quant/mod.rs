@@ -236,6 +236,30 @@ pub fn quantize(dtype: DType, x: &[f32]) -> Result<Vec<u8>> {
     Ok(out)
 }
 
+/// How far each output of X `[m, k]` · W `[n, k]`ᵀ may move when X is quantized to 8 bits a
+/// [`QK`]-element block, as the native CPU backend and the integer dot product kernel do: each
+/// element by at most half a step (its block's max |x| / 254), so output (i, r) by
+/// Σ_c |w_rc|·step_c / 2. `w` is the weight as the reference dequantizes it, `k` a multiple of
+/// [`QK`]; `m·n` bounds, row-major. The f32 sums' own rounding is the caller's to add. Tests
+/// and `kiln-bench gpu-check` hold those backends to it.
+pub fn int8_activation_bounds(x: &[f32], w: &[f32], k: usize) -> Vec<f32> {
+    let half_steps: Vec<f32> = x
+        .chunks_exact(QK)
+        .map(|b| b.iter().fold(0f32, |a, v| a.max(v.abs())) / 254.0)
+        .collect();
+    let (k, blocks) = (k.max(QK), (k / QK).max(1));
+    let mut out = Vec::with_capacity(x.len() / k * (w.len() / k));
+    for row in half_steps.chunks_exact(blocks) {
+        for wr in w.chunks_exact(k) {
+            let per_block = wr
+                .chunks_exact(QK)
+                .map(|b| b.iter().map(|v| v.abs()).sum::<f32>());
+            out.push(per_block.zip(row).map(|(wsum, h)| wsum * h).sum());
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
 
