@@ -2,6 +2,7 @@
 //! (CPU backend) or a WGSL kernel launch (wgpu backend). One file per op family, each holding
 //! its kernel definitions, typed launch function and CPU reference.
 
+mod compress;
 mod elementwise;
 mod embedding;
 mod matmul;
@@ -16,6 +17,7 @@ pub mod sample;
 
 #[cfg(test)]
 pub(crate) use elementwise::glu_row;
+pub use compress::{NO_ENTRY, PoolWindows};
 pub use embedding::ColumnIndex;
 pub use matmul::{Activation, LinearOps, RmsNorm};
 pub use moe::{MAX_EXPERTS, MAX_EXPERTS_USED, Router, Routes};

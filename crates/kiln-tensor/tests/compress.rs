@@ -1,0 +1,285 @@
+//! DeepSeek-V4's compressor pooling and lightning-indexer top-k on every wgpu configuration
+//! and the native CPU backend, against the CPU reference; the reference's pooling against a
+//! direct f64 evaluation of its definition, and its window bookkeeping (a sequence pooled in
+//! two calls, the previous window handed back as lead rows, equals one call).
+//! (kiln-model's DeepSeek-V4 tests check the reference against transformers' modules.)
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use common::{assert_close, gpus, randn, rng};
+use kiln_tensor::{Device, NO_ENTRY, PoolWindows, Recorder, Tensor};
+
+/// The reference, the native CPU backend and every wgpu configuration.
+fn devices() -> Vec<(&'static str, Device)> {
+    let mut v = vec![
+        ("reference", Device::reference()),
+        (
+            "cpu",
+            Device::cpu().expect("native CPU backend"),
+        ),
+    ];
+    v.extend(gpus());
+    v
+}
+
+fn pool(
+    dev: &Device,
+    rows: &[f32],
+    gate: &[f32],
+    ape: &[f32],
+    cols: usize,
+    ratio: usize,
+    windows: PoolWindows,
+) -> Vec<f32> {
+    let n = rows.len() / cols;
+    let kv = Tensor::from_f32(dev, &[n, cols], rows).unwrap();
+    let g = Tensor::from_f32(dev, &[n, cols], gate).unwrap();
+    let a = Tensor::from_f32(dev, &[ratio, cols], ape).unwrap();
+    let mut rec = Recorder::new(dev);
+    let out = rec.compress_pool(&kv, &g, &a, ratio, windows).unwrap();
+    rec.submit().unwrap();
+    out.to_f32_vec().unwrap()
+}
+
+/// Entry `w`, channel `c`, straight from the definition in f64.
+fn pool_f64(
+    kv: &[f32],
+    gate: &[f32],
+    ape: &[f32],
+    cols: usize,
+    ratio: usize,
+    windows: PoolWindows,
+) -> Vec<f32> {
+    let lead = match windows {
+        PoolWindows::Overlapping { previous: true } => ratio,
+        _ => 0,
+    };
+    let n = (kv.len() / cols - lead) / ratio;
+    let overlap = windows != PoolWindows::Disjoint;
+    let width = if overlap { cols / 2 } else { cols };
+    let mut out = Vec::new();
+    for w in 0..n {
+        for c in 0..width {
+            // (value, logit) of every slot.
+            let mut slots: Vec<(f64, f64)> = Vec::new();
+            let own = lead + w * ratio;
+            let at = |r: usize, col: usize, j: usize| {
+                (
+                    f64::from(kv[r * cols + col]),
+                    f64::from(gate[r * cols + col]) + f64::from(ape[j * cols + col]),
+                )
+            };
+            if overlap && own >= ratio {
+                slots.extend((0..ratio).map(|j| at(own - ratio + j, c, j)));
+            }
+            let col = if overlap { width + c } else { c };
+            slots.extend((0..ratio).map(|j| at(own + j, col, j)));
+            let mx = slots.iter().map(|s| s.1).fold(f64::NEG_INFINITY, f64::max);
+            let sum: f64 = slots.iter().map(|s| (s.1 - mx).exp()).sum();
+            let acc: f64 = slots.iter().map(|s| (s.1 - mx).exp() * s.0).sum();
+            out.push((acc / sum) as f32);
+        }
+    }
+    out
+}
+
+#[test]
+fn compress_pool_matches_its_definition_on_every_device() {
+    let mut r = rng(48);
+    for (ratio, windows, cols, n) in [
+        (8, PoolWindows::Disjoint, 32, 5),
+        (128, PoolWindows::Disjoint, 72, 2),
+        (4, PoolWindows::Overlapping { previous: false }, 64, 10),
+        (4, PoolWindows::Overlapping { previous: true }, 34, 3),
+        (3, PoolWindows::Overlapping { previous: true }, 2, 1),
+    ] {
+        let lead = if windows == (PoolWindows::Overlapping { previous: true }) {
+            ratio
+        } else {
+            0
+        };
+        let rows = lead + n * ratio;
+        let kv = randn(&mut r, rows * cols, 2.0);
+        // Gates wide enough that the softmax is far from uniform.
+        let gate = randn(&mut r, rows * cols, 6.0);
+        let ape = randn(&mut r, ratio * cols, 3.0);
+        let want = pool_f64(&kv, &gate, &ape, cols, ratio, windows);
+        for (name, dev) in devices() {
+            let got = pool(&dev, &kv, &gate, &ape, cols, ratio, windows);
+            assert_close(
+                &format!("{name} compress_pool ratio {ratio} {windows:?}"),
+                &got,
+                &want,
+                1e-5,
+                1e-5,
+            );
+        }
+    }
+}
+
+/// Pooling rows `0..a` and then, with the last window of the first call handed back as lead
+/// rows, rows `a..`, gives the entries of one call over all rows: what a chunk boundary
+/// needs.
+#[test]
+fn overlapping_pool_in_two_calls_equals_one() {
+    let mut r = rng(7);
+    let (ratio, cols, windows) = (4, 24, 9);
+    let rows = ratio * windows;
+    let kv = randn(&mut r, rows * cols, 1.0);
+    let gate = randn(&mut r, rows * cols, 4.0);
+    let ape = randn(&mut r, ratio * cols, 1.0);
+    for (name, dev) in devices() {
+        let whole = pool(
+            &dev,
+            &kv,
+            &gate,
+            &ape,
+            cols,
+            ratio,
+            PoolWindows::Overlapping { previous: false },
+        );
+        let split = 4 * ratio;
+        let mut parts = pool(
+            &dev,
+            &kv[..split * cols],
+            &gate[..split * cols],
+            &ape,
+            cols,
+            ratio,
+            PoolWindows::Overlapping { previous: false },
+        );
+        let from = (split - ratio) * cols;
+        parts.extend(pool(
+            &dev,
+            &kv[from..],
+            &gate[from..],
+            &ape,
+            cols,
+            ratio,
+            PoolWindows::Overlapping { previous: true },
+        ));
+        // The same values through the same arithmetic: exact.
+        assert_close(&format!("{name} split pool"), &parts, &whole, 0.0, 0.0);
+    }
+}
+
+fn topk(
+    dev: &Device,
+    q: &[f32],
+    w: &[f32],
+    keys: &[f32],
+    shape: [usize; 3],
+    visible: &[u32],
+    k: usize,
+) -> Vec<u32> {
+    let [tokens, heads, dim] = shape;
+    let qt = Tensor::from_f32(dev, &[tokens, heads, dim], q).unwrap();
+    let wt = Tensor::from_f32(dev, &[tokens, heads], w).unwrap();
+    let kt = Tensor::from_f32(dev, &[keys.len() / dim, dim], keys).unwrap();
+    let mut rec = Recorder::new(dev);
+    let scale = 1.0 / ((dim * heads) as f32).sqrt();
+    let out = rec.indexer_topk(&qt, &wt, &kt, visible, k, scale).unwrap();
+    rec.submit().unwrap();
+    out.to_u32_vec().unwrap()
+}
+
+/// The picks straight from the definition, in f64: the `k` best visible entries (ties to the
+/// lower one), rising.
+fn topk_f64(q: &[f32], w: &[f32], keys: &[f32], shape: [usize; 3], visible: &[u32], k: usize) -> Vec<u32> {
+    let [_, heads, dim] = shape;
+    let mut out = Vec::new();
+    for (t, &n) in visible.iter().enumerate() {
+        let mut scored: Vec<(u32, f64)> = (0..n)
+            .map(|s| {
+                let key = &keys[s as usize * dim..][..dim];
+                let score: f64 = (0..heads)
+                    .map(|h| {
+                        let qh = &q[(t * heads + h) * dim..][..dim];
+                        let d: f64 = qh.iter().zip(key).map(|(a, b)| f64::from(*a) * f64::from(*b)).sum();
+                        f64::from(w[t * heads + h]) * d.max(0.0)
+                    })
+                    .sum();
+                (s, score)
+            })
+            .collect();
+        scored.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+        let mut picks: Vec<u32> = scored.iter().take(k).map(|p| p.0).collect();
+        picks.sort_unstable();
+        picks.resize(k, NO_ENTRY);
+        out.extend(picks);
+    }
+    out
+}
+
+#[test]
+fn indexer_topk_picks_the_best_visible_entries_on_every_device() {
+    let mut r = rng(49);
+    for (tokens, heads, dim, entries, k) in [
+        (7, 16, 16, 10, 3),
+        (3, 8, 128, 300, 64),
+        (2, 4, 32, 1000, 512),
+        (5, 2, 8, 3, 8),
+    ] {
+        let q = randn(&mut r, tokens * heads * dim, 1.0);
+        let w = randn(&mut r, tokens * heads, 1.0);
+        let keys = randn(&mut r, entries * dim, 1.0);
+        // Every count from none to all, as the queries of one prefill see them.
+        let visible: Vec<u32> = (0..tokens)
+            .map(|t| (entries * t / (tokens - 1).max(1)) as u32)
+            .collect();
+        let shape = [tokens, heads, dim];
+        let want = topk_f64(&q, &w, &keys, shape, &visible, k);
+        for (name, dev) in devices() {
+            let got = topk(&dev, &q, &w, &keys, shape, &visible, k);
+            assert_eq!(got, want, "{name} indexer_topk {shape:?} over {entries}, k {k}");
+        }
+    }
+}
+
+/// Scores that tie (every ReLU off: each query points away from every key) go to the lowest
+/// entries, on every device.
+#[test]
+fn indexer_topk_breaks_ties_towards_the_lower_entry() {
+    let (tokens, heads, dim, entries, k) = (2, 3, 4, 70, 5);
+    let q = vec![-1.0; tokens * heads * dim];
+    let w: Vec<f32> = (0..tokens * heads).map(|i| i as f32 + 1.0).collect();
+    let keys = vec![1.0; entries * dim];
+    let visible = [70, 66];
+    for (name, dev) in devices() {
+        let got = topk(&dev, &q, &w, &keys, [tokens, heads, dim], &visible, k);
+        assert_eq!(got, [0, 1, 2, 3, 4, 0, 1, 2, 3, 4], "{name}");
+    }
+}
+
+#[test]
+fn bad_shapes_are_refused_by_name() {
+    let dev = Device::reference();
+    let t = |shape: &[usize]| {
+        let n = shape.iter().product();
+        Tensor::from_f32(&dev, shape, &vec![0.0; n]).unwrap()
+    };
+    let mut rec = Recorder::new(&dev);
+    // 10 rows are not whole windows of 4.
+    let e = rec
+        .compress_pool(&t(&[10, 8]), &t(&[10, 8]), &t(&[4, 8]), 4, PoolWindows::Disjoint)
+        .unwrap_err();
+    assert!(e.to_string().contains("whole windows of 4"), "{e}");
+    // An overlapping pool needs an even width.
+    let e = rec
+        .compress_pool(
+            &t(&[8, 7]),
+            &t(&[8, 7]),
+            &t(&[4, 7]),
+            4,
+            PoolWindows::Overlapping { previous: false },
+        )
+        .unwrap_err();
+    assert!(e.to_string().contains("compress_pool"), "{e}");
+    // More entries visible than there are.
+    let e = rec
+        .indexer_topk(&t(&[1, 2, 4]), &t(&[1, 2]), &t(&[3, 4]), &[4], 2, 1.0)
+        .unwrap_err();
+    assert!(e.to_string().contains("visible entries"), "{e}");
+}

@@ -1,0 +1,137 @@
+#!/usr/bin/env python3
+"""Goldens for kiln's DeepSeek-V4 compressors and lightning indexer, from transformers' own
+modules.
+
+Writes crates/kiln-model/tests/fixtures/deepseek_v4/compressor.safetensors (and its config,
+compressor_config.json): one random-weight DeepseekV4HCACompressor (ratio 8) and one
+DeepseekV4CSACompressor (ratio 4, with its DeepseekV4Indexer, top-k 3 of up to 10 entries),
+run over 41 tokens of random hidden states in chunks of 5, 3, 1, 1, 9, 2, 12, 8 tokens
+(boundaries inside windows, a chunk that closes none, one that closes several) through
+transformers' DeepseekV4CSACache / DeepseekV4HCACache, as generate() runs them. Saved:
+
+- every weight (transformers' names), the hidden states `x` [41, hidden] and the query
+  low-rank activations `qr` [41, q_lora_rank];
+- `hca.entries` / `csa.entries` / `csa.index_keys`: every compressed entry, after the last
+  chunk (entries never change once emitted);
+- `csa.topk`: for every token, the indexer's picks (I32 [41, 3], -1 where none is visible),
+  as the call that ran it returned them.
+
+Run by hand with transformers >= 5.17 (tested with 5.25.0) and torch; CI never runs it:
+    python scripts/make_deepseek_v4_compressor_fixtures.py
+"""
+
+import json
+import pathlib
+
+import torch
+from safetensors.torch import save_file
+from transformers import DeepseekV4Config
+from transformers.models.deepseek_v4 import modeling_deepseek_v4 as m
+
+OUT = pathlib.Path(__file__).resolve().parent.parent / "crates/kiln-model/tests/fixtures/deepseek_v4"
+CHUNKS = [5, 3, 1, 1, 9, 2, 12, 8]
+TOKENS = sum(CHUNKS)
+
+CONFIG = {
+    "hidden_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 1,
+    "head_dim": 32,
+    "partial_rotary_factor": 0.5,
+    "q_lora_rank": 24,
+    "o_groups": 2,
+    "o_lora_rank": 16,
+    "sliding_window": 6,
+    "layer_types": ["compressed_sparse_attention", "heavily_compressed_attention"],
+    "compress_rates": {"compressed_sparse_attention": 4, "heavily_compressed_attention": 8},
+    "rope_theta": 10000.0,
+    "compress_rope_theta": 160000.0,
+    "rope_scaling": {
+        "type": "yarn",
+        "factor": 4.0,
+        "original_max_position_embeddings": 16,
+        "beta_fast": 32,
+        "beta_slow": 1,
+    },
+    "index_n_heads": 16,
+    "index_head_dim": 16,
+    "index_topk": 3,
+    "vocab_size": 32,
+    "num_local_experts": 4,
+    "num_experts_per_tok": 2,
+    "intermediate_size": 32,
+    "max_position_embeddings": 64,
+    "rms_norm_eps": 1e-6,
+}
+
+
+class Layers:
+    """What the modules read of a cache: `.layers[layer_idx]`."""
+
+    def __init__(self, *layers):
+        self.layers = list(layers)
+
+
+def randomize(module, gen):
+    for name, p in module.named_parameters():
+        with torch.no_grad():
+            if name.endswith("kv_norm.weight"):
+                p.copy_(1.0 + 0.2 * torch.randn(p.shape, generator=gen))
+            elif name.endswith("position_bias"):
+                p.copy_(0.5 * torch.randn(p.shape, generator=gen))
+            else:
+                p.copy_(torch.randn(p.shape, generator=gen) / p.shape[-1] ** 0.5)
+
+
+def main():
+    config = DeepseekV4Config(**CONFIG)
+    gen = torch.Generator().manual_seed(48)
+    hca = m.DeepseekV4HCACompressor(config).float()
+    csa = m.DeepseekV4CSACompressor(config).float()
+    randomize(hca, gen)
+    randomize(csa, gen)
+    x = torch.randn(TOKENS, config.hidden_size, generator=gen)
+    qr = torch.randn(TOKENS, config.q_lora_rank, generator=gen)
+
+    cache = Layers(m.DeepseekV4CSACache(config), m.DeepseekV4HCACache(config))
+    picks = []
+    csa.indexer.register_forward_hook(lambda _m, _i, out: picks.append(out[0]))
+    start = 0
+    with torch.no_grad():
+        for n in CHUNKS:
+            pos = torch.arange(start, start + n).unsqueeze(0)
+            hs, q = x[start : start + n].unsqueeze(0), qr[start : start + n].unsqueeze(0)
+            csa_kv, _ = csa(hs, q, pos, cache, 0)
+            hca_kv, _ = hca(hs, q, pos, cache, 1)
+            start += n
+    topk = torch.full((TOKENS, config.index_topk), -1, dtype=torch.int32)
+    row = 0
+    for p in picks:
+        topk[row : row + p.shape[0], : p.shape[1]] = p.to(torch.int32)
+        row += p.shape[0]
+
+    tensors = {f"hca.{k}": v.detach().contiguous() for k, v in hca.state_dict().items()}
+    tensors.update({f"csa.{k}": v.detach().contiguous() for k, v in csa.state_dict().items()})
+    tensors = {k: v for k, v in tensors.items() if "inv_freq" not in k}
+    tensors.update(
+        {
+            "x": x,
+            "qr": qr,
+            "hca.entries": hca_kv[0, 0].contiguous(),
+            "csa.entries": csa_kv[0, 0].contiguous(),
+            "csa.index_keys": cache.layers[0].compressed_kv["indexer"][0].contiguous(),
+            "csa.topk": topk,
+        }
+    )
+    OUT.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, OUT / "compressor.safetensors")
+    saved = dict(CONFIG, model_type="deepseek_v4", architectures=["DeepseekV4ForCausalLM"])
+    saved["chunks"] = CHUNKS
+    (OUT / "compressor_config.json").write_text(json.dumps(saved, indent=2) + "\n")
+    for k, v in sorted(tensors.items()):
+        print(k, tuple(v.shape), v.dtype)
+
+
+if __name__ == "__main__":
+    main()
