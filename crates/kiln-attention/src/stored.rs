@@ -54,11 +54,11 @@ pub fn key_centres(
     let (rot, inv) = (rope.rotary_dim, rope.inv_freq());
     let mut pairs: Vec<(usize, usize, f32)> = (0..rot / 2)
         .map(|j| {
-            let (lo, hi) = rope.layout.pair(0, j, rot / 2);
+            let (lo, hi) = rope.pair(j);
             (lo, hi, inv[j])
         })
         .collect();
-    pairs.extend((rot..d).step_by(2).map(|c| (c, c + 1, 0.0)));
+    pairs.extend(rope.unrotated().step_by(2).map(|c| (c, c + 1, 0.0)));
     let mut out = vec![KeyCentre::default(); kv_heads * CENTRED_PAIRS];
     let n = positions.len().min(keys.len() / (kv_heads * d).max(1));
     if n == 0 {

@@ -21,7 +21,9 @@ use kiln_attention::{
     SeqBatch, contiguous_attention, key_centres,
 };
 use kiln_kv::{BlockCopy, BlockId, KvDtype};
-use kiln_tensor::{Device, DeviceOptions, Recorder, RopeConfig, RopeLayout, RopeScaling, Tensor};
+use kiln_tensor::{
+    Device, DeviceOptions, Recorder, RopeConfig, RopeLayout, RopeScaling, RotaryChannels, Tensor,
+};
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
@@ -718,6 +720,7 @@ fn test_rope(head_dim: usize) -> RopeConfig {
         theta: 10_000.0,
         scaling: RopeScaling::None,
         layout: RopeLayout::HalfSplit,
+        rotated: RotaryChannels::Leading,
     }
 }
 
@@ -828,6 +831,7 @@ fn key_centres_recover_the_pre_rope_mean() {
         let rope = RopeConfig {
             rotary_dim: rot,
             layout,
+            rotated: RotaryChannels::Leading,
             ..test_rope(d)
         };
         let inv = rope.inv_freq();
@@ -1289,6 +1293,7 @@ fn write_qkv_matches_the_composed_ops() {
             let rope = RopeConfig {
                 rotary_dim: if i == 3 { head_dim / 2 } else { head_dim },
                 layout,
+                rotated: RotaryChannels::Leading,
                 ..test_rope(head_dim)
             };
             let with_norm = (i + head_dim / 64) % 2 == 0;

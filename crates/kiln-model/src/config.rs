@@ -10,7 +10,7 @@ mod quant;
 pub use deepseek_v4::{DeepseekV4Config, V4Attention, V4HyperConnections, V4Indexer, V4Moe};
 pub use quant::{HfQuant, QuantMethod};
 
-use kiln_tensor::{RopeConfig, RopeLayout, RopeScaling, Router};
+use kiln_tensor::{RopeConfig, RopeLayout, RopeScaling, RotaryChannels, Router};
 
 use crate::{ModelError, Result};
 
@@ -303,6 +303,7 @@ impl ModelConfig {
             theta: params.theta,
             scaling: params.scaling,
             layout: self.rope_layout,
+            rotated: RotaryChannels::Leading,
         }
     }
 

@@ -24,7 +24,8 @@ pub use keep::Keep;
 pub use ops::sample;
 pub use ops::{
     Activation, ColumnIndex, LinearOps, MAX_EXPERTS, MAX_EXPERTS_USED, NO_ENTRY, PoolWindows,
-    RmsNorm, RopeConfig, RopeLayout, RopePositions, RopeScaling, RopeTable, Router, Routes,
+    RmsNorm, RopeConfig, RopeLayout, RopePositions, RopeScaling, RopeTable, RotaryChannels, Router,
+    Routes,
 };
 pub use quant::{dequantize, int8_activation_bounds, quantize};
 pub use recorder::Recorder;

@@ -15,10 +15,7 @@ use kiln_tensor::{Device, NO_ENTRY, PoolWindows, Recorder, Tensor};
 fn devices() -> Vec<(&'static str, Device)> {
     let mut v = vec![
         ("reference", Device::reference()),
-        (
-            "cpu",
-            Device::cpu().expect("native CPU backend"),
-        ),
+        ("cpu", Device::cpu().expect("native CPU backend")),
     ];
     v.extend(gpus());
     v
@@ -187,7 +184,14 @@ fn topk(
 
 /// The picks straight from the definition, in f64: the `k` best visible entries (ties to the
 /// lower one), rising.
-fn topk_f64(q: &[f32], w: &[f32], keys: &[f32], shape: [usize; 3], visible: &[u32], k: usize) -> Vec<u32> {
+fn topk_f64(
+    q: &[f32],
+    w: &[f32],
+    keys: &[f32],
+    shape: [usize; 3],
+    visible: &[u32],
+    k: usize,
+) -> Vec<u32> {
     let [_, heads, dim] = shape;
     let mut out = Vec::new();
     for (t, &n) in visible.iter().enumerate() {
@@ -197,7 +201,11 @@ fn topk_f64(q: &[f32], w: &[f32], keys: &[f32], shape: [usize; 3], visible: &[u3
                 let score: f64 = (0..heads)
                     .map(|h| {
                         let qh = &q[(t * heads + h) * dim..][..dim];
-                        let d: f64 = qh.iter().zip(key).map(|(a, b)| f64::from(*a) * f64::from(*b)).sum();
+                        let d: f64 = qh
+                            .iter()
+                            .zip(key)
+                            .map(|(a, b)| f64::from(*a) * f64::from(*b))
+                            .sum();
                         f64::from(w[t * heads + h]) * d.max(0.0)
                     })
                     .sum();
@@ -233,7 +241,10 @@ fn indexer_topk_picks_the_best_visible_entries_on_every_device() {
         let want = topk_f64(&q, &w, &keys, shape, &visible, k);
         for (name, dev) in devices() {
             let got = topk(&dev, &q, &w, &keys, shape, &visible, k);
-            assert_eq!(got, want, "{name} indexer_topk {shape:?} over {entries}, k {k}");
+            assert_eq!(
+                got, want,
+                "{name} indexer_topk {shape:?} over {entries}, k {k}"
+            );
         }
     }
 }
@@ -263,7 +274,13 @@ fn bad_shapes_are_refused_by_name() {
     let mut rec = Recorder::new(&dev);
     // 10 rows are not whole windows of 4.
     let e = rec
-        .compress_pool(&t(&[10, 8]), &t(&[10, 8]), &t(&[4, 8]), 4, PoolWindows::Disjoint)
+        .compress_pool(
+            &t(&[10, 8]),
+            &t(&[10, 8]),
+            &t(&[4, 8]),
+            4,
+            PoolWindows::Disjoint,
+        )
         .unwrap_err();
     assert!(e.to_string().contains("whole windows of 4"), "{e}");
     // An overlapping pool needs an even width.

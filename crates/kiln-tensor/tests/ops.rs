@@ -14,7 +14,7 @@ mod common;
 use common::{assert_close, gpus, randn, random_blocks, rng};
 use kiln_tensor::{
     Activation, ColumnIndex, DType, Device, DeviceOptions, LinearOps, MatvecShape, Recorder,
-    RmsNorm, RopeConfig, RopeLayout, RopeScaling, RopeTable, Tensor, TensorError,
+    RmsNorm, RopeConfig, RopeLayout, RopeScaling, RopeTable, RotaryChannels, Tensor, TensorError,
 };
 use rand::Rng;
 use rand::rngs::StdRng;
@@ -986,54 +986,93 @@ fn rope_matches_cpu_in_both_layouts_and_scalings() {
             truncate: true,
         },
     ];
+    let shapes = [(64usize, 64usize), (128, 128), (80, 32), (6, 2)];
+    let channels = [RotaryChannels::Leading, RotaryChannels::Trailing];
     for layout in [RopeLayout::HalfSplit, RopeLayout::Interleaved] {
         for scaling in scalings {
-            for (head_dim, rotary_dim) in [(64usize, 64usize), (128, 128), (80, 32), (6, 2)] {
+            for ((head_dim, rotary_dim), rotated) in
+                shapes.into_iter().zip(channels.into_iter().cycle())
+            {
                 let cfg = RopeConfig {
                     head_dim,
                     rotary_dim,
                     theta: 10000.0,
                     scaling,
                     layout,
+                    rotated,
                 };
                 let (tokens, heads) = (r.random_range(1..9), r.random_range(1..5));
                 let x = randn(&mut r, tokens * heads * head_dim, 1.0);
                 let pos: Vec<u32> = (0..tokens).map(|_| r.random_range(0..2000)).collect();
+                // The rotation, and the rotation turned back.
                 let run = |dev: &Device| {
                     let table = RopeTable::new(dev, cfg, 2048).unwrap();
+                    let positions = table.positions(&pos).unwrap();
                     let xt = Tensor::from_f32(dev, &[tokens, heads, head_dim], &x).unwrap();
                     let mut rec = Recorder::new(dev);
-                    let y = rec.rope(&xt, &table.positions(&pos).unwrap()).unwrap();
+                    let y = rec.rope(&xt, &positions).unwrap();
+                    let back = rec.unrope(&y, &positions).unwrap();
                     rec.submit().unwrap();
-                    y.to_f32_vec().unwrap()
+                    [y.to_f32_vec().unwrap(), back.to_f32_vec().unwrap()]
                 };
-                let want = run(&Device::reference());
+                let [want, want_back] = run(&Device::reference());
+                // Turned there and back, a rotated channel comes back scaled by the square
+                // of YaRN's attention factor (both turns scale cos and sin by it).
+                let a2 = scaling.attention_factor().powi(2);
+                let kept = cfg.unrotated();
+                let expect_back: Vec<f32> = x
+                    .iter()
+                    .enumerate()
+                    .map(|(i, v)| {
+                        if kept.contains(&(i % head_dim)) {
+                            *v
+                        } else {
+                            v * a2
+                        }
+                    })
+                    .collect();
+                assert_close(
+                    &format!("unrope {layout:?} {scaling:?} {head_dim}/{rotary_dim} {rotated:?}"),
+                    &want_back,
+                    &expect_back,
+                    1e-5,
+                    1e-5,
+                );
                 // The native backend reads the table's (cos, sin), the very values the
                 // reference evaluates: the same bits.
                 let native = run(&kiln_testkit::native_cpu());
-                assert!(
-                    native
-                        .iter()
-                        .zip(&want)
-                        .all(|(a, b)| a.to_bits() == b.to_bits()),
-                    "native rope {layout:?} {scaling:?} {head_dim}/{rotary_dim}"
+                for (got, want) in native.iter().zip([&want, &want_back]) {
+                    assert!(
+                        got.iter()
+                            .zip(want)
+                            .all(|(a, b)| a.to_bits() == b.to_bits()),
+                        "native rope {layout:?} {scaling:?} {head_dim}/{rotary_dim} {rotated:?}"
+                    );
+                }
+                // The channels not rotated pass through untouched.
+                let (first, kept) = (cfg.first_rotated(), cfg.unrotated());
+                assert_eq!(
+                    first,
+                    if rotated == RotaryChannels::Leading {
+                        0
+                    } else {
+                        head_dim - rotary_dim
+                    }
                 );
-                // Dimensions past the rotary ones pass through untouched.
                 for t in 0..tokens * heads {
+                    let at = t * head_dim;
                     assert_eq!(
-                        &want[t * head_dim + rotary_dim..(t + 1) * head_dim],
-                        &x[t * head_dim + rotary_dim..(t + 1) * head_dim]
+                        &want[at + kept.start..at + kept.end],
+                        &x[at + kept.start..at + kept.end]
                     );
                 }
                 for (name, dev) in gpus() {
-                    let got = run(&dev);
-                    assert_close(
-                        &format!("{name} rope {layout:?} {scaling:?} {head_dim}/{rotary_dim}"),
-                        &got,
-                        &want,
-                        1e-6,
-                        1e-5,
+                    let [got, got_back] = run(&dev);
+                    let what = format!(
+                        "{name} rope {layout:?} {scaling:?} {head_dim}/{rotary_dim} {rotated:?}"
                     );
+                    assert_close(&what, &got, &want, 1e-6, 1e-5);
+                    assert_close(&format!("{what} back"), &got_back, &want_back, 1e-6, 1e-5);
                 }
             }
         }
@@ -1049,6 +1088,7 @@ fn rope_rotates_the_documented_pairs() {
         theta: 10000.0,
         scaling: RopeScaling::None,
         layout,
+        rotated: RotaryChannels::Leading,
     };
     let dev = Device::reference();
     let (c, s) = (1f32.cos(), 1f32.sin());
@@ -1090,6 +1130,7 @@ fn llama3_scaling_keeps_high_and_divides_low_frequencies() {
         theta: 500000.0,
         scaling: RopeScaling::None,
         layout: RopeLayout::HalfSplit,
+        rotated: RotaryChannels::Leading,
     };
     let l3 = RopeConfig {
         scaling: RopeScaling::Llama3 {

@@ -1,5 +1,6 @@
 // Rotary position embedding of x [tokens, heads, head_dim] at per-token positions, from a
-// [max_pos, rot / 2, 2] table of (cos, sin). Dimensions past `rot` pass through.
+// [max_pos, rot / 2, 2] table of (cos, sin). Channels first .. first + rot of each head are
+// turned (by minus the angle when `back`); the others pass through.
 // Half-split ("neox", HF): pairs (j, j + rot/2). Interleaved (GGUF llama): pairs (2j, 2j + 1).
 // A position past the table leaves its token unrotated (callers validate positions).
 
@@ -10,8 +11,8 @@ struct Params {
     rot: u32,
     max_pos: u32,
     interleaved: u32,
-    _pad0: u32,
-    _pad1: u32,
+    first: u32,
+    back: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -30,11 +31,13 @@ fn main(
     if (e >= p.tokens * p.heads * p.head_dim) {
         return;
     }
-    let d = e % p.head_dim;
+    let c = e % p.head_dim;
     let t = e / (p.heads * p.head_dim);
     let ps = pos[t];
     let v = x[e];
-    if (d >= p.rot || ps >= p.max_pos) {
+    // (Wraps below `first`, where it is not read.)
+    let d = c - p.first;
+    if (c < p.first || d >= p.rot || ps >= p.max_pos) {
         out[e] = v;
         return;
     }
@@ -61,6 +64,9 @@ fn main(
             other = x[e - half];
             sign = 1.0;
         }
+    }
+    if (p.back == 1u) {
+        sign = -sign;
     }
     let at = (ps * half + j) * 2u;
     out[e] = v * cs[at] + sign * other * cs[at + 1u];

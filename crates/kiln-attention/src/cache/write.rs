@@ -4,7 +4,9 @@
 
 use bytemuck::{Pod, Zeroable};
 use kiln_kv::KvDtype;
-use kiln_tensor::{Access, DType, Device, KernelDef, Recorder, RopeLayout, RopePositions, Tensor};
+use kiln_tensor::{
+    Access, DType, Device, KernelDef, Recorder, RopeLayout, RopePositions, RotaryChannels, Tensor,
+};
 
 use super::{
     AttnBatch, HostPool, KvCache, MAX_HEAD_DIM, Store, dtype_define, flag, invalid, variant,
@@ -165,6 +167,12 @@ impl KvCache {
             return invalid(format!(
                 "RoPE of head_dim {} for a cache of head_dim {hd}",
                 cfg.head_dim
+            ));
+        }
+        if cfg.rotated != RotaryChannels::Leading {
+            return invalid(format!(
+                "the fused KV write turns a head's leading channels, not {:?}",
+                cfg.rotated
             ));
         }
         if rope.len() != t || !rope.positions().iter().copied().eq(batch.positions()) {

@@ -33,7 +33,6 @@ static TOPK: KernelDef = KernelDef {
     ],
 };
 
-
 /// [`Recorder::indexer_topk`]'s mark for a pick slot left empty (fewer entries visible than
 /// `k`).
 pub const NO_ENTRY: u32 = u32::MAX;
@@ -121,8 +120,7 @@ impl Recorder {
                 ape.shape()
             )));
         }
-        if ratio == 0 || rows < lead || (rows - lead) % ratio != 0 || cols % windows.halves() != 0
-        {
+        if ratio == 0 || rows < lead || (rows - lead) % ratio != 0 || cols % windows.halves() != 0 {
             return Err(shape_err(format!(
                 "{rows} rows of {cols} are not {lead} lead rows and whole windows of {ratio} \
                  ({windows:?})"
@@ -183,7 +181,11 @@ impl Recorder {
         scale: f32,
     ) -> Result<Tensor> {
         const OP: &str = "indexer_topk";
-        for (what, t) in [("the queries", q), ("the head weights", w), ("the keys", keys)] {
+        for (what, t) in [
+            ("the queries", q),
+            ("the head weights", w),
+            ("the keys", keys),
+        ] {
             require_dtype(OP, what, t, &[DType::F32])?;
         }
         self.check_device(OP, &[q, w, keys])?;
@@ -288,9 +290,8 @@ pub(crate) fn compress_pool_ref(
     for (w, entry) in out.chunks_exact_mut(width).enumerate() {
         for (c, o) in entry.iter_mut().enumerate() {
             let slots = slots(w, c);
-            let logit = |&(r, col): &(usize, usize)| {
-                gate[r * cols + col] + ape[(r % ratio) * cols + col]
-            };
+            let logit =
+                |&(r, col): &(usize, usize)| gate[r * cols + col] + ape[(r % ratio) * cols + col];
             let max = slots.iter().map(logit).fold(f32::NEG_INFINITY, f32::max);
             let (mut sum, mut acc) = (0f32, 0f32);
             for s in &slots {

@@ -15,14 +15,14 @@ mod rope;
 mod rows;
 pub mod sample;
 
+pub use compress::{NO_ENTRY, PoolWindows};
 #[cfg(test)]
 pub(crate) use elementwise::glu_row;
-pub use compress::{NO_ENTRY, PoolWindows};
 pub use embedding::ColumnIndex;
 pub use matmul::{Activation, LinearOps, RmsNorm};
 pub use moe::{MAX_EXPERTS, MAX_EXPERTS_USED, Router, Routes};
 pub(crate) use moe::{RoutedX, expert_slots};
-pub use rope::{RopeConfig, RopeLayout, RopePositions, RopeScaling, RopeTable};
+pub use rope::{RopeConfig, RopeLayout, RopePositions, RopeScaling, RopeTable, RotaryChannels};
 pub(crate) use rows::rms_norm_row;
 
 use std::borrow::Cow;

@@ -1,4 +1,5 @@
-//! `rope`: rotary position embeddings in both layouts, with linear and llama3 scaling.
+//! `rope`: rotary position embeddings in both layouts, on the leading or trailing channels of
+//! each head, with linear, llama3 and YaRN scaling; `unrope` turns them back.
 
 use bytemuck::{Pod, Zeroable};
 
@@ -22,13 +23,23 @@ pub enum RopeLayout {
 }
 
 impl RopeLayout {
-    /// The channels of pair `j` in a head starting at `base`, of `half` pairs rotated.
-    pub fn pair(self, base: usize, j: usize, half: usize) -> (usize, usize) {
+    /// The channels of pair `j` among the rotated ones, of `half` pairs.
+    fn pair(self, j: usize, half: usize) -> (usize, usize) {
         match self {
-            RopeLayout::HalfSplit => (base + j, base + j + half),
-            RopeLayout::Interleaved => (base + 2 * j, base + 2 * j + 1),
+            RopeLayout::HalfSplit => (j, j + half),
+            RopeLayout::Interleaved => (2 * j, 2 * j + 1),
         }
     }
+}
+
+/// Which of a head's channels a partial rotary embedding turns.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum RotaryChannels {
+    /// The first `rotary_dim` (Llama, Qwen, GPT-NeoX with `partial_rotary_factor`).
+    #[default]
+    Leading,
+    /// The last `rotary_dim`, each head laid out `[nope | rope]` (DeepSeek-V4).
+    Trailing,
 }
 
 /// Frequency scaling for context extension.
@@ -103,6 +114,7 @@ pub struct RopeConfig {
     pub theta: f32,
     pub scaling: RopeScaling,
     pub layout: RopeLayout,
+    pub rotated: RotaryChannels,
 }
 
 impl RopeConfig {
@@ -174,6 +186,29 @@ impl RopeConfig {
                     })
                     .collect()
             }
+        }
+    }
+
+    /// The first rotated channel of a head.
+    pub fn first_rotated(&self) -> usize {
+        match self.rotated {
+            RotaryChannels::Leading => 0,
+            RotaryChannels::Trailing => self.head_dim - self.rotary_dim,
+        }
+    }
+
+    /// The channels of a head that pair `j` turns together.
+    pub fn pair(&self, j: usize) -> (usize, usize) {
+        let (a, b) = self.layout.pair(j, self.rotary_dim / 2);
+        let first = self.first_rotated();
+        (first + a, first + b)
+    }
+
+    /// The channels of a head left as they are.
+    pub fn unrotated(&self) -> std::ops::Range<usize> {
+        match self.rotated {
+            RotaryChannels::Leading => self.rotary_dim..self.head_dim,
+            RotaryChannels::Trailing => 0..self.head_dim - self.rotary_dim,
         }
     }
 
@@ -313,21 +348,49 @@ struct Params {
     rot: u32,
     max_pos: u32,
     interleaved: u32,
-    _pad: [u32; 2],
+    /// The first rotated channel.
+    first: u32,
+    /// 1 to turn by minus the angle.
+    back: u32,
+}
+
+/// Which way [`Recorder::rope`] turns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Turn {
+    /// By each position's angle.
+    Forward,
+    /// By minus it: RoPE undone.
+    Back,
 }
 
 impl Recorder {
     /// Rotate x `[tokens, heads, head_dim]` by each token's position.
     pub fn rope(&mut self, x: &Tensor, positions: &RopePositions) -> Result<Tensor> {
-        const OP: &str = "rope";
+        self.turn("rope", x, positions, Turn::Forward)
+    }
+
+    /// Rotate x `[tokens, heads, head_dim]` back by each token's position: RoPE's inverse
+    /// (DeepSeek-V4 turns its attention output back at the query's position, its values
+    /// having been rotated as keys).
+    pub fn unrope(&mut self, x: &Tensor, positions: &RopePositions) -> Result<Tensor> {
+        self.turn("unrope", x, positions, Turn::Back)
+    }
+
+    fn turn(
+        &mut self,
+        op: &'static str,
+        x: &Tensor,
+        positions: &RopePositions,
+        turn: Turn,
+    ) -> Result<Tensor> {
         let table = &positions.table;
         let positions_host = &positions.host;
-        require_dtype(OP, "the input", x, &[DType::F32])?;
-        self.check_device(OP, &[x, &table.table])?;
+        require_dtype(op, "the input", x, &[DType::F32])?;
+        self.check_device(op, &[x, &table.table])?;
         let cfg = table.config;
         let [tokens, heads, head_dim] = x.shape() else {
             return Err(TensorError::Shape {
-                op: OP,
+                op: op,
                 detail: format!(
                     "input must be [tokens, heads, head_dim], got {:?}",
                     x.shape()
@@ -337,7 +400,7 @@ impl Recorder {
         let (tokens, heads, head_dim) = (*tokens, *heads, *head_dim);
         if head_dim != cfg.head_dim || positions_host.len() != tokens || heads == 0 {
             return Err(TensorError::Shape {
-                op: OP,
+                op: op,
                 detail: format!(
                     "input {:?} with {} positions for head_dim {}",
                     x.shape(),
@@ -355,16 +418,16 @@ impl Recorder {
             };
             return Tensor::host_f32_with(shape, |out| {
                 match table {
-                    Some(table) => rope_table(x, positions_host, heads, &cfg, table, out),
-                    None => rope_ref(x, positions_host, heads, &cfg, out),
+                    Some(table) => rope_table(x, positions_host, heads, &cfg, table, turn, out),
+                    None => rope_ref(x, positions_host, heads, &cfg, turn, out),
                 }
                 Ok(())
             });
         };
         let Some(pos) = positions.uploaded.clone() else {
-            return Err(TensorError::DeviceMismatch { op: OP });
+            return Err(TensorError::DeviceMismatch { op: op });
         };
-        let out = Tensor::gpu_output(&ctx, DType::F32, x.shape(), OP)?;
+        let out = Tensor::gpu_output(&ctx, DType::F32, x.shape(), op)?;
         let params = Params {
             tokens: tokens as u32,
             heads: heads as u32,
@@ -372,7 +435,8 @@ impl Recorder {
             rot: cfg.rotary_dim as u32,
             max_pos: table.max_positions as u32,
             interleaved: u32::from(cfg.layout == RopeLayout::Interleaved),
-            _pad: [0; 2],
+            first: cfg.first_rotated() as u32,
+            back: u32::from(turn == Turn::Back),
         };
         let bind = vec![
             (x.clone(), 0),
@@ -399,29 +463,41 @@ fn rope_table(
     heads: usize,
     cfg: &RopeConfig,
     table: &[f32],
+    turn: Turn,
     out: &mut [f32],
 ) {
     let half = cfg.rotary_dim / 2;
     rotate_pairs(x, positions, heads, cfg, out, |pos, j| {
         let at = (pos as usize * half + j) * 2;
-        (table[at], table[at + 1])
+        (table[at], turn.sign() * table[at + 1])
     })
 }
 
 /// CPU reference, straight from the config (no table), into `out`.
-pub(crate) fn rope_ref(
+fn rope_ref(
     x: &[f32],
     positions: &[u32],
     heads: usize,
     cfg: &RopeConfig,
+    turn: Turn,
     out: &mut [f32],
 ) {
     let inv = cfg.inv_freq();
     let a = cfg.scaling.attention_factor();
     rotate_pairs(x, positions, heads, cfg, out, |pos, j| {
         let (c, s) = RopeConfig::cos_sin(&inv, pos, j);
-        (c * a, s * a)
+        (c * a, turn.sign() * s * a)
     })
+}
+
+impl Turn {
+    /// What sin is multiplied by.
+    fn sign(self) -> f32 {
+        match self {
+            Turn::Forward => 1.0,
+            Turn::Back => -1.0,
+        }
+    }
 }
 
 /// Each token's heads of `x` into `out`, every rotated pair `j` turned by
@@ -441,7 +517,8 @@ fn rotate_pairs(
             let base = (t * heads + h) * hd;
             for j in 0..half {
                 let (c, s) = turn(pos, j);
-                let (a, b) = cfg.layout.pair(base, j, half);
+                let (a, b) = cfg.pair(j);
+                let (a, b) = (base + a, base + b);
                 out[a] = x[a] * c - x[b] * s;
                 out[b] = x[b] * c + x[a] * s;
             }
