@@ -1,7 +1,8 @@
 //! DeepSeek-V4's compressor pooling and lightning-indexer top-k on every wgpu configuration
 //! and the native CPU backend, against the CPU reference; the reference's pooling against a
 //! direct f64 evaluation of its definition, and its window bookkeeping (a sequence pooled in
-//! two calls, the previous window handed back as lead rows, equals one call).
+//! two calls, the previous window handed back as lead rows, equals one call); `concat_rows`,
+//! which joins what a compressor carries to a step's rows.
 //! (kiln-model's DeepSeek-V4 tests check the reference against transformers' modules.)
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -54,6 +55,7 @@ fn pool_f64(
         _ => 0,
     };
     let n = (kv.len() / cols - lead) / ratio;
+    assert!(n > 0);
     let overlap = windows != PoolWindows::Disjoint;
     let width = if overlap { cols / 2 } else { cols };
     let mut out = Vec::new();
@@ -97,7 +99,8 @@ fn compress_pool_matches_its_definition_on_every_device() {
         } else {
             0
         };
-        let rows = lead + n * ratio;
+        // A window not yet full at the end: not read.
+        let rows = lead + n * ratio + ratio / 2;
         let kv = randn(&mut r, rows * cols, 2.0);
         // Gates wide enough that the softmax is far from uniform.
         let gate = randn(&mut r, rows * cols, 6.0);
@@ -264,6 +267,32 @@ fn indexer_topk_breaks_ties_towards_the_lower_entry() {
     }
 }
 
+/// `concat_rows` moves values: exact on every device.
+#[test]
+fn concat_rows_puts_the_second_after_the_first() {
+    let mut r = rng(50);
+    for (ra, rb, cols) in [(1, 1, 1), (3, 70, 24), (65, 2, 3)] {
+        let a = randn(&mut r, ra * cols, 1.0);
+        let b = randn(&mut r, rb * cols, 1.0);
+        let want: Vec<f32> = a.iter().chain(&b).copied().collect();
+        for (name, dev) in devices() {
+            let at = Tensor::from_f32(&dev, &[ra, cols], &a).unwrap();
+            let bt = Tensor::from_f32(&dev, &[rb, cols], &b).unwrap();
+            let mut rec = Recorder::new(&dev);
+            let out = rec.concat_rows(&at, &bt).unwrap();
+            rec.submit().unwrap();
+            assert_eq!(out.shape(), [ra + rb, cols], "{name}");
+            assert_close(
+                &format!("{name} concat_rows"),
+                &out.to_f32_vec().unwrap(),
+                &want,
+                0.0,
+                0.0,
+            );
+        }
+    }
+}
+
 #[test]
 fn bad_shapes_are_refused_by_name() {
     let dev = Device::reference();
@@ -272,17 +301,17 @@ fn bad_shapes_are_refused_by_name() {
         Tensor::from_f32(&dev, shape, &vec![0.0; n]).unwrap()
     };
     let mut rec = Recorder::new(&dev);
-    // 10 rows are not whole windows of 4.
+    // 3 rows hold no window of 4.
     let e = rec
         .compress_pool(
-            &t(&[10, 8]),
-            &t(&[10, 8]),
+            &t(&[3, 8]),
+            &t(&[3, 8]),
             &t(&[4, 8]),
             4,
             PoolWindows::Disjoint,
         )
         .unwrap_err();
-    assert!(e.to_string().contains("whole windows of 4"), "{e}");
+    assert!(e.to_string().contains("no window of 4 in 3 rows"), "{e}");
     // An overlapping pool needs an even width.
     let e = rec
         .compress_pool(

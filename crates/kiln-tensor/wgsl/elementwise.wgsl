@@ -9,6 +9,7 @@
 // GLU:           a is rows of [gate | up], each `cols` wide; out[row, j] = glu(gate, up),
 //                glu.wgsl's activation (n counts the outputs)
 // GLU_MUL:       out = glu(a, b), a the gate, b the up projection
+// CONCAT:        out = a's `cols` values (its count), then b's
 
 struct Params {
     n: u32,
@@ -59,5 +60,12 @@ fn main(
 #endif
 #if GLU_MUL
     out[i] = glu(a[i], b[i]);
+#endif
+#if CONCAT
+    if (i < p.cols) {
+        out[i] = a[i];
+    } else {
+        out[i] = b[i - p.cols];
+    }
 #endif
 }

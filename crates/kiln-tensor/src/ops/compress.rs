@@ -94,8 +94,9 @@ struct TopkParams {
 impl Recorder {
     /// One entry per window: channel `c` of entry `w` is `Σ_slot softmax(gate + ape)·kv` over
     /// the window's slots (see [`PoolWindows`]), the softmax per channel. `kv` and `gate` are
-    /// F32 `[rows, cols]`; `ape`, the per-slot bias, F32 `[ratio, cols]`; the rows past the
-    /// lead are whole windows. The result is F32 `[windows, cols / halves]`.
+    /// F32 `[rows, cols]`; `ape`, the per-slot bias, F32 `[ratio, cols]`. Rows past the lead
+    /// and the last whole window (a window not yet full) are not read. The result is F32
+    /// `[windows, cols / halves]`.
     pub fn compress_pool(
         &mut self,
         kv: &Tensor,
@@ -120,18 +121,18 @@ impl Recorder {
                 ape.shape()
             )));
         }
-        if ratio == 0 || rows < lead || (rows - lead) % ratio != 0 || cols % windows.halves() != 0 {
+        if ratio == 0 || cols % windows.halves() != 0 {
             return Err(shape_err(format!(
-                "{rows} rows of {cols} are not {lead} lead rows and whole windows of {ratio} \
-                 ({windows:?})"
+                "ratio {ratio} over rows of {cols} ({windows:?}: {} halves)",
+                windows.halves()
             )));
         }
-        let n = (rows - lead) / ratio;
+        let n = rows.saturating_sub(lead) / ratio;
         let width = cols / windows.halves();
         if n == 0 {
             return Err(TensorError::Invalid {
                 op: OP,
-                detail: format!("no window of {ratio} in {rows} rows"),
+                detail: format!("no window of {ratio} in {rows} rows after {lead} lead rows"),
             });
         }
         let Some(ctx) = self.gpu().cloned() else {

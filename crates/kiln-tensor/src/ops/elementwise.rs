@@ -1,6 +1,6 @@
 //! Elementwise ops: `add` (residuals), the gated activations `silu_mul` (SwiGLU) and
 //! `gelu_tanh_mul` (GeGLU) over two tensors or `glu` over the halves of one, and the scalar
-//! ops `scale` and `softcap`.
+//! ops `scale` and `softcap`; `concat_rows` (one tensor's rows after another's).
 
 use bytemuck::{Pod, Zeroable};
 
@@ -41,6 +41,11 @@ static SOFTCAP: KernelDef = KernelDef {
 };
 static GLU_MUL: KernelDef = KernelDef {
     name: "glu_mul",
+    source: SRC,
+    bindings: R2W,
+};
+static CONCAT: KernelDef = KernelDef {
+    name: "concat_rows",
     source: SRC,
     bindings: R2W,
 };
@@ -190,6 +195,51 @@ impl Recorder {
                 self.binary("gated_mul", &GLU_MUL, &d, gate, up, swiglu_oai_ref)
             }
         }
+    }
+
+    /// `b`'s rows after `a`'s: F32 `[a.rows + b.rows, cols]` from two F32 tensors of `cols`
+    /// columns (what a compressor carries between steps, before a step's own rows).
+    pub fn concat_rows(&mut self, a: &Tensor, b: &Tensor) -> Result<Tensor> {
+        const OP: &str = "concat_rows";
+        require_dtype(OP, "the first input", a, &[DType::F32])?;
+        require_dtype(OP, "the second input", b, &[DType::F32])?;
+        self.check_device(OP, &[a, b])?;
+        let cols = a.cols();
+        if b.cols() != cols || a.elem_count() + b.elem_count() == 0 {
+            return Err(TensorError::Shape {
+                op: OP,
+                detail: format!("{:?} then {:?}", a.shape(), b.shape()),
+            });
+        }
+        let shape = [a.rows() + b.rows(), cols];
+        let Some(ctx) = self.gpu().cloned() else {
+            let (x, y) = (a.host_f32()?, b.host_f32()?);
+            return Tensor::host_f32_with(&shape, |out| {
+                let (head, tail) = out.split_at_mut(x.len());
+                head.copy_from_slice(x);
+                tail.copy_from_slice(y);
+                Ok(())
+            });
+        };
+        let out = Tensor::gpu_output(&ctx, DType::F32, &shape, OP)?;
+        let n = out.elem_count();
+        let params = Params {
+            n: n as u32,
+            s: 0.0,
+            cols: a.elem_count() as u32,
+            _pad: 0,
+        };
+        // An empty side is bound as the other (the kernel never reads it).
+        let a_bind = if a.elem_count() == 0 { b } else { a };
+        let b_bind = if b.elem_count() == 0 { a } else { b };
+        self.dispatch(
+            &CONCAT,
+            &[("CONCAT", flag(true))],
+            &params,
+            vec![(a_bind.clone(), 0), (b_bind.clone(), 0), (out.clone(), 0)],
+            n.div_ceil(64) as u32,
+        )?;
+        Ok(out)
     }
 
     /// x · s elementwise.
