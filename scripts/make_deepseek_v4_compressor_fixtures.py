@@ -13,8 +13,8 @@ transformers' DeepseekV4CSACache / DeepseekV4HCACache, as generate() runs them. 
   low-rank activations `qr` [41, q_lora_rank];
 - `hca.entries` / `csa.entries` / `csa.index_keys`: every compressed entry, after the last
   chunk (entries never change once emitted);
-- `csa.topk`: for every token, the indexer's picks (I32 [41, 3], -1 where none is visible),
-  as the call that ran it returned them.
+- `csa.topk`: for every token, the indexer's picks ([41, 3], -1 where none is visible), as
+  the call that ran it returned them; stored as float32 (small integers, exact).
 
 Run by hand with transformers >= 5.17 (tested with 5.25.0) and torch; CI never runs it:
     python scripts/make_deepseek_v4_compressor_fixtures.py
@@ -121,7 +121,7 @@ def main():
             "hca.entries": hca_kv[0, 0].contiguous(),
             "csa.entries": csa_kv[0, 0].contiguous(),
             "csa.index_keys": cache.layers[0].compressed_kv["indexer"][0].contiguous(),
-            "csa.topk": topk,
+            "csa.topk": topk.float(),
         }
     )
     OUT.mkdir(parents=True, exist_ok=True)

@@ -13,6 +13,7 @@ mod repack;
 mod runner;
 mod safetensors;
 mod synthetic;
+pub mod v4;
 mod weights;
 
 pub use config::{

@@ -9,7 +9,7 @@
 //! llama.cpp's `llama_kv_cache_dsv4` keeps it); the forward pass is not written yet.
 
 use kiln_kv::{CacheKind, Growth, KvLayout, LayerCache};
-use kiln_tensor::RopeScaling;
+use kiln_tensor::{RopeConfig, RopeLayout, RopeScaling, RotaryChannels};
 use serde_json::{Map, Value};
 
 use super::hf::{Fields, rope_dict};
@@ -257,6 +257,21 @@ impl DeepseekV4Config {
             return Err(f.err("hc_mult", "hyper-connections need streams and iterations"));
         }
         Ok(())
+    }
+
+    /// The rotary embedding of the compressed layers (CSA and HCA: their queries, raw keys,
+    /// entries and indexer) at `width` channels a head: the trailing `rope_dim` channels
+    /// turned in interleaved pairs (transformers' `apply_rotary_pos_emb`), base
+    /// `compress_rope_theta`, with its YaRN scaling.
+    pub fn compressed_rope(&self, width: usize) -> RopeConfig {
+        RopeConfig {
+            head_dim: width,
+            rotary_dim: self.rope_dim,
+            theta: self.compress_rope_theta,
+            scaling: self.compress_scaling,
+            layout: RopeLayout::Interleaved,
+            rotated: RotaryChannels::Trailing,
+        }
     }
 
     /// One sequence's caches as llama.cpp's `llama_kv_cache_dsv4` keeps them (K=V, so one

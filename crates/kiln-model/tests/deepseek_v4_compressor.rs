@@ -1,0 +1,194 @@
+//! DeepSeek-V4's compressors and lightning indexer against transformers' own modules
+//! (`DeepseekV4HCACompressor`, `DeepseekV4CSACompressor` with its `DeepseekV4Indexer`, run
+//! through their caches in chunks as `generate()` runs them), on every backend. Goldens by
+//! `scripts/make_deepseek_v4_compressor_fixtures.py` (transformers 5.25, float32): 41 tokens
+//! in chunks of 5, 3, 1, 1, 9, 2, 12, 8, so chunk boundaries fall inside windows, a chunk
+//! closes none or several, and single tokens decode.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::path::PathBuf;
+
+use kiln_model::v4::{
+    Compressor, CompressorState, CompressorWeights, Indexer, IndexerState, IndexerWeights,
+};
+use kiln_model::{DeepseekV4Config, SafetensorsFile};
+use kiln_tensor::{Device, NO_ENTRY, Recorder, RopeTable, Tensor};
+
+fn fixtures() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/deepseek_v4")
+}
+
+struct Golden {
+    config: DeepseekV4Config,
+    chunks: Vec<usize>,
+    st: SafetensorsFile,
+}
+
+fn golden() -> Golden {
+    let p = fixtures().join("compressor_config.json");
+    let text = std::fs::read_to_string(&p).unwrap();
+    let config = DeepseekV4Config::from_hf_json(&p.display().to_string(), &text).unwrap();
+    let json: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let chunks = json["chunks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c.as_u64().unwrap() as usize)
+        .collect();
+    let st = SafetensorsFile::open(&fixtures().join("compressor.safetensors")).unwrap();
+    Golden { config, chunks, st }
+}
+
+impl Golden {
+    fn shape(&self, name: &str) -> Vec<usize> {
+        self.st.info(name).unwrap().1.to_vec()
+    }
+
+    fn f32(&self, name: &str) -> Vec<f32> {
+        self.st.read_f32(name).unwrap()
+    }
+
+    fn tensor(&self, dev: &Device, name: &str) -> Tensor {
+        Tensor::from_f32(dev, &self.shape(name), &self.f32(name)).unwrap()
+    }
+
+    fn compressor(
+        &self,
+        dev: &Device,
+        prefix: &str,
+        ratio: usize,
+        overlapping: bool,
+    ) -> Compressor {
+        let t = |n: &str| self.tensor(dev, &format!("{prefix}{n}"));
+        let w = CompressorWeights {
+            kv: t("kv_proj.weight"),
+            gate: t("gate_proj.weight"),
+            ape: t("position_bias"),
+            norm: t("kv_norm.weight"),
+        };
+        Compressor::new(
+            "compressor.safetensors",
+            prefix,
+            w,
+            ratio,
+            overlapping,
+            self.config.rms_eps,
+        )
+        .unwrap()
+    }
+}
+
+/// What one run over the tokens made: every HCA and CSA entry, and each token's picks.
+struct Run {
+    hca: Vec<f32>,
+    csa: Vec<f32>,
+    picks: Vec<u32>,
+}
+
+fn run(g: &Golden, dev: &Device, chunks: &[usize]) -> Run {
+    let c = &g.config;
+    let hca = g.compressor(dev, "hca.", 8, false);
+    let csa = g.compressor(dev, "csa.", 4, true);
+    let indexer = Indexer::new(
+        "compressor.safetensors",
+        "csa.indexer.",
+        g.compressor(dev, "csa.indexer.", 4, true),
+        IndexerWeights {
+            q: g.tensor(dev, "csa.indexer.q_b_proj.weight"),
+            head_weights: g.tensor(dev, "csa.indexer.scorer.weights_proj.weight"),
+        },
+        c.indexer.heads,
+        c.indexer.topk,
+    )
+    .unwrap();
+    let rope = RopeTable::new(dev, c.compressed_rope(c.head_dim), 64).unwrap();
+    let index_rope = RopeTable::new(dev, c.compressed_rope(c.indexer.head_dim), 64).unwrap();
+    let (x, qr) = (g.f32("x"), g.f32("qr"));
+    let (hidden, q_lora) = (c.hidden, c.q_lora_rank);
+    let (mut hs, mut cs, mut is) = (
+        CompressorState::default(),
+        CompressorState::default(),
+        IndexerState::default(),
+    );
+    let mut out = Run {
+        hca: Vec::new(),
+        csa: Vec::new(),
+        picks: Vec::new(),
+    };
+    let mut start = 0;
+    for &n in chunks {
+        let xt = Tensor::from_f32(dev, &[n, hidden], &x[start * hidden..][..n * hidden]).unwrap();
+        let qt = Tensor::from_f32(dev, &[n, q_lora], &qr[start * q_lora..][..n * q_lora]).unwrap();
+        let positions: Vec<u32> = (start as u32..(start + n) as u32).collect();
+        let mut rec = Recorder::new(dev);
+        let h = hca.step(&mut rec, &xt, &mut hs, &rope).unwrap();
+        let s = csa.step(&mut rec, &xt, &mut cs, &rope).unwrap();
+        let p = indexer
+            .step(&mut rec, &xt, &qt, &positions, &mut is, &index_rope)
+            .unwrap();
+        rec.submit().unwrap();
+        out.hca
+            .extend(h.map(|t| t.to_f32_vec().unwrap()).unwrap_or_default());
+        out.csa
+            .extend(s.map(|t| t.to_f32_vec().unwrap()).unwrap_or_default());
+        out.picks.extend(p.to_u32_vec().unwrap());
+        start += n;
+    }
+    assert_eq!(hs.entries(), start / 8);
+    assert_eq!(cs.entries(), start / 4);
+    out
+}
+
+fn assert_close(what: &str, got: &[f32], want: &[f32], atol: f32) {
+    assert_eq!(got.len(), want.len(), "{what}: lengths");
+    let worst = got
+        .iter()
+        .zip(want)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0f32, f32::max);
+    assert!(worst <= atol, "{what}: max |diff| {worst} > {atol}");
+}
+
+/// transformers' picks, as kiln lists them: rising, [`NO_ENTRY`] for its `-1`.
+fn golden_picks(g: &Golden) -> Vec<u32> {
+    let k = g.config.indexer.topk;
+    g.f32("csa.topk")
+        .chunks_exact(k)
+        .flat_map(|row| {
+            let mut r: Vec<u32> = row
+                .iter()
+                .map(|&i| if i < 0.0 { NO_ENTRY } else { i as u32 })
+                .collect();
+            r.sort_unstable();
+            r
+        })
+        .collect()
+}
+
+#[test]
+fn compressors_and_indexer_match_transformers_on_every_backend() {
+    let g = golden();
+    let (hca, csa) = (g.f32("hca.entries"), g.f32("csa.entries"));
+    let picks = golden_picks(&g);
+    for (name, dev) in kiln_testkit::devices() {
+        let got = run(&g, &dev, &g.chunks);
+        assert_close(&format!("{name} HCA entries"), &got.hca, &hca, 1e-4);
+        assert_close(&format!("{name} CSA entries"), &got.csa, &csa, 1e-4);
+        assert_eq!(got.picks, picks, "{name} indexer picks");
+    }
+}
+
+/// One prefill of all 41 tokens makes the entries and picks of the chunked run.
+#[test]
+fn one_prefill_equals_the_chunked_run() {
+    let g = golden();
+    let total = g.chunks.iter().sum();
+    for (name, dev) in kiln_testkit::devices() {
+        let chunked = run(&g, &dev, &g.chunks);
+        let whole = run(&g, &dev, &[total]);
+        assert_close(&format!("{name} HCA"), &whole.hca, &chunked.hca, 1e-5);
+        assert_close(&format!("{name} CSA"), &whole.csa, &chunked.csa, 1e-5);
+        assert_eq!(whole.picks, chunked.picks, "{name} picks");
+    }
+}
