@@ -232,6 +232,7 @@ fn indexer_topk_picks_the_best_visible_entries_on_every_device() {
         (3, 8, 128, 300, 64),
         (2, 4, 32, 1000, 512),
         (5, 2, 8, 3, 8),
+        (6, 64, 128, 2000, 512),
     ] {
         let q = randn(&mut r, tokens * heads * dim, 1.0);
         let w = randn(&mut r, tokens * heads, 1.0);

@@ -6,9 +6,11 @@
 // previous window's rows through a (column c), then window w's through b (column width + c);
 // entry 0 has a previous window only when lead rows hold it.
 //
-// TOPK: one workgroup per query token t. Invocation i owns a contiguous run of the visible
-// entries; it scores them (scale · Σ_h w[t,h] · max(q[t,h]·key, 0)) into `scores`, and only
-// ever reads back its own. The k-th largest score is found by bisection over the
+// SCORE: one invocation per (query token t, entry s < visible[t]): scores[t, s] =
+// scale · Σ_h w[t,h] · max(q[t,h]·key[s], 0).
+//
+// TOPK: one workgroup per query token t over its scores; invocation i owns a contiguous run
+// of the visible entries. The k-th largest score is found by bisection over the
 // order-preserving u32 image of the f32 scores (32 counting rounds); then the entries above
 // it, and those equal to it from the lowest entry up, are written in rising entry order.
 
@@ -80,14 +82,47 @@ fn main(
 }
 #endif
 
-#if TOPK
-// a = tokens, b = heads, c = dim, d = entries, e = k, f = scale (f32 bits)
+#if SCORE
+// a = tokens, b = heads, c = dim, d = entries, f = scale (f32 bits)
 @group(0) @binding(1) var<storage, read> q: array<f32>;
 @group(0) @binding(2) var<storage, read> hw: array<f32>;
 @group(0) @binding(3) var<storage, read> keys: array<f32>;
 @group(0) @binding(4) var<storage, read> visible: array<u32>;
 @group(0) @binding(5) var<storage, read_write> scores: array<f32>;
-@group(0) @binding(6) var<storage, read_write> picks: array<u32>;
+
+@compute @workgroup_size(64)
+fn main(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_index) lid: u32,
+) {
+    let i = (wid.x + wid.y * nwg.x) * 64u + lid;
+    if (i >= p.a * p.d) {
+        return;
+    }
+    let t = i / p.d;
+    let s = i % p.d;
+    if (s >= visible[t]) {
+        return;
+    }
+    var acc = 0.0;
+    for (var h = 0u; h < p.b; h++) {
+        let qb = (t * p.b + h) * p.c;
+        var d = 0.0;
+        for (var j = 0u; j < p.c; j++) {
+            d += q[qb + j] * keys[s * p.c + j];
+        }
+        acc += hw[t * p.b + h] * max(d, 0.0);
+    }
+    scores[i] = acc * bitcast<f32>(p.f);
+}
+#endif
+
+#if TOPK
+// a = tokens, d = entries, e = k
+@group(0) @binding(1) var<storage, read> visible: array<u32>;
+@group(0) @binding(2) var<storage, read> scores: array<f32>;
+@group(0) @binding(3) var<storage, read_write> picks: array<u32>;
 
 const WG: u32 = 64u;
 const NO_ENTRY: u32 = 0xffffffffu;
@@ -152,20 +187,7 @@ fn main(
     let run = (n + WG - 1u) / WG;
     let lo = min(lid * run, n);
     let hi = min(lo + run, n);
-    let scale = bitcast<f32>(p.f);
     let row = t * p.d;
-    for (var s = lo; s < hi; s++) {
-        var acc = 0.0;
-        for (var h = 0u; h < p.b; h++) {
-            let qb = (t * p.b + h) * p.c;
-            var d = 0.0;
-            for (var j = 0u; j < p.c; j++) {
-                d += q[qb + j] * keys[s * p.c + j];
-            }
-            acc += hw[t * p.b + h] * max(d, 0.0);
-        }
-        scores[row + s] = acc * scale;
-    }
     let kk = min(p.e, n);
     // The largest threshold with at least kk scores at or above it: the kk-th largest.
     var thr = 0u;

@@ -216,6 +216,7 @@ fn run(cli: &Cli) -> anyhow::Result<ExitCode> {
     );
     let mut checks = crate::kernel_checks::experimental_checks(cli.seed)?;
     checks.extend(kernel_checks(&dev, cli.seed)?);
+    checks.extend(crate::v4_checks::v4_checks(&dev, cli.seed)?);
     checks.push(sampling_check(&dev, cli.seed)?);
     let sampling_16_rows_ms = sampling_times(&dev, cli.seed)?;
     for c in &checks {

@@ -10,7 +10,8 @@ use kiln_kv::{BlockId, KvDtype};
 use kiln_tensor::sample::{self, LogitEdit, RowSampling};
 use kiln_tensor::{
     Activation, BackendChoice, COOP_F16_16, DType, Device, DeviceOptions, Kernels, LinearOps,
-    Recorder, RmsNorm, RopeConfig, RopeLayout, RopeScaling, RopeTable, Router, Tensor,
+    Recorder, RmsNorm, RopeConfig, RopeLayout, RopeScaling, RopeTable, RotaryChannels, Router,
+    Tensor,
 };
 use serde::Serialize;
 
@@ -382,6 +383,7 @@ fn attention_check(dev: &Device, dtype: KvDtype, seed: u64) -> anyhow::Result<f3
                 theta: 10_000.0,
                 scaling: RopeScaling::None,
                 layout: RopeLayout::HalfSplit,
+                rotated: RotaryChannels::Leading,
             },
             256,
         )?;

@@ -36,6 +36,7 @@ mod structured;
 mod synthetic_gguf;
 mod table;
 mod target;
+mod v4_checks;
 
 use std::process::ExitCode;
 use std::time::{SystemTime, UNIX_EPOCH};

@@ -10,7 +10,7 @@
 
 use bytemuck::{Pod, Zeroable};
 
-use super::{R3W, require_dtype};
+use super::{R2W, R3W, require_dtype};
 use crate::gpu::{Access, KernelDef};
 use crate::{DType, Recorder, Result, Tensor, TensorError};
 
@@ -20,8 +20,8 @@ static POOL: KernelDef = KernelDef {
     source: SRC,
     bindings: R3W,
 };
-static TOPK: KernelDef = KernelDef {
-    name: "indexer_topk",
+static SCORE: KernelDef = KernelDef {
+    name: "indexer_score",
     source: SRC,
     bindings: &[
         Access::Read,
@@ -29,8 +29,12 @@ static TOPK: KernelDef = KernelDef {
         Access::Read,
         Access::Read,
         Access::ReadWrite,
-        Access::ReadWrite,
     ],
+};
+static TOPK: KernelDef = KernelDef {
+    name: "indexer_topk",
+    source: SRC,
+    bindings: R2W,
 };
 
 /// [`Recorder::indexer_topk`]'s mark for a pick slot left empty (fewer entries visible than
@@ -154,7 +158,7 @@ impl Recorder {
         };
         self.dispatch(
             &POOL,
-            &[("POOL", "1"), ("TOPK", "0")],
+            &[("POOL", "1"), ("SCORE", "0"), ("TOPK", "0")],
             &params,
             vec![
                 (kv.clone(), 0),
@@ -244,17 +248,23 @@ impl Recorder {
             _pad: [0; 2],
         };
         self.dispatch(
-            &TOPK,
-            &[("POOL", "0"), ("TOPK", "1")],
+            &SCORE,
+            &[("POOL", "0"), ("SCORE", "1"), ("TOPK", "0")],
             &params,
             vec![
                 (q.clone(), 0),
                 (w.clone(), 0),
                 (keys.clone(), 0),
-                (visible, 0),
-                (scores, 0),
-                (out.clone(), 0),
+                (visible.clone(), 0),
+                (scores.clone(), 0),
             ],
+            (tokens * entries).div_ceil(64) as u32,
+        )?;
+        self.dispatch(
+            &TOPK,
+            &[("POOL", "0"), ("SCORE", "0"), ("TOPK", "1")],
+            &params,
+            vec![(visible, 0), (scores, 0), (out.clone(), 0)],
             tokens as u32,
         )?;
         Ok(out)

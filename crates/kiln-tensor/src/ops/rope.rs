@@ -390,7 +390,7 @@ impl Recorder {
         let cfg = table.config;
         let [tokens, heads, head_dim] = x.shape() else {
             return Err(TensorError::Shape {
-                op: op,
+                op,
                 detail: format!(
                     "input must be [tokens, heads, head_dim], got {:?}",
                     x.shape()
@@ -400,7 +400,7 @@ impl Recorder {
         let (tokens, heads, head_dim) = (*tokens, *heads, *head_dim);
         if head_dim != cfg.head_dim || positions_host.len() != tokens || heads == 0 {
             return Err(TensorError::Shape {
-                op: op,
+                op,
                 detail: format!(
                     "input {:?} with {} positions for head_dim {}",
                     x.shape(),
@@ -425,7 +425,7 @@ impl Recorder {
             });
         };
         let Some(pos) = positions.uploaded.clone() else {
-            return Err(TensorError::DeviceMismatch { op: op });
+            return Err(TensorError::DeviceMismatch { op });
         };
         let out = Tensor::gpu_output(&ctx, DType::F32, x.shape(), op)?;
         let params = Params {

@@ -1,0 +1,185 @@
+//! `kiln-bench gpu-check`'s DeepSeek-V4 kernel checks, at V4-Flash's shapes: the compressors'
+//! pooling (CSA's overlapping windows after a carried window, HCA's windows of 128), the
+//! compressed layers' RoPE on the trailing channels there and back, the lightning indexer's
+//! top-k, and the attention core over raw rows and picked entries, each against the CPU
+//! reference compiled into the same binary.
+
+use kiln_attention::{CompressedKv, EntryChoice, compressed_attention};
+use kiln_tensor::{
+    Device, PoolWindows, Recorder, RopeConfig, RopeLayout, RopeScaling, RopeTable, RotaryChannels,
+    Tensor,
+};
+
+use crate::kernel_checks::{Check, max_error, values};
+
+/// V4-Flash's head (and compressed entry) width, its indexer's, and its rotary width.
+const HEAD: usize = 512;
+const INDEX_HEAD: usize = 128;
+const ROPE: usize = 64;
+
+fn check(what: String, e: f32, bound: f32) -> Check {
+    Check {
+        what,
+        max_error: e,
+        bound,
+        ok: e <= bound,
+    }
+}
+
+pub(crate) fn v4_checks(dev: &Device, seed: u64) -> anyhow::Result<Vec<Check>> {
+    let cpu = Device::Reference;
+    let mut out = Vec::new();
+    for (ratio, windows, cols, rows) in [
+        (
+            4,
+            PoolWindows::Overlapping { previous: true },
+            2 * HEAD,
+            4 + 4 * 9 + 2,
+        ),
+        (128, PoolWindows::Disjoint, HEAD, 2 * 128 + 5),
+    ] {
+        let kv = values(seed, rows * cols);
+        let gate: Vec<f32> = values(seed + 1, rows * cols)
+            .iter()
+            .map(|v| 4.0 * v)
+            .collect();
+        let ape = values(seed + 2, ratio * cols);
+        let run = |d: &Device| -> anyhow::Result<Vec<f32>> {
+            let t = |shape: &[usize], v: &[f32]| Tensor::from_f32(d, shape, v);
+            let mut rec = Recorder::new(d);
+            let y = rec.compress_pool(
+                &t(&[rows, cols], &kv)?,
+                &t(&[rows, cols], &gate)?,
+                &t(&[ratio, cols], &ape)?,
+                ratio,
+                windows,
+            )?;
+            rec.submit()?;
+            Ok(y.to_f32_vec()?)
+        };
+        let e = max_error(&run(dev)?, &run(&cpu)?);
+        out.push(check(
+            format!("compress_pool ratio {ratio} {windows:?}"),
+            e,
+            1e-5,
+        ));
+    }
+    let rope = RopeConfig {
+        head_dim: HEAD,
+        rotary_dim: ROPE,
+        theta: 160_000.0,
+        scaling: RopeScaling::Yarn {
+            factor: 16.0,
+            original_max_position: 65536,
+            beta_fast: 32.0,
+            beta_slow: 1.0,
+            attention_factor: 1.0,
+            truncate: true,
+        },
+        layout: RopeLayout::Interleaved,
+        rotated: RotaryChannels::Trailing,
+    };
+    let (tokens, heads) = (6, 64);
+    let x = values(seed + 3, tokens * heads * HEAD);
+    let positions: Vec<u32> = (0..tokens as u32).map(|t| 1000 + 37 * t).collect();
+    let run = |d: &Device| -> anyhow::Result<[Vec<f32>; 2]> {
+        let table = RopeTable::new(d, rope, 2048)?;
+        let pos = table.positions(&positions)?;
+        let mut rec = Recorder::new(d);
+        let y = rec.rope(&Tensor::from_f32(d, &[tokens, heads, HEAD], &x)?, &pos)?;
+        let back = rec.unrope(&y, &pos)?;
+        rec.submit()?;
+        Ok([y.to_f32_vec()?, back.to_f32_vec()?])
+    };
+    let ([y, back], [y_cpu, back_cpu]) = (run(dev)?, run(&cpu)?);
+    out.push(check(
+        "rope, trailing 64 of 512, YaRN".into(),
+        max_error(&y, &y_cpu),
+        1e-5,
+    ));
+    out.push(check(
+        "unrope, trailing 64 of 512".into(),
+        max_error(&back, &back_cpu),
+        1e-5,
+    ));
+    out.push(check(
+        "unrope(rope(x)) = x".into(),
+        max_error(&back, &x),
+        1e-5,
+    ));
+    let (entries, index_heads, k) = (2000, 64, 512);
+    let q = values(seed + 4, tokens * index_heads * INDEX_HEAD);
+    let w = values(seed + 5, tokens * index_heads);
+    let keys = values(seed + 6, entries * INDEX_HEAD);
+    let visible: Vec<u32> = [0, 3, 600, 1500, 1999, 2000].to_vec();
+    let run = |d: &Device| -> anyhow::Result<Vec<u32>> {
+        let mut rec = Recorder::new(d);
+        let p = rec.indexer_topk(
+            &Tensor::from_f32(d, &[tokens, index_heads, INDEX_HEAD], &q)?,
+            &Tensor::from_f32(d, &[tokens, index_heads], &w)?,
+            &Tensor::from_f32(d, &[entries, INDEX_HEAD], &keys)?,
+            &visible,
+            k,
+            1.0 / ((INDEX_HEAD * index_heads) as f32).sqrt(),
+        )?;
+        rec.submit()?;
+        Ok(p.to_u32_vec()?)
+    };
+    let (picks, picks_cpu) = (run(dev)?, run(&cpu)?);
+    // Each token's picks as a set: a pick differs when the reference did not pick it (a
+    // near-tie at the k-th score may round the other way on another device).
+    let differ: usize = picks
+        .chunks_exact(k)
+        .zip(picks_cpu.chunks_exact(k))
+        .map(|(got, want)| {
+            got.iter()
+                .filter(|e| want.binary_search(e).is_err())
+                .count()
+        })
+        .sum();
+    let share = differ as f32 / picks.len() as f32;
+    out.push(check(
+        format!(
+            "indexer_topk {index_heads}x{INDEX_HEAD}, k {k} of {entries}: share of picks differing"
+        ),
+        share,
+        0.01,
+    ));
+    let raw_rows = 140;
+    let qa = values(seed + 7, tokens * heads * HEAD);
+    let raw = values(seed + 8, raw_rows * HEAD);
+    let ent = values(seed + 9, 300 * HEAD);
+    let sinks = values(seed + 10, heads);
+    let chosen: Vec<u32> = (0..tokens * 8).map(|i| (i * 37 % 300) as u32).collect();
+    let run = |d: &Device| -> anyhow::Result<Vec<f32>> {
+        let t = |shape: &[usize], v: &[f32]| Tensor::from_f32(d, shape, v);
+        let (raw_t, ent_t) = (t(&[raw_rows, HEAD], &raw)?, t(&[300, HEAD], &ent)?);
+        let picks_t = Tensor::from_u32(d, &[tokens, 8], &chosen)?;
+        let kv = CompressedKv {
+            raw: &raw_t,
+            first: 2000,
+            window: 128,
+            entries: Some(&ent_t),
+            choice: EntryChoice::Picked(&picks_t),
+        };
+        let positions: Vec<u32> = (2134..2140).collect();
+        let mut rec = Recorder::new(d);
+        let y = compressed_attention(
+            &mut rec,
+            &t(&[tokens, heads, HEAD], &qa)?,
+            &positions,
+            kv,
+            &t(&[heads], &sinks)?,
+            1.0 / (HEAD as f32).sqrt(),
+        )?;
+        rec.submit()?;
+        Ok(y.to_f32_vec()?)
+    };
+    let e = max_error(&run(dev)?, &run(&cpu)?);
+    out.push(check(
+        "compressed attention 64x512, window 128 + 8 picks".into(),
+        e,
+        1e-4,
+    ));
+    Ok(out)
+}
