@@ -7,7 +7,7 @@ mod gguf;
 mod hf;
 mod quant;
 
-pub use deepseek_v4::{DeepseekV4Config, V4Attention, V4HyperConnections, V4Indexer, V4Moe};
+pub use deepseek_v4::{DeepseekV4Config, V4Attention, V4Indexer, V4Moe};
 pub use quant::{HfQuant, QuantMethod};
 
 use kiln_tensor::{RopeConfig, RopeLayout, RopeScaling, RotaryChannels, Router};

@@ -18,8 +18,7 @@ mod weights;
 
 pub use config::{
     Activation, Arch, DeepseekV4Config, HfQuant, LayerAttention, ModelConfig, MoeConfig,
-    QuantMethod, RopeParams, SUPPORTED_ARCHITECTURES, V4Attention, V4HyperConnections, V4Indexer,
-    V4Moe, limits,
+    QuantMethod, RopeParams, SUPPORTED_ARCHITECTURES, V4Attention, V4Indexer, V4Moe, limits,
 };
 pub use error::{ModelError, Result};
 pub use files::{ModelFiles, ModelSource};

@@ -9,7 +9,7 @@
 //! llama.cpp's `llama_kv_cache_dsv4` keeps it); the forward pass is not written yet.
 
 use kiln_kv::{CacheKind, Growth, KvLayout, LayerCache};
-use kiln_tensor::{RopeConfig, RopeLayout, RopeScaling, RotaryChannels};
+use kiln_tensor::{HcConfig, RopeConfig, RopeLayout, RopeScaling, RotaryChannels};
 use serde_json::{Map, Value};
 
 use super::hf::{Fields, rope_dict};
@@ -35,14 +35,6 @@ pub struct V4Indexer {
     pub heads: usize,
     pub head_dim: usize,
     pub topk: usize,
-}
-
-/// The hyper-connections (mHC) around every sublayer.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct V4HyperConnections {
-    pub streams: usize,
-    pub sinkhorn_iters: usize,
-    pub eps: f32,
 }
 
 /// The mixture of experts every layer has.
@@ -83,7 +75,8 @@ pub struct DeepseekV4Config {
     pub compress_rope_theta: f32,
     pub compress_scaling: RopeScaling,
     pub indexer: V4Indexer,
-    pub hc: V4HyperConnections,
+    /// The hyper-connections (mHC) around every sublayer.
+    pub hc: HcConfig,
     pub moe: V4Moe,
     pub vocab: usize,
     pub rms_eps: f32,
@@ -204,7 +197,7 @@ impl DeepseekV4Config {
                 head_dim: size_or("index_head_dim", 128)?,
                 topk: size_or("index_topk", 512)?,
             },
-            hc: V4HyperConnections {
+            hc: HcConfig {
                 streams: size_or("hc_mult", 4)?,
                 sinkhorn_iters: size_or("hc_sinkhorn_iters", 20)?,
                 eps: float_or("hc_eps", 1e-6)?,

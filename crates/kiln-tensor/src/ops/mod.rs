@@ -5,6 +5,7 @@
 mod compress;
 mod elementwise;
 mod embedding;
+mod hyper;
 mod matmul;
 mod matmul_code;
 mod matmul_dp4a;
@@ -19,6 +20,7 @@ pub use compress::{NO_ENTRY, PoolWindows};
 #[cfg(test)]
 pub(crate) use elementwise::glu_row;
 pub use embedding::ColumnIndex;
+pub use hyper::{HcConfig, HcWeights, MAX_STREAMS};
 pub use matmul::{Activation, LinearOps, RmsNorm};
 pub use moe::{MAX_EXPERTS, MAX_EXPERTS_USED, Router, Routes};
 pub(crate) use moe::{RoutedX, expert_slots};

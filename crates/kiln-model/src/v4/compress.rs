@@ -1,12 +1,4 @@
-//! DeepSeek-V4's compressed attention, part by part: the compressors that pool every `ratio`
-//! tokens' KV into one entry (CSA's overlapping windows, HCA's disjoint ones) and the
-//! lightning indexer that picks the entries a CSA query reads. Each follows the transformers
-//! module named on it (`models/deepseek_v4/modeling_deepseek_v4.py`) and is tested against
-//! that module's output (`tests/deepseek_v4_compressor.rs`).
-//!
-//! What a sequence carries between steps is its [`CompressorState`] and [`IndexerState`]:
-//! device tensors, one set a sequence and layer. (The paged pool does not hold them yet:
-//! issue 48's KV item.)
+//! The compressors and the lightning indexer.
 
 use kiln_tensor::{DType, NO_ENTRY, PoolWindows, Recorder, RopeTable, Tensor};
 

@@ -1,16 +1,18 @@
-//! DeepSeek-V4's compressors and lightning indexer against transformers' own modules
-//! (`DeepseekV4HCACompressor`, `DeepseekV4CSACompressor` with its `DeepseekV4Indexer`, run
-//! through their caches in chunks as `generate()` runs them), on every backend. Goldens by
-//! `scripts/make_deepseek_v4_compressor_fixtures.py` (transformers 5.25, float32): 41 tokens
-//! in chunks of 5, 3, 1, 1, 9, 2, 12, 8, so chunk boundaries fall inside windows, a chunk
-//! closes none or several, and single tokens decode.
+//! DeepSeek-V4's parts against transformers' own modules, on every backend: the compressors
+//! and lightning indexer (`DeepseekV4HCACompressor`, `DeepseekV4CSACompressor` with its
+//! `DeepseekV4Indexer`, run through their caches in chunks as `generate()` runs them: 41
+//! tokens in chunks of 5, 3, 1, 1, 9, 2, 12, 8, so chunk boundaries fall inside windows, a
+//! chunk closes none or several, and single tokens decode) and the hyper-connections
+//! (`DeepseekV4HyperConnection`, `DeepseekV4HyperHead`). Goldens by
+//! `scripts/make_deepseek_v4_module_fixtures.py` (transformers 5.25, float32).
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::path::PathBuf;
 
 use kiln_model::v4::{
-    Compressor, CompressorState, CompressorWeights, Indexer, IndexerState, IndexerWeights,
+    Compressor, CompressorState, CompressorWeights, HyperConnection, HyperHead, Indexer,
+    IndexerState, IndexerWeights,
 };
 use kiln_model::{DeepseekV4Config, SafetensorsFile};
 use kiln_tensor::{Device, NO_ENTRY, Recorder, RopeTable, Tensor};
@@ -191,4 +193,101 @@ fn one_prefill_equals_the_chunked_run() {
         assert_close(&format!("{name} CSA"), &whole.csa, &chunked.csa, 1e-5);
         assert_eq!(whole.picks, chunked.picks, "{name} picks");
     }
+}
+
+fn st_tensor(st: &SafetensorsFile, dev: &Device, name: &str) -> Tensor {
+    let shape = st.info(name).unwrap().1.to_vec();
+    Tensor::from_f32(dev, &shape, &st.read_f32(name).unwrap()).unwrap()
+}
+
+/// The hyper-connection's collapse, the streams after a sublayer, and the head's collapse.
+#[test]
+fn hyper_connections_match_transformers_on_every_backend() {
+    let g = golden();
+    let st = SafetensorsFile::open(&fixtures().join("hyper.safetensors")).unwrap();
+    let cfg = g.config.hc;
+    for (name, dev) in kiln_testkit::devices() {
+        let t = |n: &str| st_tensor(&st, &dev, n);
+        let hc = HyperConnection::new(
+            "hyper.safetensors",
+            ["hc.fn", "hc.base", "hc.scale"],
+            [t("hc.fn"), t("hc.base"), t("hc.scale")],
+            cfg,
+            g.config.rms_eps,
+        )
+        .unwrap();
+        let head = HyperHead::new(
+            "hyper.safetensors",
+            ["head.hc_fn", "head.hc_base", "head.hc_scale"],
+            [t("head.hc_fn"), t("head.hc_base"), t("head.hc_scale")],
+            cfg,
+            g.config.rms_eps,
+        )
+        .unwrap();
+        let (x, y) = (t("x"), t("y"));
+        let mut rec = Recorder::new(&dev);
+        let (collapsed, w) = hc.collapse(&mut rec, &x).unwrap();
+        let after = hc.expand(&mut rec, &x, &y, &w).unwrap();
+        let out = head.collapse(&mut rec, &x).unwrap();
+        rec.submit().unwrap();
+        let read = |t: &Tensor| t.to_f32_vec().unwrap();
+        let want = |n: &str| st.read_f32(n).unwrap();
+        assert_close(
+            &format!("{name} post"),
+            &read(&w.post),
+            &want("hc.post"),
+            1e-5,
+        );
+        assert_close(
+            &format!("{name} comb"),
+            &read(&w.comb),
+            &want("hc.comb"),
+            1e-5,
+        );
+        assert_close(
+            &format!("{name} collapsed"),
+            &read(&collapsed),
+            &want("hc.collapsed"),
+            1e-4,
+        );
+        assert_close(
+            &format!("{name} after"),
+            &read(&after),
+            &want("hc.after"),
+            1e-4,
+        );
+        assert_close(
+            &format!("{name} head"),
+            &read(&out),
+            &want("head.out"),
+            1e-4,
+        );
+    }
+}
+
+#[test]
+fn hyper_connection_weights_of_the_wrong_shape_are_refused_by_name() {
+    let g = golden();
+    let dev = Device::reference();
+    let z = |shape: &[usize]| {
+        Tensor::from_f32(&dev, shape, &vec![0.0; shape.iter().product()]).unwrap()
+    };
+    let e = HyperConnection::new(
+        "model.safetensors",
+        [
+            "layers.0.hc_attn_fn",
+            "layers.0.hc_attn_base",
+            "layers.0.hc_attn_scale",
+        ],
+        [z(&[24, 256]), z(&[20]), z(&[3])],
+        g.config.hc,
+        1e-6,
+    )
+    .unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("model.safetensors: tensor `layers.0.hc_attn_base`"),
+        "{e}"
+    );
+    assert!(e.to_string().contains("expected F32 [24]"), "{e}");
 }

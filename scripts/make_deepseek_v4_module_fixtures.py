@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
-"""Goldens for kiln's DeepSeek-V4 compressors and lightning indexer, from transformers' own
-modules.
+"""Goldens for kiln's DeepSeek-V4 parts, from transformers' own modules.
 
-Writes crates/kiln-model/tests/fixtures/deepseek_v4/compressor.safetensors (and its config,
-compressor_config.json): one random-weight DeepseekV4HCACompressor (ratio 8) and one
+Writes into crates/kiln-model/tests/fixtures/deepseek_v4/, beside their config
+(compressor_config.json):
+
+compressor.safetensors: one random-weight DeepseekV4HCACompressor (ratio 8) and one
 DeepseekV4CSACompressor (ratio 4, with its DeepseekV4Indexer, top-k 3 of up to 10 entries),
 run over 41 tokens of random hidden states in chunks of 5, 3, 1, 1, 9, 2, 12, 8 tokens
 (boundaries inside windows, a chunk that closes none, one that closes several) through
@@ -16,8 +17,14 @@ transformers' DeepseekV4CSACache / DeepseekV4HCACache, as generate() runs them. 
 - `csa.topk`: for every token, the indexer's picks ([41, 3], -1 where none is visible), as
   the call that ran it returned them; stored as float32 (small integers, exact).
 
+hyper.safetensors: one random DeepseekV4HyperConnection (4 streams, 20 Sinkhorn iterations)
+and one DeepseekV4HyperHead over random streams [7, 4, 64]: the weights (`hc.fn`, `hc.base`,
+`hc.scale`, `head.hc_fn`, `head.hc_base`, `head.hc_scale`), the streams `x`, and what the
+modules return (`hc.post`, `hc.comb`, `hc.collapsed`, `head.out`); and, for a random sublayer
+output `y` [7, 64], the streams after it as DeepseekV4DecoderLayer mixes them (`hc.after`).
+
 Run by hand with transformers >= 5.17 (tested with 5.25.0) and torch; CI never runs it:
-    python scripts/make_deepseek_v4_compressor_fixtures.py
+    python scripts/make_deepseek_v4_module_fixtures.py
 """
 
 import json
@@ -129,6 +136,45 @@ def main():
     saved = dict(CONFIG, model_type="deepseek_v4", architectures=["DeepseekV4ForCausalLM"])
     saved["chunks"] = CHUNKS
     (OUT / "compressor_config.json").write_text(json.dumps(saved, indent=2) + "\n")
+    for k, v in sorted(tensors.items()):
+        print(k, tuple(v.shape), v.dtype)
+    hyper(config, gen)
+
+
+def hyper(config, gen):
+    hc = m.DeepseekV4HyperConnection(config).float()
+    head = m.DeepseekV4HyperHead(config).float()
+    with torch.no_grad():
+        for module in (hc, head):
+            for name, p in module.named_parameters():
+                if "scale" in name:
+                    p.copy_(0.5 + torch.rand(p.shape, generator=gen))
+                elif "base" in name:
+                    p.copy_(torch.randn(p.shape, generator=gen))
+                else:
+                    p.copy_(torch.randn(p.shape, generator=gen) / p.shape[-1] ** 0.5)
+        x = torch.randn(1, 7, config.hc_mult, config.hidden_size, generator=gen)
+        y = torch.randn(1, 7, config.hidden_size, generator=gen)
+        post, comb, collapsed = hc(x)
+        after = post.unsqueeze(-1) * y.unsqueeze(-2) + torch.matmul(comb.transpose(-1, -2), x)
+        out = head(x)
+    tensors = {
+        "hc.fn": hc.fn,
+        "hc.base": hc.base,
+        "hc.scale": hc.scale,
+        "head.hc_fn": head.hc_fn,
+        "head.hc_base": head.hc_base,
+        "head.hc_scale": head.hc_scale,
+        "x": x[0],
+        "y": y[0],
+        "hc.post": post[0],
+        "hc.comb": comb[0],
+        "hc.collapsed": collapsed[0],
+        "hc.after": after[0],
+        "head.out": out[0],
+    }
+    tensors = {k: v.detach().contiguous() for k, v in tensors.items()}
+    save_file(tensors, OUT / "hyper.safetensors")
     for k, v in sorted(tensors.items()):
         print(k, tuple(v.shape), v.dtype)
 

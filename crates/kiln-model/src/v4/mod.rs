@@ -1,0 +1,18 @@
+//! DeepSeek-V4, part by part: the compressors that pool every `ratio` tokens' KV into one
+//! entry (CSA's overlapping windows, HCA's disjoint ones), the lightning indexer that picks
+//! the entries a CSA query reads, and the hyper-connections (mHC) around each sublayer.
+//! Each follows the transformers module named on it (`models/deepseek_v4/
+//! modeling_deepseek_v4.py`) and is tested against that module's output
+//! (`tests/deepseek_v4_parts.rs`).
+//!
+//! What a sequence carries between steps is its [`CompressorState`] and [`IndexerState`]:
+//! device tensors, one set a sequence and layer. (The paged pool does not hold them yet:
+//! issue 48's KV item.)
+
+mod compress;
+mod hyper;
+
+pub use compress::{
+    Compressor, CompressorState, CompressorWeights, Indexer, IndexerState, IndexerWeights,
+};
+pub use hyper::{HyperConnection, HyperHead};
