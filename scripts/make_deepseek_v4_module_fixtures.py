@@ -23,6 +23,12 @@ and one DeepseekV4HyperHead over random streams [7, 4, 64]: the weights (`hc.fn`
 modules return (`hc.post`, `hc.comb`, `hc.collapsed`, `head.out`); and, for a random sublayer
 output `y` [7, 64], the streams after it as DeepseekV4DecoderLayer mixes them (`hc.after`).
 
+tiny/: a random DeepseekV4ForCausalLM (sliding, CSA and HCA layers; the first MoE layer
+hash-routed) as save_pretrained writes it, and model_golden.safetensors: its 41 `input_ids`,
+run in the chunks above through a DynamicCache; each layer's attention input and output
+(`attn_in.L`, `attn_out.L`, [41, hidden], as DeepseekV4Attention saw and returned them) and the
+logits of every token (`logits`).
+
 Run by hand with transformers >= 5.17 (tested with 5.25.0) and torch; CI never runs it:
     python scripts/make_deepseek_v4_module_fixtures.py
 """
@@ -32,7 +38,7 @@ import pathlib
 
 import torch
 from safetensors.torch import save_file
-from transformers import DeepseekV4Config
+from transformers import DeepseekV4Config, DeepseekV4ForCausalLM, DynamicCache
 from transformers.models.deepseek_v4 import modeling_deepseek_v4 as m
 
 OUT = pathlib.Path(__file__).resolve().parent.parent / "crates/kiln-model/tests/fixtures/deepseek_v4"
@@ -139,6 +145,7 @@ def main():
     for k, v in sorted(tensors.items()):
         print(k, tuple(v.shape), v.dtype)
     hyper(config, gen)
+    model(gen)
 
 
 def hyper(config, gen):
@@ -175,6 +182,72 @@ def hyper(config, gen):
     }
     tensors = {k: v.detach().contiguous() for k, v in tensors.items()}
     save_file(tensors, OUT / "hyper.safetensors")
+    for k, v in sorted(tensors.items()):
+        print(k, tuple(v.shape), v.dtype)
+
+
+
+MODEL = dict(
+    CONFIG,
+    num_hidden_layers=3,
+    layer_types=[
+        "sliding_attention",
+        "compressed_sparse_attention",
+        "heavily_compressed_attention",
+    ],
+    num_hash_layers=1,
+    num_experts_per_tok=2,
+    num_local_experts=4,
+    swiglu_limit=1.5,
+    routed_scaling_factor=1.5,
+)
+
+
+def model(gen):
+    config = DeepseekV4Config(**MODEL)
+    torch.manual_seed(48)
+    lm = DeepseekV4ForCausalLM(config).float().eval()
+    with torch.no_grad():
+        for name, p in lm.named_parameters():
+            if name.endswith("norm.weight"):
+                p.copy_(1.0 + 0.2 * torch.randn(p.shape, generator=gen))
+            elif name.endswith(("position_bias", "sinks", "base")):
+                p.copy_(0.5 * torch.randn(p.shape, generator=gen))
+            elif name.endswith("scale"):
+                p.copy_(0.5 + torch.rand(p.shape, generator=gen))
+            else:
+                p.copy_(torch.randn(p.shape, generator=gen) / p.shape[-1] ** 0.5)
+        for name, b in lm.named_buffers():
+            if name.endswith("tid2eid"):
+                b.copy_(torch.stack([torch.randperm(config.num_local_experts, generator=gen)[: config.num_experts_per_tok] for _ in range(config.vocab_size)]))
+            elif name.endswith("e_score_correction_bias"):
+                b.copy_(0.1 * torch.randn(b.shape, generator=gen))
+    ids = torch.randint(0, config.vocab_size, (TOKENS,), generator=gen)
+    seen = {}
+
+    def hook(layer):
+        def record(_m, args, kwargs, out):
+            seen.setdefault(f"attn_in.{layer}", []).append(args[0][0])
+            seen.setdefault(f"attn_out.{layer}", []).append(out[0][0])
+
+        return record
+
+    for i, layer in enumerate(lm.model.layers):
+        layer.self_attn.register_forward_hook(hook(i), with_kwargs=True)
+    cache = DynamicCache(config=config)
+    logits = []
+    start = 0
+    with torch.no_grad():
+        for n in CHUNKS:
+            out = lm(input_ids=ids[start : start + n].unsqueeze(0), past_key_values=cache, use_cache=True)
+            logits.append(out.logits[0])
+            start += n
+    tensors = {k: torch.cat(v).contiguous() for k, v in seen.items()}
+    tensors["logits"] = torch.cat(logits).contiguous()
+    tensors["input_ids"] = ids.float()
+    tiny = OUT / "tiny"
+    lm.save_pretrained(tiny)
+    save_file(tensors, OUT / "model_golden.safetensors")
     for k, v in sorted(tensors.items()):
         print(k, tuple(v.shape), v.dtype)
 

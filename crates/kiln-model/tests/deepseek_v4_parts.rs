@@ -3,7 +3,9 @@
 //! `DeepseekV4Indexer`, run through their caches in chunks as `generate()` runs them: 41
 //! tokens in chunks of 5, 3, 1, 1, 9, 2, 12, 8, so chunk boundaries fall inside windows, a
 //! chunk closes none or several, and single tokens decode) and the hyper-connections
-//! (`DeepseekV4HyperConnection`, `DeepseekV4HyperHead`). Goldens by
+//! (`DeepseekV4HyperConnection`, `DeepseekV4HyperHead`), and each attention layer of a tiny
+//! random model (`DeepseekV4Attention`: sliding, CSA, HCA) fed what it was fed inside the
+//! model. Goldens by
 //! `scripts/make_deepseek_v4_module_fixtures.py` (transformers 5.25, float32).
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -11,10 +13,11 @@
 use std::path::PathBuf;
 
 use kiln_model::v4::{
-    Compressor, CompressorState, CompressorWeights, HyperConnection, HyperHead, Indexer,
-    IndexerState, IndexerWeights,
+    Attention, AttentionShape, AttentionState, AttentionWeights, Compression, Compressor,
+    CompressorState, CompressorWeights, HyperConnection, HyperHead, Indexer, IndexerState,
+    IndexerWeights, V4Ropes,
 };
-use kiln_model::{DeepseekV4Config, SafetensorsFile};
+use kiln_model::{DeepseekV4Config, SafetensorsFile, V4Attention};
 use kiln_tensor::{Device, NO_ENTRY, Recorder, RopeTable, Tensor};
 
 fn fixtures() -> PathBuf {
@@ -290,4 +293,143 @@ fn hyper_connection_weights_of_the_wrong_shape_are_refused_by_name() {
         "{e}"
     );
     assert!(e.to_string().contains("expected F32 [24]"), "{e}");
+}
+
+/// The tiny random model's checkpoint and its goldens.
+struct Tiny {
+    config: DeepseekV4Config,
+    st: SafetensorsFile,
+    golden: SafetensorsFile,
+}
+
+fn tiny() -> Tiny {
+    let dir = fixtures().join("tiny");
+    let p = dir.join("config.json");
+    let text = std::fs::read_to_string(&p).unwrap();
+    Tiny {
+        config: DeepseekV4Config::from_hf_json(&p.display().to_string(), &text).unwrap(),
+        st: SafetensorsFile::open(&dir.join("model.safetensors")).unwrap(),
+        golden: SafetensorsFile::open(&fixtures().join("model_golden.safetensors")).unwrap(),
+    }
+}
+
+impl Tiny {
+    fn t(&self, dev: &Device, name: &str) -> Tensor {
+        st_tensor(&self.st, dev, name)
+    }
+
+    fn compressor(&self, dev: &Device, p: &str, ratio: usize, overlapping: bool) -> Compressor {
+        let w = CompressorWeights {
+            kv: self.t(dev, &format!("{p}wkv.weight")),
+            gate: self.t(dev, &format!("{p}wgate.weight")),
+            ape: self.t(dev, &format!("{p}ape")),
+            norm: self.t(dev, &format!("{p}norm.weight")),
+        };
+        Compressor::new(
+            "model.safetensors",
+            p,
+            w,
+            ratio,
+            overlapping,
+            self.config.rms_eps,
+        )
+        .unwrap()
+    }
+
+    fn attention(&self, dev: &Device, layer: usize) -> Attention {
+        let c = &self.config;
+        let p = format!("model.layers.{layer}.attn.");
+        let t = |n: &str| self.t(dev, &format!("{p}{n}"));
+        let w = AttentionWeights {
+            q_a: t("wq_a.weight"),
+            q_norm: t("q_norm.weight"),
+            q_b: t("wq_b.weight"),
+            kv: t("wkv.weight"),
+            kv_norm: t("norm.weight"),
+            o_a: t("wo_a.weight"),
+            o_b: t("wo_b.weight"),
+            sinks: t("attn_sink"),
+        };
+        let compression = match c.attention[layer] {
+            V4Attention::Sliding => Compression::None,
+            V4Attention::Hca { ratio } => Compression::Hca(self.compressor(
+                dev,
+                &format!("{p}compressor."),
+                ratio as usize,
+                false,
+            )),
+            V4Attention::Csa { ratio } => {
+                let ratio = ratio as usize;
+                let ip = format!("{p}indexer.");
+                Compression::Csa {
+                    compressor: self.compressor(dev, &format!("{p}compressor."), ratio, true),
+                    indexer: Indexer::new(
+                        "model.safetensors",
+                        &ip,
+                        self.compressor(dev, &format!("{ip}compressor."), ratio, true),
+                        IndexerWeights {
+                            q: t("indexer.wq_b.weight"),
+                            head_weights: t("indexer.weights_proj.weight"),
+                        },
+                        c.indexer.heads,
+                        c.indexer.topk,
+                    )
+                    .unwrap(),
+                }
+            }
+        };
+        let shape = AttentionShape {
+            heads: c.heads,
+            head_dim: c.head_dim,
+            groups: c.o_groups,
+            window: c.window as u32,
+            eps: c.rms_eps,
+        };
+        Attention::new("model.safetensors", &p, w, compression, shape).unwrap()
+    }
+}
+
+/// Each attention layer (sliding, CSA, HCA) of the tiny model, fed what transformers' layer
+/// was fed, step by step in the chunks transformers ran, returns what it returned.
+#[test]
+fn attention_layers_match_transformers_on_every_backend() {
+    let tiny = tiny();
+    let c = &tiny.config;
+    let chunks = golden().chunks;
+    assert_eq!(
+        c.attention,
+        [
+            V4Attention::Sliding,
+            V4Attention::Csa { ratio: 4 },
+            V4Attention::Hca { ratio: 8 }
+        ]
+    );
+    for (name, dev) in kiln_testkit::devices() {
+        let ropes = V4Ropes::new(&dev, c, 64).unwrap();
+        for layer in 0..c.layers {
+            let attn = tiny.attention(&dev, layer);
+            let x = tiny.golden.read_f32(&format!("attn_in.{layer}")).unwrap();
+            let want = tiny.golden.read_f32(&format!("attn_out.{layer}")).unwrap();
+            let mut state = AttentionState::default();
+            let (mut start, mut got) = (0, Vec::new());
+            for &n in &chunks {
+                let h = c.hidden;
+                let xt = Tensor::from_f32(&dev, &[n, h], &x[start * h..][..n * h]).unwrap();
+                let positions: Vec<u32> = (start as u32..(start + n) as u32).collect();
+                let mut rec = Recorder::new(&dev);
+                let y = attn
+                    .forward(&mut rec, &xt, &positions, &mut state, &ropes)
+                    .unwrap();
+                rec.submit().unwrap();
+                got.extend(y.to_f32_vec().unwrap());
+                start += n;
+            }
+            assert_close(
+                &format!("{name} layer {layer} ({:?})", c.attention[layer]),
+                &got,
+                &want,
+                1e-4,
+            );
+        }
+    }
 }

@@ -252,6 +252,17 @@ impl DeepseekV4Config {
         Ok(())
     }
 
+    /// The rotary embedding of the sliding-only layers at `width` channels a head: the
+    /// trailing `rope_dim` channels in interleaved pairs, base `rope_theta`, unscaled
+    /// (transformers' `main`).
+    pub fn main_rope(&self, width: usize) -> RopeConfig {
+        RopeConfig {
+            theta: self.rope_theta,
+            scaling: RopeScaling::None,
+            ..self.compressed_rope(width)
+        }
+    }
+
     /// The rotary embedding of the compressed layers (CSA and HCA: their queries, raw keys,
     /// entries and indexer) at `width` channels a head: the trailing `rope_dim` channels
     /// turned in interleaved pairs (transformers' `apply_rotary_pos_emb`), base

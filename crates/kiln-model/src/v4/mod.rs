@@ -1,6 +1,7 @@
 //! DeepSeek-V4, part by part: the compressors that pool every `ratio` tokens' KV into one
 //! entry (CSA's overlapping windows, HCA's disjoint ones), the lightning indexer that picks
-//! the entries a CSA query reads, and the hyper-connections (mHC) around each sublayer.
+//! the entries a CSA query reads, the attention layer over the window and the entries, and
+//! the hyper-connections (mHC) around each sublayer.
 //! Each follows the transformers module named on it (`models/deepseek_v4/
 //! modeling_deepseek_v4.py`) and is tested against that module's output
 //! (`tests/deepseek_v4_parts.rs`).
@@ -9,9 +10,13 @@
 //! device tensors, one set a sequence and layer. (The paged pool does not hold them yet:
 //! issue 48's KV item.)
 
+mod attention;
 mod compress;
 mod hyper;
 
+pub use attention::{
+    Attention, AttentionShape, AttentionState, AttentionWeights, Compression, V4Ropes,
+};
 pub use compress::{
     Compressor, CompressorState, CompressorWeights, Indexer, IndexerState, IndexerWeights,
 };

@@ -12,10 +12,12 @@
 use bytemuck::{Pod, Zeroable};
 
 use super::matmul::{Activation, MvParams, matvec_max_m};
-use super::{WEIGHT_DTYPES, dot, flag, host_row, number, require_dtype, weight_defines};
+use super::{
+    WEIGHT_DTYPES, check_indices, dot, flag, host_row, number, require_dtype, weight_defines,
+};
 use crate::gpu::{Access, KernelDef};
 use crate::tensor::Storage;
-use crate::{DType, Recorder, Result, Tensor, TensorError};
+use crate::{DType, Device, Recorder, Result, Tensor, TensorError};
 
 /// Experts a router may choose from (the routing kernel keeps a count per expert in
 /// workgroup memory).
@@ -78,6 +80,47 @@ pub struct Routes {
 }
 
 impl Routes {
+    /// Routes the model fixes rather than a router picks (DeepSeek-V4's hash-routed layers
+    /// by token id; its grouped output projection, each row one group): token `t`'s `k`
+    /// experts are `ids[t·k .. (t + 1)·k]`, with `weights` (F32 `[tokens, k]`, on `device`).
+    pub fn fixed(
+        device: &Device,
+        ids: &[u32],
+        k: usize,
+        experts: usize,
+        weights: Tensor,
+    ) -> Result<Self> {
+        const OP: &str = "Routes::fixed";
+        if k == 0 || ids.is_empty() || ids.len() % k != 0 || experts > MAX_EXPERTS {
+            return Err(TensorError::Invalid {
+                op: OP,
+                detail: format!(
+                    "{} ids in rows of {k}, over {experts} experts (at most {MAX_EXPERTS})",
+                    ids.len()
+                ),
+            });
+        }
+        check_indices(OP, "expert", ids, experts)?;
+        let tokens = ids.len() / k;
+        require_dtype(OP, "the weights", &weights, &[DType::F32])?;
+        if weights.shape() != [tokens, k] {
+            return Err(TensorError::Shape {
+                op: OP,
+                detail: format!("weights {:?} for {tokens} rows of {k}", weights.shape()),
+            });
+        }
+        let mut groups = vec![0u32; experts + 1 + ids.len()];
+        group_slots(ids, experts, &mut groups);
+        Ok(Self {
+            tokens,
+            experts,
+            k,
+            ids: Tensor::from_u32(device, &[tokens, k], ids)?,
+            weights,
+            groups: Tensor::from_u32(device, &[groups.len()], &groups)?,
+        })
+    }
+
     pub fn tokens(&self) -> usize {
         self.tokens
     }

@@ -1,0 +1,283 @@
+//! A DeepSeek-V4 attention layer (`DeepseekV4Attention`): the low-rank query with its
+//! per-head unweighted norm, the one K=V head, the layer's compression (none, HCA, or CSA
+//! with its indexer), the attention core over the window and the entries
+//! (`kiln_attention::compressed_attention`), RoPE turned back on the output, and the grouped
+//! low-rank output projection.
+
+use kiln_attention::{CompressedKv, EntryChoice, compressed_attention};
+use kiln_tensor::{Device, Recorder, RopeTable, Routes, Tensor};
+
+use super::{Compressor, CompressorState, Indexer, IndexerState};
+use crate::{DeepseekV4Config, ModelError, Result};
+
+/// An attention layer's own weights (the checkpoint's `attn.` names).
+#[derive(Debug, Clone)]
+pub struct AttentionWeights {
+    /// `wq_a` `[q_lora_rank, hidden]` and its norm `q_norm` (F32 `[q_lora_rank]`).
+    pub q_a: Tensor,
+    pub q_norm: Tensor,
+    /// `wq_b` `[heads·head_dim, q_lora_rank]`.
+    pub q_b: Tensor,
+    /// `wkv` `[head_dim, hidden]` and its norm `kv_norm` (F32 `[head_dim]`).
+    pub kv: Tensor,
+    pub kv_norm: Tensor,
+    /// `wo_a` `[groups·o_lora_rank, heads·head_dim / groups]`: group g's block is rows
+    /// `g·o_lora_rank ..`.
+    pub o_a: Tensor,
+    /// `wo_b` `[hidden, groups·o_lora_rank]`.
+    pub o_b: Tensor,
+    /// `attn_sink`, F32 `[heads]`.
+    pub sinks: Tensor,
+}
+
+/// What a layer compresses its KV into besides the window.
+#[derive(Debug, Clone)]
+pub enum Compression {
+    /// The window only (`sliding_attention`).
+    None,
+    /// Every visible entry (`heavily_compressed_attention`).
+    Hca(Compressor),
+    /// The indexer's picks of the entries (`compressed_sparse_attention`).
+    Csa {
+        compressor: Compressor,
+        indexer: Indexer,
+    },
+}
+
+/// The rotary embeddings a V4 model's layers use: the sliding layers' (`main`) and the
+/// compressed layers' at the head's width and at the indexer's.
+#[derive(Debug, Clone)]
+pub struct V4Ropes {
+    pub main: RopeTable,
+    pub compress: RopeTable,
+    pub index: RopeTable,
+}
+
+impl V4Ropes {
+    /// The tables for positions below `max_positions`.
+    pub fn new(device: &Device, config: &DeepseekV4Config, max_positions: usize) -> Result<Self> {
+        let table = |cfg| RopeTable::new(device, cfg, max_positions);
+        Ok(Self {
+            main: table(config.main_rope(config.head_dim))?,
+            compress: table(config.compressed_rope(config.head_dim))?,
+            index: table(config.compressed_rope(config.indexer.head_dim))?,
+        })
+    }
+}
+
+/// The sizes of an attention layer.
+#[derive(Debug, Clone, Copy)]
+pub struct AttentionShape {
+    pub heads: usize,
+    pub head_dim: usize,
+    pub groups: usize,
+    pub window: u32,
+    pub eps: f32,
+}
+
+#[derive(Debug, Clone)]
+pub struct Attention {
+    w: AttentionWeights,
+    compression: Compression,
+    shape: AttentionShape,
+    /// Ones `[head_dim]`: the query's per-head norm is unweighted.
+    ones: Tensor,
+}
+
+/// What one sequence's attention layer carries between steps.
+#[derive(Debug, Clone, Default)]
+pub struct AttentionState {
+    /// The raw K=V rows of the last `window - 1` tokens, from position `first`.
+    raw: Option<Tensor>,
+    first: u32,
+    compressor: CompressorState,
+    indexer: IndexerState,
+    /// Every compressed entry so far.
+    entries: Option<Tensor>,
+}
+
+impl Attention {
+    pub fn new(
+        file: &str,
+        prefix: &str,
+        w: AttentionWeights,
+        compression: Compression,
+        shape: AttentionShape,
+    ) -> Result<Self> {
+        let AttentionShape {
+            heads,
+            head_dim,
+            groups,
+            ..
+        } = shape;
+        let bad = |name: &str, t: &Tensor, want: String| ModelError::Tensor {
+            file: file.into(),
+            tensor: format!("{prefix}{name}"),
+            problem: format!("shape {:?}, expected {want}", t.shape()),
+        };
+        if w.q_b.rows() != heads * head_dim || w.q_b.cols() != w.q_a.rows() {
+            let want = format!("[{} heads·head_dim, {}]", heads * head_dim, w.q_a.rows());
+            return Err(bad("wq_b.weight", &w.q_b, want));
+        }
+        if w.kv.rows() != head_dim || w.kv_norm.elem_count() != head_dim {
+            return Err(bad("wkv.weight", &w.kv, format!("[{head_dim}, hidden]")));
+        }
+        if groups == 0 || heads % groups != 0 || w.o_a.cols() * groups != heads * head_dim {
+            let want = format!("[groups·o_lora_rank, {}]", heads * head_dim / groups.max(1));
+            return Err(bad("wo_a.weight", &w.o_a, want));
+        }
+        if w.o_b.cols() != w.o_a.rows() {
+            return Err(bad(
+                "wo_b.weight",
+                &w.o_b,
+                format!("[hidden, {}]", w.o_a.rows()),
+            ));
+        }
+        if w.sinks.elem_count() != heads {
+            return Err(bad("attn_sink", &w.sinks, format!("[{heads}]")));
+        }
+        let ones = Tensor::from_f32(&w.kv.device(), &[head_dim], &vec![1.0; head_dim])?;
+        Ok(Self {
+            w,
+            compression,
+            shape,
+            ones,
+        })
+    }
+
+    /// The layer's output `[tokens, hidden]` for its normed input `x` `[tokens, hidden]` at
+    /// consecutive `positions` of one sequence; `state` moves on past them.
+    pub fn forward(
+        &self,
+        rec: &mut Recorder,
+        x: &Tensor,
+        positions: &[u32],
+        state: &mut AttentionState,
+        ropes: &V4Ropes,
+    ) -> Result<Tensor> {
+        let AttentionShape {
+            heads,
+            head_dim: d,
+            groups,
+            window,
+            eps,
+        } = self.shape;
+        let tokens = x.rows();
+        let rope = match self.compression {
+            Compression::None => &ropes.main,
+            _ => &ropes.compress,
+        };
+        let at = rope.positions(positions)?;
+        let qr = rec.matmul(x, &self.w.q_a, None)?;
+        let qr = rec.rms_norm(&qr, &self.w.q_norm, eps)?;
+        let q = rec.matmul(&qr, &self.w.q_b, None)?;
+        let q = rec.rms_norm(&q.reshape(&[tokens * heads, d])?, &self.ones, eps)?;
+        let q = rec.rope(&q.reshape(&[tokens, heads, d])?, &at)?;
+        let kv = rec.matmul(x, &self.w.kv, None)?;
+        let kv = rec.rms_norm(&kv, &self.w.kv_norm, eps)?;
+        let kv = rec
+            .rope(&kv.reshape(&[tokens, 1, d])?, &at)?
+            .reshape(&[tokens, d])?;
+        let raw = match &state.raw {
+            Some(old) => rec.concat_rows(old, &kv)?,
+            None => {
+                state.first = positions.first().copied().unwrap_or(0);
+                kv
+            }
+        };
+        let (entries, picks) = self.compress(rec, x, &qr, positions, state, ropes)?;
+        let choice = match (&self.compression, &picks) {
+            (Compression::Csa { .. }, Some(p)) => EntryChoice::Picked(p),
+            (Compression::Hca(c), _) => EntryChoice::Visible {
+                ratio: c.ratio() as u32,
+            },
+            // Sliding layers have no entries; the choice is never read.
+            _ => EntryChoice::Visible { ratio: 1 },
+        };
+        let kvs = CompressedKv {
+            raw: &raw,
+            first: state.first,
+            window,
+            entries: entries.as_ref(),
+            choice,
+        };
+        let scale = 1.0 / (d as f32).sqrt();
+        let out = compressed_attention(rec, &q, positions, kvs, &self.w.sinks, scale)?;
+        let out = rec.unrope(&out, &at)?;
+        self.keep_window(rec, raw, state)?;
+        self.project(rec, &out, tokens, groups)
+    }
+
+    /// The new compressed entries into `state`, and (CSA) the indexer's picks.
+    fn compress(
+        &self,
+        rec: &mut Recorder,
+        x: &Tensor,
+        qr: &Tensor,
+        positions: &[u32],
+        state: &mut AttentionState,
+        ropes: &V4Ropes,
+    ) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        let (compressor, picks) = match &self.compression {
+            Compression::None => return Ok((None, None)),
+            Compression::Hca(c) => (c, None),
+            Compression::Csa {
+                compressor,
+                indexer,
+            } => {
+                let p = indexer.step(rec, x, qr, positions, &mut state.indexer, &ropes.index)?;
+                (compressor, Some(p))
+            }
+        };
+        if let Some(new) = compressor.step(rec, x, &mut state.compressor, &ropes.compress)? {
+            state.entries = Some(match &state.entries {
+                Some(old) => rec.concat_rows(old, &new)?,
+                None => new,
+            });
+        }
+        Ok((state.entries.clone(), picks))
+    }
+
+    /// Keep the raw rows the next tokens' window reaches: the last `window - 1`.
+    fn keep_window(
+        &self,
+        rec: &mut Recorder,
+        raw: Tensor,
+        state: &mut AttentionState,
+    ) -> Result<()> {
+        let keep = (self.shape.window as usize)
+            .saturating_sub(1)
+            .min(raw.rows());
+        let from = raw.rows() - keep;
+        state.first += from as u32;
+        state.raw = if keep == 0 {
+            None
+        } else if from == 0 {
+            Some(raw)
+        } else {
+            let ids: Vec<u32> = (from as u32..raw.rows() as u32).collect();
+            Some(rec.embedding(&raw, &ids)?)
+        };
+        Ok(())
+    }
+
+    /// The grouped low-rank output projection: each group of heads through its own block
+    /// of `wo_a` (a fixed routing of each token's group rows to that block), then `wo_b`.
+    fn project(
+        &self,
+        rec: &mut Recorder,
+        out: &Tensor,
+        tokens: usize,
+        groups: usize,
+    ) -> Result<Tensor> {
+        let rank = self.w.o_a.rows() / groups;
+        let rows = out.reshape(&[tokens * groups, self.w.o_a.cols()])?;
+        let ids: Vec<u32> = (0..tokens * groups).map(|i| (i % groups) as u32).collect();
+        let device = out.device();
+        let ones = Tensor::from_f32(&device, &[tokens * groups, 1], &vec![1.0; tokens * groups])?;
+        let routes = Routes::fixed(&device, &ids, 1, groups, ones)?;
+        let blocks = self.w.o_a.reshape(&[groups, rank, self.w.o_a.cols()])?;
+        let low = rec.linear_routed(&rows, &blocks, None, &routes, None)?;
+        Ok(rec.matmul(&low.reshape(&[tokens, groups * rank])?, &self.w.o_b, None)?)
+    }
+}
