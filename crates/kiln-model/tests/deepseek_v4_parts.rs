@@ -14,7 +14,7 @@ use std::path::PathBuf;
 
 use kiln_model::v4::{
     Attention, AttentionShape, AttentionState, AttentionWeights, Compression, Compressor,
-    CompressorState, CompressorWeights, HyperConnection, HyperHead, Indexer, IndexerState,
+    CompressorState, CompressorWeights, Csa, HyperConnection, HyperHead, Indexer, IndexerState,
     IndexerWeights, V4Ropes,
 };
 use kiln_model::{DeepseekV4Config, SafetensorsFile, V4Attention};
@@ -352,16 +352,16 @@ impl Tiny {
         };
         let compression = match c.attention[layer] {
             V4Attention::Sliding => Compression::None,
-            V4Attention::Hca { ratio } => Compression::Hca(self.compressor(
+            V4Attention::Hca { ratio } => Compression::Hca(Box::new(self.compressor(
                 dev,
                 &format!("{p}compressor."),
                 ratio as usize,
                 false,
-            )),
+            ))),
             V4Attention::Csa { ratio } => {
                 let ratio = ratio as usize;
                 let ip = format!("{p}indexer.");
-                Compression::Csa {
+                Compression::Csa(Box::new(Csa {
                     compressor: self.compressor(dev, &format!("{p}compressor."), ratio, true),
                     indexer: Indexer::new(
                         "model.safetensors",
@@ -375,7 +375,7 @@ impl Tiny {
                         c.indexer.topk,
                     )
                     .unwrap(),
-                }
+                }))
             }
         };
         let shape = AttentionShape {

@@ -36,12 +36,16 @@ pub enum Compression {
     /// The window only (`sliding_attention`).
     None,
     /// Every visible entry (`heavily_compressed_attention`).
-    Hca(Compressor),
+    Hca(Box<Compressor>),
     /// The indexer's picks of the entries (`compressed_sparse_attention`).
-    Csa {
-        compressor: Compressor,
-        indexer: Indexer,
-    },
+    Csa(Box<Csa>),
+}
+
+/// A CSA layer's compressor and indexer.
+#[derive(Debug, Clone)]
+pub struct Csa {
+    pub compressor: Compressor,
+    pub indexer: Indexer,
 }
 
 /// The rotary embeddings a V4 model's layers use: the sliding layers' (`main`) and the
@@ -187,7 +191,7 @@ impl Attention {
         };
         let (entries, picks) = self.compress(rec, x, &qr, positions, state, ropes)?;
         let choice = match (&self.compression, &picks) {
-            (Compression::Csa { .. }, Some(p)) => EntryChoice::Picked(p),
+            (Compression::Csa(_), Some(p)) => EntryChoice::Picked(p),
             (Compression::Hca(c), _) => EntryChoice::Visible {
                 ratio: c.ratio() as u32,
             },
@@ -220,11 +224,12 @@ impl Attention {
     ) -> Result<(Option<Tensor>, Option<Tensor>)> {
         let (compressor, picks) = match &self.compression {
             Compression::None => return Ok((None, None)),
-            Compression::Hca(c) => (c, None),
-            Compression::Csa {
-                compressor,
-                indexer,
-            } => {
+            Compression::Hca(c) => (&**c, None),
+            Compression::Csa(csa) => {
+                let Csa {
+                    compressor,
+                    indexer,
+                } = &**csa;
                 let p = indexer.step(rec, x, qr, positions, &mut state.indexer, &ropes.index)?;
                 (compressor, Some(p))
             }

@@ -15,7 +15,7 @@ mod compress;
 mod hyper;
 
 pub use attention::{
-    Attention, AttentionShape, AttentionState, AttentionWeights, Compression, V4Ropes,
+    Attention, AttentionShape, AttentionState, AttentionWeights, Compression, Csa, V4Ropes,
 };
 pub use compress::{
     Compressor, CompressorState, CompressorWeights, Indexer, IndexerState, IndexerWeights,

@@ -91,7 +91,7 @@ impl Routes {
         weights: Tensor,
     ) -> Result<Self> {
         const OP: &str = "Routes::fixed";
-        if k == 0 || ids.is_empty() || ids.len() % k != 0 || experts > MAX_EXPERTS {
+        if k == 0 || ids.is_empty() || !ids.len().is_multiple_of(k) || experts > MAX_EXPERTS {
             return Err(TensorError::Invalid {
                 op: OP,
                 detail: format!(
