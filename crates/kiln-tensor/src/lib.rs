@@ -23,9 +23,9 @@ pub use gpu::{Access, COOP_F16_16, CoopConfig, GpuContext, KernelDef, TemplateEr
 pub use keep::Keep;
 pub use ops::sample;
 pub use ops::{
-    Activation, ColumnIndex, HcConfig, HcWeights, LinearOps, MAX_EXPERTS, MAX_EXPERTS_USED,
-    MAX_STREAMS, NO_ENTRY, PoolWindows, RmsNorm, RopeConfig, RopeLayout, RopePositions,
-    RopeScaling, RopeTable, RotaryChannels, Router, Routes,
+    Activation, ClampLimit, ColumnIndex, HcConfig, HcWeights, LinearOps, MAX_EXPERTS,
+    MAX_EXPERTS_USED, MAX_STREAMS, NO_ENTRY, PoolWindows, RmsNorm, RopeConfig, RopeLayout,
+    RopePositions, RopeScaling, RopeTable, RotaryChannels, Router, Routes,
 };
 pub use quant::{dequantize, int8_activation_bounds, quantize};
 pub use recorder::Recorder;

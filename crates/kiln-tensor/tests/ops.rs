@@ -13,8 +13,9 @@ mod common;
 
 use common::{assert_close, gpus, randn, random_blocks, rng};
 use kiln_tensor::{
-    Activation, ColumnIndex, DType, Device, DeviceOptions, LinearOps, MatvecShape, Recorder,
-    RmsNorm, RopeConfig, RopeLayout, RopeScaling, RopeTable, RotaryChannels, Tensor, TensorError,
+    Activation, ClampLimit, ColumnIndex, DType, Device, DeviceOptions, LinearOps, MatvecShape,
+    Recorder, RmsNorm, RopeConfig, RopeLayout, RopeScaling, RopeTable, RotaryChannels, Tensor,
+    TensorError,
 };
 use rand::Rng;
 use rand::rngs::StdRng;
@@ -192,6 +193,12 @@ const CASES: &[Case] = &[
         bias: false,
         residual: false,
         glu: Some(Activation::SwigluOai),
+    },
+    Case {
+        norm: true,
+        bias: false,
+        residual: false,
+        glu: Some(CLAMPED),
     },
     // Two epilogues: composed on every device.
     Case {
@@ -508,6 +515,7 @@ fn gated_activations_hold_their_definitions() {
         Activation::Silu,
         Activation::GeluTanh,
         Activation::SwigluOai,
+        clamped(0.5),
     ] {
         let mut rec = Recorder::new(&dev);
         let glu = rec.glu(&yt, act).unwrap().to_f32_vec().unwrap();
@@ -521,6 +529,7 @@ fn gated_activations_hold_their_definitions() {
                 Activation::Silu => g[i] / (1.0 + (-g[i]).exp()) * u[i],
                 Activation::GeluTanh => gelu_tanh64(g[i]) * u[i],
                 Activation::SwigluOai => swiglu_oai64(g[i], u[i]),
+                Activation::SiluClamped { limit } => silu_clamped64(g[i], u[i], limit.get()),
             };
             assert!(
                 (glu[i] - want).abs() <= 1e-5 * want.abs().max(1.0),
@@ -575,6 +584,60 @@ fn swiglu_oai_clamps_gate_and_up_on_every_device() {
         rec.submit().unwrap();
         for got in [a.to_f32_vec().unwrap(), b.to_f32_vec().unwrap()] {
             assert_close(&format!("{name} clamped SwiGLU"), &got, &want, 1e-5, 1e-5);
+        }
+    }
+}
+
+/// DeepSeek-V4's clamped SwiGLU at a bound that random products cross.
+const CLAMPED: Activation = Activation::SiluClamped {
+    limit: match ClampLimit::new(1.5) {
+        Some(l) => l,
+        None => panic!("a positive bound"),
+    },
+};
+
+fn clamped(limit: f32) -> Activation {
+    Activation::SiluClamped {
+        limit: ClampLimit::new(limit).unwrap(),
+    }
+}
+
+/// DeepSeek-V4's clamped SwiGLU as its definition states it, in f64.
+fn silu_clamped64(gate: f32, up: f32, limit: f32) -> f32 {
+    let l = f64::from(limit);
+    let g = f64::from(gate).min(l);
+    let u = f64::from(up).clamp(-l, l);
+    (g / (1.0 + (-g).exp()) * u) as f32
+}
+
+/// DeepSeek-V4's clamped SwiGLU holds its bound on every device, stacked (`glu`) and apart
+/// (`gated_mul`); `linear_ops_match_cpu` covers it fused into a matmul.
+#[test]
+fn silu_clamped_clamps_gate_and_up_on_every_device() {
+    let gate = [10.0f32, 1.5, 3.0, 0.0, -3.0, -40.0, 1.0, -0.5];
+    let up = [9.0f32, -8.0, 0.5, 2.0, -10.0, 3.0, -1.0, 1.2];
+    let limit = 1.5;
+    let want: Vec<f32> = gate
+        .iter()
+        .zip(&up)
+        .map(|(&g, &u)| silu_clamped64(g, u, limit))
+        .collect();
+    let stacked: Vec<f32> = gate.iter().chain(&up).copied().collect();
+    let mut devs = gpus();
+    devs.push(("reference", Device::reference()));
+    devs.push(("native cpu", kiln_testkit::native_cpu()));
+    for (name, dev) in devs {
+        let y = Tensor::from_f32(&dev, &[1, 16], &stacked).unwrap();
+        let (g, u) = (
+            Tensor::from_f32(&dev, &[1, 8], &gate).unwrap(),
+            Tensor::from_f32(&dev, &[1, 8], &up).unwrap(),
+        );
+        let mut rec = Recorder::new(&dev);
+        let a = rec.glu(&y, clamped(limit)).unwrap();
+        let b = rec.gated_mul(&g, &u, clamped(limit)).unwrap();
+        rec.submit().unwrap();
+        for got in [a.to_f32_vec().unwrap(), b.to_f32_vec().unwrap()] {
+            assert_close(&format!("{name} clamped SiLU"), &got, &want, 1e-5, 1e-5);
         }
     }
 }

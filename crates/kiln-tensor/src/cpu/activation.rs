@@ -57,6 +57,13 @@ pub(crate) fn glu(row: &[f32], act: Activation, out: &mut [f32]) {
                 *o = gated(g, 1.702 * g) * (u.clamp(-7.0, 7.0) + 1.0);
             }
         }
+        Activation::SiluClamped { limit } => {
+            let l = limit.get();
+            for ((o, &g), &u) in out.iter_mut().zip(g).zip(u) {
+                let g = g.min(l);
+                *o = gated(g, g) * u.clamp(-l, l);
+            }
+        }
     }
 }
 
@@ -79,10 +86,14 @@ mod tests {
             .copied()
             .chain((0..n).map(|i| 0.5 + (i % 7) as f32 * 0.25))
             .collect();
+        let clamped = Activation::SiluClamped {
+            limit: crate::ops::ClampLimit::new(10.0).expect("a positive bound"),
+        };
         for act in [
             Activation::Silu,
             Activation::GeluTanh,
             Activation::SwigluOai,
+            clamped,
         ] {
             let (mut got, mut want) = (vec![0f32; n], vec![0f32; n]);
             glu(&row, act, &mut got);

@@ -74,7 +74,7 @@ impl Recorder {
         defines: &[Define],
         a: &Tensor,
         b: &Tensor,
-        f: fn(f32, f32) -> f32,
+        f: impl Fn(f32, f32) -> f32,
     ) -> Result<Tensor> {
         require_dtype(op, "the first input", a, &[DType::F32])?;
         require_dtype(op, "the second input", b, &[DType::F32])?;
@@ -189,10 +189,12 @@ impl Recorder {
         match act {
             Activation::Silu => self.silu_mul(gate, up),
             Activation::GeluTanh => self.gelu_tanh_mul(gate, up),
-            Activation::SwigluOai => {
-                let [a, b] = Activation::defines(Some(act));
-                let d = [("GLU_MUL", flag(true)), a, b];
-                self.binary("gated_mul", &GLU_MUL, &d, gate, up, swiglu_oai_ref)
+            Activation::SwigluOai | Activation::SiluClamped { .. } => {
+                let [a, b, c] = Activation::defines(Some(act));
+                let d = [("GLU_MUL", flag(true)), a, b, c];
+                self.binary("gated_mul", &GLU_MUL, &d, gate, up, |g, u| {
+                    act.apply_ref(g, u)
+                })
             }
         }
     }
@@ -299,10 +301,10 @@ impl Recorder {
             cols: f as u32,
             _pad: 0,
         };
-        let [a, b] = Activation::defines(Some(act));
+        let [a, b, c] = Activation::defines(Some(act));
         self.dispatch(
             &GLU,
-            &[("GLU", flag(true)), ("UNARY", flag(true)), a, b],
+            &[("GLU", flag(true)), ("UNARY", flag(true)), a, b, c],
             &params,
             vec![(y.clone(), 0), (out.clone(), 0)],
             n.div_ceil(64) as u32,
@@ -321,13 +323,23 @@ pub(crate) fn glu_ref(y: &[f32], f: usize, act: Activation, out: &mut [f32]) {
 /// One row of [`glu_ref`]: `row` is `[gate; up]`, `out` half as wide.
 pub(crate) fn glu_row(row: &[f32], act: Activation, out: &mut [f32]) {
     let (g, u) = row.split_at(out.len());
-    let each = match act {
-        Activation::Silu => silu_mul_ref,
-        Activation::GeluTanh => gelu_tanh_mul_ref,
-        Activation::SwigluOai => swiglu_oai_ref,
-    };
     for ((o, &g), &u) in out.iter_mut().zip(g).zip(u) {
-        *o = each(g, u);
+        *o = act.apply_ref(g, u);
+    }
+}
+
+impl Activation {
+    /// The CPU reference of one element, `act(gate) · up`.
+    pub(crate) fn apply_ref(self, g: f32, u: f32) -> f32 {
+        match self {
+            Activation::Silu => silu_mul_ref(g, u),
+            Activation::GeluTanh => gelu_tanh_mul_ref(g, u),
+            Activation::SwigluOai => swiglu_oai_ref(g, u),
+            Activation::SiluClamped { limit } => {
+                let l = limit.get();
+                silu_mul_ref(g.min(l), u.clamp(-l, l))
+            }
+        }
     }
 }
 

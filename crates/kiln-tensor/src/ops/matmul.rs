@@ -105,14 +105,43 @@ pub enum Activation {
     /// GPT-OSS's clamped SwiGLU, of gate and up together: (clamp(up, −7, 7) + 1) ·
     /// g·σ(1.702·g) with g = min(gate, 7).
     SwigluOai,
+    /// DeepSeek-V4's clamped SwiGLU: silu(min(gate, L)) · clamp(up, −L, L).
+    SiluClamped { limit: ClampLimit },
+}
+
+/// A clamp bound, held by its f32 bits so that an [`Activation`] stays `Eq` and `Hash` (it
+/// names a kernel specialisation).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ClampLimit(u32);
+
+impl ClampLimit {
+    /// A positive, finite bound; `None` otherwise.
+    pub const fn new(limit: f32) -> Option<Self> {
+        if limit.is_finite() && limit > 0.0 {
+            Some(Self(limit.to_bits()))
+        } else {
+            None
+        }
+    }
+
+    pub fn get(self) -> f32 {
+        f32::from_bits(self.0)
+    }
 }
 
 impl Activation {
-    /// The switches `glu.wgsl` takes for it (`GELU`, `OAI`; neither is SiLU).
-    pub(crate) fn defines(act: Option<Activation>) -> [Define; 2] {
+    /// The switches `glu.wgsl` takes for it (`GELU`, `OAI`, `CLAMP` with the bound as a WGSL
+    /// literal; none is SiLU).
+    pub(crate) fn defines(act: Option<Activation>) -> [Define; 3] {
+        let clamp = match act {
+            // Display gives the shortest decimal that reads back as the same f32.
+            Some(Activation::SiluClamped { limit }) => format!("{}f", limit.get()).into(),
+            _ => flag(false),
+        };
         [
             ("GELU", flag(act == Some(Activation::GeluTanh))),
             ("OAI", flag(act == Some(Activation::SwigluOai))),
+            ("CLAMP", clamp),
         ]
     }
 }

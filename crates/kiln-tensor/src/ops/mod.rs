@@ -21,7 +21,7 @@ pub use compress::{NO_ENTRY, PoolWindows};
 pub(crate) use elementwise::glu_row;
 pub use embedding::ColumnIndex;
 pub use hyper::{HcConfig, HcWeights, MAX_STREAMS};
-pub use matmul::{Activation, LinearOps, RmsNorm};
+pub use matmul::{Activation, ClampLimit, LinearOps, RmsNorm};
 pub use moe::{MAX_EXPERTS, MAX_EXPERTS_USED, Router, Routes};
 pub(crate) use moe::{RoutedX, expert_slots};
 pub use rope::{RopeConfig, RopeLayout, RopePositions, RopeScaling, RopeTable, RotaryChannels};
