@@ -23,7 +23,7 @@ pub use gpu::{Access, COOP_F16_16, CoopConfig, GpuContext, KernelDef, TemplateEr
 pub use keep::Keep;
 pub use ops::sample;
 pub use ops::{
-    Activation, ClampLimit, ColumnIndex, HcConfig, HcWeights, LinearOps, MAX_EXPERTS,
+    Activation, Choice, ClampLimit, ColumnIndex, HcConfig, HcWeights, LinearOps, MAX_EXPERTS,
     MAX_EXPERTS_USED, MAX_STREAMS, NO_ENTRY, PoolWindows, RmsNorm, RopeConfig, RopeLayout,
     RopePositions, RopeScaling, RopeTable, RotaryChannels, Router, Routes,
 };

@@ -8,7 +8,7 @@
 mod common;
 
 use common::{assert_close, gpu_split, gpus, randn, random_blocks, rng};
-use kiln_tensor::{Activation, DType, Device, LinearOps, Recorder, Router, Tensor};
+use kiln_tensor::{Activation, Choice, DType, Device, LinearOps, Recorder, Router, Tensor};
 use rand::Rng;
 use rand::rngs::StdRng;
 
@@ -381,4 +381,81 @@ fn routed_products_count_the_experts_they_read() {
         "taking them clears them"
     );
     assert!(Device::Reference.take_routed_stats().is_none());
+}
+
+/// DeepSeek-V4's router from its definition, in f64: scores sqrt(softplus(logit)), the k best
+/// by score + bias (or the given ones), weights the picks' scores over their sum, times the
+/// scale.
+fn sqrt_softplus_route64(
+    logits: &[f32],
+    bias: Option<&[f32]>,
+    given: Option<&[u32]>,
+    k: usize,
+    scale: f32,
+) -> (Vec<u32>, Vec<f32>) {
+    let score = |l: f32| {
+        let x = f64::from(l);
+        (if x > 20.0 { x } else { x.exp().ln_1p() }).sqrt()
+    };
+    let ids: Vec<u32> = match given {
+        Some(g) => g.to_vec(),
+        None => {
+            let mut order: Vec<usize> = (0..logits.len()).collect();
+            let sel = |e: usize| score(logits[e]) + bias.map_or(0.0, |b| f64::from(b[e]));
+            order.sort_by(|&a, &b| sel(b).total_cmp(&sel(a)).then(a.cmp(&b)));
+            order[..k].iter().map(|&e| e as u32).collect()
+        }
+    };
+    let s: Vec<f64> = ids.iter().map(|&e| score(logits[e as usize])).collect();
+    let total: f64 = s.iter().sum::<f64>() + 1e-20;
+    let w = s
+        .iter()
+        .map(|v| (v / total * f64::from(scale)) as f32)
+        .collect();
+    (ids, w)
+}
+
+/// DeepSeek-V4's routing, the best by score plus a selection bias and hash-fixed, on the
+/// reference, the native backend and every wgpu configuration, against its definition:
+/// the ids exactly, the weights within f32 rounding; logits spread to both softplus tails.
+#[test]
+fn sqrt_softplus_routing_holds_its_definition_on_every_device() {
+    let mut r = rng(48);
+    let (t, e, k, scale) = (9, 16, 6, 1.5);
+    let logits: Vec<f32> = randn(&mut r, t * e, 30.0);
+    let bias = randn(&mut r, e, 0.5);
+    let given: Vec<u32> = (0..t * k).map(|i| ((i * 7 + i / k) % e) as u32).collect();
+    let router = Router::SqrtSoftplus { scale };
+    let mut devs = devices();
+    devs.push(("reference", Device::reference()));
+    devs.push(("native cpu", kiln_testkit::native_cpu()));
+    for fixed in [false, true] {
+        let mut want = (Vec::new(), Vec::new());
+        for row in 0..t {
+            let l = &logits[row * e..(row + 1) * e];
+            let g = fixed.then(|| &given[row * k..(row + 1) * k]);
+            let (ids, w) = sqrt_softplus_route64(l, (!fixed).then_some(&bias[..]), g, k, scale);
+            want.0.extend(ids);
+            want.1.extend(w);
+        }
+        for (name, dev) in &devs {
+            let l = Tensor::from_f32(dev, &[t, e], &logits).unwrap();
+            let b = Tensor::from_f32(dev, &[e], &bias).unwrap();
+            let choice = if fixed {
+                Choice::Fixed(&given)
+            } else {
+                Choice::Best { bias: Some(&b) }
+            };
+            let mut rec = Recorder::new(dev);
+            let routes = rec.moe_route_by(&l, k, router, choice).unwrap();
+            rec.submit().unwrap();
+            assert_eq!(
+                routes.ids().to_u32_vec().unwrap(),
+                want.0,
+                "{name} fixed {fixed}"
+            );
+            let w = routes.weights().to_f32_vec().unwrap();
+            assert_close(&format!("{name} fixed {fixed}"), &w, &want.1, 1e-6, 1e-5);
+        }
+    }
 }

@@ -1,9 +1,11 @@
 // Mixture-of-experts routing and combining.
 //
-// ROUTE (`moe_route`, one workgroup): each token's TOPK experts by falling logit (ties to the
-// lower index), each pick the largest logit below the previous one in that order, as the CPU
-// reference picks them; their weights by p.mode (0: softmax over all experts; 1: the same,
-// divided by the picks' sum; 2: softmax over the picks). Then the slots (token * TOPK + j)
+// ROUTE (`moe_route`, one workgroup): each token's TOPK experts by falling score (ties to the
+// lower index), each pick the largest score (plus bias[e] when p.bias) below the previous one
+// in that order, as the CPU reference picks them, or the given ones (p.fixed); the score is
+// the logit, or sqrt(softplus(logit)) in mode 3. Their weights by p.mode (0: softmax over all
+// experts; 1: the same, divided by the picks' sum; 2: softmax over the picks; 3: the picks'
+// scores divided by their sum plus 1e-20, times p.scale). Then the slots (token * TOPK + j)
 // are grouped by expert: offsets[EXPERTS + 1], then the slot list (in any order within an
 // expert: every slot's product is computed on its own).
 //
@@ -16,6 +18,9 @@ struct Params {
     k: u32,
     mode: u32,
     width: u32,
+    bias: u32,
+    fixed: u32,
+    scale: f32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -25,9 +30,51 @@ const TOPK: u32 = {{TOPK}}u;
 
 #if ROUTE
 @group(0) @binding(1) var<storage, read> logits: array<f32>;
-@group(0) @binding(2) var<storage, read_write> ids: array<u32>;
-@group(0) @binding(3) var<storage, read_write> wts: array<f32>;
-@group(0) @binding(4) var<storage, read_write> groups: array<u32>;
+@group(0) @binding(2) var<storage, read> sel_bias: array<f32>;
+@group(0) @binding(3) var<storage, read> given: array<u32>;
+@group(0) @binding(4) var<storage, read_write> ids: array<u32>;
+@group(0) @binding(5) var<storage, read_write> wts: array<f32>;
+@group(0) @binding(6) var<storage, read_write> groups: array<u32>;
+
+// ln(1 + y) for y in [0, 1] without `log` (whose accuracy WGSL bounds only absolutely, too
+// loosely near 1): 2·atanh(z), z = y / (2 + y) <= 1/3, to the z^15 term (error < 1e-9).
+fn log1p_unit(y: f32) -> f32 {
+    let z = y / (2.0 + y);
+    let z2 = z * z;
+    var s = 1.0 / 15.0;
+    s = s * z2 + 1.0 / 13.0;
+    s = s * z2 + 1.0 / 11.0;
+    s = s * z2 + 1.0 / 9.0;
+    s = s * z2 + 1.0 / 7.0;
+    s = s * z2 + 1.0 / 5.0;
+    s = s * z2 + 1.0 / 3.0;
+    s = s * z2 + 1.0;
+    return 2.0 * z * s;
+}
+
+// ln(1 + e^x) as torch computes it (x itself above 20): max(x, 0) + ln(1 + e^-|x|).
+fn softplus(x: f32) -> f32 {
+    if (x > 20.0) {
+        return x;
+    }
+    return max(x, 0.0) + log1p_unit(exp(-abs(x)));
+}
+
+fn score(row: u32, e: u32) -> f32 {
+    let l = logits[row + e];
+    if (p.mode == 3u) {
+        return sqrt(softplus(l));
+    }
+    return l;
+}
+
+fn select_value(row: u32, e: u32) -> f32 {
+    var v = score(row, e);
+    if (p.bias == 1u) {
+        v += sel_bias[e];
+    }
+    return v;
+}
 
 var<workgroup> counts: array<atomic<u32>, EXPERTS>;
 var<workgroup> offsets: array<u32, EXPERTS>;
@@ -47,24 +94,33 @@ fn main(@builtin(local_invocation_index) lid: u32) {
             var found = false;
             var bv = 0.0;
             var be = 0u;
-            for (var e = 0u; e < EXPERTS; e++) {
-                let x = logits[row + e];
-                let below = j == 0u || x < pv || (x == pv && e > pe);
-                if (below && (!found || x > bv)) {
-                    found = true;
-                    bv = x;
-                    be = e;
+            if (p.fixed == 1u) {
+                be = given[t * TOPK + j];
+            } else {
+                for (var e = 0u; e < EXPERTS; e++) {
+                    let x = select_value(row, e);
+                    let below = j == 0u || x < pv || (x == pv && e > pe);
+                    if (below && (!found || x > bv)) {
+                        found = true;
+                        bv = x;
+                        be = e;
+                    }
                 }
             }
             ids[t * TOPK + j] = be;
-            v[j] = bv;
+            v[j] = score(row, be);
             pv = bv;
             pe = be;
             atomicAdd(&counts[be], 1u);
         }
         let top = v[0];
         var total = 0.0;
-        if (p.mode == 2u) {
+        if (p.mode == 3u) {
+            for (var j = 0u; j < TOPK; j++) {
+                total += v[j];
+            }
+            total += 1e-20;
+        } else if (p.mode == 2u) {
             for (var j = 0u; j < TOPK; j++) {
                 total += exp(v[j] - top);
             }
@@ -75,7 +131,11 @@ fn main(@builtin(local_invocation_index) lid: u32) {
         }
         var picked = 0.0;
         for (var j = 0u; j < TOPK; j++) {
-            v[j] = exp(v[j] - top) / total;
+            if (p.mode == 3u) {
+                v[j] = v[j] / total * p.scale;
+            } else {
+                v[j] = exp(v[j] - top) / total;
+            }
             picked += v[j];
         }
         for (var j = 0u; j < TOPK; j++) {

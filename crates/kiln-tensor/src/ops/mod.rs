@@ -22,7 +22,7 @@ pub(crate) use elementwise::glu_row;
 pub use embedding::ColumnIndex;
 pub use hyper::{HcConfig, HcWeights, MAX_STREAMS};
 pub use matmul::{Activation, ClampLimit, LinearOps, RmsNorm};
-pub use moe::{MAX_EXPERTS, MAX_EXPERTS_USED, Router, Routes};
+pub use moe::{Choice, MAX_EXPERTS, MAX_EXPERTS_USED, Router, Routes};
 pub(crate) use moe::{RoutedX, expert_slots};
 pub use rope::{RopeConfig, RopeLayout, RopePositions, RopeScaling, RopeTable, RotaryChannels};
 pub(crate) use rows::rms_norm_row;

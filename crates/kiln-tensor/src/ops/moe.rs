@@ -31,6 +31,8 @@ static ROUTE: KernelDef = KernelDef {
     source: SRC,
     bindings: &[
         Access::Read,
+        Access::Read,
+        Access::Read,
         Access::ReadWrite,
         Access::ReadWrite,
         Access::ReadWrite,
@@ -43,14 +45,29 @@ static COMBINE: KernelDef = KernelDef {
 };
 
 /// How a router turns a token's logits over the experts into the experts it uses and their
-/// weights. Every router picks the `k` largest logits (ties to the lower expert index).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+/// weights. Every router picks the `k` largest scores (ties to the lower expert index); the
+/// score is the logit, or for [`Router::SqrtSoftplus`] `sqrt(softplus(logit))`.
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Router {
     /// Softmax over all experts, then the top k; with `renorm` their weights are divided by
     /// their sum (Mixtral; Qwen3-MoE's `norm_topk_prob`), else kept as the softmax gave them.
     SoftmaxTopK { renorm: bool },
     /// The top k logits, then a softmax over those k (GPT-OSS).
     TopKSoftmax,
+    /// DeepSeek-V4's: scores `sqrt(softplus(logit))`; the picks' scores divided by their
+    /// sum (plus 1e-20), times `scale` (`routed_scaling_factor`).
+    SqrtSoftplus { scale: f32 },
+}
+
+/// Where a token's experts come from.
+#[derive(Debug, Clone, Copy)]
+pub enum Choice<'a> {
+    /// The `k` best scores, each plus `bias[e]` (F32 `[experts]`) where given: a bias that
+    /// only selects (DeepSeek's `e_score_correction_bias`), never weights.
+    Best { bias: Option<&'a Tensor> },
+    /// Fixed by the model, `k` a token on the host (DeepSeek-V4's hash-routed layers, by
+    /// token id); the router still weights them.
+    Fixed(&'a [u32]),
 }
 
 impl Router {
@@ -58,6 +75,7 @@ impl Router {
         match self {
             Router::SoftmaxTopK { renorm: false } => 0,
             Router::SoftmaxTopK { renorm: true } => 1,
+            Router::SqrtSoftplus { .. } => 3,
             Router::TopKSoftmax => 2,
         }
     }
@@ -145,27 +163,61 @@ impl Routes {
     }
 }
 
-/// A token's `k` experts by falling logit (ties to the lower index) and their weights, as
-/// `router` says: the CPU reference, which the routing kernel follows step by step.
-fn route_row(logits: &[f32], k: usize, router: Router, ids: &mut [u32], w: &mut [f32]) {
-    // Each pick is the largest logit below the previous pick in the order (value
-    // descending, index ascending).
-    let mut prev: Option<(f32, usize)> = None;
-    for j in 0..k {
-        let mut best: Option<(f32, usize)> = None;
-        for (e, &v) in logits.iter().enumerate() {
-            let below = prev.is_none_or(|(pv, pe)| v < pv || (v == pv && e > pe));
-            if below && best.is_none_or(|(bv, _)| v > bv) {
-                best = Some((v, e));
+/// How [`route_row`] picks: the best scores (each plus the selection bias), or given.
+#[derive(Clone, Copy)]
+enum Pick<'a> {
+    Best(Option<&'a [f32]>),
+    Fixed(&'a [u32]),
+}
+
+/// `softplus(x) = ln(1 + e^x)`, as torch computes it (x itself above 20).
+fn softplus(x: f32) -> f32 {
+    if x > 20.0 { x } else { x.exp().ln_1p() }
+}
+
+/// A token's `k` experts (`ids.len()`) by falling score (ties to the lower index) and their
+/// weights, as `router` says: the CPU reference, which the routing kernel follows step by
+/// step.
+fn route_row(logits: &[f32], router: Router, pick: Pick<'_>, ids: &mut [u32], w: &mut [f32]) {
+    let score = |e: usize| match router {
+        Router::SqrtSoftplus { .. } => softplus(logits[e]).sqrt(),
+        _ => logits[e],
+    };
+    match pick {
+        Pick::Fixed(given) => {
+            for (j, &e) in given.iter().enumerate() {
+                ids[j] = e;
+                w[j] = score(e as usize);
             }
         }
-        let (v, e) = best.unwrap_or((f32::NEG_INFINITY, 0));
-        ids[j] = e as u32;
-        w[j] = v;
-        prev = Some((v, e));
+        Pick::Best(bias) => {
+            let select = |e: usize| score(e) + bias.map_or(0.0, |b| b[e]);
+            // Each pick is the largest selection value below the previous pick in the order
+            // (value descending, index ascending).
+            let mut prev: Option<(f32, usize)> = None;
+            for j in 0..ids.len() {
+                let mut best: Option<(f32, usize)> = None;
+                for e in 0..logits.len() {
+                    let v = select(e);
+                    let below = prev.is_none_or(|(pv, pe)| v < pv || (v == pv && e > pe));
+                    if below && best.is_none_or(|(bv, _)| v > bv) {
+                        best = Some((v, e));
+                    }
+                }
+                let (v, e) = best.unwrap_or((f32::NEG_INFINITY, 0));
+                ids[j] = e as u32;
+                w[j] = score(e);
+                prev = Some((v, e));
+            }
+        }
     }
+    // The first pick's score: the largest where the router picked them.
     let max = w[0];
     match router {
+        Router::SqrtSoftplus { scale } => {
+            let total: f32 = w.iter().sum::<f32>() + 1e-20;
+            w.iter_mut().for_each(|v| *v = *v / total * scale);
+        }
         Router::SoftmaxTopK { renorm } => {
             let total: f32 = logits.iter().map(|&v| (v - max).exp()).sum();
             for v in w.iter_mut() {
@@ -229,12 +281,27 @@ struct Params {
     mode: u32,
     /// `moe_combine`: the row width.
     width: u32,
-    _pad: [u32; 3],
+    /// `moe_route`: whether the selection bias is bound; whether the experts are given.
+    bias: u32,
+    fixed: u32,
+    /// `moe_route`: [`Router::SqrtSoftplus`]'s scale.
+    scale: f32,
 }
 
 impl Recorder {
     /// Routes each token (a row of `logits`, F32 `[tokens, experts]`) to its `k` experts.
     pub fn moe_route(&mut self, logits: &Tensor, k: usize, router: Router) -> Result<Routes> {
+        self.moe_route_by(logits, k, router, Choice::Best { bias: None })
+    }
+
+    /// [`Recorder::moe_route`] with the experts chosen as `choice` says.
+    pub fn moe_route_by(
+        &mut self,
+        logits: &Tensor,
+        k: usize,
+        router: Router,
+        choice: Choice<'_>,
+    ) -> Result<Routes> {
         const OP: &str = "moe_route";
         require_dtype(OP, "the router logits", logits, &[DType::F32])?;
         self.check_device(OP, &[logits])?;
@@ -256,16 +323,45 @@ impl Recorder {
         }
         let slots = tokens * k;
         one_binding(OP, &[logits])?;
+        let (bias, fixed) = match choice {
+            Choice::Best { bias } => (bias, None),
+            Choice::Fixed(ids) => (None, Some(ids)),
+        };
+        if let Some(b) = bias {
+            require_dtype(OP, "the selection bias", b, &[DType::F32])?;
+            self.check_device(OP, &[b])?;
+            if b.elem_count() != experts {
+                return Err(TensorError::Shape {
+                    op: OP,
+                    detail: format!("selection bias {:?} for {experts} experts", b.shape()),
+                });
+            }
+        }
+        if let Some(ids) = fixed {
+            if ids.len() != slots {
+                return Err(TensorError::Shape {
+                    op: OP,
+                    detail: format!("{} fixed experts for {tokens} tokens of {k}", ids.len()),
+                });
+            }
+            check_indices(OP, "expert", ids, experts)?;
+        }
         let Some(ctx) = self.gpu().cloned() else {
             let l = logits.host_f32()?;
+            let bias = bias.map(Tensor::host_f32).transpose()?;
             let mut w = vec![0f32; slots];
             let ids = Tensor::host_u32_with(&[tokens, k], |ids| {
-                for ((row, ids), w) in l
+                for (t, ((row, ids), w)) in l
                     .chunks_exact(experts)
                     .zip(ids.chunks_exact_mut(k))
                     .zip(w.chunks_exact_mut(k))
+                    .enumerate()
                 {
-                    route_row(row, k, router, ids, w);
+                    let pick = match fixed {
+                        Some(f) => Pick::Fixed(&f[t * k..(t + 1) * k]),
+                        None => Pick::Best(bias),
+                    };
+                    route_row(row, router, pick, ids, w);
                 }
             });
             let groups = Tensor::host_u32_with(&[experts + 1 + slots], |g| {
@@ -296,7 +392,18 @@ impl Recorder {
             k: k as u32,
             mode: router.mode(),
             width: 0,
-            _pad: [0; 3],
+            bias: u32::from(bias.is_some()),
+            fixed: u32::from(fixed.is_some()),
+            scale: match router {
+                Router::SqrtSoftplus { scale } => scale,
+                _ => 1.0,
+            },
+        };
+        // Unused bindings are bound to the logits (never read).
+        let bias_t = bias.cloned().unwrap_or_else(|| logits.clone());
+        let fixed_t = match fixed {
+            Some(f) => Tensor::from_u32(&self.device().clone(), &[slots], f)?,
+            None => logits.clone(),
         };
         self.dispatch(
             &ROUTE,
@@ -308,6 +415,8 @@ impl Recorder {
             &params,
             vec![
                 (logits.clone(), 0),
+                (bias_t, 0),
+                (fixed_t, 0),
                 (ids.clone(), 0),
                 (weights.clone(), 0),
                 (groups.clone(), 0),
@@ -529,7 +638,9 @@ impl Recorder {
             k: k as u32,
             mode: 0,
             width: n as u32,
-            _pad: [0; 3],
+            bias: 0,
+            fixed: 0,
+            scale: 1.0,
         };
         self.dispatch(
             &COMBINE,
