@@ -122,6 +122,7 @@ impl MoeConfig {
             Router::SoftmaxTopK { renorm: true } => "softmax, top-k renormalised",
             Router::SoftmaxTopK { renorm: false } => "softmax, top-k as is",
             Router::TopKSoftmax => "top-k, then softmax",
+            Router::SqrtSoftplus { .. } => "sqrt-softplus scores, top-k renormalised and scaled",
         };
         let biases = if self.biases {
             "; router and experts with biases"
