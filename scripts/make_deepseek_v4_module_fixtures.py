@@ -26,7 +26,8 @@ output `y` [7, 64], the streams after it as DeepseekV4DecoderLayer mixes them (`
 tiny/: a random DeepseekV4ForCausalLM (sliding, CSA and HCA layers; the first MoE layer
 hash-routed) as save_pretrained writes it, and model_golden.safetensors: its 41 `input_ids`,
 run in the chunks above through a DynamicCache; each layer's attention input and output
-(`attn_in.L`, `attn_out.L`, [41, hidden], as DeepseekV4Attention saw and returned them) and the
+(`attn_in.L`, `attn_out.L`, [41, hidden], as DeepseekV4Attention saw and returned them), each
+layer's MoE input and output (`mlp_in.L`, `mlp_out.L`, DeepseekV4SparseMoeBlock's) and the
 logits of every token (`logits`).
 
 Run by hand with transformers >= 5.17 (tested with 5.25.0) and torch; CI never runs it:
@@ -232,8 +233,16 @@ def model(gen):
 
         return record
 
+    def mlp_hook(layer):
+        def record(_m, args, kwargs, out):
+            seen.setdefault(f"mlp_in.{layer}", []).append(args[0][0])
+            seen.setdefault(f"mlp_out.{layer}", []).append(out[0])
+
+        return record
+
     for i, layer in enumerate(lm.model.layers):
         layer.self_attn.register_forward_hook(hook(i), with_kwargs=True)
+        layer.mlp.register_forward_hook(mlp_hook(i), with_kwargs=True)
     cache = DynamicCache(config=config)
     logits = []
     start = 0

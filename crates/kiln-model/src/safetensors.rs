@@ -191,6 +191,41 @@ impl SafetensorsFile {
         self.entry_f32(tensor, e)
     }
 
+    /// An integer tensor's values as ids (I64 or I32, each in `0..=u32::MAX`): index tables
+    /// such as DeepSeek-V4's `tid2eid`.
+    pub fn read_ids(&self, tensor: &str) -> Result<Vec<u32>> {
+        let bad = |problem: String| ModelError::Tensor {
+            file: self.name.clone(),
+            tensor: tensor.into(),
+            problem,
+        };
+        let e = self
+            .tensors
+            .get(tensor)
+            .ok_or_else(|| bad("missing".into()))?;
+        let bytes = self.bytes(tensor, e)?;
+        let values: Vec<i64> = match e.dtype {
+            StDtype::I64 => bytes
+                .chunks_exact(8)
+                .map(|b| i64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]))
+                .collect(),
+            StDtype::I32 => bytes
+                .chunks_exact(4)
+                .map(|b| i64::from(i32::from_le_bytes([b[0], b[1], b[2], b[3]])))
+                .collect(),
+            _ => {
+                return Err(bad(format!(
+                    "dtype {} is not an index table's (I64 or I32)",
+                    e.dtype_name
+                )));
+            }
+        };
+        values
+            .into_iter()
+            .map(|v| u32::try_from(v).map_err(|_| bad(format!("value {v} is not an id"))))
+            .collect()
+    }
+
     /// The values of `name` (entry `e`) as f32.
     pub(crate) fn entry_f32(&self, name: &str, e: &Entry) -> Result<Vec<f32>> {
         let bytes = self.bytes(name, e)?;

@@ -3,9 +3,10 @@
 //! `DeepseekV4Indexer`, run through their caches in chunks as `generate()` runs them: 41
 //! tokens in chunks of 5, 3, 1, 1, 9, 2, 12, 8, so chunk boundaries fall inside windows, a
 //! chunk closes none or several, and single tokens decode) and the hyper-connections
-//! (`DeepseekV4HyperConnection`, `DeepseekV4HyperHead`), and each attention layer of a tiny
-//! random model (`DeepseekV4Attention`: sliding, CSA, HCA) fed what it was fed inside the
-//! model. Goldens by
+//! (`DeepseekV4HyperConnection`, `DeepseekV4HyperHead`), and each attention layer
+//! (`DeepseekV4Attention`: sliding, CSA, HCA) and MoE layer (`DeepseekV4SparseMoeBlock`:
+//! hash-routed, scored) of a tiny random model fed what it was fed inside the model. Goldens
+//! by
 //! `scripts/make_deepseek_v4_module_fixtures.py` (transformers 5.25, float32).
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -14,8 +15,8 @@ use std::path::PathBuf;
 
 use kiln_model::v4::{
     Attention, AttentionShape, AttentionState, AttentionWeights, Compression, Compressor,
-    CompressorState, CompressorWeights, Csa, HyperConnection, HyperHead, Indexer, IndexerState,
-    IndexerWeights, V4Ropes,
+    CompressorState, CompressorWeights, Csa, ExpertChoice, HyperConnection, HyperHead, Indexer,
+    IndexerState, IndexerWeights, Moe, MoeShape, MoeWeights, V4Ropes,
 };
 use kiln_model::{DeepseekV4Config, SafetensorsFile, V4Attention};
 use kiln_tensor::{Device, NO_ENTRY, Recorder, RopeTable, Tensor};
@@ -429,6 +430,89 @@ fn attention_layers_match_transformers_on_every_backend() {
                 &got,
                 &want,
                 1e-4,
+            );
+        }
+    }
+}
+
+impl Tiny {
+    /// Rows of several checkpoint tensors stacked into one device tensor of `shape`.
+    fn stacked(&self, dev: &Device, names: &[String], shape: &[usize]) -> Tensor {
+        let v: Vec<f32> = names
+            .iter()
+            .flat_map(|n| self.st.read_f32(n).unwrap())
+            .collect();
+        Tensor::from_f32(dev, shape, &v).unwrap()
+    }
+
+    fn moe(&self, dev: &Device, layer: usize) -> Moe {
+        let c = &self.config;
+        let p = format!("model.layers.{layer}.ffn.");
+        let (e, h, f) = (c.moe.experts, c.hidden, c.moe.expert_ffn);
+        let expert = |i: usize, w: &str| format!("{p}experts.{i}.{w}.weight");
+        let gate_up: Vec<String> = (0..e)
+            .flat_map(|i| [expert(i, "w1"), expert(i, "w3")])
+            .collect();
+        let down: Vec<String> = (0..e).map(|i| expert(i, "w2")).collect();
+        let shared = |w: &str| format!("{p}shared_experts.{w}.weight");
+        let choice = if layer < c.moe.hash_layers {
+            ExpertChoice::Hashed {
+                table: self.st.read_ids(&format!("{p}gate.tid2eid")).unwrap(),
+            }
+        } else {
+            ExpertChoice::Scored {
+                bias: self.t(dev, &format!("{p}gate.bias")),
+            }
+        };
+        let w = MoeWeights {
+            router: self.t(dev, &format!("{p}gate.weight")),
+            choice,
+            gate_up: self.stacked(dev, &gate_up, &[e, 2 * f, h]),
+            down: self.stacked(dev, &down, &[e, h, f]),
+            shared_gate_up: self.stacked(dev, &[shared("w1"), shared("w3")], &[2 * f, h]),
+            shared_down: self.t(dev, &shared("w2")),
+        };
+        let shape = MoeShape {
+            experts: e,
+            used: c.moe.used,
+            scale: c.moe.routed_scale,
+            limit: c.moe.swiglu_limit,
+        };
+        Moe::new("model.safetensors", &p, w, shape).unwrap()
+    }
+}
+
+/// Each MoE layer of the tiny model (the first hash-routed, the others scored with a
+/// selection bias), fed what transformers' DeepseekV4SparseMoeBlock was fed, returns what it
+/// returned.
+#[test]
+fn moe_layers_match_transformers_on_every_backend() {
+    let tiny = tiny();
+    let c = &tiny.config;
+    assert_eq!(c.moe.hash_layers, 1);
+    let ids: Vec<u32> = tiny
+        .golden
+        .read_f32("input_ids")
+        .unwrap()
+        .iter()
+        .map(|&v| v as u32)
+        .collect();
+    for (name, dev) in kiln_testkit::devices() {
+        for layer in 0..c.layers {
+            let moe = tiny.moe(&dev, layer);
+            let x = tiny.golden.read_f32(&format!("mlp_in.{layer}")).unwrap();
+            let want = tiny.golden.read_f32(&format!("mlp_out.{layer}")).unwrap();
+            let xt = Tensor::from_f32(&dev, &[ids.len(), c.hidden], &x).unwrap();
+            let mut rec = Recorder::new(&dev);
+            let y = moe.forward(&mut rec, &xt, &ids).unwrap();
+            rec.submit().unwrap();
+            // The native backend quantizes activations to 8 bits for its products.
+            let tol = 1e-4;
+            assert_close(
+                &format!("{name} MoE layer {layer}"),
+                &y.to_f32_vec().unwrap(),
+                &want,
+                tol,
             );
         }
     }

@@ -1,7 +1,8 @@
 //! DeepSeek-V4, part by part: the compressors that pool every `ratio` tokens' KV into one
 //! entry (CSA's overlapping windows, HCA's disjoint ones), the lightning indexer that picks
-//! the entries a CSA query reads, the attention layer over the window and the entries, and
-//! the hyper-connections (mHC) around each sublayer.
+//! the entries a CSA query reads, the attention layer over the window and the entries, the
+//! hyper-connections (mHC) around each sublayer, and the mixture of experts (scored or
+//! hash-routed, with a shared expert).
 //! Each follows the transformers module named on it (`models/deepseek_v4/
 //! modeling_deepseek_v4.py`) and is tested against that module's output
 //! (`tests/deepseek_v4_parts.rs`).
@@ -13,6 +14,7 @@
 mod attention;
 mod compress;
 mod hyper;
+mod moe;
 
 pub use attention::{
     Attention, AttentionShape, AttentionState, AttentionWeights, Compression, Csa, V4Ropes,
@@ -21,3 +23,4 @@ pub use compress::{
     Compressor, CompressorState, CompressorWeights, Indexer, IndexerState, IndexerWeights,
 };
 pub use hyper::{HyperConnection, HyperHead};
+pub use moe::{ExpertChoice, Moe, MoeShape, MoeWeights};
