@@ -27,8 +27,9 @@ tiny/: a random DeepseekV4ForCausalLM (sliding, CSA and HCA layers; the first Mo
 hash-routed) as save_pretrained writes it, and model_golden.safetensors: its 41 `input_ids`,
 run in the chunks above through a DynamicCache; each layer's attention input and output
 (`attn_in.L`, `attn_out.L`, [41, hidden], as DeepseekV4Attention saw and returned them), each
-layer's MoE input and output (`mlp_in.L`, `mlp_out.L`, DeepseekV4SparseMoeBlock's) and the
-logits of every token (`logits`).
+layer's MoE input and output (`mlp_in.L`, `mlp_out.L`, DeepseekV4SparseMoeBlock's), the
+logits of every token (`logits`); and greedy continuations by generate(): random prompts of 5,
+13 and 30 tokens (`gen.prompt.i`) and their 24 new tokens (`gen.greedy.i`).
 
 Run by hand with transformers >= 5.17 (tested with 5.25.0) and torch; CI never runs it:
     python scripts/make_deepseek_v4_module_fixtures.py
@@ -188,6 +189,10 @@ def hyper(config, gen):
 
 
 
+# Greedy continuations: prompt lengths and new tokens (all within max_position_embeddings).
+PROMPTS = [5, 13, 30]
+NEW_TOKENS = 24
+
 MODEL = dict(
     CONFIG,
     num_hidden_layers=3,
@@ -254,6 +259,15 @@ def model(gen):
     tensors = {k: torch.cat(v).contiguous() for k, v in seen.items()}
     tensors["logits"] = torch.cat(logits).contiguous()
     tensors["input_ids"] = ids.float()
+    # Greedy continuations, as generate() makes them (its own cache, float32).
+    for i, n in enumerate(PROMPTS):
+        prompt = torch.randint(0, config.vocab_size, (n,), generator=gen)
+        with torch.no_grad():
+            out = lm.generate(
+                prompt.unsqueeze(0), max_new_tokens=NEW_TOKENS, do_sample=False, min_new_tokens=NEW_TOKENS
+            )
+        tensors[f"gen.prompt.{i}"] = prompt.float()
+        tensors[f"gen.greedy.{i}"] = out[0, n:].float()
     tiny = OUT / "tiny"
     lm.save_pretrained(tiny)
     save_file(tensors, OUT / "model_golden.safetensors")

@@ -194,36 +194,12 @@ impl SafetensorsFile {
     /// An integer tensor's values as ids (I64 or I32, each in `0..=u32::MAX`): index tables
     /// such as DeepSeek-V4's `tid2eid`.
     pub fn read_ids(&self, tensor: &str) -> Result<Vec<u32>> {
-        let bad = |problem: String| ModelError::Tensor {
+        let e = self.tensors.get(tensor).ok_or_else(|| ModelError::Tensor {
             file: self.name.clone(),
             tensor: tensor.into(),
-            problem,
-        };
-        let e = self
-            .tensors
-            .get(tensor)
-            .ok_or_else(|| bad("missing".into()))?;
-        let bytes = self.bytes(tensor, e)?;
-        let values: Vec<i64> = match e.dtype {
-            StDtype::I64 => bytes
-                .chunks_exact(8)
-                .map(|b| i64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]))
-                .collect(),
-            StDtype::I32 => bytes
-                .chunks_exact(4)
-                .map(|b| i64::from(i32::from_le_bytes([b[0], b[1], b[2], b[3]])))
-                .collect(),
-            _ => {
-                return Err(bad(format!(
-                    "dtype {} is not an index table's (I64 or I32)",
-                    e.dtype_name
-                )));
-            }
-        };
-        values
-            .into_iter()
-            .map(|v| u32::try_from(v).map_err(|_| bad(format!("value {v} is not an id"))))
-            .collect()
+            problem: "missing".into(),
+        })?;
+        decode_ids((&self.name, tensor), e.dtype, &self.bytes(tensor, e)?)
     }
 
     /// The values of `name` (entry `e`) as f32.
@@ -259,6 +235,40 @@ impl SafetensorsFile {
             .get(tensor)
             .map(|e| (e.dtype, e.shape.as_slice()))
     }
+}
+
+/// The ids in `bytes` of tensor `name` of `file`, stored as `dtype` (I64 or I32, each in
+/// `0..=u32::MAX`).
+pub(crate) fn decode_ids(
+    (file, name): (&str, &str),
+    dtype: StDtype,
+    bytes: &[u8],
+) -> Result<Vec<u32>> {
+    let bad = |problem: String| ModelError::Tensor {
+        file: file.into(),
+        tensor: name.into(),
+        problem,
+    };
+    let values: Vec<i64> = match dtype {
+        StDtype::I64 => bytes
+            .chunks_exact(8)
+            .map(|b| i64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]))
+            .collect(),
+        StDtype::I32 => bytes
+            .chunks_exact(4)
+            .map(|b| i64::from(i32::from_le_bytes([b[0], b[1], b[2], b[3]])))
+            .collect(),
+        other => {
+            return Err(bad(format!(
+                "dtype {} is not an index table's (I64 or I32)",
+                other.name()
+            )));
+        }
+    };
+    values
+        .into_iter()
+        .map(|v| u32::try_from(v).map_err(|_| bad(format!("value {v} is not an id"))))
+        .collect()
 }
 
 fn too_short(file: &str, len: u64) -> ModelError {

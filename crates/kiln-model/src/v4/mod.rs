@@ -14,6 +14,7 @@
 mod attention;
 mod compress;
 mod hyper;
+mod model;
 mod moe;
 
 pub use attention::{
@@ -23,4 +24,5 @@ pub use compress::{
     Compressor, CompressorState, CompressorWeights, Indexer, IndexerState, IndexerWeights,
 };
 pub use hyper::{HyperConnection, HyperHead};
+pub use model::{V4Model, V4Sequence};
 pub use moe::{ExpertChoice, Moe, MoeShape, MoeWeights};

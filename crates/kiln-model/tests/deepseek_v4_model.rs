@@ -1,0 +1,109 @@
+//! A whole DeepSeek-V4 model from its Hugging Face folder against transformers'
+//! `DeepseekV4ForCausalLM` (a tiny random checkpoint with sliding, CSA and HCA layers and a
+//! hash-routed first MoE layer, saved by transformers; goldens by
+//! `scripts/make_deepseek_v4_module_fixtures.py`, float32), on every backend: the logits of
+//! 41 tokens run in chunks (boundaries inside compression windows, single-token steps), and
+//! greedy continuations token for token.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::path::PathBuf;
+
+use kiln_model::v4::{V4Model, V4Sequence};
+use kiln_model::{SafetensorsFile, StDtype, encode_safetensors};
+use kiln_tensor::Recorder;
+
+fn fixtures() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/deepseek_v4")
+}
+
+fn golden() -> SafetensorsFile {
+    SafetensorsFile::open(&fixtures().join("model_golden.safetensors")).unwrap()
+}
+
+fn ids(g: &SafetensorsFile, name: &str) -> Vec<u32> {
+    g.read_f32(name)
+        .unwrap()
+        .iter()
+        .map(|&v| v as u32)
+        .collect()
+}
+
+const CHUNKS: [usize; 8] = [5, 3, 1, 1, 9, 2, 12, 8];
+
+#[test]
+fn logits_of_a_chunked_run_match_transformers_on_every_backend() {
+    let g = golden();
+    let tokens = ids(&g, "input_ids");
+    let want = g.read_f32("logits").unwrap();
+    for (name, dev) in kiln_testkit::devices() {
+        let model = V4Model::load(&fixtures().join("tiny"), &dev, 64).unwrap();
+        let mut seq = V4Sequence::default();
+        let (mut start, mut got) = (0, Vec::new());
+        for n in CHUNKS {
+            let mut rec = Recorder::new(&dev);
+            let logits = model
+                .forward(&mut rec, &tokens[start..start + n], &mut seq)
+                .unwrap();
+            rec.submit().unwrap();
+            got.extend(logits.to_f32_vec().unwrap());
+            start += n;
+        }
+        assert_eq!(seq.len(), tokens.len());
+        let worst = got
+            .iter()
+            .zip(&want)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0f32, f32::max);
+        eprintln!("{name}: max |logit diff| {worst:e}");
+        assert!(worst <= 1e-4, "{name}: max |logit diff| {worst}");
+    }
+}
+
+#[test]
+fn greedy_continuations_match_transformers_token_for_token_on_every_backend() {
+    let g = golden();
+    for (name, dev) in kiln_testkit::devices() {
+        let model = V4Model::load(&fixtures().join("tiny"), &dev, 64).unwrap();
+        for i in 0..3 {
+            let prompt = ids(&g, &format!("gen.prompt.{i}"));
+            let want = ids(&g, &format!("gen.greedy.{i}"));
+            let got = model.generate_greedy(&dev, &prompt, want.len()).unwrap();
+            assert_eq!(got, want, "{name} prompt {i}");
+        }
+    }
+}
+
+/// A folder without layer 0's hash table: the load fails naming the tensor.
+#[test]
+fn a_missing_tensor_is_refused_by_name() {
+    let dir = std::env::temp_dir().join(format!("kiln-v4-missing-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let tiny = fixtures().join("tiny");
+    std::fs::copy(tiny.join("config.json"), dir.join("config.json")).unwrap();
+    let st = SafetensorsFile::open(&tiny.join("model.safetensors")).unwrap();
+    let kept: Vec<(String, StDtype, Vec<usize>, Vec<u8>)> = st
+        .names()
+        .filter(|n| !n.ends_with("tid2eid"))
+        .map(|n| {
+            let (dtype, shape) = st.info(n).unwrap();
+            let bytes = st
+                .read_f32(n)
+                .unwrap()
+                .iter()
+                .flat_map(|v| v.to_le_bytes())
+                .collect();
+            assert_eq!(dtype, StDtype::F32);
+            (n.to_string(), dtype, shape.to_vec(), bytes)
+        })
+        .collect();
+    let bytes = encode_safetensors(&kept, &Default::default()).unwrap();
+    std::fs::write(dir.join("model.safetensors"), bytes).unwrap();
+    let e = V4Model::load(&dir, &kiln_tensor::Device::reference(), 64).unwrap_err();
+    std::fs::remove_dir_all(&dir).unwrap();
+    let msg = e.to_string();
+    assert!(
+        msg.contains("tensor `layers.0.ffn.gate.tid2eid`: missing"),
+        "{msg}"
+    );
+}
