@@ -269,17 +269,36 @@ pub fn stack_experts<S: WeightSource + ?Sized>(
     shape: [usize; 3],
 ) -> Result<Tensor> {
     let [experts, rows, cols] = shape;
+    let parts = (0..experts).map(|e| {
+        let w = Weight::Expert(layer, e, proj);
+        Ok((
+            src.name_of(w),
+            src.load(&Device::Reference, w, &[rows, cols])?,
+        ))
+    });
+    let what = format!("layer {layer} experts' {}", proj.gguf());
+    stack(device, src.describe(), &what, parts, &shape)
+}
+
+/// Host tensors (each named, in order) stacked into one of `shape` on `device`, in the dtype
+/// they share (an error names the first that differs); `what` names the stack.
+pub(crate) fn stack(
+    device: &Device,
+    file: &str,
+    what: &str,
+    parts: impl IntoIterator<Item = Result<(String, Tensor)>>,
+    shape: &[usize],
+) -> Result<Tensor> {
     let mut bytes = Vec::new();
     let mut dtype = None;
-    for e in 0..experts {
-        let w = Weight::Expert(layer, e, proj);
-        let t = src.load(&Device::Reference, w, &[rows, cols])?;
+    for part in parts {
+        let (name, t) = part?;
         if let Some(d) = dtype.filter(|&d| d != t.dtype()) {
             return Err(ModelError::Tensor {
-                file: src.describe().into(),
-                tensor: src.name_of(w),
+                file: file.into(),
+                tensor: name,
                 problem: format!(
-                    "stored as {:?}, expert 0 as {d:?}: an expert stack shares one dtype",
+                    "stored as {:?}, the first of {what} as {d:?}: a stack shares one dtype",
                     t.dtype()
                 ),
             });
@@ -287,10 +306,10 @@ pub fn stack_experts<S: WeightSource + ?Sized>(
         dtype = Some(t.dtype());
         bytes.extend_from_slice(&t.to_bytes()?);
     }
-    Tensor::from_bytes(device, dtype.unwrap_or(DType::F32), &shape, &bytes).map_err(|source| {
+    Tensor::from_bytes(device, dtype.unwrap_or(DType::F32), shape, &bytes).map_err(|source| {
         ModelError::Upload {
-            file: src.describe().into(),
-            tensor: format!("layer {layer} experts' {}", proj.gguf()),
+            file: file.into(),
+            tensor: what.into(),
             source: Box::new(source),
         }
     })

@@ -107,3 +107,26 @@ fn a_missing_tensor_is_refused_by_name() {
         "{msg}"
     );
 }
+
+/// DeepSeek ships most linears as FP8 e4m3 with block scales, which kiln does not read yet:
+/// the load names the tensor and the dtypes it takes.
+#[test]
+fn an_fp8_checkpoint_is_refused_by_name() {
+    let dir = std::env::temp_dir().join(format!("kiln-v4-fp8-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::copy(fixtures().join("tiny/config.json"), dir.join("config.json")).unwrap();
+    // One tensor, `embed.weight` [32, 64], stored as F8_E4M3 (one byte a value).
+    let header = r#"{"embed.weight":{"dtype":"F8_E4M3","shape":[32,64],"data_offsets":[0,2048]}}"#;
+    let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
+    bytes.extend_from_slice(header.as_bytes());
+    bytes.extend(std::iter::repeat_n(0u8, 2048));
+    std::fs::write(dir.join("model.safetensors"), bytes).unwrap();
+    let e = V4Model::load(&dir, &kiln_tensor::Device::reference(), 64).unwrap_err();
+    std::fs::remove_dir_all(&dir).unwrap();
+    let msg = e.to_string();
+    assert!(msg.contains("tensor `embed.weight`"), "{msg}");
+    assert!(
+        msg.contains("F8_E4M3") && msg.contains("F32, F16, BF16"),
+        "{msg}"
+    );
+}

@@ -14,9 +14,8 @@
 use std::path::PathBuf;
 
 use kiln_model::v4::{
-    Attention, AttentionShape, AttentionState, AttentionWeights, Compression, Compressor,
-    CompressorState, CompressorWeights, Csa, ExpertChoice, HyperConnection, HyperHead, Indexer,
-    IndexerState, IndexerWeights, Moe, MoeShape, MoeWeights, V4Ropes,
+    AttentionState, Compressor, CompressorState, CompressorWeights, HyperConnection, HyperHead,
+    Indexer, IndexerState, IndexerWeights, V4Model,
 };
 use kiln_model::{DeepseekV4Config, SafetensorsFile, V4Attention};
 use kiln_tensor::{Device, NO_ENTRY, Recorder, RopeTable, Tensor};
@@ -296,98 +295,23 @@ fn hyper_connection_weights_of_the_wrong_shape_are_refused_by_name() {
     assert!(e.to_string().contains("expected F32 [24]"), "{e}");
 }
 
-/// The tiny random model's checkpoint and its goldens.
+/// The tiny random model, loaded, and its goldens.
 struct Tiny {
     config: DeepseekV4Config,
-    st: SafetensorsFile,
     golden: SafetensorsFile,
 }
 
 fn tiny() -> Tiny {
-    let dir = fixtures().join("tiny");
-    let p = dir.join("config.json");
+    let p = fixtures().join("tiny/config.json");
     let text = std::fs::read_to_string(&p).unwrap();
     Tiny {
         config: DeepseekV4Config::from_hf_json(&p.display().to_string(), &text).unwrap(),
-        st: SafetensorsFile::open(&dir.join("model.safetensors")).unwrap(),
         golden: SafetensorsFile::open(&fixtures().join("model_golden.safetensors")).unwrap(),
     }
 }
 
-impl Tiny {
-    fn t(&self, dev: &Device, name: &str) -> Tensor {
-        st_tensor(&self.st, dev, name)
-    }
-
-    fn compressor(&self, dev: &Device, p: &str, ratio: usize, overlapping: bool) -> Compressor {
-        let w = CompressorWeights {
-            kv: self.t(dev, &format!("{p}wkv.weight")),
-            gate: self.t(dev, &format!("{p}wgate.weight")),
-            ape: self.t(dev, &format!("{p}ape")),
-            norm: self.t(dev, &format!("{p}norm.weight")),
-        };
-        Compressor::new(
-            "model.safetensors",
-            p,
-            w,
-            ratio,
-            overlapping,
-            self.config.rms_eps,
-        )
-        .unwrap()
-    }
-
-    fn attention(&self, dev: &Device, layer: usize) -> Attention {
-        let c = &self.config;
-        let p = format!("model.layers.{layer}.attn.");
-        let t = |n: &str| self.t(dev, &format!("{p}{n}"));
-        let w = AttentionWeights {
-            q_a: t("wq_a.weight"),
-            q_norm: t("q_norm.weight"),
-            q_b: t("wq_b.weight"),
-            kv: t("wkv.weight"),
-            kv_norm: t("norm.weight"),
-            o_a: t("wo_a.weight"),
-            o_b: t("wo_b.weight"),
-            sinks: t("attn_sink"),
-        };
-        let compression = match c.attention[layer] {
-            V4Attention::Sliding => Compression::None,
-            V4Attention::Hca { ratio } => Compression::Hca(Box::new(self.compressor(
-                dev,
-                &format!("{p}compressor."),
-                ratio as usize,
-                false,
-            ))),
-            V4Attention::Csa { ratio } => {
-                let ratio = ratio as usize;
-                let ip = format!("{p}indexer.");
-                Compression::Csa(Box::new(Csa {
-                    compressor: self.compressor(dev, &format!("{p}compressor."), ratio, true),
-                    indexer: Indexer::new(
-                        "model.safetensors",
-                        &ip,
-                        self.compressor(dev, &format!("{ip}compressor."), ratio, true),
-                        IndexerWeights {
-                            q: t("indexer.wq_b.weight"),
-                            head_weights: t("indexer.weights_proj.weight"),
-                        },
-                        c.indexer.heads,
-                        c.indexer.topk,
-                    )
-                    .unwrap(),
-                }))
-            }
-        };
-        let shape = AttentionShape {
-            heads: c.heads,
-            head_dim: c.head_dim,
-            groups: c.o_groups,
-            window: c.window as u32,
-            eps: c.rms_eps,
-        };
-        Attention::new("model.safetensors", &p, w, compression, shape).unwrap()
-    }
+fn tiny_model(dev: &Device) -> V4Model {
+    V4Model::load(&fixtures().join("tiny"), dev, 64).unwrap()
 }
 
 /// Each attention layer (sliding, CSA, HCA) of the tiny model, fed what transformers' layer
@@ -406,9 +330,9 @@ fn attention_layers_match_transformers_on_every_backend() {
         ]
     );
     for (name, dev) in kiln_testkit::devices() {
-        let ropes = V4Ropes::new(&dev, c, 64).unwrap();
+        let model = tiny_model(&dev);
         for layer in 0..c.layers {
-            let attn = tiny.attention(&dev, layer);
+            let attn = model.attention(layer).unwrap();
             let x = tiny.golden.read_f32(&format!("attn_in.{layer}")).unwrap();
             let want = tiny.golden.read_f32(&format!("attn_out.{layer}")).unwrap();
             let mut state = AttentionState::default();
@@ -419,7 +343,7 @@ fn attention_layers_match_transformers_on_every_backend() {
                 let positions: Vec<u32> = (start as u32..(start + n) as u32).collect();
                 let mut rec = Recorder::new(&dev);
                 let y = attn
-                    .forward(&mut rec, &xt, &positions, &mut state, &ropes)
+                    .forward(&mut rec, &xt, &positions, &mut state, model.ropes())
                     .unwrap();
                 rec.submit().unwrap();
                 got.extend(y.to_f32_vec().unwrap());
@@ -432,53 +356,6 @@ fn attention_layers_match_transformers_on_every_backend() {
                 1e-4,
             );
         }
-    }
-}
-
-impl Tiny {
-    /// Rows of several checkpoint tensors stacked into one device tensor of `shape`.
-    fn stacked(&self, dev: &Device, names: &[String], shape: &[usize]) -> Tensor {
-        let v: Vec<f32> = names
-            .iter()
-            .flat_map(|n| self.st.read_f32(n).unwrap())
-            .collect();
-        Tensor::from_f32(dev, shape, &v).unwrap()
-    }
-
-    fn moe(&self, dev: &Device, layer: usize) -> Moe {
-        let c = &self.config;
-        let p = format!("model.layers.{layer}.ffn.");
-        let (e, h, f) = (c.moe.experts, c.hidden, c.moe.expert_ffn);
-        let expert = |i: usize, w: &str| format!("{p}experts.{i}.{w}.weight");
-        let gate_up: Vec<String> = (0..e)
-            .flat_map(|i| [expert(i, "w1"), expert(i, "w3")])
-            .collect();
-        let down: Vec<String> = (0..e).map(|i| expert(i, "w2")).collect();
-        let shared = |w: &str| format!("{p}shared_experts.{w}.weight");
-        let choice = if layer < c.moe.hash_layers {
-            ExpertChoice::Hashed {
-                table: self.st.read_ids(&format!("{p}gate.tid2eid")).unwrap(),
-            }
-        } else {
-            ExpertChoice::Scored {
-                bias: self.t(dev, &format!("{p}gate.bias")),
-            }
-        };
-        let w = MoeWeights {
-            router: self.t(dev, &format!("{p}gate.weight")),
-            choice,
-            gate_up: self.stacked(dev, &gate_up, &[e, 2 * f, h]),
-            down: self.stacked(dev, &down, &[e, h, f]),
-            shared_gate_up: self.stacked(dev, &[shared("w1"), shared("w3")], &[2 * f, h]),
-            shared_down: self.t(dev, &shared("w2")),
-        };
-        let shape = MoeShape {
-            experts: e,
-            used: c.moe.used,
-            scale: c.moe.routed_scale,
-            limit: c.moe.swiglu_limit,
-        };
-        Moe::new("model.safetensors", &p, w, shape).unwrap()
     }
 }
 
@@ -498,8 +375,9 @@ fn moe_layers_match_transformers_on_every_backend() {
         .map(|&v| v as u32)
         .collect();
     for (name, dev) in kiln_testkit::devices() {
+        let model = tiny_model(&dev);
         for layer in 0..c.layers {
-            let moe = tiny.moe(&dev, layer);
+            let moe = model.moe(layer).unwrap();
             let x = tiny.golden.read_f32(&format!("mlp_in.{layer}")).unwrap();
             let want = tiny.golden.read_f32(&format!("mlp_out.{layer}")).unwrap();
             let xt = Tensor::from_f32(&dev, &[ids.len(), c.hidden], &x).unwrap();

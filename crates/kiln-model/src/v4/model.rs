@@ -17,6 +17,7 @@ use super::{
     MoeShape, MoeWeights, V4Ropes,
 };
 use crate::safetensors::{FLOATS, StDtype, decode_ids};
+use crate::weights::stack;
 use crate::{DeepseekV4Config, HfSource, LoadOptions, ModelError, Result, V4Attention};
 
 /// One decoder layer.
@@ -103,18 +104,18 @@ impl Names<'_> {
     }
 
     /// Several tensors' rows stacked into one of `shape` (each expert's `[w1; w3]`, every
-    /// expert's projection), in F32.
+    /// expert's projection), in the dtype they are stored in (as the load options cast it).
     fn stacked(&self, names: &[String], each: &[usize], shape: &[usize]) -> Result<Tensor> {
-        let mut v = Vec::with_capacity(shape.iter().product());
-        for name in names {
+        let parts = names.iter().map(|name| {
             let n = self.resolve(name);
             let (dtype, bytes, file) = self.src.checked_bytes(&n, each, FLOATS)?;
             let t = self
                 .src
                 .upload(&Device::Reference, dtype, each, &bytes, (file, &n))?;
-            v.extend(t.to_f32_vec()?);
-        }
-        Ok(Tensor::from_f32(self.device, shape, &v)?)
+            Ok((n, t))
+        });
+        let what = names.first().map_or("", String::as_str);
+        stack(self.device, &self.src.describe, what, parts, shape)
     }
 
     /// An index table of `shape` (I64 or I32).
@@ -140,6 +141,7 @@ impl V4Model {
         let src = HfSource::open(dir, LoadOptions::default())?;
         let names = Names { src: &src, device };
         let c = &config;
+        let embed = names.tensor("embed.weight", &[c.vocab, c.hidden])?;
         let layers = (0..c.layers)
             .map(|i| load_layer(&names, c, i))
             .collect::<Result<Vec<_>>>()?;
@@ -157,7 +159,7 @@ impl V4Model {
             c.rms_eps,
         )?;
         Ok(Self {
-            embed: names.tensor("embed.weight", &[c.vocab, h])?,
+            embed,
             norm: names.f32("norm.weight", &[h])?,
             head: names.tensor("head.weight", &[c.vocab, h])?,
             head_hc,
@@ -170,6 +172,21 @@ impl V4Model {
 
     pub fn config(&self) -> &DeepseekV4Config {
         &self.config
+    }
+
+    /// Layer `layer`'s attention.
+    pub fn attention(&self, layer: usize) -> Option<&Attention> {
+        self.layers.get(layer).map(|l| &l.attn)
+    }
+
+    /// Layer `layer`'s mixture of experts.
+    pub fn moe(&self, layer: usize) -> Option<&Moe> {
+        self.layers.get(layer).map(|l| &l.moe)
+    }
+
+    /// The rotary tables the layers use.
+    pub fn ropes(&self) -> &V4Ropes {
+        &self.ropes
     }
 
     /// Runs the next tokens `ids` of `seq` and returns their logits, F32 `[tokens, vocab]`
