@@ -8,13 +8,14 @@
 //!   lowers to `OpSDot`: wgpu declares the capability where the device has
 //!   `shaderIntegerDotProduct`);
 //! - `vocab.gguf`, the default model's vocabulary alone (the models run.sh writes take it);
+//! - `deepseek_v4/`, kiln-model's tiny DeepSeek-V4 model and its transformers goldens;
 //! - the peer, where it is built (`--peer` builds it: `cargo xtask llama-cpp --vulkan`):
 //!   llama.cpp's `llama-bench` and `llama-server` on its Vulkan backend, xz-compressed
 //!   (`peer.tar.xz`);
 //! - `run.sh`, which uses the carried libraries only where the machine has none, points the
 //!   loader at NVIDIA's driver when its manifest is not where the loader looks (or writes one
 //!   when it has none), prints the driver's integer dot product support, runs `kiln-bench
-//!   gpu-check` (synthetic weights of real shapes from a seed: no model carried), then writes
+//!   gpu-check` (synthetic weights of real shapes from a seed, and the tiny V4 model), then writes
 //!   a SmolLM2-shaped Q4_1 and a 7B-shaped Q4_0 GGUF from a seed and runs the bench: on the
 //!   7B one with `--kernels experimental`, and with a peer on each, kiln against it: pp512,
 //!   tg128 and 16-stream serving.
@@ -70,6 +71,10 @@ fi
 if [ -x "$here/vulkaninfo" ]; then
     echo "run.sh: the driver's integer dot product and cooperative matrix support:"
     "$here/vulkaninfo" 2>/dev/null | grep -E "deviceName|apiVersion|shaderIntegerDotProduct|integerDotProduct(4x8BitPacked|8Bit)SignedAccelerated|cooperativeMatrix|subgroupSize" | sort -u | sed 's/^/    /'
+fi
+# The tiny DeepSeek-V4 model and its transformers goldens, carried from kiln-model's fixtures.
+if [ -d "$here/deepseek_v4" ]; then
+    set -- --v4-fixtures "$here/deepseek_v4" "$@"
 fi
 "$here/kiln-bench" gpu-check "$@"
 status=$?
@@ -235,6 +240,7 @@ pub(crate) fn run_cmd(args: &[String]) -> anyhow::Result<()> {
         _ => eprintln!("gpu-check: not carried: vulkaninfo (Debian: apt-get install vulkan-tools)"),
     }
     carried.extend(carry_vocab(&root, &bundle)?);
+    carried.push(carry_v4(&root, &bundle)?);
     if carry_peer(&bundle)? {
         carried.push("peer.tar.xz");
     }
@@ -286,6 +292,24 @@ fn carry_vocab(root: &Path, bundle: &Path) -> anyhow::Result<Option<&'static str
         "kiln-bench write-gguf --vocab-only",
     )?;
     Ok(Some("vocab.gguf"))
+}
+
+/// Copies kiln-model's tiny DeepSeek-V4 model and its transformers goldens (about 1 MiB) into
+/// `bundle/deepseek_v4`, for `kiln-bench gpu-check --v4-fixtures`.
+fn carry_v4(root: &Path, bundle: &Path) -> anyhow::Result<&'static str> {
+    let from = root.join("crates/kiln-model/tests/fixtures/deepseek_v4");
+    let to = bundle.join("deepseek_v4");
+    std::fs::create_dir_all(to.join("tiny"))
+        .with_context(|| format!("creating {}", to.display()))?;
+    for file in [
+        "tiny/config.json",
+        "tiny/model.safetensors",
+        "model_golden.safetensors",
+    ] {
+        std::fs::copy(from.join(file), to.join(file))
+            .with_context(|| format!("copying {} into the bundle", from.join(file).display()))?;
+    }
+    Ok("deepseek_v4/")
 }
 
 /// Puts llama.cpp's Vulkan build (stripped, xz-compressed) in `bundle` where it is built;

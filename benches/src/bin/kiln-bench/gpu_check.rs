@@ -61,6 +61,10 @@ struct Cli {
     /// Fewer steps and smaller batches (to try the check itself)
     #[arg(long)]
     quick: bool,
+    /// The tiny DeepSeek-V4 model and its transformers goldens (kiln-model's test fixture
+    /// folder `deepseek_v4`, which the bundle carries)
+    #[arg(long, default_value = crate::v4_checks::FIXTURES)]
+    v4_fixtures: PathBuf,
 }
 
 /// One model shape's figures.
@@ -217,6 +221,7 @@ fn run(cli: &Cli) -> anyhow::Result<ExitCode> {
     let mut checks = crate::kernel_checks::experimental_checks(cli.seed)?;
     checks.extend(kernel_checks(&dev, cli.seed)?);
     checks.extend(crate::v4_checks::v4_checks(&dev, cli.seed)?);
+    checks.extend(crate::v4_checks::v4_model_checks(&dev, &cli.v4_fixtures)?);
     checks.push(sampling_check(&dev, cli.seed)?);
     let sampling_16_rows_ms = sampling_times(&dev, cli.seed)?;
     for c in &checks {

@@ -2,7 +2,8 @@
 //! pooling (CSA's overlapping windows after a carried window, HCA's windows of 128), the
 //! compressed layers' RoPE on the trailing channels there and back, the lightning indexer's
 //! top-k, and the attention core over raw rows and picked entries, each against the CPU
-//! reference compiled into the same binary.
+//! reference compiled into the same binary; and a whole tiny V4 model against transformers'
+//! goldens (kiln-model's test fixture).
 
 use kiln_attention::{CompressedKv, EntryChoice, compressed_attention};
 use kiln_tensor::{
@@ -10,7 +11,19 @@ use kiln_tensor::{
     Tensor,
 };
 
+use std::path::Path;
+
+use anyhow::Context;
+use kiln_model::SafetensorsFile;
+use kiln_model::v4::{V4Model, V4Sequence};
+
 use crate::kernel_checks::{Check, max_error, values};
+
+/// Where kiln-model's DeepSeek-V4 fixtures are in the repository.
+pub(crate) const FIXTURES: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../crates/kiln-model/tests/fixtures/deepseek_v4"
+);
 
 /// V4-Flash's head (and compressed entry) width, its indexer's, and its rotary width.
 const HEAD: usize = 512;
@@ -180,6 +193,46 @@ pub(crate) fn v4_checks(dev: &Device, seed: u64) -> anyhow::Result<Vec<Check>> {
         "compressed attention 64x512, window 128 + 8 picks".into(),
         e,
         1e-4,
+    ));
+    Ok(out)
+}
+
+/// The tiny random DeepSeek-V4 model in `dir` (`tiny/` and `model_golden.safetensors`, made
+/// by transformers) on `dev`: the logits of its 41 tokens run in the golden's chunks, and
+/// its greedy continuations, against transformers'.
+pub(crate) fn v4_model_checks(dev: &Device, dir: &Path) -> anyhow::Result<Vec<Check>> {
+    let golden = SafetensorsFile::open(&dir.join("model_golden.safetensors"))
+        .with_context(|| format!("the DeepSeek-V4 goldens in {}", dir.display()))?;
+    let ids = |name: &str| -> anyhow::Result<Vec<u32>> {
+        Ok(golden.read_f32(name)?.iter().map(|&v| v as u32).collect())
+    };
+    let model = V4Model::load(&dir.join("tiny"), dev, 64)?;
+    let tokens = ids("input_ids")?;
+    let mut seq = V4Sequence::default();
+    let (mut start, mut logits) = (0, Vec::new());
+    for n in [5, 3, 1, 1, 9, 2, 12, 8] {
+        let mut rec = Recorder::new(dev);
+        let l = model.forward(&mut rec, &tokens[start..start + n], &mut seq)?;
+        rec.submit()?;
+        logits.extend(l.to_f32_vec()?);
+        start += n;
+    }
+    let e = max_error(&logits, &golden.read_f32("logits")?);
+    let mut out = vec![check(
+        "DeepSeek-V4 tiny model: logits of 41 tokens in chunks".into(),
+        e,
+        1e-4,
+    )];
+    let mut differ = 0usize;
+    for i in 0..3 {
+        let want = ids(&format!("gen.greedy.{i}"))?;
+        let got = model.generate_greedy(dev, &ids(&format!("gen.prompt.{i}"))?, want.len())?;
+        differ += got.iter().zip(&want).filter(|(a, b)| a != b).count();
+    }
+    out.push(check(
+        "DeepSeek-V4 tiny model: greedy tokens differing from transformers".into(),
+        differ as f32,
+        0.0,
     ));
     Ok(out)
 }
