@@ -19,6 +19,7 @@
 
 mod args;
 mod cli;
+mod deepseek_v4;
 mod gpu_check;
 mod kernel_checks;
 mod llama_cpp;
@@ -71,6 +72,9 @@ fn main() -> ExitCode {
     }
     if argv.get(1).is_some_and(|a| a == "moe") {
         return moe::main(argv[1..].to_vec());
+    }
+    if argv.get(1).is_some_and(|a| a == "deepseek-v4") {
+        return deepseek_v4::main(argv[1..].to_vec());
     }
     if argv.get(1).is_some_and(|a| a == "write-gguf") {
         return synthetic_gguf::main(argv[1..].to_vec());

@@ -7,6 +7,7 @@
 use kiln_attention::{CompressedKv, EntryChoice, compressed_attention};
 use kiln_tensor::{Device, Recorder, RopeTable, Routes, Tensor};
 
+use super::compress::tensor_bytes;
 use super::{Compressor, CompressorState, Indexer, IndexerState};
 use crate::{DeepseekV4Config, ModelError, Result};
 
@@ -98,6 +99,48 @@ pub struct AttentionState {
     indexer: IndexerState,
     /// Every compressed entry so far.
     entries: Option<Tensor>,
+}
+
+impl AttentionState {
+    /// Bytes held, cache by cache: the window's raw rows, the compressed entries, the
+    /// indexer's keys, and the compressors' carried rows.
+    pub fn bytes(&self) -> StateBytes {
+        StateBytes {
+            window: self.raw.as_ref().map_or(0, tensor_bytes),
+            entries: self.entries.as_ref().map_or(0, tensor_bytes),
+            index_keys: self.indexer.bytes() - self.indexer_pending(),
+            pending: self.compressor.bytes() + self.indexer_pending(),
+        }
+    }
+
+    fn indexer_pending(&self) -> u64 {
+        self.indexer.pending_bytes()
+    }
+}
+
+/// The bytes one sequence's attention state holds, by cache.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StateBytes {
+    pub window: u64,
+    pub entries: u64,
+    pub index_keys: u64,
+    /// The compressors' rows of windows not yet full (and the last full one, CSA's).
+    pub pending: u64,
+}
+
+impl std::ops::AddAssign for StateBytes {
+    fn add_assign(&mut self, o: Self) {
+        self.window += o.window;
+        self.entries += o.entries;
+        self.index_keys += o.index_keys;
+        self.pending += o.pending;
+    }
+}
+
+impl StateBytes {
+    pub fn total(&self) -> u64 {
+        self.window + self.entries + self.index_keys + self.pending
+    }
 }
 
 impl Attention {

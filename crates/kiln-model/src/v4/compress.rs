@@ -47,6 +47,20 @@ impl CompressorState {
     pub fn entries(&self) -> usize {
         self.entries
     }
+
+    /// Bytes held: the rows carried to the next step.
+    pub fn bytes(&self) -> u64 {
+        [&self.kv, &self.gate]
+            .into_iter()
+            .flatten()
+            .map(tensor_bytes)
+            .sum()
+    }
+}
+
+/// A tensor's bytes on its device.
+pub(crate) fn tensor_bytes(t: &Tensor) -> u64 {
+    t.dtype().bytes_for(t.elem_count()).unwrap_or(0) as u64
 }
 
 impl Compressor {
@@ -206,6 +220,18 @@ pub struct Indexer {
 pub struct IndexerState {
     compressor: CompressorState,
     keys: Option<Tensor>,
+}
+
+impl IndexerState {
+    /// Bytes held: the keys, and the compressor's carried rows.
+    pub fn bytes(&self) -> u64 {
+        self.compressor.bytes() + self.keys.as_ref().map_or(0, tensor_bytes)
+    }
+
+    /// Bytes of the compressor's carried rows alone.
+    pub fn pending_bytes(&self) -> u64 {
+        self.compressor.bytes()
+    }
 }
 
 impl Indexer {

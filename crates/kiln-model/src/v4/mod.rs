@@ -18,7 +18,8 @@ mod model;
 mod moe;
 
 pub use attention::{
-    Attention, AttentionShape, AttentionState, AttentionWeights, Compression, Csa, V4Ropes,
+    Attention, AttentionShape, AttentionState, AttentionWeights, Compression, Csa, StateBytes,
+    V4Ropes,
 };
 pub use compress::{
     Compressor, CompressorState, CompressorWeights, Indexer, IndexerState, IndexerWeights,

@@ -14,7 +14,7 @@ use kiln_tensor::{Device, Recorder, Tensor};
 use super::{
     Attention, AttentionShape, AttentionState, AttentionWeights, Compression, Compressor,
     CompressorWeights, Csa, ExpertChoice, HyperConnection, HyperHead, Indexer, IndexerWeights, Moe,
-    MoeShape, MoeWeights, V4Ropes,
+    MoeShape, MoeWeights, StateBytes, V4Ropes,
 };
 use crate::safetensors::{FLOATS, StDtype, decode_ids};
 use crate::weights::stack;
@@ -59,6 +59,15 @@ impl V4Sequence {
 
     pub fn is_empty(&self) -> bool {
         self.next == 0
+    }
+
+    /// Bytes its state holds, by cache, over every layer.
+    pub fn bytes(&self) -> StateBytes {
+        let mut b = StateBytes::default();
+        for l in &self.layers {
+            b += l.bytes();
+        }
+        b
     }
 }
 
