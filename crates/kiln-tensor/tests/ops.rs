@@ -556,38 +556,6 @@ fn swiglu_oai64(gate: f32, up: f32) -> f32 {
     ((u + 1.0) * g / (1.0 + (-1.702 * g).exp())) as f32
 }
 
-/// The clamped SwiGLU's limits hold on every device, stacked (`glu`) and apart (`gated_mul`):
-/// gates above 7 and ups beyond ±7 are clamped, large negative gates give (almost) 0.
-#[test]
-fn swiglu_oai_clamps_gate_and_up_on_every_device() {
-    let gate = [10.0f32, 7.5, 3.0, 0.0, -3.0, -40.0, 1.0, -0.5];
-    let up = [9.0f32, -8.0, 0.5, 2.0, -10.0, 3.0, -1.0, 7.0];
-    let want: Vec<f32> = gate
-        .iter()
-        .zip(&up)
-        .map(|(&g, &u)| swiglu_oai64(g, u))
-        .collect();
-    assert!((want[0] - 8.0 * 7.0 / (1.0 + (-11.914f32).exp())).abs() < 1e-5);
-    let stacked: Vec<f32> = gate.iter().chain(&up).copied().collect();
-    let mut devs = gpus();
-    devs.push(("reference", Device::reference()));
-    devs.push(("native cpu", kiln_testkit::native_cpu()));
-    for (name, dev) in devs {
-        let y = Tensor::from_f32(&dev, &[1, 16], &stacked).unwrap();
-        let (g, u) = (
-            Tensor::from_f32(&dev, &[1, 8], &gate).unwrap(),
-            Tensor::from_f32(&dev, &[1, 8], &up).unwrap(),
-        );
-        let mut rec = Recorder::new(&dev);
-        let a = rec.glu(&y, Activation::SwigluOai).unwrap();
-        let b = rec.gated_mul(&g, &u, Activation::SwigluOai).unwrap();
-        rec.submit().unwrap();
-        for got in [a.to_f32_vec().unwrap(), b.to_f32_vec().unwrap()] {
-            assert_close(&format!("{name} clamped SwiGLU"), &got, &want, 1e-5, 1e-5);
-        }
-    }
-}
-
 /// DeepSeek-V4's clamped SwiGLU at a bound that random products cross.
 const CLAMPED: Activation = Activation::SiluClamped {
     limit: match ClampLimit::new(1.5) {
@@ -610,34 +578,42 @@ fn silu_clamped64(gate: f32, up: f32, limit: f32) -> f32 {
     (g / (1.0 + (-g).exp()) * u) as f32
 }
 
-/// DeepSeek-V4's clamped SwiGLU holds its bound on every device, stacked (`glu`) and apart
-/// (`gated_mul`); `linear_ops_match_cpu` covers it fused into a matmul.
+/// The clamped SwiGLUs' bounds hold on every device, stacked (`glu`) and apart
+/// (`gated_mul`): GPT-OSS's (gates above 7 and ups beyond ±7 clamped, large negative gates
+/// giving almost 0) and DeepSeek-V4's at a bound of 1.5; `linear_ops_match_cpu` covers them
+/// fused into a matmul.
 #[test]
-fn silu_clamped_clamps_gate_and_up_on_every_device() {
-    let gate = [10.0f32, 1.5, 3.0, 0.0, -3.0, -40.0, 1.0, -0.5];
-    let up = [9.0f32, -8.0, 0.5, 2.0, -10.0, 3.0, -1.0, 1.2];
-    let limit = 1.5;
-    let want: Vec<f32> = gate
-        .iter()
-        .zip(&up)
-        .map(|(&g, &u)| silu_clamped64(g, u, limit))
-        .collect();
-    let stacked: Vec<f32> = gate.iter().chain(&up).copied().collect();
+fn clamped_swiglus_hold_their_bounds_on_every_device() {
+    let oai_gate = [10.0f32, 7.5, 3.0, 0.0, -3.0, -40.0, 1.0, -0.5];
+    let oai_up = [9.0f32, -8.0, 0.5, 2.0, -10.0, 3.0, -1.0, 7.0];
+    let v4_gate = [10.0f32, 1.5, 3.0, 0.0, -3.0, -40.0, 1.0, -0.5];
+    let v4_up = [9.0f32, -8.0, 0.5, 2.0, -10.0, 3.0, -1.0, 1.2];
+    let cases: [(Activation, [f32; 8], [f32; 8], fn(f32, f32) -> f32); 2] = [
+        (Activation::SwigluOai, oai_gate, oai_up, swiglu_oai64),
+        (clamped(1.5), v4_gate, v4_up, |g, u| {
+            silu_clamped64(g, u, 1.5)
+        }),
+    ];
+    assert!((swiglu_oai64(10.0, 9.0) - 8.0 * 7.0 / (1.0 + (-11.914f32).exp())).abs() < 1e-5);
     let mut devs = gpus();
     devs.push(("reference", Device::reference()));
     devs.push(("native cpu", kiln_testkit::native_cpu()));
-    for (name, dev) in devs {
-        let y = Tensor::from_f32(&dev, &[1, 16], &stacked).unwrap();
-        let (g, u) = (
-            Tensor::from_f32(&dev, &[1, 8], &gate).unwrap(),
-            Tensor::from_f32(&dev, &[1, 8], &up).unwrap(),
-        );
-        let mut rec = Recorder::new(&dev);
-        let a = rec.glu(&y, clamped(limit)).unwrap();
-        let b = rec.gated_mul(&g, &u, clamped(limit)).unwrap();
-        rec.submit().unwrap();
-        for got in [a.to_f32_vec().unwrap(), b.to_f32_vec().unwrap()] {
-            assert_close(&format!("{name} clamped SiLU"), &got, &want, 1e-5, 1e-5);
+    for (act, gate, up, def) in cases {
+        let want: Vec<f32> = gate.iter().zip(&up).map(|(&g, &u)| def(g, u)).collect();
+        let stacked: Vec<f32> = gate.iter().chain(&up).copied().collect();
+        for (name, dev) in &devs {
+            let y = Tensor::from_f32(dev, &[1, 16], &stacked).unwrap();
+            let (g, u) = (
+                Tensor::from_f32(dev, &[1, 8], &gate).unwrap(),
+                Tensor::from_f32(dev, &[1, 8], &up).unwrap(),
+            );
+            let mut rec = Recorder::new(dev);
+            let a = rec.glu(&y, act).unwrap();
+            let b = rec.gated_mul(&g, &u, act).unwrap();
+            rec.submit().unwrap();
+            for got in [a.to_f32_vec().unwrap(), b.to_f32_vec().unwrap()] {
+                assert_close(&format!("{name} {act:?}"), &got, &want, 1e-5, 1e-5);
+            }
         }
     }
 }
