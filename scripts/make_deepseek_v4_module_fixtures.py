@@ -23,20 +23,30 @@ and one DeepseekV4HyperHead over random streams [7, 4, 64]: the weights (`hc.fn`
 modules return (`hc.post`, `hc.comb`, `hc.collapsed`, `head.out`); and, for a random sublayer
 output `y` [7, 64], the streams after it as DeepseekV4DecoderLayer mixes them (`hc.after`).
 
-tiny/: a random DeepseekV4ForCausalLM (sliding, CSA and HCA layers; the first MoE layer
-hash-routed) as save_pretrained writes it, and model_golden.safetensors: its 41 `input_ids`,
-run in the chunks above through a DynamicCache; each layer's attention input and output
-(`attn_in.L`, `attn_out.L`, [41, hidden], as DeepseekV4Attention saw and returned them), each
+tiny/: a random DeepseekV4ForCausalLM (sliding, CSA and HCA layers, HCA pooling every 128
+tokens; the first MoE layer hash-routed; 256 tokens) as save_pretrained writes it, and
+model_golden.safetensors: its 173 `input_ids`, run through a DynamicCache in `chunks` (the
+chunks above, then 100, 1, 1, 30: past HCA's first window); each layer's attention input and
+output (`attn_in.L`, `attn_out.L`, as DeepseekV4Attention saw and returned them), each
 layer's MoE input and output (`mlp_in.L`, `mlp_out.L`, DeepseekV4SparseMoeBlock's), the
 logits of every token (`logits`); and greedy continuations by generate(): random prompts of 5,
-13 and 30 tokens (`gen.prompt.i`) and their 24 new tokens (`gen.greedy.i`).
+13 and 130 tokens (`gen.prompt.i`) and their 24 new tokens (`gen.greedy.i`).
 
-Run by hand with transformers >= 5.17 (tested with 5.25.0) and torch; CI never runs it:
-    python scripts/make_deepseek_v4_module_fixtures.py
+tiny-f32.gguf: the tiny model as DeepSeek publishes V4 (the hub's config names, DeepSeek's
+tensor names, routed experts drawn on the MXFP4 grid and stored as FP4 codes with e8m0
+scales, the float model holding the same values; the byte-level tokenizer of
+make_tiny_fixtures.py), converted by llama.cpp's convert_hf_to_gguf.py (`--outtype f32`; the
+converter always writes the routed experts as MXFP4).
+
+Run by hand with transformers >= 5.17 (tested with 5.25.0), torch and gguf; CI never runs it:
+    python scripts/make_deepseek_v4_module_fixtures.py CONVERTER
+where CONVERTER is llama.cpp's convert_hf_to_gguf.py (the llama-cpp-python 0.3.36 sdist's
+vendor/llama.cpp has DeepSeek-V4's).
 """
 
 import json
 import pathlib
+import sys
 
 import torch
 from safetensors.torch import save_file
@@ -44,6 +54,8 @@ from transformers import DeepseekV4Config, DeepseekV4ForCausalLM, DynamicCache
 from transformers.models.deepseek_v4 import modeling_deepseek_v4 as m
 
 OUT = pathlib.Path(__file__).resolve().parent.parent / "crates/kiln-model/tests/fixtures/deepseek_v4"
+# llama.cpp's convert_hf_to_gguf.py (the llama-cpp-python 0.3.36 sdist's): the first argument.
+CONVERTER = pathlib.Path(sys.argv[1]) if len(sys.argv) > 1 else None
 CHUNKS = [5, 3, 1, 1, 9, 2, 12, 8]
 TOKENS = sum(CHUNKS)
 
@@ -190,8 +202,10 @@ def hyper(config, gen):
 
 
 # Greedy continuations: prompt lengths and new tokens (all within max_position_embeddings).
-PROMPTS = [5, 13, 30]
+PROMPTS = [5, 13, 130]
 NEW_TOKENS = 24
+# The model's chunks: the compressors' ones, then past HCA's first window of 128.
+MODEL_CHUNKS = CHUNKS + [100, 1, 1, 30]
 
 MODEL = dict(
     CONFIG,
@@ -201,12 +215,123 @@ MODEL = dict(
         "compressed_sparse_attention",
         "heavily_compressed_attention",
     ],
+    # HCA at DeepSeek's 128 (llama.cpp's converter takes only 0, 4 and 128).
+    compress_rates={"compressed_sparse_attention": 4, "heavily_compressed_attention": 128},
+    max_position_embeddings=256,
     num_hash_layers=1,
     num_experts_per_tok=2,
     num_local_experts=4,
     swiglu_limit=1.5,
     routed_scaling_factor=1.5,
+    # The byte-level tokenizer's 256 tokens (make_tiny_fixtures.byte_tokenizer), which
+    # llama.cpp's converter needs beside the weights.
+    vocab_size=256,
 )
+
+
+def mxfp4_grid(w):
+    """`w` [.., cols] rounded onto the MXFP4 grid by gguf-py's encoder (its decoder back)."""
+    import gguf
+    from gguf.quants import dequantize, quantize
+
+    a = w.detach().float().reshape(-1, w.shape[-1]).numpy()
+    q = quantize(a, gguf.GGMLQuantizationType.MXFP4)
+    return torch.from_numpy(dequantize(q, gguf.GGMLQuantizationType.MXFP4)).reshape(w.shape)
+
+
+def mxfp4_pack(w):
+    """DeepSeek's FP4 storage of grid values `w` [rows, cols]: codes two a byte (element 2i
+    in the low nibble) and one e8m0 byte a 32 inputs."""
+    import gguf
+    import numpy as np
+    from gguf.quants import quantize
+
+    rows, cols = w.shape
+    q = quantize(w.float().numpy(), gguf.GGMLQuantizationType.MXFP4).reshape(rows, cols // 32, 17)
+    # ggml's block: the scale byte, then elements j and j + 16 in byte j's low and high nibbles.
+    codes = np.concatenate([q[..., 1:] & 0x0F, q[..., 1:] >> 4], axis=-1).reshape(rows, cols)
+    packed = (codes[:, 0::2] | (codes[:, 1::2] << 4)).astype(np.uint8)
+    return torch.from_numpy(packed), torch.from_numpy(np.ascontiguousarray(q[..., 0]))
+
+
+def deepseek_folder(tiny, gguf, converter):
+    """`tiny` (as transformers saved it) as DeepSeek publishes V4 (the hub's config names,
+    DeepSeek's tensor names, routed experts in FP4 with e8m0 scales), with the byte-level
+    tokenizer, in a scratch folder; then llama.cpp's converter makes its F32 GGUF `gguf`."""
+    import subprocess
+    import sys
+    import tempfile
+
+    from safetensors.torch import load_file
+
+    scratch = tempfile.TemporaryDirectory()
+    out = pathlib.Path(scratch.name)
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+    import make_tiny_fixtures as tiny_fixtures
+
+    saved = json.loads((tiny / "config.json").read_text())
+    rates = saved["compress_rates"]
+    ratio = {"sliding_attention": 0, **rates}
+    hub = {
+        "architectures": ["DeepseekV4ForCausalLM"],
+        "model_type": "deepseek_v4",
+        "vocab_size": saved["vocab_size"],
+        "hidden_size": saved["hidden_size"],
+        "num_hidden_layers": saved["num_hidden_layers"],
+        "num_attention_heads": saved["num_attention_heads"],
+        "num_key_value_heads": 1,
+        "head_dim": saved["head_dim"],
+        "qk_rope_head_dim": saved["qk_rope_head_dim"],
+        "q_lora_rank": saved["q_lora_rank"],
+        "o_groups": saved["o_groups"],
+        "o_lora_rank": saved["o_lora_rank"],
+        "sliding_window": saved["sliding_window"],
+        "compress_ratios": [ratio[t] for t in saved["layer_types"]],
+        "rope_theta": saved["rope_parameters"]["main"]["rope_theta"],
+        "compress_rope_theta": saved["compress_rope_theta"],
+        "rope_scaling": {k: saved["rope_parameters"]["compress"][k] for k in
+                         ("type", "factor", "original_max_position_embeddings", "beta_fast", "beta_slow")},
+        "index_n_heads": saved["index_n_heads"],
+        "index_head_dim": saved["index_head_dim"],
+        "index_topk": saved["index_topk"],
+        "hc_mult": saved["hc_mult"],
+        "hc_sinkhorn_iters": saved["hc_sinkhorn_iters"],
+        "hc_eps": saved["hc_eps"],
+        "n_routed_experts": saved["n_routed_experts"],
+        "num_experts_per_tok": saved["num_experts_per_tok"],
+        "n_shared_experts": 1,
+        "moe_intermediate_size": saved["moe_intermediate_size"],
+        "scoring_func": "sqrtsoftplus",
+        "norm_topk_prob": True,
+        "routed_scaling_factor": saved["routed_scaling_factor"],
+        "num_hash_layers": 1,
+        "swiglu_limit": saved["swiglu_limit"],
+        "rms_norm_eps": saved["rms_norm_eps"],
+        "num_nextn_predict_layers": 0,
+        "tie_word_embeddings": False,
+        "max_position_embeddings": saved["max_position_embeddings"],
+        "hidden_act": "silu",
+        "bos_token_id": 0,
+        "eos_token_id": 1,
+    }
+    (out / "config.json").write_text(json.dumps(hub, indent=2) + "\n")
+    tensors = {}
+    for k, v in load_file(tiny / "model.safetensors").items():
+        name = k.removeprefix("model.")
+        name = {"embed_tokens.weight": "embed.weight"}.get(name, name)
+        name = name.replace("hc_head.hc_", "hc_head_").replace(".attn.norm.weight", ".attn.kv_norm.weight")
+        if ".ffn.experts." in name:
+            packed, scale = mxfp4_pack(v)
+            tensors[name] = packed
+            tensors[name.removesuffix(".weight") + ".scale"] = scale
+        else:
+            tensors[name] = v.contiguous()
+    save_file(tensors, out / "model.safetensors", metadata={"format": "pt"})
+    tiny_fixtures.byte_tokenizer(out)
+    subprocess.run([sys.executable, "-c", tiny_fixtures.CONVERT, str(converter.parent), str(converter),
+                    str(out), "--outtype", "f32", "--outfile", str(gguf)], check=True)
+    scratch.cleanup()
+    print("wrote", gguf)
 
 
 def model(gen):
@@ -223,12 +348,17 @@ def model(gen):
                 p.copy_(0.5 + torch.rand(p.shape, generator=gen))
             else:
                 p.copy_(torch.randn(p.shape, generator=gen) / p.shape[-1] ** 0.5)
+        # Routed experts on the MXFP4 grid (FP4 e2m1 codes, an e8m0 scale a 32 inputs), as
+        # DeepSeek ships them: the float model and the packed copy hold the same values.
+        for name, p in lm.named_parameters():
+            if ".experts." in name and "shared" not in name:
+                p.copy_(mxfp4_grid(p))
         for name, b in lm.named_buffers():
             if name.endswith("tid2eid"):
                 b.copy_(torch.stack([torch.randperm(config.num_local_experts, generator=gen)[: config.num_experts_per_tok] for _ in range(config.vocab_size)]))
             elif name.endswith("e_score_correction_bias"):
                 b.copy_(0.1 * torch.randn(b.shape, generator=gen))
-    ids = torch.randint(0, config.vocab_size, (TOKENS,), generator=gen)
+    ids = torch.randint(0, config.vocab_size, (sum(MODEL_CHUNKS),), generator=gen)
     seen = {}
 
     def hook(layer):
@@ -252,13 +382,14 @@ def model(gen):
     logits = []
     start = 0
     with torch.no_grad():
-        for n in CHUNKS:
+        for n in MODEL_CHUNKS:
             out = lm(input_ids=ids[start : start + n].unsqueeze(0), past_key_values=cache, use_cache=True)
             logits.append(out.logits[0])
             start += n
     tensors = {k: torch.cat(v).contiguous() for k, v in seen.items()}
     tensors["logits"] = torch.cat(logits).contiguous()
     tensors["input_ids"] = ids.float()
+    tensors["chunks"] = torch.tensor(MODEL_CHUNKS, dtype=torch.float32)
     # Greedy continuations, as generate() makes them (its own cache, float32).
     for i, n in enumerate(PROMPTS):
         prompt = torch.randint(0, config.vocab_size, (n,), generator=gen)
@@ -270,6 +401,8 @@ def model(gen):
         tensors[f"gen.greedy.{i}"] = out[0, n:].float()
     tiny = OUT / "tiny"
     lm.save_pretrained(tiny)
+    (tiny / "generation_config.json").unlink(missing_ok=True)
+    deepseek_folder(tiny, OUT / "tiny-f32.gguf", CONVERTER)
     save_file(tensors, OUT / "model_golden.safetensors")
     for k, v in sorted(tensors.items()):
         print(k, tuple(v.shape), v.dtype)

@@ -2,8 +2,8 @@
 //! `DeepseekV4ForCausalLM` (a tiny random checkpoint with sliding, CSA and HCA layers and a
 //! hash-routed first MoE layer, saved by transformers; goldens by
 //! `scripts/make_deepseek_v4_module_fixtures.py`, float32), on every backend: the logits of
-//! 41 tokens run in chunks (boundaries inside compression windows, single-token steps), and
-//! greedy continuations token for token.
+//! 173 tokens run in chunks (boundaries inside compression windows, single-token steps, past
+//! HCA's first window of 128), and greedy continuations token for token.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -29,7 +29,14 @@ fn ids(g: &SafetensorsFile, name: &str) -> Vec<u32> {
         .collect()
 }
 
-const CHUNKS: [usize; 8] = [5, 3, 1, 1, 9, 2, 12, 8];
+/// The chunks transformers ran the tokens in.
+fn chunks(g: &SafetensorsFile) -> Vec<usize> {
+    g.read_f32("chunks")
+        .unwrap()
+        .iter()
+        .map(|&v| v as usize)
+        .collect()
+}
 
 #[test]
 fn logits_of_a_chunked_run_match_transformers_on_every_backend() {
@@ -37,10 +44,10 @@ fn logits_of_a_chunked_run_match_transformers_on_every_backend() {
     let tokens = ids(&g, "input_ids");
     let want = g.read_f32("logits").unwrap();
     for (name, dev) in kiln_testkit::devices() {
-        let model = V4Model::load(&fixtures().join("tiny"), &dev, 64).unwrap();
+        let model = V4Model::load(&fixtures().join("tiny"), &dev, 256).unwrap();
         let mut seq = V4Sequence::default();
         let (mut start, mut got) = (0, Vec::new());
-        for n in CHUNKS {
+        for n in chunks(&g) {
             let mut rec = Recorder::new(&dev);
             let logits = model
                 .forward(&mut rec, &tokens[start..start + n], &mut seq)
@@ -64,7 +71,7 @@ fn logits_of_a_chunked_run_match_transformers_on_every_backend() {
 fn greedy_continuations_match_transformers_token_for_token_on_every_backend() {
     let g = golden();
     for (name, dev) in kiln_testkit::devices() {
-        let model = V4Model::load(&fixtures().join("tiny"), &dev, 64).unwrap();
+        let model = V4Model::load(&fixtures().join("tiny"), &dev, 256).unwrap();
         for i in 0..3 {
             let prompt = ids(&g, &format!("gen.prompt.{i}"));
             let want = ids(&g, &format!("gen.greedy.{i}"));

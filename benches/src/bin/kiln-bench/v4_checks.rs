@@ -198,19 +198,20 @@ pub(crate) fn v4_checks(dev: &Device, seed: u64) -> anyhow::Result<Vec<Check>> {
 }
 
 /// The tiny random DeepSeek-V4 model in `dir` (`tiny/` and `model_golden.safetensors`, made
-/// by transformers) on `dev`: the logits of its 41 tokens run in the golden's chunks, and
-/// its greedy continuations, against transformers'.
+/// by transformers) on `dev`: the logits of its tokens run in the golden's chunks, and its
+/// greedy continuations, against transformers'.
 pub(crate) fn v4_model_checks(dev: &Device, dir: &Path) -> anyhow::Result<Vec<Check>> {
     let golden = SafetensorsFile::open(&dir.join("model_golden.safetensors"))
         .with_context(|| format!("the DeepSeek-V4 goldens in {}", dir.display()))?;
     let ids = |name: &str| -> anyhow::Result<Vec<u32>> {
         Ok(golden.read_f32(name)?.iter().map(|&v| v as u32).collect())
     };
-    let model = V4Model::load(&dir.join("tiny"), dev, 64)?;
+    let model = V4Model::load(&dir.join("tiny"), dev, 256)?;
     let tokens = ids("input_ids")?;
+    let chunks = ids("chunks")?;
     let mut seq = V4Sequence::default();
     let (mut start, mut logits) = (0, Vec::new());
-    for n in [5, 3, 1, 1, 9, 2, 12, 8] {
+    for n in chunks.into_iter().map(|n| n as usize) {
         let mut rec = Recorder::new(dev);
         let l = model.forward(&mut rec, &tokens[start..start + n], &mut seq)?;
         rec.submit()?;
