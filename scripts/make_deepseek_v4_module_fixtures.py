@@ -36,9 +36,12 @@ tiny-f32.gguf: the tiny model as DeepSeek publishes V4 (the hub's config names, 
 tensor names, routed experts drawn on the MXFP4 grid and stored as FP4 codes with e8m0
 scales, the float model holding the same values; the byte-level tokenizer of
 make_tiny_fixtures.py), converted by llama.cpp's convert_hf_to_gguf.py (`--outtype f32`; the
-converter always writes the routed experts as MXFP4).
+converter always writes the routed experts as MXFP4); and llama.cpp's own run of it
+(llama-cpp-python 0.3.36, CPU) into model_golden.safetensors: `llama_cpp.logits` of the 173
+tokens in one batch, `llama_cpp.greedy.i` of the three prompts.
 
-Run by hand with transformers >= 5.17 (tested with 5.25.0), torch and gguf; CI never runs it:
+Run by hand with transformers >= 5.17 (tested with 5.25.0), torch, gguf and llama-cpp-python
+0.3.36; CI never runs it:
     python scripts/make_deepseek_v4_module_fixtures.py CONVERTER
 where CONVERTER is llama.cpp's convert_hf_to_gguf.py (the llama-cpp-python 0.3.36 sdist's
 vendor/llama.cpp has DeepSeek-V4's).
@@ -226,6 +229,8 @@ MODEL = dict(
     # The byte-level tokenizer's 256 tokens (make_tiny_fixtures.byte_tokenizer), which
     # llama.cpp's converter needs beside the weights.
     vocab_size=256,
+    # llama.cpp Hadamard-rotates the indexer's q and k: a multiple of 64.
+    index_head_dim=64,
 )
 
 
@@ -329,9 +334,32 @@ def deepseek_folder(tiny, gguf, converter):
     save_file(tensors, out / "model.safetensors", metadata={"format": "pt"})
     tiny_fixtures.byte_tokenizer(out)
     subprocess.run([sys.executable, "-c", tiny_fixtures.CONVERT, str(converter.parent), str(converter),
-                    str(out), "--outtype", "f32", "--outfile", str(gguf)], check=True)
+                    str(out), "--outtype", "f32", "--outfile", str(gguf), "--model-name", "tiny-deepseek-v4"],
+                   check=True)
     scratch.cleanup()
     print("wrote", gguf)
+
+
+def llama_cpp_run(gguf, ids, tensors):
+    """llama.cpp (llama-cpp-python, CPU) on the converter's GGUF: the logits of all the tokens
+    in one batch (`llama_cpp.logits`) and its greedy continuations of the same prompts
+    (`llama_cpp.greedy.i`), for the distance kiln's native CPU backend is compared with."""
+    import llama_cpp
+    import numpy as np
+
+    m = llama_cpp.Llama(str(gguf), n_ctx=256, logits_all=True, verbose=False)
+    m.eval(ids.tolist())
+    out = {"llama_cpp.logits": torch.from_numpy(np.array(m.scores[: len(ids)], dtype=np.float32))}
+    for i in range(len(PROMPTS)):
+        m.reset()
+        m.eval(tensors[f"gen.prompt.{i}"].long().tolist())
+        greedy = []
+        for _ in range(NEW_TOKENS):
+            t = int(np.argmax(m.scores[m.n_tokens - 1]))
+            greedy.append(t)
+            m.eval([t])
+        out[f"llama_cpp.greedy.{i}"] = torch.tensor(greedy, dtype=torch.float32)
+    return out
 
 
 def model(gen):
@@ -403,6 +431,7 @@ def model(gen):
     lm.save_pretrained(tiny)
     (tiny / "generation_config.json").unlink(missing_ok=True)
     deepseek_folder(tiny, OUT / "tiny-f32.gguf", CONVERTER)
+    tensors.update(llama_cpp_run(OUT / "tiny-f32.gguf", ids, tensors))
     save_file(tensors, OUT / "model_golden.safetensors")
     for k, v in sorted(tensors.items()):
         print(k, tuple(v.shape), v.dtype)

@@ -294,7 +294,8 @@ fn carry_vocab(root: &Path, bundle: &Path) -> anyhow::Result<Option<&'static str
     Ok(Some("vocab.gguf"))
 }
 
-/// Copies kiln-model's tiny DeepSeek-V4 model and its transformers goldens (about 1 MiB) into
+/// Copies kiln-model's tiny DeepSeek-V4 model (its folder and its GGUF) and its transformers
+/// goldens (about 2 MiB) into
 /// `bundle/deepseek_v4`, for `kiln-bench gpu-check --v4-fixtures`.
 fn carry_v4(root: &Path, bundle: &Path) -> anyhow::Result<&'static str> {
     let from = root.join("crates/kiln-model/tests/fixtures/deepseek_v4");
@@ -304,6 +305,7 @@ fn carry_v4(root: &Path, bundle: &Path) -> anyhow::Result<&'static str> {
     for file in [
         "tiny/config.json",
         "tiny/model.safetensors",
+        "tiny-f32.gguf",
         "model_golden.safetensors",
     ] {
         std::fs::copy(from.join(file), to.join(file))

@@ -3,6 +3,7 @@
 //! Every count and size is checked against [`limits`] before anything is sized by it.
 
 mod deepseek_v4;
+mod deepseek_v4_gguf;
 mod gguf;
 mod hf;
 mod quant;

@@ -315,6 +315,9 @@ pub(crate) fn stack(
     })
 }
 
+/// ggml's I32 type (index tables).
+const I32: GgmlType = GgmlType(26);
+
 /// A GGUF file: its head (metadata, tensor infos) parsed at open, each tensor read from the
 /// file when it is loaded, so the file's bytes are never held whole.
 #[derive(Debug)]
@@ -414,8 +417,42 @@ impl WeightSource for GgufSource {
 }
 
 impl GgufSource {
+    /// An I32 index table `name` of `shape` (DeepSeek-V4's `ffn_gate_tid2eid`), as ids.
+    pub(crate) fn load_ids(&self, name: &str, shape: &[usize]) -> Result<Vec<u32>> {
+        let err = |problem: String| ModelError::Tensor {
+            file: self.describe().into(),
+            tensor: name.into(),
+            problem,
+        };
+        let info = self
+            .file
+            .tensor(name)
+            .ok_or_else(|| err("missing".into()))?;
+        let got: Vec<usize> = info.dims.iter().rev().map(|&d| d as usize).collect();
+        if got != shape || info.ggml_type != I32 {
+            return Err(err(format!(
+                "type {} {got:?}, expected I32 {shape:?}",
+                info.ggml_type
+            )));
+        }
+        let range = info
+            .data_range()
+            .ok_or_else(|| err("its data size is not known".into()))?;
+        let data = self.data.read(range, &format!("tensor `{name}`"))?;
+        crate::safetensors::decode_ids(
+            (self.describe(), name),
+            crate::safetensors::StDtype::I32,
+            &data,
+        )
+    }
+
     /// The tensor `name`, of shape `shape`, uploaded in its stored dtype.
-    fn load_tensor(&self, device: &Device, name: &str, shape: &[usize]) -> Result<Tensor> {
+    pub(crate) fn load_tensor(
+        &self,
+        device: &Device,
+        name: &str,
+        shape: &[usize],
+    ) -> Result<Tensor> {
         let name = name.to_string();
         let err = |problem: String| ModelError::Tensor {
             file: self.describe().into(),

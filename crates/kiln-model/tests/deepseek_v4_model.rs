@@ -137,3 +137,122 @@ fn an_fp8_checkpoint_is_refused_by_name() {
         "{msg}"
     );
 }
+
+/// The logits of the chunked run from `path` on `dev`: their largest distance from
+/// transformers', and the tokens whose argmax differs from transformers'.
+fn chunked_logits(
+    g: &SafetensorsFile,
+    path: &std::path::Path,
+    dev: &kiln_tensor::Device,
+) -> (f32, usize) {
+    let tokens = ids(g, "input_ids");
+    let want = g.read_f32("logits").unwrap();
+    let model = V4Model::load(path, dev, 256).unwrap();
+    let mut seq = V4Sequence::default();
+    let (mut start, mut got) = (0, Vec::new());
+    for n in chunks(g) {
+        let mut rec = Recorder::new(dev);
+        let logits = model
+            .forward(&mut rec, &tokens[start..start + n], &mut seq)
+            .unwrap();
+        rec.submit().unwrap();
+        got.extend(logits.to_f32_vec().unwrap());
+        start += n;
+    }
+    let vocab = want.len() / tokens.len();
+    let argmax = |row: &[f32]| {
+        row.iter()
+            .enumerate()
+            .fold(
+                (0, f32::NEG_INFINITY),
+                |b, (i, &v)| if v > b.1 { (i, v) } else { b },
+            )
+            .0
+    };
+    let differ = got
+        .chunks(vocab)
+        .zip(want.chunks(vocab))
+        .filter(|(a, b)| argmax(a) != argmax(b))
+        .count();
+    let worst = got
+        .iter()
+        .zip(&want)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0f32, f32::max);
+    (worst, differ)
+}
+
+/// llama.cpp's converter's F32 GGUF of the tiny model (routed experts as MXFP4, the values
+/// the float model holds): the same logits and greedy tokens as transformers where kiln keeps
+/// activations in f32 (the reference and wgpu backends). The native CPU backend multiplies
+/// MXFP4 against 8-bit activations, as ggml's CPU code does: its distance from transformers
+/// is printed beside llama.cpp's own on the same file (from the golden).
+#[test]
+fn the_converters_gguf_matches_transformers_where_activations_stay_f32() {
+    let g = golden();
+    let gguf = fixtures().join("tiny-f32.gguf");
+    let (want, theirs) = (
+        g.read_f32("logits").unwrap(),
+        g.read_f32("llama_cpp.logits").unwrap(),
+    );
+    let llama_worst = theirs
+        .iter()
+        .zip(&want)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0f32, f32::max);
+    let llama_greedy: usize = (0..3)
+        .map(|i| {
+            let ours = ids(&g, &format!("llama_cpp.greedy.{i}"));
+            let want = ids(&g, &format!("gen.greedy.{i}"));
+            ours.iter().zip(&want).filter(|(a, b)| a != b).count()
+        })
+        .sum();
+    let rows = |v: &[f32]| -> Vec<usize> {
+        v.chunks(want.len() / ids(&g, "input_ids").len())
+            .map(|r| (0..r.len()).fold(0, |b, i| if r[i] > r[b] { i } else { b }))
+            .collect()
+    };
+    let llama_argmax = rows(&theirs)
+        .iter()
+        .zip(rows(&want))
+        .filter(|(a, b)| **a != *b)
+        .count();
+    eprintln!(
+        "llama.cpp (CPU) on the same file: max |logit diff| {llama_worst:e}, argmax differing \
+         at {llama_argmax} of 173 tokens, greedy tokens differing {llama_greedy} of 72"
+    );
+    for (name, dev) in kiln_testkit::devices() {
+        let (worst, argmax_differ) = chunked_logits(&g, &gguf, &dev);
+        eprintln!(
+            "{name}: GGUF max |logit diff| {worst:e}, argmax differing at {argmax_differ} of {} tokens",
+            ids(&g, "input_ids").len()
+        );
+        let model = V4Model::load(&gguf, &dev, 256).unwrap();
+        let mut differ = 0;
+        for i in 0..3 {
+            let prompt = ids(&g, &format!("gen.prompt.{i}"));
+            let want = ids(&g, &format!("gen.greedy.{i}"));
+            let got = model.generate_greedy(&dev, &prompt, want.len()).unwrap();
+            differ += got.iter().zip(&want).filter(|(a, b)| a != b).count();
+            if name != "cpu" {
+                assert_eq!(got, want, "{name} GGUF prompt {i}");
+            }
+        }
+        eprintln!("{name}: GGUF greedy tokens differing from transformers: {differ} of 72");
+        if name != "cpu" {
+            assert!(worst <= 1e-4, "{name}: GGUF max |logit diff| {worst}");
+        }
+    }
+}
+
+/// Another architecture's GGUF is refused naming the key and what it holds.
+#[test]
+fn another_architectures_gguf_is_refused_by_name() {
+    let path = kiln_testkit::default_model();
+    let e = V4Model::load(&path, &kiln_tensor::Device::reference(), 64).unwrap_err();
+    let msg = e.to_string();
+    assert!(
+        msg.contains("general.architecture") && msg.contains("`llama` is not deepseek4"),
+        "{msg}"
+    );
+}

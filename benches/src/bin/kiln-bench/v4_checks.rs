@@ -197,43 +197,52 @@ pub(crate) fn v4_checks(dev: &Device, seed: u64) -> anyhow::Result<Vec<Check>> {
     Ok(out)
 }
 
-/// The tiny random DeepSeek-V4 model in `dir` (`tiny/` and `model_golden.safetensors`, made
-/// by transformers) on `dev`: the logits of its tokens run in the golden's chunks, and its
-/// greedy continuations, against transformers'.
+/// The tiny random DeepSeek-V4 model in `dir`, from its Hugging Face folder (`tiny/`) and
+/// from llama.cpp's converter's GGUF of it (`tiny-f32.gguf`), on `dev`, against
+/// transformers' goldens (`model_golden.safetensors`): the logits of its tokens run in the
+/// golden's chunks, and its greedy continuations.
 pub(crate) fn v4_model_checks(dev: &Device, dir: &Path) -> anyhow::Result<Vec<Check>> {
     let golden = SafetensorsFile::open(&dir.join("model_golden.safetensors"))
         .with_context(|| format!("the DeepSeek-V4 goldens in {}", dir.display()))?;
     let ids = |name: &str| -> anyhow::Result<Vec<u32>> {
         Ok(golden.read_f32(name)?.iter().map(|&v| v as u32).collect())
     };
-    let model = V4Model::load(&dir.join("tiny"), dev, 256)?;
     let tokens = ids("input_ids")?;
     let chunks = ids("chunks")?;
-    let mut seq = V4Sequence::default();
-    let (mut start, mut logits) = (0, Vec::new());
-    for n in chunks.into_iter().map(|n| n as usize) {
-        let mut rec = Recorder::new(dev);
-        let l = model.forward(&mut rec, &tokens[start..start + n], &mut seq)?;
-        rec.submit()?;
-        logits.extend(l.to_f32_vec()?);
-        start += n;
+    let want = golden.read_f32("logits")?;
+    let mut out = Vec::new();
+    for (what, path) in [
+        ("HF folder", dir.join("tiny")),
+        ("F32 GGUF", dir.join("tiny-f32.gguf")),
+    ] {
+        let model = V4Model::load(&path, dev, 256)?;
+        let mut seq = V4Sequence::default();
+        let (mut start, mut logits) = (0, Vec::new());
+        for &n in &chunks {
+            let n = n as usize;
+            let mut rec = Recorder::new(dev);
+            let l = model.forward(&mut rec, &tokens[start..start + n], &mut seq)?;
+            rec.submit()?;
+            logits.extend(l.to_f32_vec()?);
+            start += n;
+        }
+        let e = max_error(&logits, &want);
+        let name = format!(
+            "DeepSeek-V4 tiny model ({what}): logits of {} tokens in chunks",
+            tokens.len()
+        );
+        out.push(check(name, e, 1e-4));
+        let mut differ = 0usize;
+        for i in 0..3 {
+            let want = ids(&format!("gen.greedy.{i}"))?;
+            let got = model.generate_greedy(dev, &ids(&format!("gen.prompt.{i}"))?, want.len())?;
+            differ += got.iter().zip(&want).filter(|(a, b)| a != b).count();
+        }
+        out.push(check(
+            format!("DeepSeek-V4 tiny model ({what}): greedy tokens differing from transformers"),
+            differ as f32,
+            0.0,
+        ));
     }
-    let e = max_error(&logits, &golden.read_f32("logits")?);
-    let mut out = vec![check(
-        "DeepSeek-V4 tiny model: logits of 41 tokens in chunks".into(),
-        e,
-        1e-4,
-    )];
-    let mut differ = 0usize;
-    for i in 0..3 {
-        let want = ids(&format!("gen.greedy.{i}"))?;
-        let got = model.generate_greedy(dev, &ids(&format!("gen.prompt.{i}"))?, want.len())?;
-        differ += got.iter().zip(&want).filter(|(a, b)| a != b).count();
-    }
-    out.push(check(
-        "DeepSeek-V4 tiny model: greedy tokens differing from transformers".into(),
-        differ as f32,
-        0.0,
-    ));
     Ok(out)
 }

@@ -209,12 +209,13 @@ impl DeepseekV4Config {
             tie_embeddings: f.bool("tie_word_embeddings").unwrap_or(false),
             mtp_layers: size_or("num_nextn_predict_layers", 1)?,
         };
-        cfg.check(&f)?;
+        cfg.check().map_err(|(key, problem)| f.err(key, problem))?;
         Ok(cfg)
     }
 
-    /// Sizes within [`limits`] and shapes that fit together.
-    fn check(&self, f: &Fields<'_>) -> Result<()> {
+    /// Sizes within [`limits`] and shapes that fit together; an error is the field (by its
+    /// `config.json` name) and what is wrong.
+    pub(super) fn check(&self) -> std::result::Result<(), (&'static str, String)> {
         let bounded = [
             ("num_hidden_layers", self.layers, limits::LAYERS),
             ("hidden_size", self.hidden, limits::HIDDEN),
@@ -228,11 +229,11 @@ impl DeepseekV4Config {
         ];
         for (key, v, max) in bounded {
             if v == 0 || v > max {
-                return Err(f.err(key, format!("{v} is outside 1..={max}")));
+                return Err((key, format!("{v} is outside 1..={max}")));
             }
         }
         if self.rope_dim == 0 || self.rope_dim > self.head_dim || !self.rope_dim.is_multiple_of(2) {
-            return Err(f.err(
+            return Err((
                 "qk_rope_head_dim",
                 format!(
                     "{}: an even count of at most head_dim {}",
@@ -241,13 +242,16 @@ impl DeepseekV4Config {
             ));
         }
         if self.o_groups == 0 || !self.heads.is_multiple_of(self.o_groups) {
-            return Err(f.err(
+            return Err((
                 "o_groups",
                 format!("{} does not divide {} heads", self.o_groups, self.heads),
             ));
         }
         if self.hc.streams == 0 || self.hc.sinkhorn_iters == 0 {
-            return Err(f.err("hc_mult", "hyper-connections need streams and iterations"));
+            return Err((
+                "hc_mult",
+                "hyper-connections need streams and iterations".into(),
+            ));
         }
         Ok(())
     }

@@ -66,7 +66,7 @@ fn gguf_router(
 /// (32 and 1 unless written), the correction range rounded out to whole dimensions, and the
 /// attention factor `0.1·ln(factor) + 1` (llama.cpp derives it; a written `yarn_attn_factor`
 /// is overridden there too).
-fn gguf_yarn(
+pub(super) fn gguf_yarn(
     md: &kiln_gguf::Metadata,
     key: &dyn Fn(&str) -> String,
     src: &str,

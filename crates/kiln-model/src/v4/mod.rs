@@ -14,6 +14,7 @@
 mod attention;
 mod compress;
 mod hyper;
+mod load;
 mod model;
 mod moe;
 
@@ -26,4 +27,4 @@ pub use compress::{
 };
 pub use hyper::{HyperConnection, HyperHead};
 pub use model::{V4Model, V4Sequence};
-pub use moe::{ExpertChoice, Moe, MoeShape, MoeWeights};
+pub use moe::{ExpertChoice, GateUp, Moe, MoeShape, MoeWeights};

@@ -3,32 +3,25 @@
 //! between their hyper-connections, the head's collapse of the streams, the final norm and
 //! the LM head. One sequence at a time, its per-layer state in a [`V4Sequence`].
 //!
-//! Checkpoint names: DeepSeek's as published (`embed.weight`, `layers.{i}.attn.kv_norm.weight`,
-//! `hc_head_fn`, ...) or as transformers saves them (`model.` before them,
-//! `model.embed_tokens.weight`, `model.layers.{i}.attn.norm.weight`, `model.hc_head.hc_fn`).
+//! Loading (`load.rs`) reads Hugging Face folders and llama.cpp's GGUF files.
 
 use std::path::Path;
 
 use kiln_tensor::{Device, Recorder, Tensor};
 
-use super::{
-    Attention, AttentionShape, AttentionState, AttentionWeights, Compression, Compressor,
-    CompressorWeights, Csa, ExpertChoice, HyperConnection, HyperHead, Indexer, IndexerWeights, Moe,
-    MoeShape, MoeWeights, StateBytes, V4Ropes,
-};
-use crate::safetensors::{FLOATS, StDtype, decode_ids};
-use crate::weights::stack;
-use crate::{DeepseekV4Config, HfSource, LoadOptions, ModelError, Result, V4Attention};
+use super::load::{Files, Names, load_layer};
+use super::{Attention, AttentionState, HyperConnection, HyperHead, Moe, StateBytes, V4Ropes};
+use crate::{DeepseekV4Config, ModelError, Result};
 
 /// One decoder layer.
 #[derive(Debug, Clone)]
-struct Layer {
-    attn_hc: HyperConnection,
-    attn_norm: Tensor,
-    attn: Attention,
-    ffn_hc: HyperConnection,
-    ffn_norm: Tensor,
-    moe: Moe,
+pub(super) struct Layer {
+    pub(super) attn_hc: HyperConnection,
+    pub(super) attn_norm: Tensor,
+    pub(super) attn: Attention,
+    pub(super) ffn_hc: HyperConnection,
+    pub(super) ffn_norm: Tensor,
+    pub(super) moe: Moe,
 }
 
 /// A DeepSeek-V4 model on a device.
@@ -71,83 +64,13 @@ impl V4Sequence {
     }
 }
 
-/// Reads tensors by their DeepSeek names, whichever way the folder spells them.
-struct Names<'a> {
-    src: &'a HfSource,
-    device: &'a Device,
-}
-
-impl Names<'_> {
-    /// The folder's name for DeepSeek's `name`.
-    fn resolve(&self, name: &str) -> String {
-        let saved = match name {
-            "embed.weight" => "model.embed_tokens.weight".to_string(),
-            "head.weight" => "head.weight".to_string(),
-            n if n.starts_with("hc_head_") => format!("model.hc_head.hc_{}", &n[8..]),
-            n => format!("model.{}", n.replace(".attn.kv_norm.", ".attn.norm.")),
-        };
-        if self.src.index.contains_key(name) || !self.src.index.contains_key(&saved) {
-            name.to_string()
-        } else {
-            saved
-        }
-    }
-
-    /// A float tensor of `shape`, as stored (or as the load options cast it).
-    fn tensor(&self, name: &str, shape: &[usize]) -> Result<Tensor> {
-        let n = self.resolve(name);
-        let (dtype, bytes, file) = self.src.checked_bytes(&n, shape, FLOATS)?;
-        self.src
-            .upload(self.device, dtype, shape, &bytes, (file, &n))
-    }
-
-    /// A float tensor of `shape` in F32 whatever it is stored as (norms, biases, mHC's and
-    /// the compressors' small tensors, which transformers keeps in f32).
-    fn f32(&self, name: &str, shape: &[usize]) -> Result<Tensor> {
-        let n = self.resolve(name);
-        let (dtype, bytes, file) = self.src.checked_bytes(&n, shape, FLOATS)?;
-        let t = self
-            .src
-            .upload(&Device::Reference, dtype, shape, &bytes, (file, &n))?;
-        Ok(Tensor::from_f32(self.device, shape, &t.to_f32_vec()?)?)
-    }
-
-    /// Several tensors' rows stacked into one of `shape` (each expert's `[w1; w3]`, every
-    /// expert's projection), in the dtype they are stored in (as the load options cast it).
-    fn stacked(&self, names: &[String], each: &[usize], shape: &[usize]) -> Result<Tensor> {
-        let parts = names.iter().map(|name| {
-            let n = self.resolve(name);
-            let (dtype, bytes, file) = self.src.checked_bytes(&n, each, FLOATS)?;
-            let t = self
-                .src
-                .upload(&Device::Reference, dtype, each, &bytes, (file, &n))?;
-            Ok((n, t))
-        });
-        let what = names.first().map_or("", String::as_str);
-        stack(self.device, &self.src.describe, what, parts, shape)
-    }
-
-    /// An index table of `shape` (I64 or I32).
-    fn ids(&self, name: &str, shape: &[usize]) -> Result<Vec<u32>> {
-        let n = self.resolve(name);
-        let (dtype, bytes, file) =
-            self.src
-                .checked_bytes(&n, shape, &[StDtype::I64, StDtype::I32])?;
-        decode_ids((file, &n), dtype, &bytes)
-    }
-}
-
 impl V4Model {
-    /// The model in `dir` (`config.json` and its safetensors) on `device`, with RoPE tables
-    /// for positions below `max_positions`.
-    pub fn load(dir: &Path, device: &Device, max_positions: usize) -> Result<Self> {
-        let config_path = dir.join("config.json");
-        let text = std::fs::read_to_string(&config_path).map_err(|source| ModelError::Io {
-            path: config_path.clone(),
-            source,
-        })?;
-        let config = DeepseekV4Config::from_hf_json(&config_path.display().to_string(), &text)?;
-        let src = HfSource::open(dir, LoadOptions::default())?;
+    /// The model at `path` on `device`, with RoPE tables for positions below
+    /// `max_positions`: a Hugging Face folder (`config.json` and its safetensors) or a GGUF
+    /// file as llama.cpp's converter writes DeepSeek-V4 (`deepseek4`).
+    pub fn load(path: &Path, device: &Device, max_positions: usize) -> Result<Self> {
+        let src = Files::open(path)?;
+        let config = src.config()?;
         let names = Names { src: &src, device };
         let c = &config;
         let embed = names.tensor("embed.weight", &[c.vocab, c.hidden])?;
@@ -155,9 +78,8 @@ impl V4Model {
             .map(|i| load_layer(&names, c, i))
             .collect::<Result<Vec<_>>>()?;
         let (h, n) = (c.hidden, c.hc.streams);
-        let file = src.describe.clone();
         let head_hc = HyperHead::new(
-            &file,
+            src.describe(),
             ["hc_head_fn", "hc_head_base", "hc_head_scale"],
             [
                 names.f32("hc_head_fn", &[n, n * h])?,
@@ -260,154 +182,4 @@ impl V4Model {
         }
         Ok(out)
     }
-}
-
-fn load_layer(names: &Names<'_>, c: &DeepseekV4Config, i: usize) -> Result<Layer> {
-    let p = format!("layers.{i}.");
-    let file = names.src.describe.clone();
-    let (h, n) = (c.hidden, c.hc.streams);
-    let mix = (2 + n) * n;
-    let hc = |which: &str| -> Result<HyperConnection> {
-        let [f, b, s] = [
-            format!("{p}hc_{which}_fn"),
-            format!("{p}hc_{which}_base"),
-            format!("{p}hc_{which}_scale"),
-        ];
-        HyperConnection::new(
-            &file,
-            [&f, &b, &s],
-            [
-                names.f32(&f, &[mix, n * h])?,
-                names.f32(&b, &[mix])?,
-                names.f32(&s, &[3])?,
-            ],
-            c.hc,
-            c.rms_eps,
-        )
-    };
-    Ok(Layer {
-        attn_hc: hc("attn")?,
-        attn_norm: names.f32(&format!("{p}attn_norm.weight"), &[h])?,
-        attn: load_attention(names, c, i)?,
-        ffn_hc: hc("ffn")?,
-        ffn_norm: names.f32(&format!("{p}ffn_norm.weight"), &[h])?,
-        moe: load_moe(names, c, i)?,
-    })
-}
-
-fn load_compressor(
-    names: &Names<'_>,
-    c: &DeepseekV4Config,
-    p: &str,
-    width: usize,
-    ratio: usize,
-    overlapping: bool,
-) -> Result<Compressor> {
-    let rows = if overlapping { 2 * width } else { width };
-    let w = CompressorWeights {
-        kv: names.f32(&format!("{p}wkv.weight"), &[rows, c.hidden])?,
-        gate: names.f32(&format!("{p}wgate.weight"), &[rows, c.hidden])?,
-        ape: names.f32(&format!("{p}ape"), &[ratio, rows])?,
-        norm: names.f32(&format!("{p}norm.weight"), &[width])?,
-    };
-    Compressor::new(&names.src.describe, p, w, ratio, overlapping, c.rms_eps)
-}
-
-fn load_attention(names: &Names<'_>, c: &DeepseekV4Config, i: usize) -> Result<Attention> {
-    let p = format!("layers.{i}.attn.");
-    let (h, d, heads, q) = (c.hidden, c.head_dim, c.heads, c.q_lora_rank);
-    let (g, r) = (c.o_groups, c.o_lora_rank);
-    let t = |n: &str, shape: &[usize]| names.tensor(&format!("{p}{n}"), shape);
-    let f = |n: &str, shape: &[usize]| names.f32(&format!("{p}{n}"), shape);
-    let w = AttentionWeights {
-        q_a: t("wq_a.weight", &[q, h])?,
-        q_norm: f("q_norm.weight", &[q])?,
-        q_b: t("wq_b.weight", &[heads * d, q])?,
-        kv: t("wkv.weight", &[d, h])?,
-        kv_norm: f("kv_norm.weight", &[d])?,
-        o_a: t("wo_a.weight", &[g * r, heads * d / g.max(1)])?,
-        o_b: t("wo_b.weight", &[h, g * r])?,
-        sinks: f("attn_sink", &[heads])?,
-    };
-    let compression = match c.attention[i] {
-        V4Attention::Sliding => Compression::None,
-        V4Attention::Hca { ratio } => Compression::Hca(Box::new(load_compressor(
-            names,
-            c,
-            &format!("{p}compressor."),
-            d,
-            ratio as usize,
-            false,
-        )?)),
-        V4Attention::Csa { ratio } => {
-            let ratio = ratio as usize;
-            let ix = &c.indexer;
-            let ip = format!("{p}indexer.");
-            let indexer = Indexer::new(
-                &names.src.describe,
-                &ip,
-                load_compressor(
-                    names,
-                    c,
-                    &format!("{ip}compressor."),
-                    ix.head_dim,
-                    ratio,
-                    true,
-                )?,
-                IndexerWeights {
-                    q: t("indexer.wq_b.weight", &[ix.heads * ix.head_dim, q])?,
-                    head_weights: f("indexer.weights_proj.weight", &[ix.heads, h])?,
-                },
-                ix.heads,
-                ix.topk,
-            )?;
-            Compression::Csa(Box::new(Csa {
-                compressor: load_compressor(names, c, &format!("{p}compressor."), d, ratio, true)?,
-                indexer,
-            }))
-        }
-    };
-    let shape = AttentionShape {
-        heads,
-        head_dim: d,
-        groups: g,
-        window: c.window as u32,
-        eps: c.rms_eps,
-    };
-    Attention::new(&names.src.describe, &p, w, compression, shape)
-}
-
-fn load_moe(names: &Names<'_>, c: &DeepseekV4Config, i: usize) -> Result<Moe> {
-    let p = format!("layers.{i}.ffn.");
-    let (e, h, f) = (c.moe.experts, c.hidden, c.moe.expert_ffn);
-    let expert = |x: usize, w: &str| format!("{p}experts.{x}.{w}.weight");
-    let gate_up: Vec<String> = (0..e)
-        .flat_map(|x| [expert(x, "w1"), expert(x, "w3")])
-        .collect();
-    let down: Vec<String> = (0..e).map(|x| expert(x, "w2")).collect();
-    let shared = |w: &str| format!("{p}shared_experts.{w}.weight");
-    let choice = if i < c.moe.hash_layers {
-        ExpertChoice::Hashed {
-            table: names.ids(&format!("{p}gate.tid2eid"), &[c.vocab, c.moe.used])?,
-        }
-    } else {
-        ExpertChoice::Scored {
-            bias: names.f32(&format!("{p}gate.bias"), &[e])?,
-        }
-    };
-    let w = MoeWeights {
-        router: names.f32(&format!("{p}gate.weight"), &[e, h])?,
-        choice,
-        gate_up: names.stacked(&gate_up, &[f, h], &[e, 2 * f, h])?,
-        down: names.stacked(&down, &[h, f], &[e, h, f])?,
-        shared_gate_up: names.stacked(&[shared("w1"), shared("w3")], &[f, h], &[2 * f, h])?,
-        shared_down: names.tensor(&shared("w2"), &[h, f])?,
-    };
-    let shape = MoeShape {
-        experts: e,
-        used: c.moe.used,
-        scale: c.moe.routed_scale,
-        limit: c.moe.swiglu_limit,
-    };
-    Moe::new(&names.src.describe, &p, w, shape)
 }

@@ -16,18 +16,27 @@ pub enum ExpertChoice {
     Hashed { table: Vec<u32> },
 }
 
+/// A gated MLP's gate (`w1`) and up (`w3`) projections: stacked `[w1; w3]` (one product for
+/// both), or apart (a GGUF keeps them apart, and may store them in different formats).
+#[derive(Debug, Clone)]
+pub enum GateUp {
+    Stacked(Tensor),
+    Apart { gate: Tensor, up: Tensor },
+}
+
 /// A V4 MoE layer's weights.
 #[derive(Debug, Clone)]
 pub struct MoeWeights {
     /// `ffn.gate.weight` `[experts, hidden]`.
     pub router: Tensor,
     pub choice: ExpertChoice,
-    /// Every expert's `[w1; w3]` stacked, `[experts, 2·ffn, hidden]`.
-    pub gate_up: Tensor,
+    /// Every expert's gate and up: `[experts, 2·ffn, hidden]` stacked, `[experts, ffn,
+    /// hidden]` each apart.
+    pub gate_up: GateUp,
     /// Every expert's `w2`, `[experts, hidden, ffn]`.
     pub down: Tensor,
-    /// The shared expert's `[w1; w3]` `[2·ffn, hidden]` and `w2` `[hidden, ffn]`.
-    pub shared_gate_up: Tensor,
+    /// The shared expert's gate and up (`[2·ffn, hidden]` stacked) and `w2` `[hidden, ffn]`.
+    pub shared_gate_up: GateUp,
     pub shared_down: Tensor,
 }
 
@@ -109,16 +118,30 @@ impl Moe {
     pub fn forward(&self, rec: &mut Recorder, x: &Tensor, ids: &[u32]) -> Result<Tensor> {
         let logits = rec.matmul(x, &self.w.router, None)?;
         let routes = self.route(rec, &logits, ids)?;
-        let h = rec.linear_routed(x, &self.w.gate_up, None, &routes, Some(self.act))?;
+        let h = match &self.w.gate_up {
+            GateUp::Stacked(w) => rec.linear_routed(x, w, None, &routes, Some(self.act))?,
+            GateUp::Apart { gate, up } => {
+                let g = rec.linear_routed(x, gate, None, &routes, None)?;
+                let u = rec.linear_routed(x, up, None, &routes, None)?;
+                rec.gated_mul(&g, &u, self.act)?
+            }
+        };
         let y = rec.linear_routed(&h, &self.w.down, None, &routes, None)?;
-        let shared = rec.linear(
-            x,
-            &self.w.shared_gate_up,
-            LinearOps {
-                glu: Some(self.act),
-                ..LinearOps::default()
-            },
-        )?;
+        let shared = match &self.w.shared_gate_up {
+            GateUp::Stacked(w) => rec.linear(
+                x,
+                w,
+                LinearOps {
+                    glu: Some(self.act),
+                    ..LinearOps::default()
+                },
+            )?,
+            GateUp::Apart { gate, up } => {
+                let g = rec.matmul(x, gate, None)?;
+                let u = rec.matmul(x, up, None)?;
+                rec.gated_mul(&g, &u, self.act)?
+            }
+        };
         let shared = rec.matmul(&shared, &self.w.shared_down, None)?;
         Ok(rec.moe_combine(&y, &routes, &shared)?)
     }
