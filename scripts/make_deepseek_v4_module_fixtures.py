@@ -29,16 +29,21 @@ model_golden.safetensors: its 173 `input_ids`, run through a DynamicCache in `ch
 chunks above, then 100, 1, 1, 30: past HCA's first window); each layer's attention input and
 output (`attn_in.L`, `attn_out.L`, as DeepseekV4Attention saw and returned them), each
 layer's MoE input and output (`mlp_in.L`, `mlp_out.L`, DeepseekV4SparseMoeBlock's), the
-logits of every token (`logits`); and greedy continuations by generate(): random prompts of 5,
-13 and 130 tokens (`gen.prompt.i`) and their 24 new tokens (`gen.greedy.i`).
+logits of every token (`logits`); and greedy continuations through the cache: random prompts
+of 5, 13 and 130 tokens (`gen.prompt.i`), their 24 new tokens (`gen.greedy.i`) and each
+step's top-1/top-2 margin (`gen.margin.i`).
 
 tiny-f32.gguf: the tiny model as DeepSeek publishes V4 (the hub's config names, DeepSeek's
 tensor names, routed experts drawn on the MXFP4 grid and stored as FP4 codes with e8m0
-scales, the float model holding the same values; the byte-level tokenizer of
+scales, the linears DeepSeek ships in FP8 drawn on its grid, the float model holding the same
+values; the byte-level tokenizer of
 make_tiny_fixtures.py), converted by llama.cpp's convert_hf_to_gguf.py (`--outtype f32`; the
-converter always writes the routed experts as MXFP4); and llama.cpp's own run of it
-(llama-cpp-python 0.3.36, CPU) into model_golden.safetensors: `llama_cpp.logits` of the 173
-tokens in one batch, `llama_cpp.greedy.i` of the three prompts.
+converter always writes the routed experts as MXFP4), and tiny-q8_0.gguf, the same with the
+attention and shared-expert linears stored in FP8 with 128 x 128 block scales (the converter
+writes them dequantised as Q8_0, whatever `--outtype`; the model's values are on that grid);
+and llama.cpp's own run of each (llama-cpp-python 0.3.36, CPU) into model_golden.safetensors:
+`llama_cpp.logits` (F32 file) and `llama_cpp_q8_0.logits` of the 173 tokens in one batch,
+`llama_cpp.greedy.i` and `llama_cpp_q8_0.greedy.i` of the three prompts.
 
 Run by hand with transformers >= 5.17 (tested with 5.25.0), torch, gguf and llama-cpp-python
 0.3.36; CI never runs it:
@@ -231,6 +236,8 @@ MODEL = dict(
     vocab_size=256,
     # llama.cpp Hadamard-rotates the indexer's q and k: a multiple of 64.
     index_head_dim=64,
+    # Whole Q8_0 blocks in every row of wq_b (the converter writes FP8 linears as Q8_0).
+    q_lora_rank=32,
 )
 
 
@@ -242,6 +249,32 @@ def mxfp4_grid(w):
     a = w.detach().float().reshape(-1, w.shape[-1]).numpy()
     q = quantize(a, gguf.GGMLQuantizationType.MXFP4)
     return torch.from_numpy(dequantize(q, gguf.GGMLQuantizationType.MXFP4)).reshape(w.shape)
+
+
+def fp8_linear(name):
+    """Whether DeepSeek ships checkpoint tensor `name` (either naming) in FP8."""
+    return name.endswith(("attn.wq_a.weight", "attn.wq_b.weight", "attn.wkv.weight", "attn.wo_a.weight",
+                          "attn.wo_b.weight", "indexer.wq_b.weight", "shared_experts.w1.weight",
+                          "shared_experts.w2.weight", "shared_experts.w3.weight"))
+
+
+def fp8_block(w):
+    """`w` [rows, cols] in FP8 e4m3 with an e8m0 scale a 128 x 128 block, as DeepSeek stores
+    its linears: (the codes, the scale bytes, the values they hold)."""
+    rows, cols = w.shape
+    br, bc = -(-rows // 128), -(-cols // 128)
+    codes = torch.empty(rows, cols, dtype=torch.float8_e4m3fn)
+    scales = torch.empty(br, bc, dtype=torch.uint8)
+    values = torch.empty(rows, cols)
+    for i in range(br):
+        for j in range(bc):
+            blk = w[i * 128 : (i + 1) * 128, j * 128 : (j + 1) * 128].detach().float()
+            e = int(torch.ceil(torch.log2(blk.abs().max().clamp(min=1e-30) / 448.0)))
+            q = (blk / 2.0**e).to(torch.float8_e4m3fn)
+            codes[i * 128 : (i + 1) * 128, j * 128 : (j + 1) * 128] = q
+            scales[i, j] = e + 127
+            values[i * 128 : (i + 1) * 128, j * 128 : (j + 1) * 128] = q.float() * 2.0**e
+    return codes, scales, values
 
 
 def mxfp4_pack(w):
@@ -259,10 +292,12 @@ def mxfp4_pack(w):
     return torch.from_numpy(packed), torch.from_numpy(np.ascontiguousarray(q[..., 0]))
 
 
-def deepseek_folder(tiny, gguf, converter):
+def deepseek_folder(tiny, gguf, converter, fp8):
     """`tiny` (as transformers saved it) as DeepSeek publishes V4 (the hub's config names,
-    DeepSeek's tensor names, routed experts in FP4 with e8m0 scales), with the byte-level
-    tokenizer, in a scratch folder; then llama.cpp's converter makes its F32 GGUF `gguf`."""
+    DeepSeek's tensor names, routed experts in FP4 with e8m0 scales and, with `fp8`, the
+    attention and shared-expert linears in FP8 with their block scales), with the byte-level
+    tokenizer, in a scratch folder; then llama.cpp's converter makes the GGUF `gguf` of it
+    (`--outtype f32`; it writes dequantised FP8 linears as Q8_0)."""
     import subprocess
     import sys
     import tempfile
@@ -329,6 +364,10 @@ def deepseek_folder(tiny, gguf, converter):
             packed, scale = mxfp4_pack(v)
             tensors[name] = packed
             tensors[name.removesuffix(".weight") + ".scale"] = scale
+        elif fp8 and fp8_linear(name):
+            codes, scale, _ = fp8_block(v)
+            tensors[name] = codes
+            tensors[name.removesuffix(".weight") + ".scale"] = scale
         else:
             tensors[name] = v.contiguous()
     save_file(tensors, out / "model.safetensors", metadata={"format": "pt"})
@@ -336,20 +375,20 @@ def deepseek_folder(tiny, gguf, converter):
     subprocess.run([sys.executable, "-c", tiny_fixtures.CONVERT, str(converter.parent), str(converter),
                     str(out), "--outtype", "f32", "--outfile", str(gguf), "--model-name", "tiny-deepseek-v4"],
                    check=True)
-    scratch.cleanup()
     print("wrote", gguf)
+    scratch.cleanup()
 
 
-def llama_cpp_run(gguf, ids, tensors):
+def llama_cpp_run(gguf, ids, tensors, key):
     """llama.cpp (llama-cpp-python, CPU) on the converter's GGUF: the logits of all the tokens
-    in one batch (`llama_cpp.logits`) and its greedy continuations of the same prompts
-    (`llama_cpp.greedy.i`), for the distance kiln's native CPU backend is compared with."""
+    in one batch (`<key>.logits`) and its greedy continuations of the same prompts
+    (`<key>.greedy.i`), for the distance kiln is compared with on the same file."""
     import llama_cpp
     import numpy as np
 
     m = llama_cpp.Llama(str(gguf), n_ctx=256, logits_all=True, verbose=False)
     m.eval(ids.tolist())
-    out = {"llama_cpp.logits": torch.from_numpy(np.array(m.scores[: len(ids)], dtype=np.float32))}
+    out = {f"{key}.logits": torch.from_numpy(np.array(m.scores[: len(ids)], dtype=np.float32))}
     for i in range(len(PROMPTS)):
         m.reset()
         m.eval(tensors[f"gen.prompt.{i}"].long().tolist())
@@ -358,7 +397,7 @@ def llama_cpp_run(gguf, ids, tensors):
             t = int(np.argmax(m.scores[m.n_tokens - 1]))
             greedy.append(t)
             m.eval([t])
-        out[f"llama_cpp.greedy.{i}"] = torch.tensor(greedy, dtype=torch.float32)
+        out[f"{key}.greedy.{i}"] = torch.tensor(greedy, dtype=torch.float32)
     return out
 
 
@@ -376,11 +415,14 @@ def model(gen):
                 p.copy_(0.5 + torch.rand(p.shape, generator=gen))
             else:
                 p.copy_(torch.randn(p.shape, generator=gen) / p.shape[-1] ** 0.5)
-        # Routed experts on the MXFP4 grid (FP4 e2m1 codes, an e8m0 scale a 32 inputs), as
-        # DeepSeek ships them: the float model and the packed copy hold the same values.
+        # Routed experts on the MXFP4 grid (FP4 e2m1 codes, an e8m0 scale a 32 inputs), the
+        # attention and shared-expert linears on FP8 e4m3's (an e8m0 scale a 128 x 128 block),
+        # as DeepSeek ships them: the float model and the packed copies hold the same values.
         for name, p in lm.named_parameters():
             if ".experts." in name and "shared" not in name:
                 p.copy_(mxfp4_grid(p))
+            elif fp8_linear(name):
+                p.copy_(fp8_block(p)[2])
         for name, b in lm.named_buffers():
             if name.endswith("tid2eid"):
                 b.copy_(torch.stack([torch.randperm(config.num_local_experts, generator=gen)[: config.num_experts_per_tok] for _ in range(config.vocab_size)]))
@@ -418,20 +460,29 @@ def model(gen):
     tensors["logits"] = torch.cat(logits).contiguous()
     tensors["input_ids"] = ids.float()
     tensors["chunks"] = torch.tensor(MODEL_CHUNKS, dtype=torch.float32)
-    # Greedy continuations, as generate() makes them (its own cache, float32).
+    # Greedy continuations: the prompt, then one token at a time through the cache, each the
+    # argmax of the logits before it (EOS included: generate()'s min_new_tokens would mask it).
     for i, n in enumerate(PROMPTS):
         prompt = torch.randint(0, config.vocab_size, (n,), generator=gen)
+        cache = DynamicCache(config=config)
+        greedy, step, margins = [], prompt, []
         with torch.no_grad():
-            out = lm.generate(
-                prompt.unsqueeze(0), max_new_tokens=NEW_TOKENS, do_sample=False, min_new_tokens=NEW_TOKENS
-            )
+            for _ in range(NEW_TOKENS):
+                logits = lm(input_ids=step.unsqueeze(0), past_key_values=cache, use_cache=True).logits[0, -1]
+                top = logits.topk(2)
+                margins.append(float(top.values[0] - top.values[1]))
+                greedy.append(int(top.indices[0]))
+                step = top.indices[:1]
         tensors[f"gen.prompt.{i}"] = prompt.float()
-        tensors[f"gen.greedy.{i}"] = out[0, n:].float()
+        tensors[f"gen.greedy.{i}"] = torch.tensor(greedy, dtype=torch.float32)
+        tensors[f"gen.margin.{i}"] = torch.tensor(margins, dtype=torch.float32)
     tiny = OUT / "tiny"
     lm.save_pretrained(tiny)
     (tiny / "generation_config.json").unlink(missing_ok=True)
-    deepseek_folder(tiny, OUT / "tiny-f32.gguf", CONVERTER)
-    tensors.update(llama_cpp_run(OUT / "tiny-f32.gguf", ids, tensors))
+    deepseek_folder(tiny, OUT / "tiny-f32.gguf", CONVERTER, fp8=False)
+    deepseek_folder(tiny, OUT / "tiny-q8_0.gguf", CONVERTER, fp8=True)
+    tensors.update(llama_cpp_run(OUT / "tiny-f32.gguf", ids, tensors, "llama_cpp"))
+    tensors.update(llama_cpp_run(OUT / "tiny-q8_0.gguf", ids, tensors, "llama_cpp_q8_0"))
     save_file(tensors, OUT / "model_golden.safetensors")
     for k, v in sorted(tensors.items()):
         print(k, tuple(v.shape), v.dtype)
