@@ -1,10 +1,11 @@
 //! `kiln info`: what a model is and what serving it takes: its config, the device, the
 //! weights' bytes, the KV cache a budget plans and its layout cache by cache. A DeepSeek-V4
-//! folder (read, not yet run) gets its config and KV layout alone.
+//! model (a folder or a `deepseek4` GGUF: run as a library, not served yet) gets its config
+//! and KV layout alone.
 
 use kiln_engine::{EngineOptions, KvSize, error_chain};
 use kiln_kv::{KvDtype, KvLayout};
-use kiln_model::{DeepseekV4Config, LoadOptions, V4Attention};
+use kiln_model::{DeepseekV4Config, GgufSource, LoadOptions, V4Attention};
 
 use crate::args::{DeviceArgs, ModelArgs};
 use crate::{CmdResult, build_error, device, memory, open};
@@ -56,8 +57,19 @@ fn print_layout(layout: &KvLayout, context: u64) {
 }
 
 /// The DeepSeek-V4 config of `path`, when it is a folder whose `config.json` names
-/// `deepseek_v4`.
+/// `deepseek_v4` or a GGUF file of architecture `deepseek4`.
 fn deepseek_v4(path: &str) -> Result<Option<DeepseekV4Config>, String> {
+    if std::path::Path::new(path).is_file() {
+        let Ok(src) = GgufSource::open(std::path::Path::new(path)) else {
+            return Ok(None);
+        };
+        if src.file().architecture() != Some("deepseek4") {
+            return Ok(None);
+        }
+        return DeepseekV4Config::from_gguf(src.file())
+            .map(Some)
+            .map_err(|e| error_chain(&e));
+    }
     let file = std::path::Path::new(path).join("config.json");
     let Ok(text) = std::fs::read_to_string(&file) else {
         return Ok(None);
@@ -80,7 +92,10 @@ fn deepseek_v4(path: &str) -> Result<Option<DeepseekV4Config>, String> {
 
 fn deepseek_v4_info(args: &InfoArgs, v4: &DeepseekV4Config) -> CmdResult {
     println!("model: {}", args.model.model);
-    println!("architecture: deepseek_v4 (config read; kiln cannot run its forward pass yet)");
+    println!(
+        "architecture: deepseek_v4 (kiln runs it as a library, one sequence at a time: \
+         kiln_model::v4; it does not serve it yet)"
+    );
     println!("config: {v4:#?}");
     let count = |f: fn(&V4Attention) -> bool| v4.attention.iter().filter(|a| f(a)).count();
     println!(

@@ -218,7 +218,7 @@ fn info_prints_the_kv_layout_cache_by_cache() {
         "1048576",
     ]));
     for needle in [
-        "kiln cannot run its forward pass yet",
+        "kiln runs it as a library, one sequence at a time",
         "43 layers: 2 sliding-window only, 21 CSA, 20 HCA; window 128",
         "3440 values a token",
         "compressed entries: 5536 bytes a token",
@@ -234,6 +234,14 @@ fn info_prints_the_kv_layout_cache_by_cache() {
         "config.json: config field `scoring_func`: `softmax` is not supported (sqrtsoftplus)",
     );
     std::fs::remove_dir_all(&dir).unwrap();
+    // The tiny model as llama.cpp's converter wrote it: its schedule from the GGUF's keys.
+    let gguf = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../kiln-model/tests/fixtures/deepseek_v4/tiny-f32.gguf");
+    let out = stdout(&kiln(&["info", "--model", gguf.to_str().unwrap()]));
+    assert!(
+        out.contains("3 layers: 1 sliding-window only, 1 CSA, 1 HCA; window 6"),
+        "{out}"
+    );
 }
 
 /// `kiln info` on a mixture of experts (the tiny Qwen3-MoE GGUF llama.cpp's converter wrote)
