@@ -119,9 +119,19 @@ pub fn compressed_attention(
             sinks.shape()
         ));
     }
+    let f32s = [Some(q), Some(kv.raw), kv.entries, Some(sinks)];
+    if let Some(t) = f32s.into_iter().flatten().find(|t| t.dtype() != DType::F32) {
+        return invalid(format!(
+            "{:?} {:?}: the inputs are F32",
+            t.dtype(),
+            t.shape()
+        ));
+    }
     let (picks, ratio) = match kv.choice {
         EntryChoice::Visible { ratio } if ratio > 0 => (None, ratio),
-        EntryChoice::Picked(p) if p.rows() == tokens && p.dtype() == DType::U32 => (Some(p), 0),
+        EntryChoice::Picked(p) if p.rows() == tokens && p.cols() > 0 && p.dtype() == DType::U32 => {
+            (Some(p), 0)
+        }
         other => return invalid(format!("entry choice {other:?} for {tokens} queries")),
     };
     let device = rec.device().clone();

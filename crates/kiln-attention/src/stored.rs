@@ -58,7 +58,13 @@ pub fn key_centres(
             (lo, hi, inv[j])
         })
         .collect();
-    pairs.extend(rope.unrotated().step_by(2).map(|c| (c, c + 1, 0.0)));
+    let kept = rope.unrotated();
+    pairs.extend(
+        kept.clone()
+            .step_by(2)
+            .filter(|c| c + 1 < kept.end)
+            .map(|c| (c, c + 1, 0.0)),
+    );
     let mut out = vec![KeyCentre::default(); kv_heads * CENTRED_PAIRS];
     let n = positions.len().min(keys.len() / (kv_heads * d).max(1));
     if n == 0 {

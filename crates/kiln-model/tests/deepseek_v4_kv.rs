@@ -227,6 +227,13 @@ fn keys_kiln_cannot_honour_are_refused_by_name() {
         .starts_with("layer_types[0]")
     );
     assert!(field(with("o_groups", 7.into())).starts_with("o_groups: 7 does not divide 64"));
+    // Sizes the kernels bound, refused at load rather than at the first step.
+    assert!(field(with("index_topk", 0.into())).starts_with("index_topk: 0 is outside"));
+    assert!(field(with("hc_mult", 9.into())).starts_with("hc_mult: 9 is outside 1..=8"));
+    assert!(field(with("hc_sinkhorn_iters", 0.into())).starts_with("hc_sinkhorn_iters: 0"));
+    assert!(field(with("head_dim", 2048.into())).starts_with("head_dim: 2048 is outside 1..=1024"));
+    assert!(field(with("num_experts_per_tok", 300.into())).starts_with("num_experts_per_tok: 300"));
+    assert!(field(with("q_lora_rank", 0.into())).starts_with("q_lora_rank: 0"));
     assert!(field(with("attention_bias", true.into())).starts_with("attention_bias"));
     assert!(
         field(with(

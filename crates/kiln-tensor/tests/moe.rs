@@ -342,6 +342,18 @@ fn bad_routing_and_shapes_are_refused() {
     let y = Tensor::from_f32(&dev, &[3, 16], &[0.0; 48]).unwrap();
     let e = rec.moe_combine(&y, &routes, &x).unwrap_err().to_string();
     assert!(e.contains("for 2 tokens of 2 experts"), "{e}");
+    // The softmax routers weight by logits alone: no given experts, no selection bias.
+    let e = rec
+        .moe_route_by(&l, 2, ROUTERS[0], Choice::Fixed(&[0, 1, 2, 3]))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("takes its experts by their logits alone"), "{e}");
+    let v4 = Router::SqrtSoftplus { scale: 1.0 };
+    let e = rec
+        .moe_route_by(&l, 2, v4, Choice::Fixed(&[0, 1, 2, 4]))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("expert 4 is out of range"), "{e}");
 }
 
 /// The native backend counts what the routed products read: each expert any slot routes to,

@@ -5,16 +5,23 @@
 //! `main` and `compress`), with transformers' defaults (`DeepseekV4Config`: V4-Pro's layer
 //! schedule) for what a file leaves out. A key kiln cannot honour is refused by name.
 //!
-//! What it sizes today is the KV cache ([`DeepseekV4Config::kv_layout`], laid out as
-//! llama.cpp's `llama_kv_cache_dsv4` keeps it); the forward pass is not written yet.
+//! It sizes the KV cache ([`DeepseekV4Config::kv_layout`], laid out as llama.cpp's
+//! `llama_kv_cache_dsv4` keeps it) and the model `crate::v4` runs.
 
+use kiln_attention::MAX_COMPRESSED_HEAD_DIM;
 use kiln_kv::{CacheKind, Growth, KvLayout, LayerCache};
-use kiln_tensor::{HcConfig, RopeConfig, RopeLayout, RopeScaling, RotaryChannels};
+use kiln_tensor::{
+    HcConfig, MAX_EXPERTS, MAX_EXPERTS_USED, MAX_STREAMS, RopeConfig, RopeLayout, RopeScaling,
+    RotaryChannels,
+};
 use serde_json::{Map, Value};
 
 use super::hf::{Fields, rope_dict};
 use super::limits;
 use crate::{ModelError, Result};
+
+/// The most Sinkhorn-Knopp iterations a config may ask for (transformers' default is 20).
+const MAX_SINKHORN_ITERS: usize = 1000;
 
 /// A layer's attention.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -117,7 +124,8 @@ impl DeepseekV4Config {
             f.float("partial_rotary_factor")?,
             f.size_opt("qk_rope_head_dim")?,
         ) {
-            (Some(p), _) => (head_dim as f32 * p).round() as usize,
+            // transformers: `int(head_dim * partial_rotary_factor)`, truncating.
+            (Some(p), _) => (head_dim as f64 * f64::from(p)) as usize,
             (None, Some(d)) => d,
             (None, None) => head_dim / 8,
         };
@@ -170,12 +178,6 @@ impl DeepseekV4Config {
             hash_layers: hash_layers(&f, layers)?,
             swiglu_limit: float_or("swiglu_limit", 10.0)?,
         };
-        if moe.used == 0 || moe.used > moe.experts {
-            return Err(f.err(
-                "num_experts_per_tok",
-                format!("{} of {} experts", moe.used, moe.experts),
-            ));
-        }
         let max_position = size_or("max_position_embeddings", 1 << 20)?;
         let rope = rope_params(&f, rope_dim as f32 / head_dim as f32, max_position)?;
         let cfg = Self {
@@ -220,24 +222,49 @@ impl DeepseekV4Config {
             ("num_hidden_layers", self.layers, limits::LAYERS),
             ("hidden_size", self.hidden, limits::HIDDEN),
             ("num_attention_heads", self.heads, limits::HEADS),
-            ("head_dim", self.head_dim, limits::HIDDEN),
+            ("head_dim", self.head_dim, MAX_COMPRESSED_HEAD_DIM),
             ("vocab_size", self.vocab, limits::VOCAB),
             ("moe_intermediate_size", self.moe.expert_ffn, limits::FFN),
             ("sliding_window", self.window, limits::WINDOW),
-            ("index_head_dim", self.indexer.head_dim, limits::HIDDEN),
+            (
+                "index_head_dim",
+                self.indexer.head_dim,
+                MAX_COMPRESSED_HEAD_DIM,
+            ),
             ("index_n_heads", self.indexer.heads, limits::HEADS),
+            ("index_topk", self.indexer.topk, limits::WINDOW),
+            ("q_lora_rank", self.q_lora_rank, limits::HIDDEN),
+            ("o_lora_rank", self.o_lora_rank, limits::HIDDEN),
+            ("n_routed_experts", self.moe.experts, MAX_EXPERTS),
+            (
+                "num_experts_per_tok",
+                self.moe.used,
+                MAX_EXPERTS_USED.min(self.moe.experts),
+            ),
+            ("hc_mult", self.hc.streams, MAX_STREAMS),
+            (
+                "hc_sinkhorn_iters",
+                self.hc.sinkhorn_iters,
+                MAX_SINKHORN_ITERS,
+            ),
+            (
+                "max_position_embeddings",
+                self.max_position,
+                limits::POSITIONS,
+            ),
         ];
         for (key, v, max) in bounded {
             if v == 0 || v > max {
                 return Err((key, format!("{v} is outside 1..={max}")));
             }
         }
-        if self.rope_dim == 0 || self.rope_dim > self.head_dim || !self.rope_dim.is_multiple_of(2) {
+        let rope_width = self.head_dim.min(self.indexer.head_dim);
+        if self.rope_dim == 0 || self.rope_dim > rope_width || !self.rope_dim.is_multiple_of(2) {
             return Err((
                 "qk_rope_head_dim",
                 format!(
-                    "{}: an even count of at most head_dim {}",
-                    self.rope_dim, self.head_dim
+                    "{}: an even count of at most head_dim and index_head_dim ({rope_width})",
+                    self.rope_dim
                 ),
             ));
         }
@@ -245,12 +272,6 @@ impl DeepseekV4Config {
             return Err((
                 "o_groups",
                 format!("{} does not divide {} heads", self.o_groups, self.heads),
-            ));
-        }
-        if self.hc.streams == 0 || self.hc.sinkhorn_iters == 0 {
-            return Err((
-                "hc_mult",
-                "hyper-connections need streams and iterations".into(),
             ));
         }
         Ok(())

@@ -27,6 +27,13 @@ fn gguf_key(field: &str) -> &str {
         "qk_rope_head_dim" => "rope.dimension_count",
         "o_groups" => "attention.output_group_count",
         "hc_mult" => "hyper_connection.count",
+        "hc_sinkhorn_iters" => "hyper_connection.sinkhorn_iterations",
+        "index_topk" => "attention.indexer.top_k",
+        "q_lora_rank" => "attention.q_lora_rank",
+        "o_lora_rank" => "attention.output_lora_rank",
+        "n_routed_experts" => "expert_count",
+        "num_experts_per_tok" => "expert_used_count",
+        "max_position_embeddings" => "context_length",
         other => other,
     }
 }
@@ -180,12 +187,6 @@ impl DeepseekV4Config {
                 .min(layers as u64) as usize,
             swiglu_limit,
         };
-        if moe.used == 0 || moe.used > moe.experts {
-            return Err(err(
-                "expert_used_count",
-                format!("{} of {} experts", moe.used, moe.experts),
-            ));
-        }
         let cfg = Self {
             hidden: size("embedding_length")?,
             layers,

@@ -162,6 +162,10 @@ impl Attention {
             tensor: format!("{prefix}{name}"),
             problem: format!("shape {:?}, expected {want}", t.shape()),
         };
+        if w.q_norm.elem_count() != w.q_a.rows() {
+            let want = format!("[{}] (wq_a's rows)", w.q_a.rows());
+            return Err(bad("q_norm.weight", &w.q_norm, want));
+        }
         if w.q_b.rows() != heads * head_dim || w.q_b.cols() != w.q_a.rows() {
             let want = format!("[{} heads·head_dim, {}]", heads * head_dim, w.q_a.rows());
             return Err(bad("wq_b.weight", &w.q_b, want));
@@ -169,7 +173,11 @@ impl Attention {
         if w.kv.rows() != head_dim || w.kv_norm.elem_count() != head_dim {
             return Err(bad("wkv.weight", &w.kv, format!("[{head_dim}, hidden]")));
         }
-        if groups == 0 || heads % groups != 0 || w.o_a.cols() * groups != heads * head_dim {
+        if groups == 0
+            || !heads.is_multiple_of(groups)
+            || w.o_a.cols() * groups != heads * head_dim
+            || !w.o_a.rows().is_multiple_of(groups)
+        {
             let want = format!("[groups·o_lora_rank, {}]", heads * head_dim / groups.max(1));
             return Err(bad("wo_a.weight", &w.o_a, want));
         }

@@ -90,9 +90,13 @@ impl V4Model {
             c.rms_eps,
         )?;
         Ok(Self {
-            embed,
             norm: names.f32("norm.weight", &[h])?,
-            head: names.tensor("head.weight", &[c.vocab, h])?,
+            // A tied head reads the embedding's own storage.
+            head: match c.tie_embeddings {
+                true => embed.clone(),
+                false => names.tensor("head.weight", &[c.vocab, h])?,
+            },
+            embed,
             head_hc,
             layers,
             ropes: V4Ropes::new(device, c, max_positions)?,
@@ -121,7 +125,7 @@ impl V4Model {
     }
 
     /// Runs the next tokens `ids` of `seq` and returns their logits, F32 `[tokens, vocab]`
-    /// (read back after the recorder's submit).
+    /// (read back after the recorder's submit). On an error `seq` is as it was.
     pub fn forward(&self, rec: &mut Recorder, ids: &[u32], seq: &mut V4Sequence) -> Result<Tensor> {
         let c = &self.config;
         let end = seq.next as usize + ids.len();
@@ -136,7 +140,10 @@ impl V4Model {
                 ),
             });
         }
-        seq.layers.resize_with(c.layers, AttentionState::default);
+        // Every layer's state moves on as the layer runs: work on a copy (tensors are shared,
+        // not copied) and keep it only once every layer has run.
+        let mut states = seq.layers.clone();
+        states.resize_with(c.layers, AttentionState::default);
         let positions: Vec<u32> = (seq.next..end as u32).collect();
         let n = c.hc.streams;
         // Every stream starts as the token's embedding.
@@ -147,7 +154,7 @@ impl V4Model {
         let mut streams = rec
             .embedding(&self.embed, &each)?
             .reshape(&[ids.len(), n, c.hidden])?;
-        for (layer, state) in self.layers.iter().zip(&mut seq.layers) {
+        for (layer, state) in self.layers.iter().zip(&mut states) {
             let (x, w) = layer.attn_hc.collapse(rec, &streams)?;
             let x = rec.rms_norm(&x, &layer.attn_norm, c.rms_eps)?;
             let y = layer
@@ -161,11 +168,13 @@ impl V4Model {
         }
         let x = self.head_hc.collapse(rec, &streams)?;
         let x = rec.rms_norm(&x, &self.norm, c.rms_eps)?;
+        let logits = rec.matmul(&x, &self.head, None)?;
+        seq.layers = states;
         seq.next = end as u32;
-        Ok(rec.matmul(&x, &self.head, None)?)
+        Ok(logits)
     }
 
-    /// `prompt` and then `new` tokens, each the argmax of the logits before it.
+    /// The `new` tokens after `prompt`, each the argmax of the logits before it.
     pub fn generate_greedy(&self, device: &Device, prompt: &[u32], new: usize) -> Result<Vec<u32>> {
         let mut seq = V4Sequence::default();
         let mut out = Vec::with_capacity(new);
@@ -176,7 +185,14 @@ impl V4Model {
             let last = logits.rows() - 1;
             let best = rec.argmax(&logits)?;
             rec.submit()?;
-            let id = best.to_u32_vec()?[last];
+            let id = best
+                .to_u32_vec()?
+                .get(last)
+                .copied()
+                .ok_or_else(|| ModelError::Format {
+                    file: "DeepSeek-V4 greedy step".into(),
+                    problem: format!("no argmax for logits row {last}"),
+                })?;
             out.push(id);
             next = vec![id];
         }

@@ -10,7 +10,7 @@
 
 use bytemuck::{Pod, Zeroable};
 
-use super::{R2W, R3W, require_dtype};
+use super::{R2W, R3W, one_binding, require_dtype};
 use crate::gpu::{Access, KernelDef};
 use crate::{DType, Recorder, Result, Tensor, TensorError};
 
@@ -114,6 +114,7 @@ impl Recorder {
             require_dtype(OP, what, t, &[DType::F32])?;
         }
         self.check_device(OP, &[kv, gate, ape])?;
+        one_binding(OP, &[kv, gate, ape])?;
         let (rows, cols) = (kv.rows(), kv.cols());
         let lead = windows.lead(ratio);
         let shape_err = |detail: String| TensorError::Shape { op: OP, detail };
@@ -194,6 +195,7 @@ impl Recorder {
             require_dtype(OP, what, t, &[DType::F32])?;
         }
         self.check_device(OP, &[q, w, keys])?;
+        one_binding(OP, &[q, w, keys])?;
         let [tokens, heads, dim] = *q.shape() else {
             return Err(TensorError::Shape {
                 op: OP,

@@ -7,7 +7,7 @@
 
 use bytemuck::{Pod, Zeroable};
 
-use super::require_dtype;
+use super::{one_binding, require_dtype};
 use crate::gpu::{Access, KernelDef};
 use crate::{DType, Recorder, Result, Tensor, TensorError};
 
@@ -97,6 +97,7 @@ impl Recorder {
             require_dtype(OP, what, t, &[DType::F32])?;
         }
         self.check_device(OP, &[mix, scale, base])?;
+        one_binding(OP, &[mix, scale, base])?;
         let n = cfg.streams;
         let (tokens, width) = (mix.rows(), mix.cols());
         let head = width == n;
@@ -186,6 +187,7 @@ impl Recorder {
         let [tokens, n, width] = self.hc_streams(OP, streams)?;
         require_dtype(OP, "pre", pre, &[DType::F32])?;
         self.check_device(OP, &[pre])?;
+        one_binding(OP, &[streams, pre])?;
         if pre.shape() != [tokens, n] {
             return Err(TensorError::Shape {
                 op: OP,
@@ -231,6 +233,7 @@ impl Recorder {
             require_dtype(OP, what, t, &[DType::F32])?;
         }
         self.check_device(OP, &[y, post, comb])?;
+        one_binding(OP, &[streams, y, post, comb])?;
         if y.shape() != [tokens, width]
             || post.shape() != [tokens, n]
             || comb.shape() != [tokens, n, n]

@@ -170,6 +170,21 @@ pub(crate) fn check_indices(
     Ok(())
 }
 
+/// Activations the kernels bind whole: refused when split between bindings.
+pub(crate) fn one_binding(op: &'static str, ts: &[&Tensor]) -> Result<()> {
+    match ts.iter().find(|t| t.chunk_count() > 1) {
+        Some(t) => Err(TensorError::Invalid {
+            op,
+            detail: format!(
+                "{:?} is split into {} bindings; this op binds its activations whole",
+                t.shape(),
+                t.chunk_count()
+            ),
+        }),
+        None => Ok(()),
+    }
+}
+
 pub(crate) fn require_same_shape(op: &'static str, a: &Tensor, b: &Tensor) -> Result<()> {
     if a.shape() == b.shape() {
         Ok(())

@@ -13,7 +13,8 @@ use bytemuck::{Pod, Zeroable};
 
 use super::matmul::{Activation, MvParams, matvec_max_m};
 use super::{
-    WEIGHT_DTYPES, check_indices, dot, flag, host_row, number, require_dtype, weight_defines,
+    WEIGHT_DTYPES, check_indices, dot, flag, host_row, number, one_binding, require_dtype,
+    weight_defines,
 };
 use crate::gpu::{Access, KernelDef};
 use crate::tensor::Storage;
@@ -88,7 +89,8 @@ pub struct Routes {
     tokens: usize,
     experts: usize,
     k: usize,
-    /// U32 `[tokens, k]`: the chosen experts, by falling weight.
+    /// U32 `[tokens, k]`: the chosen experts, in the order chosen (by falling score where the
+    /// router chose them).
     ids: Tensor,
     /// F32 `[tokens, k]`: their weights.
     weights: Tensor,
@@ -109,11 +111,17 @@ impl Routes {
         weights: Tensor,
     ) -> Result<Self> {
         const OP: &str = "Routes::fixed";
-        if k == 0 || ids.is_empty() || !ids.len().is_multiple_of(k) || experts > MAX_EXPERTS {
+        if k == 0
+            || k > MAX_EXPERTS_USED
+            || ids.is_empty()
+            || !ids.len().is_multiple_of(k)
+            || experts > MAX_EXPERTS
+        {
             return Err(TensorError::Invalid {
                 op: OP,
                 detail: format!(
-                    "{} ids in rows of {k}, over {experts} experts (at most {MAX_EXPERTS})",
+                    "{} ids in rows of {k} (at most {MAX_EXPERTS_USED}), over {experts} experts \
+                     (at most {MAX_EXPERTS})",
                     ids.len()
                 ),
             });
@@ -152,7 +160,7 @@ impl Routes {
         self.k
     }
 
-    /// U32 `[tokens, k]`: each token's experts, by falling weight.
+    /// U32 `[tokens, k]`: each token's experts, in the order chosen.
     pub fn ids(&self) -> &Tensor {
         &self.ids
     }
@@ -255,21 +263,6 @@ fn group_slots(ids: &[u32], experts: usize, groups: &mut [u32]) {
     }
 }
 
-/// Activations the kernels bind whole: refused when split between bindings.
-fn one_binding(op: &'static str, ts: &[&Tensor]) -> Result<()> {
-    match ts.iter().find(|t| t.chunk_count() > 1) {
-        Some(t) => Err(TensorError::Invalid {
-            op,
-            detail: format!(
-                "{:?} is split into {} bindings; this op binds its activations whole",
-                t.shape(),
-                t.chunk_count()
-            ),
-        }),
-        None => Ok(()),
-    }
-}
-
 /// Parameters of `moe.wgsl`.
 #[repr(C)]
 #[derive(Clone, Copy, Pod, Zeroable)]
@@ -327,6 +320,13 @@ impl Recorder {
             Choice::Best { bias } => (bias, None),
             Choice::Fixed(ids) => (None, Some(ids)),
         };
+        // The softmax routers weight by the first pick's logit as the row's largest.
+        if (bias.is_some() || fixed.is_some()) && !matches!(router, Router::SqrtSoftplus { .. }) {
+            return Err(TensorError::Invalid {
+                op: OP,
+                detail: format!("{router:?} takes its experts by their logits alone"),
+            });
+        }
         if let Some(b) = bias {
             require_dtype(OP, "the selection bias", b, &[DType::F32])?;
             self.check_device(OP, &[b])?;

@@ -369,9 +369,10 @@ impl Recorder {
         self.turn("rope", x, positions, Turn::Forward)
     }
 
-    /// Rotate x `[tokens, heads, head_dim]` back by each token's position: RoPE's inverse
-    /// (DeepSeek-V4 turns its attention output back at the query's position, its values
-    /// having been rotated as keys).
+    /// Rotate x `[tokens, heads, head_dim]` by minus each token's angle, with the same cos and
+    /// sin (transformers' `apply_rotary_pos_emb(x, cos, -sin)`): RoPE's inverse where its
+    /// attention factor is 1. DeepSeek-V4 turns its attention output back at the query's
+    /// position, its values having been rotated as keys.
     pub fn unrope(&mut self, x: &Tensor, positions: &RopePositions) -> Result<Tensor> {
         self.turn("unrope", x, positions, Turn::Back)
     }
