@@ -12,6 +12,7 @@ mod matmul_dp4a;
 mod matmul_rows;
 mod matmul_tiled;
 mod moe;
+mod moe_route;
 mod rope;
 mod rows;
 pub mod sample;
@@ -22,8 +23,9 @@ pub(crate) use elementwise::glu_row;
 pub use embedding::ColumnIndex;
 pub use hyper::{HcConfig, HcWeights, MAX_STREAMS};
 pub use matmul::{Activation, ClampLimit, LinearOps, RmsNorm};
-pub use moe::{Choice, MAX_EXPERTS, MAX_EXPERTS_USED, Router, Routes};
+pub use moe::{MAX_EXPERTS, MAX_EXPERTS_USED};
 pub(crate) use moe::{RoutedX, expert_slots};
+pub use moe_route::{Choice, Router, Routes};
 pub use rope::{RopeConfig, RopeLayout, RopePositions, RopeScaling, RopeTable, RotaryChannels};
 pub(crate) use rows::rms_norm_row;
 
