@@ -141,18 +141,19 @@ pub fn compressed_attention(
             Some(p) => HostChoice::Picked(p, p.len() / tokens),
             None => HostChoice::Visible(ratio),
         };
-        let entries = kv.entries.map(Tensor::to_f32_vec).transpose()?;
+        // The host backends' tensors are read in place: the entries are the whole history.
+        let entries = kv.entries.map(Tensor::host_f32).transpose()?;
         let out = attend_ref(
-            &q.to_f32_vec()?,
+            q.host_f32()?,
             positions,
             HostKv {
-                raw: &kv.raw.to_f32_vec()?,
+                raw: kv.raw.host_f32()?,
                 first: kv.first,
                 window: kv.window,
-                entries: entries.as_deref().unwrap_or(&[]),
+                entries: entries.unwrap_or(&[]),
                 choice,
             },
-            &sinks.to_f32_vec()?,
+            sinks.host_f32()?,
             [heads, dim],
             scale,
         );

@@ -130,7 +130,14 @@ fn run(g: &Golden, dev: &Device, chunks: &[usize]) -> Run {
         let h = hca.step(&mut rec, &xt, &mut hs, &rope).unwrap();
         let s = csa.step(&mut rec, &xt, &mut cs, &rope).unwrap();
         let p = indexer
-            .step(&mut rec, &xt, &qt, &positions, &mut is, &index_rope)
+            .step(
+                &mut rec,
+                &xt,
+                &qt,
+                &index_rope.positions(&positions).unwrap(),
+                &mut is,
+                &index_rope,
+            )
             .unwrap();
         rec.submit().unwrap();
         out.hca
@@ -351,7 +358,13 @@ fn attention_layers_match_transformers_on_every_backend() {
                 let positions: Vec<u32> = (start as u32..(start + n) as u32).collect();
                 let mut rec = Recorder::new(&dev);
                 let y = attn
-                    .forward(&mut rec, &xt, &positions, &mut state, model.ropes())
+                    .forward(
+                        &mut rec,
+                        &xt,
+                        &model.ropes().positions(&positions).unwrap(),
+                        &mut state,
+                        model.ropes(),
+                    )
                     .unwrap();
                 rec.submit().unwrap();
                 got.extend(y.to_f32_vec().unwrap());

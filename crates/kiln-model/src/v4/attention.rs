@@ -5,7 +5,7 @@
 //! low-rank output projection.
 
 use kiln_attention::{CompressedKv, EntryChoice, compressed_attention};
-use kiln_tensor::{Device, Recorder, RopeTable, Routes, Tensor};
+use kiln_tensor::{Device, Recorder, RopePositions, RopeTable, Routes, Tensor};
 
 use super::compress::tensor_bytes;
 use super::{Compressor, CompressorState, Indexer, IndexerState};
@@ -59,6 +59,16 @@ pub struct V4Ropes {
 }
 
 impl V4Ropes {
+    /// One step's token positions on every table, validated and uploaded once for all
+    /// layers.
+    pub fn positions(&self, positions: &[u32]) -> Result<StepPositions> {
+        Ok(StepPositions {
+            main: self.main.positions(positions)?,
+            compress: self.compress.positions(positions)?,
+            index: self.index.positions(positions)?,
+        })
+    }
+
     /// The tables for positions below `max_positions`.
     pub fn new(device: &Device, config: &DeepseekV4Config, max_positions: usize) -> Result<Self> {
         let table = |cfg| RopeTable::new(device, cfg, max_positions);
@@ -68,6 +78,14 @@ impl V4Ropes {
             index: table(config.compressed_rope(config.indexer.head_dim))?,
         })
     }
+}
+
+/// One step's token positions on each of [`V4Ropes`]' tables.
+#[derive(Debug, Clone)]
+pub struct StepPositions {
+    pub main: RopePositions,
+    pub compress: RopePositions,
+    pub index: RopePositions,
 }
 
 /// The sizes of an attention layer.
@@ -201,12 +219,12 @@ impl Attention {
     }
 
     /// The layer's output `[tokens, hidden]` for its normed input `x` `[tokens, hidden]` at
-    /// consecutive `positions` of one sequence; `state` moves on past them.
+    /// the consecutive positions `at` of one sequence; `state` moves on past them.
     pub fn forward(
         &self,
         rec: &mut Recorder,
         x: &Tensor,
-        positions: &[u32],
+        step: &StepPositions,
         state: &mut AttentionState,
         ropes: &V4Ropes,
     ) -> Result<Tensor> {
@@ -218,20 +236,22 @@ impl Attention {
             eps,
         } = self.shape;
         let tokens = x.rows();
-        let rope = match self.compression {
-            Compression::None => &ropes.main,
-            _ => &ropes.compress,
+        let positions = step.compress.positions();
+        // This layer's rotary table: sliding layers turn by `main`, compressed ones by
+        // `compress`.
+        let at = match self.compression {
+            Compression::None => &step.main,
+            _ => &step.compress,
         };
-        let at = rope.positions(positions)?;
         let qr = rec.matmul(x, &self.w.q_a, None)?;
         let qr = rec.rms_norm(&qr, &self.w.q_norm, eps)?;
         let q = rec.matmul(&qr, &self.w.q_b, None)?;
         let q = rec.rms_norm(&q.reshape(&[tokens * heads, d])?, &self.ones, eps)?;
-        let q = rec.rope(&q.reshape(&[tokens, heads, d])?, &at)?;
+        let q = rec.rope(&q.reshape(&[tokens, heads, d])?, at)?;
         let kv = rec.matmul(x, &self.w.kv, None)?;
         let kv = rec.rms_norm(&kv, &self.w.kv_norm, eps)?;
         let kv = rec
-            .rope(&kv.reshape(&[tokens, 1, d])?, &at)?
+            .rope(&kv.reshape(&[tokens, 1, d])?, at)?
             .reshape(&[tokens, d])?;
         let raw = match &state.raw {
             Some(old) => rec.concat_rows(old, &kv)?,
@@ -240,7 +260,7 @@ impl Attention {
                 kv
             }
         };
-        let (entries, picks) = self.compress(rec, x, &qr, positions, state, ropes)?;
+        let (entries, picks) = self.compress(rec, x, &qr, &step.index, state, ropes)?;
         let choice = match (&self.compression, &picks) {
             (Compression::Csa(_), Some(p)) => EntryChoice::Picked(p),
             (Compression::Hca(c), _) => EntryChoice::Visible {
@@ -258,7 +278,7 @@ impl Attention {
         };
         let scale = 1.0 / (d as f32).sqrt();
         let out = compressed_attention(rec, &q, positions, kvs, &self.w.sinks, scale)?;
-        let out = rec.unrope(&out, &at)?;
+        let out = rec.unrope(&out, at)?;
         self.keep_window(rec, raw, state)?;
         self.project(rec, &out, tokens, groups)
     }
@@ -269,7 +289,7 @@ impl Attention {
         rec: &mut Recorder,
         x: &Tensor,
         qr: &Tensor,
-        positions: &[u32],
+        at: &RopePositions,
         state: &mut AttentionState,
         ropes: &V4Ropes,
     ) -> Result<(Option<Tensor>, Option<Tensor>)> {
@@ -281,7 +301,7 @@ impl Attention {
                     compressor,
                     indexer,
                 } = &**csa;
-                let p = indexer.step(rec, x, qr, positions, &mut state.indexer, &ropes.index)?;
+                let p = indexer.step(rec, x, qr, at, &mut state.indexer, &ropes.index)?;
                 (compressor, Some(p))
             }
         };

@@ -1,6 +1,6 @@
 //! The compressors and the lightning indexer.
 
-use kiln_tensor::{DType, NO_ENTRY, PoolWindows, Recorder, RopeTable, Tensor};
+use kiln_tensor::{DType, NO_ENTRY, PoolWindows, Recorder, RopePositions, RopeTable, Tensor};
 
 use crate::{ModelError, Result};
 
@@ -275,7 +275,8 @@ impl Indexer {
     }
 
     /// For each of the next tokens (attention inputs `x` `[tokens, hidden]`, query low-rank
-    /// activations `qr` `[tokens, q_lora_rank]`, at absolute `positions`), the entries its
+    /// activations `qr` `[tokens, q_lora_rank]`, at absolute positions `at` on `rope`'s
+    /// table), the entries its
     /// attention reads: U32 `[tokens, topk]`, rising, [`NO_ENTRY`] where fewer are visible.
     /// Entry `s` is visible to the token at `p` once its window is complete: `s < (p + 1) /
     /// ratio`.
@@ -284,10 +285,11 @@ impl Indexer {
         rec: &mut Recorder,
         x: &Tensor,
         qr: &Tensor,
-        positions: &[u32],
+        at: &RopePositions,
         state: &mut IndexerState,
         rope: &RopeTable,
     ) -> Result<Tensor> {
+        let positions = at.positions();
         let tokens = x.rows();
         let dim = self.compressor.width();
         if let Some(new) = self.compressor.step(rec, x, &mut state.compressor, rope)? {
@@ -306,10 +308,7 @@ impl Indexer {
             .map(|&p| ((p + 1) / ratio).min(keys.rows() as u32))
             .collect();
         let q = rec.matmul(qr, &self.w.q, None)?;
-        let q = rec.rope(
-            &q.reshape(&[tokens, self.heads, dim])?,
-            &rope.positions(positions)?,
-        )?;
+        let q = rec.rope(&q.reshape(&[tokens, self.heads, dim])?, at)?;
         let w = rec.matmul(x, &self.w.head_weights, None)?;
         let scale = 1.0 / ((dim * self.heads) as f32).sqrt();
         Ok(rec.indexer_topk(&q, &w, keys, &visible, self.topk, scale)?)

@@ -20,7 +20,7 @@ mod moe;
 
 pub use attention::{
     Attention, AttentionShape, AttentionState, AttentionWeights, Compression, Csa, StateBytes,
-    V4Ropes,
+    StepPositions, V4Ropes,
 };
 pub use compress::{
     Compressor, CompressorState, CompressorWeights, Indexer, IndexerState, IndexerWeights,

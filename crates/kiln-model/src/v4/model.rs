@@ -145,6 +145,7 @@ impl V4Model {
         let mut states = seq.layers.clone();
         states.resize_with(c.layers, AttentionState::default);
         let positions: Vec<u32> = (seq.next..end as u32).collect();
+        let at = self.ropes.positions(&positions)?;
         let n = c.hc.streams;
         // Every stream starts as the token's embedding.
         let each: Vec<u32> = ids
@@ -157,9 +158,7 @@ impl V4Model {
         for (layer, state) in self.layers.iter().zip(&mut states) {
             let (x, w) = layer.attn_hc.collapse(rec, &streams)?;
             let x = rec.rms_norm(&x, &layer.attn_norm, c.rms_eps)?;
-            let y = layer
-                .attn
-                .forward(rec, &x, &positions, state, &self.ropes)?;
+            let y = layer.attn.forward(rec, &x, &at, state, &self.ropes)?;
             streams = layer.attn_hc.expand(rec, &streams, &y, &w)?;
             let (x, w) = layer.ffn_hc.collapse(rec, &streams)?;
             let x = rec.rms_norm(&x, &layer.ffn_norm, c.rms_eps)?;
