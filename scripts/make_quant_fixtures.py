@@ -21,6 +21,11 @@ finite values (and BF16 values are kept finite), which exercises every quant bit
 not a real quantizer's output. MXFP4's blocks are half gguf's own quantizer's output (random
 normal values at several magnitudes) and half random bytes whose E8M0 exponents run over
 0..=250 (subnormal halves included; larger ones would overflow f32 at the biggest quants).
+
+FP8 is kiln's own block (an f32 scale, 32 E4M3 codes: DeepSeek's and transformers' FP8
+checkpoints, repacked); no GGUF tool knows it, so its values come from torch's own
+`float8_e4m3fn` (every code but NaN's, subnormals included, under random f32 scales and powers
+of two as DeepSeek's ue8m0 scales are), which needs `torch` too.
 """
 
 import json
@@ -108,6 +113,23 @@ def mxfp4_blocks(rng):
                       "random bytes with exponents 0..=250 (seed 18)")}
 
 
+def fp8_blocks():
+    """kiln's FP8 blocks and torch's values of them: (blocks, values, source)."""
+    import torch
+
+    rng = np.random.default_rng(8)
+    codes = np.array([c for c in range(256) if c & 0x7F != 0x7F], dtype=np.uint8)
+    codes = np.concatenate([codes, rng.choice(codes, size=N_SMALL * 32 - codes.size)])
+    codes = codes.reshape(N_SMALL, 32)
+    scales = (rng.standard_normal(N_SMALL) * 0.01).astype(np.float32)
+    scales[::2] = np.float32(2.0) ** rng.integers(-20, 4, size=scales[::2].size).astype(np.float32)
+    decoded = torch.from_numpy(codes.copy()).view(torch.float8_e4m3fn).float()
+    values = (decoded * torch.from_numpy(scales)[:, None]).numpy().astype("<f4").reshape(-1)
+    blocks = np.concatenate([scales.astype("<f4").view(np.uint8).reshape(N_SMALL, 4), codes], axis=1)
+    return blocks.reshape(-1), values, ("every E4M3 code but NaN's and random ones, under random f32 "
+                                        "scales and powers of two; values by torch's float8_e4m3fn (seed 8)")
+
+
 def main():
     path = sys.argv[1] if len(sys.argv) > 1 else "models/gemma-3-270m-q4_k_m.gguf"
     OUT.mkdir(parents=True, exist_ok=True)
@@ -123,6 +145,10 @@ def main():
         (OUT / f"{t.name}.blocks").write_bytes(raw.tobytes())
         (OUT / f"{t.name}.f32").write_bytes(values.tobytes())
         manifest[t.name] = {"blocks_bytes": int(raw.size), "values": int(values.size), "source": source}
+    raw, values, source = fp8_blocks()
+    (OUT / "FP8.blocks").write_bytes(raw.tobytes())
+    (OUT / "FP8.f32").write_bytes(values.tobytes())
+    manifest["FP8"] = {"blocks_bytes": int(raw.size), "values": int(values.size), "source": source}
     (OUT / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
     print(json.dumps(manifest, indent=2))
 

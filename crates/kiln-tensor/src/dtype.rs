@@ -4,7 +4,8 @@
 ///
 /// The `Q*` variants are block formats (layouts in `quant`): the GGUF ones, blocks of 32
 /// elements for `Q8_0`, `Q4_0`, `Q4_1`, `Q5_0` and `Q5_1`, super-blocks of 256 for the
-/// K-quants `Q2_K` … `Q6_K`; and kiln's zero-point formats `Q4_Z`, `Q8_Z` (32 elements).
+/// K-quants `Q2_K` … `Q6_K`; kiln's zero-point formats `Q4_Z`, `Q8_Z` (32 elements); the
+/// float block formats `MXFP4` (GGUF's) and `FP8` (kiln's, 32 elements).
 /// Their tensors stay quantized on the device and are dequantized inside kernels.
 // The K-quants keep ggml's names (`Q4_K`), which users look up in GGUF tooling.
 #[allow(non_camel_case_types, clippy::upper_case_acronyms)]
@@ -47,6 +48,11 @@ pub enum DType {
     /// OCP microscaling FP4 (ggml's `MXFP4`, GPT-OSS's experts): an E8M0 exponent byte `e`
     /// and 16 bytes of E2M1 nibbles as in `Q4_0` (17 bytes a block); value = fp4(q)·2^(e−127).
     MXFP4,
+    /// kiln's own, for FP8 checkpoints with block scales (DeepSeek's and transformers'
+    /// `fp8` with `weight_block_size`, 128 × 128): an f32 scale `d` (little-endian) and 32
+    /// OCP E4M3 codes (`float8_e4m3fn`: no infinities; its NaN codes are refused at upload),
+    /// element i in byte i (36 bytes a block); value = fp8(q)·d.
+    FP8,
 }
 
 /// Elements per block of the 32-element formats (`Q8_0` … `Q5_1`, `Q4_Z`, `Q8_Z`).
@@ -73,6 +79,7 @@ impl DType {
         DType::Q4_Z,
         DType::Q8_Z,
         DType::MXFP4,
+        DType::FP8,
     ];
 
     /// The dtype a GGUF file's tensor of ggml type id `id` loads as, when kiln reads that type.

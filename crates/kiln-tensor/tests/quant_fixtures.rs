@@ -1,7 +1,7 @@
 //! kiln's dequantization against `gguf.quants.dequantize`, bit for bit, on the fixtures
 //! `scripts/make_quant_fixtures.py` wrote (blocks from gemma-3-270m Q4_K_M for Q4_K, Q6_K,
 //! Q5_0 and Q8_0; random blocks for the formats no local file has, and gguf's own MXFP4
-//! quantizer's; see `manifest.json`):
+//! quantizer's; kiln's FP8 against torch's `float8_e4m3fn`; see `manifest.json`):
 //! the CPU reference, and the device's embedding gather, which dequantizes in the kernel.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -21,7 +21,7 @@ macro_rules! fixture {
     };
 }
 
-fn fixtures() -> [(DType, &'static [u8], &'static [u8]); 10] {
+fn fixtures() -> [(DType, &'static [u8], &'static [u8]); 11] {
     [
         fixture!(Q4_K),
         fixture!(Q6_K),
@@ -33,6 +33,7 @@ fn fixtures() -> [(DType, &'static [u8], &'static [u8]); 10] {
         fixture!(Q5_1),
         fixture!(BF16),
         fixture!(MXFP4),
+        fixture!(FP8),
     ]
 }
 
@@ -88,5 +89,26 @@ fn device_gather_and_readback_match_gguf_py() {
                 );
             }
         }
+    }
+}
+
+#[test]
+fn fp8_blocks_with_a_nan_code_or_a_non_finite_scale_are_refused() {
+    let (_, blocks, _) = fixture!(FP8);
+    for (name, dev) in std::iter::once(("reference", Device::reference())).chain(gpus()) {
+        let mut nan = blocks[..36].to_vec();
+        nan[4 + 5] = 0xff;
+        let err = Tensor::from_bytes(&dev, DType::FP8, &[1, 32], &nan).unwrap_err();
+        assert!(
+            err.to_string().contains("NaN code at element 5"),
+            "{name}: {err}"
+        );
+        let mut inf = blocks[..36].to_vec();
+        inf[..4].copy_from_slice(&f32::INFINITY.to_le_bytes());
+        let err = Tensor::from_bytes(&dev, DType::FP8, &[1, 32], &inf).unwrap_err();
+        assert!(
+            err.to_string().contains("non-finite scale"),
+            "{name}: {err}"
+        );
     }
 }

@@ -175,6 +175,24 @@ fn q4v(b: u32, c: u32, qs: u32) -> vec4<f32> {
 }
 #endif
 
+#if W_FP8
+// OCP E4M3 codes (sign, 4 exponent bits of bias 7, 3 mantissa bits; m·2^-9 at exponent 0)
+// under the f32 scale of the block's head word; exact, as the CPU reference decodes them.
+fn e4m3(q: u32) -> f32 {
+    let e = (q >> 3u) & 0xfu;
+    var v = bitcast<f32>(((e + 120u) << 23u) | ((q & 7u) << 20u));
+    if (e == 0u) {
+        v = f32(q & 7u) * 0.001953125;
+    }
+    return select(v, -v, (q & 0x80u) != 0u);
+}
+fn q4v(b: u32, c: u32, qs: u32) -> vec4<f32> {
+    let d = bitcast<f32>(w[b]);
+    let x = w[qs + b * 8u + c];
+    return vec4<f32>(e4m3(x & 0xffu), e4m3((x >> 8u) & 0xffu), e4m3((x >> 16u) & 0xffu), e4m3(x >> 24u)) * d;
+}
+#endif
+
 #if W_Q5_0
 fn q4v(b: u32, c: u32, qs: u32) -> vec4<f32> {
     let d = unpack2x16float(w[2u * b]).x;

@@ -28,7 +28,12 @@ pub(crate) struct Format {
     pub ints: Option<Ints>,
     /// How the WGSL weight readers are specialised for it.
     pub wgsl: Wgsl,
+    /// What a block must hold beyond finite f16 scales (`scale_offsets`), checked at upload.
+    pub check: Option<BlockCheck>,
 }
+
+/// A format's own check of one host block: `Err` says what is wrong with it.
+pub(crate) type BlockCheck = fn(blk: &[u8]) -> std::result::Result<(), String>;
 
 /// The switches `weights.wgsl` and `matmul_rows.wgsl` take for a format (what
 /// `ops::weight_defines` emits).
@@ -128,6 +133,7 @@ const fn row(ggml: Option<u32>, [block_elems, block_bytes]: [usize; 2], wgsl: Wg
         pieces: &[],
         ints: None,
         wgsl,
+        check: None,
     }
 }
 
@@ -153,6 +159,7 @@ impl DType {
             DType::Q4_Z => &Q4_Z,
             DType::Q8_Z => &Q8_Z,
             DType::MXFP4 => &MXFP4,
+            DType::FP8 => &FP8,
         }
     }
 }
@@ -717,6 +724,23 @@ static MXFP4: Format = Format {
     )
 };
 
+/// An f32 scale word and 32 E4M3 code bytes, as they are on the host: the kernels decode the
+/// codes to f32 exactly (no integer form: the native backend takes its float path).
+static FP8: Format = Format {
+    device_words: (2, 8),
+    pieces: &[head(0..4, 0), quants(4..36, 0)],
+    check: Some(super::check_fp8),
+    ..row(
+        None,
+        [QK, 36],
+        Wgsl {
+            sub: true,
+            head1: true,
+            ..Wgsl::quant("W_FP8", 0)
+        },
+    )
+};
+
 #[cfg(test)]
 mod tests {
     use super::super::dequantize_block;
@@ -739,7 +763,8 @@ mod tests {
     #[test]
     fn integer_groups_match_dequantize() {
         let mut rng = rand::rngs::StdRng::seed_from_u64(7);
-        for &dtype in DType::WEIGHTS.iter().filter(|d| d.is_quantized()) {
+        let integer = DType::WEIGHTS.iter().filter(|d| d.format().ints.is_some());
+        for &dtype in integer {
             let be = dtype.block_elems();
             for _ in 0..20 {
                 let blk = random_block(dtype, &mut rng);

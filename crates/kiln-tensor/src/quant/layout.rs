@@ -9,6 +9,7 @@
 //! | Q8_0, Q4_0 | `d0|d1` | i8 × 32 (8) / nibbles (4) |
 //! | Q4_1, Q4_Z | `d|m` / `d|z` each | nibbles (4) |
 //! | Q8_Z | `d|z` each | u8 × 32 (8) |
+//! | FP8 | f32 `d` each | E4M3 × 32 (8) |
 //! | Q5_0 | `d`, `qh` each | nibbles (4) |
 //! | Q5_1 | `d|m, qh` each | nibbles (4) |
 //! | Q2_K | `d|dmin` each | GGUF scales (4), 2-bit × 8 sub-blocks (16) |

@@ -42,11 +42,18 @@ pub(crate) fn f16_at(b: &[u8], at: usize) -> f32 {
 /// Checks that every block of `blocks` (host layout, whole blocks) has finite f16 scales: a
 /// NaN or infinite scale is a corrupted file, and would poison every logit it touches.
 pub(crate) fn check_blocks(dtype: DType, blocks: &[u8]) -> Result<()> {
-    let offsets = dtype.format().scale_offsets;
-    if offsets.is_empty() {
+    let format = dtype.format();
+    let offsets = format.scale_offsets;
+    if offsets.is_empty() && format.check.is_none() {
         return Ok(());
     }
     for (i, blk) in blocks.chunks_exact(dtype.block_bytes()).enumerate() {
+        if let Some(Err(problem)) = format.check.map(|check| check(blk)) {
+            return Err(TensorError::Invalid {
+                op: "upload",
+                detail: format!("{dtype:?} block {i} {problem}: the tensor data is corrupted"),
+            });
+        }
         for &at in offsets {
             let v = f16_at(blk, at);
             if !v.is_finite() {
@@ -118,7 +125,46 @@ pub(crate) fn dequantize_block(dtype: DType, blk: &[u8], out: &mut [f32]) {
             let v = |q: f32| f32::from(format::MXFP4_VALUES[q as usize]) * d;
             nibbles(&blk[1..17], out, v);
         }
+        DType::FP8 => {
+            let d = f32_at(blk, 0);
+            for (o, &q) in out.iter_mut().zip(&blk[4..36]) {
+                *o = e4m3(q) * d;
+            }
+        }
         _ => kquant::dequantize_block(dtype, blk, out),
+    }
+}
+
+/// The little-endian f32 at byte `at` of a block.
+fn f32_at(b: &[u8], at: usize) -> f32 {
+    f32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
+}
+
+/// The value of an OCP E4M3 (`float8_e4m3fn`) code: sign, 4 exponent bits (bias 7), 3
+/// mantissa bits; subnormals at exponent 0 (m·2⁻⁹); no infinities. The NaN codes (`0x7f`,
+/// `0xff`) give NaN; [`check_fp8`] keeps them off the device.
+pub(crate) fn e4m3(q: u8) -> f32 {
+    let (e, m) = (u32::from(q >> 3) & 0xf, u32::from(q & 7));
+    let v = if e == 0 {
+        m as f32 * (1.0 / 512.0)
+    } else if e == 15 && m == 7 {
+        f32::NAN
+    } else {
+        // Rebiased from 7 to 127, the mantissa at the top of f32's.
+        f32::from_bits(((e + 120) << 23) | (m << 20))
+    };
+    if q & 0x80 != 0 { -v } else { v }
+}
+
+/// An `FP8` block's scale is finite and none of its codes is NaN.
+pub(crate) fn check_fp8(blk: &[u8]) -> std::result::Result<(), String> {
+    let d = f32_at(blk, 0);
+    if !d.is_finite() {
+        return Err(format!("has a non-finite scale ({d})"));
+    }
+    match blk[4..36].iter().position(|&q| q & 0x7f == 0x7f) {
+        Some(j) => Err(format!("holds the E4M3 NaN code at element {j}")),
+        None => Ok(()),
     }
 }
 

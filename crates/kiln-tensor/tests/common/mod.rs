@@ -139,6 +139,21 @@ pub fn random_blocks(r: &mut StdRng, dtype: DType, n_blocks: usize) -> Vec<u8> {
         }
         return out;
     }
+    if dtype == DType::FP8 {
+        // Scales within ±1/448 (the largest code's 448 then within ±1); every code but NaN's.
+        let mut out = vec![0u8; n_blocks * 36];
+        r.fill(&mut out[..]);
+        for blk in out.chunks_exact_mut(36) {
+            let d: f32 = r.random_range(-1.0f32..1.0) / 448.0;
+            blk[..4].copy_from_slice(&d.to_le_bytes());
+            for q in &mut blk[4..] {
+                if *q & 0x7f == 0x7f {
+                    *q ^= 1;
+                }
+            }
+        }
+        return out;
+    }
     // (byte offset, bound) of each f16 field: bound·(largest quant·scale product) ≈ 1.
     let fields: &[(usize, f32)] = match dtype {
         DType::Q8_0 | DType::Q4_0 => &[(0, 1.0 / 128.0)],
