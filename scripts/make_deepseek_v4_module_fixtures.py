@@ -40,7 +40,9 @@ values; the byte-level tokenizer of
 make_tiny_fixtures.py), converted by llama.cpp's convert_hf_to_gguf.py (`--outtype f32`; the
 converter always writes the routed experts as MXFP4), and tiny-q8_0.gguf, the same with the
 attention and shared-expert linears stored in FP8 with 128 x 128 block scales (the converter
-writes them dequantised as Q8_0, whatever `--outtype`; the model's values are on that grid);
+writes them dequantised as Q8_0, whatever `--outtype`; the model's values are on that grid),
+converted from tiny-fp8/, that folder as DeepSeek ships it (FP8 linears with ue8m0 `.scale`
+tensors a 128 x 128 block, FP4 experts), which kiln loads packed;
 and llama.cpp's own run of each (llama-cpp-python 0.3.36, CPU) into model_golden.safetensors:
 `llama_cpp.logits` (F32 file) and `llama_cpp_q8_0.logits` of the 173 tokens in one batch,
 `llama_cpp.greedy.i` and `llama_cpp_q8_0.greedy.i` of the three prompts.
@@ -252,10 +254,16 @@ def mxfp4_grid(w):
 
 
 def fp8_linear(name):
-    """Whether DeepSeek ships checkpoint tensor `name` (either naming) in FP8."""
+    """Whether DeepSeek ships tensor `name` in FP8: named as its checkpoint names it, or as
+    transformers' module names the parameter at run time (which differ from the saved
+    names: `self_attn.q_a_proj` is saved as `attn.wq_a`)."""
     return name.endswith(("attn.wq_a.weight", "attn.wq_b.weight", "attn.wkv.weight", "attn.wo_a.weight",
                           "attn.wo_b.weight", "indexer.wq_b.weight", "shared_experts.w1.weight",
-                          "shared_experts.w2.weight", "shared_experts.w3.weight"))
+                          "shared_experts.w2.weight", "shared_experts.w3.weight",
+                          "self_attn.q_a_proj.weight", "self_attn.q_b_proj.weight", "self_attn.kv_proj.weight",
+                          "self_attn.o_a_proj.weight", "self_attn.o_b_proj.weight", "indexer.q_b_proj.weight",
+                          "shared_experts.gate_proj.weight", "shared_experts.up_proj.weight",
+                          "shared_experts.down_proj.weight"))
 
 
 def fp8_block(w):
@@ -292,22 +300,21 @@ def mxfp4_pack(w):
     return torch.from_numpy(packed), torch.from_numpy(np.ascontiguousarray(q[..., 0]))
 
 
-def deepseek_folder(tiny, gguf, converter, fp8):
-    """`tiny` (as transformers saved it) as DeepSeek publishes V4 (the hub's config names,
-    DeepSeek's tensor names, routed experts in FP4 with e8m0 scales and, with `fp8`, the
-    attention and shared-expert linears in FP8 with their block scales), with the byte-level
-    tokenizer, in a scratch folder; then llama.cpp's converter makes the GGUF `gguf` of it
-    (`--outtype f32`; it writes dequantised FP8 linears as Q8_0)."""
-    import subprocess
-    import sys
-    import tempfile
+def tiny_fixtures():
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+    import make_tiny_fixtures
 
+    return make_tiny_fixtures
+
+
+def deepseek_folder(tiny, out, fp8):
+    """`tiny` (as transformers saved it) as DeepSeek publishes V4 into the folder `out` (the
+    hub's config names, DeepSeek's tensor names, routed experts in FP4 with e8m0 scales and,
+    with `fp8`, the attention and shared-expert linears in FP8 with their block scales), with
+    the byte-level tokenizer."""
     from safetensors.torch import load_file
 
-    scratch = tempfile.TemporaryDirectory()
-    out = pathlib.Path(scratch.name)
-    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-    import make_tiny_fixtures as tiny_fixtures
+    out.mkdir(parents=True, exist_ok=True)
 
     saved = json.loads((tiny / "config.json").read_text())
     rates = saved["compress_rates"]
@@ -371,12 +378,18 @@ def deepseek_folder(tiny, gguf, converter, fp8):
         else:
             tensors[name] = v.contiguous()
     save_file(tensors, out / "model.safetensors", metadata={"format": "pt"})
-    tiny_fixtures.byte_tokenizer(out)
-    subprocess.run([sys.executable, "-c", tiny_fixtures.CONVERT, str(converter.parent), str(converter),
-                    str(out), "--outtype", "f32", "--outfile", str(gguf), "--model-name", "tiny-deepseek-v4"],
+    tiny_fixtures().byte_tokenizer(out)
+
+
+def convert(folder, gguf, converter):
+    """llama.cpp's converter on a DeepSeek-format `folder` into `gguf` (`--outtype f32`; it
+    writes dequantised FP8 linears as Q8_0)."""
+    import subprocess
+
+    subprocess.run([sys.executable, "-c", tiny_fixtures().CONVERT, str(converter.parent), str(converter),
+                    str(folder), "--outtype", "f32", "--outfile", str(gguf), "--model-name", "tiny-deepseek-v4"],
                    check=True)
     print("wrote", gguf)
-    scratch.cleanup()
 
 
 def llama_cpp_run(gguf, ids, tensors, key):
@@ -423,6 +436,11 @@ def model(gen):
                 p.copy_(mxfp4_grid(p))
             elif fp8_linear(name):
                 p.copy_(fp8_block(p)[2])
+        # Every linear DeepSeek ships in FP8 is on the grid: nine a layer (the indexer's in
+        # CSA layers) besides the routed experts.
+        on_grid = [n for n, _ in lm.named_parameters() if fp8_linear(n)]
+        assert len(on_grid) == 8 * config.num_hidden_layers + sum(
+            t == "compressed_sparse_attention" for t in config.layer_types), on_grid
         for name, b in lm.named_buffers():
             if name.endswith("tid2eid"):
                 b.copy_(torch.stack([torch.randperm(config.num_local_experts, generator=gen)[: config.num_experts_per_tok] for _ in range(config.vocab_size)]))
@@ -479,8 +497,13 @@ def model(gen):
     tiny = OUT / "tiny"
     lm.save_pretrained(tiny)
     (tiny / "generation_config.json").unlink(missing_ok=True)
-    deepseek_folder(tiny, OUT / "tiny-f32.gguf", CONVERTER, fp8=False)
-    deepseek_folder(tiny, OUT / "tiny-q8_0.gguf", CONVERTER, fp8=True)
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as scratch:
+        deepseek_folder(tiny, pathlib.Path(scratch), fp8=False)
+        convert(scratch, OUT / "tiny-f32.gguf", CONVERTER)
+    deepseek_folder(tiny, OUT / "tiny-fp8", fp8=True)
+    convert(OUT / "tiny-fp8", OUT / "tiny-q8_0.gguf", CONVERTER)
     tensors.update(llama_cpp_run(OUT / "tiny-f32.gguf", ids, tensors, "llama_cpp"))
     tensors.update(llama_cpp_run(OUT / "tiny-q8_0.gguf", ids, tensors, "llama_cpp_q8_0"))
     save_file(tensors, OUT / "model_golden.safetensors")

@@ -294,17 +294,21 @@ fn carry_vocab(root: &Path, bundle: &Path) -> anyhow::Result<Option<&'static str
     Ok(Some("vocab.gguf"))
 }
 
-/// Copies kiln-model's tiny DeepSeek-V4 model (its folder and its GGUF) and its transformers
-/// goldens (about 2 MiB) into
+/// Copies kiln-model's tiny DeepSeek-V4 model (its folder, as DeepSeek ships it in FP8 and
+/// FP4, and its GGUF) and its transformers goldens (about 3 MiB) into
 /// `bundle/deepseek_v4`, for `kiln-bench gpu-check --v4-fixtures`.
 fn carry_v4(root: &Path, bundle: &Path) -> anyhow::Result<&'static str> {
     let from = root.join("crates/kiln-model/tests/fixtures/deepseek_v4");
     let to = bundle.join("deepseek_v4");
-    std::fs::create_dir_all(to.join("tiny"))
-        .with_context(|| format!("creating {}", to.display()))?;
+    for dir in ["tiny", "tiny-fp8"] {
+        std::fs::create_dir_all(to.join(dir))
+            .with_context(|| format!("creating {}", to.join(dir).display()))?;
+    }
     for file in [
         "tiny/config.json",
         "tiny/model.safetensors",
+        "tiny-fp8/config.json",
+        "tiny-fp8/model.safetensors",
         "tiny-f32.gguf",
         "model_golden.safetensors",
     ] {

@@ -9,7 +9,8 @@ mod hf;
 mod quant;
 
 pub use deepseek_v4::{DeepseekV4Config, V4Attention, V4Indexer, V4Moe};
-pub use quant::{HfQuant, QuantMethod};
+pub(crate) use quant::FP8_BLOCK;
+pub use quant::{HfQuant, QuantMethod, fp8_block_size};
 
 use kiln_tensor::{RopeConfig, RopeLayout, RopeScaling, RotaryChannels, Router};
 

@@ -13,8 +13,8 @@ use crate::weights::ExpertProj;
 use crate::{ModelError, Result};
 
 /// Elements of an MXFP4 block, and its packed bytes (two 4-bit values a byte).
-const MX_BLOCK: usize = 32;
-const MX_PACKED: usize = MX_BLOCK / 2;
+pub(crate) const MX_BLOCK: usize = 32;
+pub(crate) const MX_PACKED: usize = MX_BLOCK / 2;
 
 /// A projection's stacked tensor: its name, and which of its output rows are this
 /// projection's (every `stride`-th from `first`).
@@ -48,7 +48,7 @@ impl Stacked {
 /// MXFP4 `blocks` (OpenAI's layout: element 2j in the low nibble of byte j, 2j + 1 in its
 /// high nibble) and their e8m0 `scale` as one GGUF MXFP4 block (the scale, then elements j
 /// and j + 16 in the low and high nibbles of byte j).
-fn mxfp4_block(scale: u8, blocks: &[u8], out: &mut Vec<u8>) {
+pub(crate) fn mxfp4_block(scale: u8, blocks: &[u8], out: &mut Vec<u8>) {
     let nibble = |t: usize| (blocks[t / 2] >> (4 * (t % 2))) & 0xf;
     out.push(scale);
     out.extend((0..MX_PACKED).map(|j| nibble(j) | (nibble(j + MX_PACKED) << 4)));

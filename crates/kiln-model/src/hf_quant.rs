@@ -57,7 +57,7 @@ impl HfSource {
     }
 
     /// A stored tensor of any dtype, with its file.
-    fn raw(&self, name: &str) -> Option<(&SafetensorsFile, &Entry)> {
+    pub(crate) fn raw(&self, name: &str) -> Option<(&SafetensorsFile, &Entry)> {
         let file = &self.files[*self.index.get(name)?];
         Some((file, file.tensors.get(name)?))
     }

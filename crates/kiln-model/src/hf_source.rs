@@ -59,6 +59,8 @@ pub struct HfSource {
     /// The architecture `config.json` names: GPT-OSS's experts are stacked tensors of their
     /// own layout (`hf_experts.rs`).
     pub(crate) arch: Option<crate::Arch>,
+    /// The tile an FP8 weight's scale covers (`block_scaled.rs`).
+    pub(crate) fp8_block: [usize; 2],
 }
 
 impl HfSource {
@@ -133,6 +135,7 @@ impl HfSource {
             options,
             quant: None,
             arch: None,
+            fp8_block: crate::config::FP8_BLOCK,
         })
     }
 

@@ -1,5 +1,6 @@
 #![doc = include_str!("../README.md")]
 
+mod block_scaled;
 mod config;
 mod error;
 pub mod export;
@@ -18,7 +19,8 @@ mod weights;
 
 pub use config::{
     Activation, Arch, DeepseekV4Config, HfQuant, LayerAttention, ModelConfig, MoeConfig,
-    QuantMethod, RopeParams, SUPPORTED_ARCHITECTURES, V4Attention, V4Indexer, V4Moe, limits,
+    QuantMethod, RopeParams, SUPPORTED_ARCHITECTURES, V4Attention, V4Indexer, V4Moe,
+    fp8_block_size, limits,
 };
 pub use error::{ModelError, Result};
 pub use files::{ModelFiles, ModelSource};

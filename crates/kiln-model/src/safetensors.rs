@@ -25,7 +25,11 @@ pub enum StDtype {
     I32,
     I8,
     U8,
-    /// Anything else (`F8_E4M3`, `U16`, ...): listed, refused at load.
+    /// OCP FP8 E4M3 codes (`float8_e4m3fn`): FP8 checkpoints' weights (`block_scaled.rs`).
+    F8E4M3,
+    /// Power-of-two exponents (`float8_e8m0fnu`): DeepSeek's block scales.
+    F8E8M0,
+    /// Anything else (`F8_E5M2`, `U16`, ...): listed, refused at load.
     Other,
 }
 
@@ -39,6 +43,8 @@ impl StDtype {
             "I32" => StDtype::I32,
             "I8" => StDtype::I8,
             "U8" => StDtype::U8,
+            "F8_E4M3" => StDtype::F8E4M3,
+            "F8_E8M0" => StDtype::F8E8M0,
             _ => StDtype::Other,
         }
     }
@@ -52,6 +58,8 @@ impl StDtype {
             StDtype::I32 => "I32",
             StDtype::I8 => "I8",
             StDtype::U8 => "U8",
+            StDtype::F8E4M3 => "F8_E4M3",
+            StDtype::F8E8M0 => "F8_E8M0",
             StDtype::Other => "other",
         }
     }
@@ -61,7 +69,7 @@ impl StDtype {
             StDtype::I64 => Some(8),
             StDtype::F32 | StDtype::I32 => Some(4),
             StDtype::F16 | StDtype::BF16 => Some(2),
-            StDtype::I8 | StDtype::U8 => Some(1),
+            StDtype::I8 | StDtype::U8 | StDtype::F8E4M3 | StDtype::F8E8M0 => Some(1),
             StDtype::Other => None,
         }
     }
@@ -181,25 +189,29 @@ impl SafetensorsFile {
         self.tensors.keys().map(String::as_str)
     }
 
-    /// A float tensor's values as f32 (F32, F16, BF16).
-    pub fn read_f32(&self, tensor: &str) -> Result<Vec<f32>> {
-        let e = self.tensors.get(tensor).ok_or_else(|| ModelError::Tensor {
+    fn entry(&self, tensor: &str) -> Result<&Entry> {
+        self.tensors.get(tensor).ok_or_else(|| ModelError::Tensor {
             file: self.name.clone(),
             tensor: tensor.into(),
             problem: "missing".into(),
-        })?;
-        self.entry_f32(tensor, e)
+        })
+    }
+
+    /// A float tensor's values as f32 (F32, F16, BF16).
+    pub fn read_f32(&self, tensor: &str) -> Result<Vec<f32>> {
+        self.entry_f32(tensor, self.entry(tensor)?)
     }
 
     /// An integer tensor's values as ids (I64 or I32, each in `0..=u32::MAX`): index tables
     /// such as DeepSeek-V4's `tid2eid`.
     pub fn read_ids(&self, tensor: &str) -> Result<Vec<u32>> {
-        let e = self.tensors.get(tensor).ok_or_else(|| ModelError::Tensor {
-            file: self.name.clone(),
-            tensor: tensor.into(),
-            problem: "missing".into(),
-        })?;
+        let e = self.entry(tensor)?;
         decode_ids((&self.name, tensor), e.dtype, &self.bytes(tensor, e)?)
+    }
+
+    /// A tensor's stored bytes, whatever its dtype.
+    pub fn read_bytes(&self, tensor: &str) -> Result<Vec<u8>> {
+        Ok(self.bytes(tensor, self.entry(tensor)?)?.into_owned())
     }
 
     /// The values of `name` (entry `e`) as f32.

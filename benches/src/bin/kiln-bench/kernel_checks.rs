@@ -334,7 +334,7 @@ fn weight(
 }
 
 /// Random blocks of a format with small finite scales: every f16 of the block's head set to
-/// 2⁻⁸, the rest random bytes.
+/// 2⁻⁸ (FP8's f32 to 2⁻¹⁰), the rest random bytes (FP8's NaN codes changed).
 pub(crate) fn random_blocks(dtype: DType, blocks: usize, seed: u64) -> Vec<u8> {
     let bb = dtype.block_bytes();
     let bytes: Vec<u8> = values(seed, blocks * bb)
@@ -355,6 +355,15 @@ pub(crate) fn random_blocks(dtype: DType, blocks: usize, seed: u64) -> Vec<u8> {
             DType::Q4_1 | DType::Q5_1 | DType::Q4_K | DType::Q5_K | DType::Q4_Z | DType::Q8_Z => {
                 b[..2].copy_from_slice(&small);
                 b[2..4].copy_from_slice(&small);
+            }
+            // An f32 scale of 2⁻¹⁰ (codes reach ±448), and no E4M3 NaN code.
+            DType::FP8 => {
+                b[..4].copy_from_slice(&(1.0f32 / 1024.0).to_le_bytes());
+                for q in &mut b[4..] {
+                    if *q & 0x7f == 0x7f {
+                        *q ^= 1;
+                    }
+                }
             }
             _ => b[..2].copy_from_slice(&small),
         }

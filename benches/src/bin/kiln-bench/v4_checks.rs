@@ -197,8 +197,9 @@ pub(crate) fn v4_checks(dev: &Device, seed: u64) -> anyhow::Result<Vec<Check>> {
     Ok(out)
 }
 
-/// The tiny random DeepSeek-V4 model in `dir`, from its Hugging Face folder (`tiny/`) and
-/// from llama.cpp's converter's GGUF of it (`tiny-f32.gguf`), on `dev`, against
+/// The tiny random DeepSeek-V4 model in `dir`, from its Hugging Face folder (`tiny/`), as
+/// DeepSeek ships it (`tiny-fp8/`: FP8 linears, FP4 experts) and from llama.cpp's
+/// converter's GGUF of it (`tiny-f32.gguf`), on `dev`, against
 /// transformers' goldens (`model_golden.safetensors`): the logits of its tokens run in the
 /// golden's chunks, and its greedy continuations.
 pub(crate) fn v4_model_checks(dev: &Device, dir: &Path) -> anyhow::Result<Vec<Check>> {
@@ -213,6 +214,7 @@ pub(crate) fn v4_model_checks(dev: &Device, dir: &Path) -> anyhow::Result<Vec<Ch
     let mut out = Vec::new();
     for (what, path) in [
         ("HF folder", dir.join("tiny")),
+        ("FP8 and FP4 folder", dir.join("tiny-fp8")),
         ("F32 GGUF", dir.join("tiny-f32.gguf")),
     ] {
         let model = V4Model::load(&path, dev, 256)?;

@@ -74,11 +74,81 @@ impl HfQuant {
             // GPT-OSS's release: only the experts are MXFP4, as `_blocks`/`_scales` tensors
             // the expert loader reads (`hf_experts.rs`); every other weight is float.
             "mxfp4" => Ok(None),
+            // FP8 block-scaled weights load for DeepSeek-V4 only (`fp8_block_size`).
             other => Err(f.err(
                 "quant_method",
                 format!("`{other}` is not supported (gptq, awq, compressed-tensors, mxfp4)"),
             )),
         }
+    }
+}
+
+/// The tile of weights one FP8 scale covers, `[rows, cols]`, as a `config.json`'s text says
+/// (`quantization_config.weight_block_size` under `quant_method: fp8`, its other fields
+/// checked), or DeepSeek's 128 × 128 where it says nothing. The FP8 weights themselves say so
+/// by their dtype, their scales beside them (`block_scaled.rs`).
+pub fn fp8_block_size(file: &str, text: &str) -> Result<[usize; 2]> {
+    let root: Value = serde_json::from_str(text).map_err(|source| ModelError::Json {
+        file: file.into(),
+        what: "not JSON",
+        source,
+    })?;
+    let qc = root.get(FIELD).and_then(Value::as_object);
+    match qc {
+        Some(v) if v.get("quant_method").and_then(Value::as_str) == Some("fp8") => {
+            fp8_block(&Fields {
+                file,
+                prefix: "quantization_config.",
+                v,
+            })
+        }
+        _ => Ok(FP8_BLOCK),
+    }
+}
+
+/// DeepSeek's FP8 tile (V3, V4): one scale a 128 × 128 block of a weight.
+pub(crate) const FP8_BLOCK: [usize; 2] = [128, 128];
+
+/// `quant_method: fp8`'s fields (transformers' `FineGrainedFP8Config`, DeepSeek's): E4M3
+/// codes, and a scale a `weight_block_size` tile whose columns are whole blocks of kiln's 32.
+/// Activations are not quantized (kiln computes them in f32), so `activation_scheme` only has
+/// to be one of the two there are.
+fn fp8_block(f: &Fields<'_>) -> Result<[usize; 2]> {
+    if let Some(fmt) = string(f, "fmt")?
+        && fmt != "e4m3"
+    {
+        return Err(f.err("fmt", format!("`{fmt}` is not supported (e4m3)")));
+    }
+    if let Some(a) = string(f, "activation_scheme")?
+        && !matches!(a, "dynamic" | "static")
+    {
+        return Err(f.err(
+            "activation_scheme",
+            format!("`{a}` is not dynamic or static"),
+        ));
+    }
+    if let Some(s) = string(f, "scale_fmt")?
+        && s != "ue8m0"
+    {
+        return Err(f.err("scale_fmt", format!("`{s}` is not supported (ue8m0)")));
+    }
+    let Some(v) = f.get("weight_block_size") else {
+        return Ok(FP8_BLOCK);
+    };
+    let dims: Option<Vec<usize>> = v.as_array().map(|a| {
+        a.iter()
+            .filter_map(|x| x.as_u64().and_then(|n| usize::try_from(n).ok()))
+            .collect()
+    });
+    match dims.as_deref() {
+        Some(&[r, c]) if r > 0 && c > 0 && c % 32 == 0 => Ok([r, c]),
+        _ => Err(f.err(
+            "weight_block_size",
+            format!(
+                "{v} is not supported ([rows, cols], the columns a multiple of 32; per-tensor \
+                 and per-channel FP8 are not read)"
+            ),
+        )),
     }
 }
 

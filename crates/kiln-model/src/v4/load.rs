@@ -19,7 +19,7 @@ use crate::safetensors::{FLOATS, StDtype, decode_ids};
 use crate::weights::stack;
 use crate::{
     DeepseekV4Config, GgufSource, HfSource, LoadOptions, ModelError, Result, V4Attention,
-    WeightSource,
+    WeightSource, fp8_block_size,
 };
 
 /// The files a model is read from.
@@ -32,7 +32,10 @@ impl Files {
     /// A GGUF file, or a Hugging Face folder.
     pub(super) fn open(path: &Path) -> Result<Self> {
         if path.is_dir() {
-            Ok(Files::Hf(HfSource::open(path, LoadOptions::default())?))
+            let mut src = HfSource::open(path, LoadOptions::default())?;
+            let (name, text) = config_text(path)?;
+            src.fp8_block = fp8_block_size(&name, &text)?;
+            Ok(Files::Hf(src))
         } else {
             Ok(Files::Gguf(GgufSource::open(path)?))
         }
@@ -42,12 +45,8 @@ impl Files {
     pub(super) fn config(&self) -> Result<DeepseekV4Config> {
         match self {
             Files::Hf(src) => {
-                let path = Path::new(&src.describe).join("config.json");
-                let text = std::fs::read_to_string(&path).map_err(|source| ModelError::Io {
-                    path: path.clone(),
-                    source,
-                })?;
-                DeepseekV4Config::from_hf_json(&path.display().to_string(), &text)
+                let (name, text) = config_text(Path::new(&src.describe))?;
+                DeepseekV4Config::from_hf_json(&name, &text)
             }
             Files::Gguf(src) => DeepseekV4Config::from_gguf(src.file()),
         }
@@ -59,6 +58,16 @@ impl Files {
             Files::Gguf(src) => src.describe(),
         }
     }
+}
+
+/// A folder's `config.json`: its name for errors, and its text.
+fn config_text(dir: &Path) -> Result<(String, String)> {
+    let path = dir.join("config.json");
+    let text = std::fs::read_to_string(&path).map_err(|source| ModelError::Io {
+        path: path.clone(),
+        source,
+    })?;
+    Ok((path.display().to_string(), text))
 }
 
 /// The GGUF name llama.cpp's converter gives DeepSeek's `name` (its `DeepseekV4Model`'s
@@ -155,6 +164,9 @@ impl Names<'_> {
     fn load(&self, device: &Device, n: &str, shape: &[usize]) -> Result<Tensor> {
         match self.src {
             Files::Hf(src) => {
+                if let Some(t) = src.block_scaled(device, n, shape)? {
+                    return Ok(t);
+                }
                 let (dtype, bytes, file) = src.checked_bytes(n, shape, FLOATS)?;
                 src.upload(device, dtype, shape, &bytes, (file, n))
             }
