@@ -531,3 +531,57 @@ mod tests {
         }
     }
 }
+
+#[cfg(test)]
+mod fp8_tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn block(qc: &str) -> Result<[usize; 2]> {
+        fp8_block_size(
+            "config.json",
+            &format!(r#"{{"model_type": "deepseek_v4", "quantization_config": {qc}}}"#),
+        )
+    }
+
+    #[test]
+    fn fp8_tiles_are_read_or_default_to_deepseeks() {
+        let hub = r#"{"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+            "scale_fmt": "ue8m0", "weight_block_size": [128, 128]}"#;
+        assert_eq!(block(hub).unwrap(), [128, 128]);
+        let small = r#"{"quant_method": "fp8", "weight_block_size": [64, 32]}"#;
+        assert_eq!(block(small).unwrap(), [64, 32]);
+        assert_eq!(block(r#"{"quant_method": "fp8"}"#).unwrap(), [128, 128]);
+        assert_eq!(fp8_block_size("c", "{}").unwrap(), [128, 128]);
+    }
+
+    #[test]
+    fn fp8_fields_kiln_cannot_read_are_refused_by_name() {
+        for (qc, field) in [
+            (r#"{"quant_method": "fp8", "fmt": "e5m2"}"#, "fmt"),
+            (
+                r#"{"quant_method": "fp8", "scale_fmt": "fp32"}"#,
+                "scale_fmt",
+            ),
+            (
+                r#"{"quant_method": "fp8", "activation_scheme": "x"}"#,
+                "activation_scheme",
+            ),
+            (
+                r#"{"quant_method": "fp8", "weight_block_size": [128, 100]}"#,
+                "weight_block_size",
+            ),
+            (
+                r#"{"quant_method": "fp8", "weight_block_size": [128]}"#,
+                "weight_block_size",
+            ),
+        ] {
+            let msg = block(qc).unwrap_err().to_string();
+            assert!(
+                msg.contains("config.json")
+                    && msg.contains(&format!("quantization_config.{field}")),
+                "{qc}: {msg}"
+            );
+        }
+    }
+}
