@@ -253,6 +253,25 @@ fn indexer_topk_picks_the_best_visible_entries_on_every_device() {
     }
 }
 
+/// Scores of more queries than one binding holds (bindings capped at 16 KiB: 40 queries of
+/// 200 entries are 32,000 bytes of scores) are made a group of queries at a time, with the
+/// same picks.
+#[test]
+fn indexer_topk_scores_a_group_of_queries_at_a_time_past_one_binding() {
+    let Some(dev) = common::gpu_split() else {
+        return;
+    };
+    let mut r = rng(50);
+    let (tokens, heads, dim, entries, k) = (40, 4, 16, 200, 7);
+    let q = randn(&mut r, tokens * heads * dim, 1.0);
+    let w = randn(&mut r, tokens * heads, 1.0);
+    let keys = randn(&mut r, entries * dim, 1.0);
+    let visible: Vec<u32> = (0..tokens).map(|t| (5 * t) as u32).collect();
+    let shape = [tokens, heads, dim];
+    let want = topk_f64(&q, &w, &keys, shape, &visible, k);
+    assert_eq!(topk(&dev, &q, &w, &keys, shape, &visible, k), want);
+}
+
 /// Scores that tie (every ReLU off: each query points away from every key) go to the lowest
 /// entries, on every device.
 #[test]

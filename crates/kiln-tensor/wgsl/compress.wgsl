@@ -6,10 +6,10 @@
 // previous window's rows through a (column c), then window w's through b (column width + c);
 // entry 0 has a previous window only when lead rows hold it.
 //
-// SCORE: one invocation per (query token t, entry s < visible[t]): scores[t, s] =
-// scale · Σ_h w[t,h] · max(q[t,h]·key[s], 0).
+// SCORE: one invocation per (query token t, entry s < visible[t]) of a group of queries
+// from token g: scores[t - g, s] = scale · Σ_h w[t,h] · max(q[t,h]·key[s], 0).
 //
-// TOPK: one workgroup per query token t over its scores; invocation i owns a contiguous run
+// TOPK: one workgroup per query token t of the group over its scores; invocation i owns a contiguous run
 // of the visible entries. The k-th largest score is found by bisection over the
 // order-preserving u32 image of the f32 scores (32 counting rounds); then the entries above
 // it, and those equal to it from the lowest entry up, are written in rising entry order.
@@ -21,7 +21,7 @@ struct Params {
     d: u32,
     e: u32,
     f: u32,
-    _pad0: u32,
+    g: u32,
     _pad1: u32,
 }
 
@@ -83,7 +83,7 @@ fn main(
 #endif
 
 #if SCORE
-// a = tokens, b = heads, c = dim, d = entries, f = scale (f32 bits)
+// a = the group's tokens, b = heads, c = dim, d = entries, f = scale (f32 bits), g = first token
 @group(0) @binding(1) var<storage, read> q: array<f32>;
 @group(0) @binding(2) var<storage, read> hw: array<f32>;
 @group(0) @binding(3) var<storage, read> keys: array<f32>;
@@ -100,7 +100,7 @@ fn main(
     if (i >= p.a * p.d) {
         return;
     }
-    let t = i / p.d;
+    let t = p.g + i / p.d;
     let s = i % p.d;
     if (s >= visible[t]) {
         return;
@@ -119,7 +119,7 @@ fn main(
 #endif
 
 #if TOPK
-// a = tokens, d = entries, e = k
+// a = the group's tokens, d = entries, e = k, g = first token
 @group(0) @binding(1) var<storage, read> visible: array<u32>;
 @group(0) @binding(2) var<storage, read> scores: array<f32>;
 @group(0) @binding(3) var<storage, read_write> picks: array<u32>;
@@ -178,16 +178,17 @@ fn main(
     @builtin(num_workgroups) nwg: vec3<u32>,
     @builtin(local_invocation_index) lid: u32,
 ) {
-    let t = wid.x + wid.y * nwg.x;
+    let local = wid.x + wid.y * nwg.x;
     // Uniform per workgroup, so the barriers below stay in uniform control flow.
-    if (t >= p.a) {
+    if (local >= p.a) {
         return;
     }
+    let t = p.g + local;
     let n = min(visible[t], p.d);
     let run = (n + WG - 1u) / WG;
     let lo = min(lid * run, n);
     let hi = min(lo + run, n);
-    let row = t * p.d;
+    let row = local * p.d;
     let kk = min(p.e, n);
     // The largest threshold with at least kk scores at or above it: the kk-th largest.
     var thr = 0u;

@@ -86,13 +86,23 @@ struct PoolParams {
 #[repr(C)]
 #[derive(Clone, Copy, Pod, Zeroable)]
 struct TopkParams {
+    /// Query tokens of this group.
     tokens: u32,
     heads: u32,
     dim: u32,
     entries: u32,
     k: u32,
     scale: f32,
-    _pad: [u32; 2],
+    /// The group's first query token.
+    first: u32,
+    _pad: u32,
+}
+
+/// Query tokens scored at a time: as many as leave their scores (`entries` f32 a query) in
+/// one binding of `max_binding` bytes, at least one.
+fn score_group(tokens: usize, entries: usize, max_binding: u64) -> usize {
+    let row = (entries.max(1) * 4) as u64;
+    ((max_binding / row) as usize).clamp(1, tokens.max(1))
 }
 
 impl Recorder {
@@ -238,37 +248,44 @@ impl Recorder {
         };
         let device = self.device().clone();
         let visible = Tensor::from_u32(&device, &[tokens], visible)?;
-        let scores = Tensor::gpu_output(&ctx, DType::F32, &[tokens, entries.max(1)], OP)?;
         let out = Tensor::gpu_output(&ctx, DType::U32, &[tokens, k], OP)?;
-        let params = TopkParams {
-            tokens: tokens as u32,
-            heads: heads as u32,
-            dim: dim as u32,
-            entries: entries as u32,
-            k: k as u32,
-            scale,
-            _pad: [0; 2],
-        };
-        self.dispatch(
-            &SCORE,
-            &[("POOL", "0"), ("SCORE", "1"), ("TOPK", "0")],
-            &params,
-            vec![
-                (q.clone(), 0),
-                (w.clone(), 0),
-                (keys.clone(), 0),
-                (visible.clone(), 0),
-                (scores.clone(), 0),
-            ],
-            (tokens * entries).div_ceil(64) as u32,
-        )?;
-        self.dispatch(
-            &TOPK,
-            &[("POOL", "0"), ("SCORE", "0"), ("TOPK", "1")],
-            &params,
-            vec![(visible, 0), (scores, 0), (out.clone(), 0)],
-            tokens as u32,
-        )?;
+        // The scores of a group of queries at a time, so that they fit one binding however
+        // many entries there are (a long context's CSA layers).
+        let group = score_group(tokens, entries, ctx.max_binding());
+        for first in (0..tokens).step_by(group) {
+            let n = group.min(tokens - first);
+            let scores = Tensor::gpu_output(&ctx, DType::F32, &[n, entries.max(1)], OP)?;
+            let params = TopkParams {
+                tokens: n as u32,
+                heads: heads as u32,
+                dim: dim as u32,
+                entries: entries as u32,
+                k: k as u32,
+                scale,
+                first: first as u32,
+                _pad: 0,
+            };
+            self.dispatch(
+                &SCORE,
+                &[("POOL", "0"), ("SCORE", "1"), ("TOPK", "0")],
+                &params,
+                vec![
+                    (q.clone(), 0),
+                    (w.clone(), 0),
+                    (keys.clone(), 0),
+                    (visible.clone(), 0),
+                    (scores.clone(), 0),
+                ],
+                (n * entries).div_ceil(64) as u32,
+            )?;
+            self.dispatch(
+                &TOPK,
+                &[("POOL", "0"), ("SCORE", "0"), ("TOPK", "1")],
+                &params,
+                vec![(visible.clone(), 0), (scores, 0), (out.clone(), 0)],
+                n as u32,
+            )?;
+        }
         Ok(out)
     }
 }
