@@ -33,6 +33,15 @@ pub enum KvError {
     /// write the same shared slots.
     #[error("{parent}: cannot fork with {uncomputed} reserved slots not yet computed")]
     ForkUncomputed { parent: SeqId, uncomputed: usize },
+    /// With a kept pool, a position's main block is taken only when [`reserve`] asks for it:
+    /// this one was computed, committed or mapped to a slot first.
+    ///
+    /// [`reserve`]: crate::BlockManager::reserve
+    #[error("{seq}: position {pos} has no block in the main pool yet (reserve it first)")]
+    NotReserved { seq: SeqId, pos: usize },
+    /// Sequences with a kept pool share no partial block, so they cannot be forked.
+    #[error("{0}: a sequence with a kept pool cannot be forked")]
+    ForkWithKeptPool(SeqId),
     /// `truncate` may only drop reserved slots that are not computed.
     #[error("{seq}: cannot truncate to {len} slots: {computed} are computed, {reserved} reserved")]
     TruncateOutOfRange {

@@ -15,6 +15,6 @@ pub use error::{KvError, Result};
 pub use events::CacheEvent;
 pub use ids::{BlockCopy, BlockId, SeqId};
 pub use layout::{CacheKind, Growth, KvLayout, LayerCache};
-pub use manager::{Admission, Allocation, BlockManager, BlockManagerConfig, SeqConfig};
+pub use manager::{Admission, Allocation, BlockManager, BlockManagerConfig, KeptPool, SeqConfig};
 pub use metrics::KvMetrics;
 pub use plan::{KvBudget, KvDtype, KvPlan, KvPlanConfig, KvShape};

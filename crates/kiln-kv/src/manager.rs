@@ -2,6 +2,7 @@
 //! forks, prefix-cache reuse, sliding-window trimming and slot mapping.
 
 mod invariants;
+mod kept;
 
 use std::collections::BTreeMap;
 use std::ops::Range;
@@ -21,6 +22,26 @@ pub struct BlockManagerConfig {
     pub watermark: f32,
     /// Register full computed blocks and reuse them for later prompts with the same prefix.
     pub enable_prefix_caching: bool,
+    /// A second pool beside this one, for attention that keeps two caches of each block of
+    /// tokens (see [`KeptPool`]); `None`: one pool.
+    pub kept: Option<KeptPool>,
+}
+
+/// A second pool whose blocks no window gives back, for attention that keeps two caches of
+/// each block of tokens at two rates: DeepSeek-V4's raw rows (and its compressors' rows) in
+/// the main pool, given back as every sequence's window moves past them, and the entries
+/// compressed from them in this one, kept for the sequence's life. Each logical block of a
+/// sequence then holds one block of each pool (the main one only while the window needs it,
+/// and only once [`BlockManager::reserve`] has reserved it: a long prompt never holds more
+/// than its window and the chunk being computed of main blocks). Such sequences cannot be
+/// forked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KeptPool {
+    /// Blocks in the kept pool.
+    pub num_blocks: u32,
+    /// Every sequence's sliding window over the main pool: a query at `p` reads the main
+    /// pool's rows from `p - window + 1`.
+    pub window: usize,
 }
 
 impl BlockManagerConfig {
@@ -31,6 +52,7 @@ impl BlockManagerConfig {
             block_size: 16,
             watermark: 0.01,
             enable_prefix_caching: true,
+            kept: None,
         }
     }
 }
@@ -67,8 +89,11 @@ pub struct Allocation {
 #[derive(Debug, Clone)]
 struct Seq {
     /// Logical block `i` holds positions `i * B .. (i + 1) * B`; [`BlockId::TRIMMED`] where a
-    /// sliding window gave the block back (always a leading run).
+    /// sliding window gave the block back (always a leading run). With a kept pool it may end
+    /// before `len`'s last block: the rest is not reserved yet.
     table: Vec<BlockId>,
+    /// The kept pool's block of each logical block (empty without a kept pool).
+    kept: Vec<BlockId>,
     /// Reserved slots (positions `0 .. len`).
     len: usize,
     /// Positions `0 .. computed` hold K/V written by the model (or taken from the cache).
@@ -82,12 +107,32 @@ struct Seq {
     trimmed: usize,
 }
 
-/// Cached blocks a prompt can reuse, found without changing anything.
+/// Cached blocks a prompt can reuse, found without changing anything: its first `len`
+/// logical blocks, of which the main pool supplies those from `lo` on (the ones before lie
+/// behind the window) and the kept pool, if any, every one.
 struct PrefixHit {
     blocks: Vec<BlockId>,
+    lo: usize,
+    len: usize,
     last_hash: u64,
     /// Hits on unreferenced blocks: they stop counting as available once taken.
     evictable: usize,
+    kept: Vec<BlockId>,
+    kept_evictable: usize,
+}
+
+impl PrefixHit {
+    fn none() -> Self {
+        Self {
+            blocks: Vec::new(),
+            lo: 0,
+            len: 0,
+            last_hash: ROOT_HASH,
+            evictable: 0,
+            kept: Vec::new(),
+            kept_evictable: 0,
+        }
+    }
 }
 
 /// Paged KV bookkeeping: who holds which block. Never touches the device; every allocation
@@ -96,6 +141,9 @@ struct PrefixHit {
 pub struct BlockManager {
     cfg: BlockManagerConfig,
     pool: BlockPool,
+    /// The kept pool, when `cfg.kept` asks for one.
+    kept: Option<BlockPool>,
+    kept_watermark: usize,
     seqs: BTreeMap<SeqId, Seq>,
     watermark_blocks: usize,
     query_tokens: u64,
@@ -125,7 +173,20 @@ impl BlockManager {
             return Err(invalid("watermark", "must be a fraction in [0, 1)"));
         }
         let watermark_blocks = (f64::from(cfg.watermark) * f64::from(cfg.num_blocks)) as usize;
+        if let Some(k) = cfg.kept {
+            if k.num_blocks == 0 || k.num_blocks == u32::MAX {
+                return Err(invalid("kept.num_blocks", "must be in 1 ..= u32::MAX - 1"));
+            }
+            if k.window == 0 {
+                return Err(invalid("kept.window", "must be at least 1"));
+            }
+        }
+        let kept_watermark = cfg.kept.map_or(0, |k| {
+            (f64::from(cfg.watermark) * f64::from(k.num_blocks)) as usize
+        });
         Ok(Self {
+            kept: cfg.kept.map(|k| BlockPool::new(k.num_blocks)),
+            kept_watermark,
             pool: BlockPool::new(cfg.num_blocks),
             cfg,
             seqs: BTreeMap::new(),
@@ -158,6 +219,9 @@ impl BlockManager {
     /// Admission check for a prompt: `Ok` when it fits while leaving the watermark free for
     /// running decodes, counting blocks the prefix cache would supply.
     pub fn can_allocate(&self, prompt: &[u32]) -> Admission {
+        if self.kept.is_some() {
+            return self.can_allocate_kept(prompt);
+        }
         let total = self.blocks_for_tokens(prompt.len());
         let usable = self.pool.num_blocks().saturating_sub(self.watermark_blocks);
         if prompt.is_empty() || total > usable {
@@ -174,7 +238,7 @@ impl BlockManager {
 
     /// Leading tokens of `prompt` the prefix cache would supply now (a query; changes nothing).
     pub fn cached_prefix_tokens(&self, prompt: &[u32]) -> usize {
-        self.find_prefix(prompt).blocks.len() * self.block_size()
+        self.find_prefix(prompt).len * self.block_size()
     }
 
     /// Gives `seq` a block table with slots for every prompt position, reusing cached blocks
@@ -192,6 +256,9 @@ impl BlockManager {
                 field: "sliding_window",
                 reason: "must be at least 1".into(),
             });
+        }
+        if let Some(k) = self.cfg.kept {
+            return self.allocate_kept(seq, prompt, opts, k);
         }
         let hit = self.find_prefix(prompt);
         let total = self.blocks_for_tokens(prompt.len());
@@ -217,6 +284,7 @@ impl BlockManager {
         self.hit_tokens += cached_tokens as u64;
         let mut state = Seq {
             table,
+            kept: Vec::new(),
             len: prompt.len(),
             computed: cached_tokens,
             pending: Vec::with_capacity(self.block_size()),
@@ -250,6 +318,9 @@ impl BlockManager {
     /// the returned [`BlockCopy`] must run on the device before this step's K/V are written.
     /// All-or-nothing.
     pub fn append_slots(&mut self, seq: SeqId, n: usize) -> Result<Option<BlockCopy>> {
+        if self.kept.is_some() {
+            return self.append_kept(seq, n).map(|()| None);
+        }
         let needed = self.append_cost(seq, n)?;
         if needed > self.pool.available() {
             return Err(KvError::OutOfBlocks {
@@ -296,11 +367,22 @@ impl BlockManager {
                 got: tokens.len(),
             });
         }
+        let end = s.computed + tokens.len();
+        if self.kept.is_some() && end > s.table.len() * b {
+            return Err(KvError::NotReserved {
+                seq,
+                pos: s.table.len() * b,
+            });
+        }
         for &t in tokens {
             s.pending.push(t);
             s.computed += 1;
             if s.pending.len() == b {
-                s.last_hash = match s.table.get(s.computed / b - 1) {
+                let i = s.computed / b - 1;
+                if let (Some(kept), Some(&id), true) = (&mut self.kept, s.kept.get(i), caching) {
+                    kept.cache.register(id, s.last_hash, &s.pending);
+                }
+                s.last_hash = match s.table.get(i) {
                     Some(&id) if caching => self.pool.cache.register(id, s.last_hash, &s.pending),
                     _ => crate::hash::block_hash(s.last_hash, &s.pending),
                 };
@@ -328,8 +410,13 @@ impl BlockManager {
             });
         }
         let keep = len.div_ceil(b).max(s.trimmed);
-        for id in s.table.drain(keep..).rev() {
+        for id in s.table.drain(keep.min(s.table.len())..).rev() {
             self.pool.release(id);
+        }
+        if let Some(kept) = &mut self.kept {
+            for id in s.kept.drain(len.div_ceil(b)..).rev() {
+                kept.release(id);
+            }
         }
         s.len = len;
         Ok(())
@@ -340,6 +427,9 @@ impl BlockManager {
     pub fn fork(&mut self, parent: SeqId, child: SeqId) -> Result<()> {
         if self.seqs.contains_key(&child) {
             return Err(KvError::DuplicateSeq(child));
+        }
+        if self.kept.is_some() {
+            return Err(KvError::ForkWithKeptPool(parent));
         }
         let p = self.seq(parent)?;
         if p.computed != p.len {
@@ -363,6 +453,11 @@ impl BlockManager {
         for &id in s.table.iter().rev().filter(|id| !id.is_trimmed()) {
             self.pool.release(id);
         }
+        if let Some(kept) = &mut self.kept {
+            for &id in s.kept.iter().rev() {
+                kept.release(id);
+            }
+        }
         Ok(())
     }
 
@@ -379,7 +474,7 @@ impl BlockManager {
 
     /// Forgets the prefix cache; evictable blocks become free. Returns how many did.
     pub fn clear_prefix_cache(&mut self) -> usize {
-        self.pool.clear_cache()
+        self.kept.as_mut().map_or(0, BlockPool::clear_cache) + self.pool.clear_cache()
     }
 
     /// Whether `seq` has a block table.
@@ -475,7 +570,8 @@ impl BlockManager {
         let b = self.block_size();
         match s.table.get(pos / b) {
             Some(id) if !id.is_trimmed() => Ok(id.0 * self.cfg.block_size + (pos % b) as u32),
-            _ => Err(KvError::TrimmedPosition { seq, pos }),
+            Some(_) => Err(KvError::TrimmedPosition { seq, pos }),
+            None => Err(KvError::NotReserved { seq, pos }),
         }
     }
 
@@ -496,13 +592,12 @@ impl BlockManager {
 
     /// Longest run of cached full blocks heading `prompt`, leaving at least one token to compute.
     fn find_prefix(&self, prompt: &[u32]) -> PrefixHit {
-        let mut hit = PrefixHit {
-            blocks: Vec::new(),
-            last_hash: ROOT_HASH,
-            evictable: 0,
-        };
+        let mut hit = PrefixHit::none();
         if !self.cfg.enable_prefix_caching || prompt.is_empty() {
             return hit;
+        }
+        if let (Some(kept), Some(k)) = (&self.kept, self.cfg.kept) {
+            return self.find_prefix_kept(prompt, kept, k.window);
         }
         let b = self.block_size();
         let reusable = (prompt.len() - 1) / b;
@@ -514,6 +609,7 @@ impl BlockManager {
             hit.evictable += usize::from(self.pool.cache.is_evictable(id));
             hit.blocks.push(id);
         }
+        hit.len = hit.blocks.len();
         hit
     }
 }

@@ -14,6 +14,27 @@ use crate::{
 /// Ordering key: priority, then arrival, then id (forks share their parent's arrival).
 type Key = (i32, u64, SeqId);
 
+/// A step being decided: what it runs so far, the tokens left in its budget, and the
+/// sequences it already runs.
+struct Step {
+    out: Schedule,
+    budget: usize,
+    scheduled: BTreeSet<SeqId>,
+}
+
+impl Step {
+    fn push(&mut self, s: ScheduledSeq) {
+        self.budget -= s.len;
+        self.scheduled.insert(s.seq);
+        self.out.seqs.push(s);
+    }
+
+    /// No token or sequence slot is left.
+    fn full(&self, cfg: &SchedulerConfig) -> bool {
+        self.budget == 0 || self.out.seqs.len() >= cfg.max_num_seqs
+    }
+}
+
 #[derive(Debug)]
 struct Entry {
     /// Prompt plus the tokens sampled so far.
@@ -71,6 +92,12 @@ impl Scheduler {
                 "must be at least max_num_seqs (every running decode needs one token a step)",
             ));
         }
+        if cfg.blocks.kept.is_some() && cfg.sliding_window.is_some() {
+            return Err(invalid(
+                "sliding_window",
+                "with a kept pool the window is the pool's (blocks.kept.window)",
+            ));
+        }
         let kv = BlockManager::new(cfg.blocks.clone())?;
         Ok(Self {
             cfg,
@@ -121,6 +148,15 @@ impl Scheduler {
             });
         }
         self.check_fits(seq, &prompt)?;
+        if params.forks > 0 && self.cfg.blocks.kept.is_some() {
+            return Err(SchedulerError::TooLarge {
+                seq,
+                reason: format!(
+                    "{} outputs: sequences with a kept KV pool cannot fork",
+                    params.forks + 1
+                ),
+            });
+        }
         if params.forks >= self.cfg.max_num_seqs {
             return Err(SchedulerError::TooLarge {
                 seq,
@@ -176,11 +212,32 @@ impl Scheduler {
     /// Decides the next step. Sequences it returns have slots reserved for their chunk; call
     /// [`complete`](Self::complete) once the step has run.
     pub fn schedule(&mut self) -> Schedule {
-        let mut out = Schedule::default();
-        let mut budget = self.cfg.max_num_batched_tokens;
-        let mut scheduled: BTreeSet<SeqId> = BTreeSet::new();
+        let mut step = Step {
+            out: Schedule::default(),
+            budget: self.cfg.max_num_batched_tokens,
+            scheduled: BTreeSet::new(),
+        };
+        self.drop_unverified_drafts();
+        self.schedule_decodes(&mut step);
+        step.out.decodes = step.out.seqs.len();
+        self.schedule_prefill_chunks(&mut step);
+        // None while memory is short this step.
+        if step.out.preempted.is_empty() {
+            self.admit(&mut step);
+        }
+        let out = step.out;
+        tracing::trace!(
+            seqs = out.seqs.len(),
+            tokens = out.num_tokens(),
+            decodes = out.num_decodes(),
+            preempted = out.preempted.len(),
+            "scheduled a step"
+        );
+        out
+    }
 
-        // A verifying step whose outcome never came back keeps none of its drafts.
+    /// A verifying step whose outcome never came back keeps none of its drafts.
+    fn drop_unverified_drafts(&mut self) {
         let stale: Vec<SeqId> = self
             .seqs
             .iter()
@@ -190,15 +247,18 @@ impl Scheduler {
         for seq in stale {
             let _ = self.accept_draft(seq, 0);
         }
+    }
 
-        // 1. Decodes: running sequences with a sampled token that has no slot yet.
+    /// Running sequences with a sampled token that has no slot yet, each given its slot (and
+    /// what drafts fit), preempting the latest running sequences where blocks run out.
+    fn schedule_decodes(&mut self, step: &mut Step) {
         let order: Vec<Key> = self.running.iter().copied().collect();
         for key in order {
             let seq = key.2;
             if !self.running.contains(&key) {
                 continue; // preempted earlier in this loop
             }
-            if out.seqs.len() >= self.cfg.max_num_seqs || budget == 0 {
+            if step.full(&self.cfg) {
                 break;
             }
             let Some(e) = self.seqs.get(&seq) else {
@@ -209,24 +269,24 @@ impl Scheduler {
             };
             let need = e.tokens.len().saturating_sub(reserved);
             if need == 0 {
-                continue; // still in prefill: phase 2
+                continue; // still in prefill: schedule_prefill_chunks'
             }
             let start = e.computed;
             let real = e.tokens.len() - start;
-            if real > budget {
+            if real > step.budget {
                 continue;
             }
             // Drafts only ride on a plain decode, and only as far as the budget allows.
             let mut draft = if real == 1 {
-                e.draft.len().min(budget - real)
+                e.draft.len().min(step.budget - real)
             } else {
                 0
             };
             loop {
                 match self.kv.append_slots(seq, need + draft) {
                     Ok(copy) => {
-                        out.copies.extend(copy);
-                        out.seqs.push(ScheduledSeq {
+                        step.out.copies.extend(copy);
+                        step.push(ScheduledSeq {
                             seq,
                             start,
                             len: real + draft,
@@ -237,50 +297,58 @@ impl Scheduler {
                             e.draft.truncate(draft);
                             e.verifying = std::mem::take(&mut e.draft);
                         }
-                        scheduled.insert(seq);
-                        budget -= real + draft;
                         break;
                     }
                     // Speculation is never worth a preemption: drop the drafts first.
                     Err(KvError::OutOfBlocks { .. }) if draft > 0 => draft = 0,
                     Err(KvError::OutOfBlocks { .. }) => {
-                        let victim = self
-                            .running
-                            .iter()
-                            .rev()
-                            .find(|k| !scheduled.contains(&k.2))
-                            .copied();
-                        match victim {
-                            Some(v) => {
-                                self.preempt(v);
-                                out.preempted.push(v.2);
-                                if v.2 == seq {
-                                    break;
-                                }
-                            }
-                            None => break,
+                        if !self.preempt_for(seq, step) {
+                            break;
                         }
                     }
                     Err(e) => {
                         // A bookkeeping error for one sequence must not stop the others.
                         self.drop_seq(seq);
-                        out.rejected.push((seq, e.into()));
+                        step.out.rejected.push((seq, e.into()));
                         break;
                     }
                 }
             }
         }
+    }
 
-        out.decodes = out.seqs.len();
+    /// Preempts the latest running sequence not scheduled this step, for `seq` that found
+    /// no block. Whether `seq` should try again (false: none to preempt, or it was `seq`).
+    fn preempt_for(&mut self, seq: SeqId, step: &mut Step) -> bool {
+        let victim = self
+            .running
+            .iter()
+            .rev()
+            .find(|k| !step.scheduled.contains(&k.2))
+            .copied();
+        match victim {
+            Some(v) => {
+                self.preempt(v);
+                step.out.preempted.push(v.2);
+                v.2 != seq
+            }
+            None => false,
+        }
+    }
 
-        // 2. Prefill chunks of running prompts.
+    /// The next chunk of each running prompt, as far as the budget (and the pool: see
+    /// [`BlockManager::reserve`]) allows.
+    fn schedule_prefill_chunks(&mut self, step: &mut Step) {
         let order: Vec<Key> = self.running.iter().copied().collect();
         for key in order {
             let seq = key.2;
-            if budget == 0 || out.seqs.len() >= self.cfg.max_num_seqs {
+            if !self.running.contains(&key) {
+                continue; // preempted earlier in this loop
+            }
+            if step.full(&self.cfg) {
                 break;
             }
-            if scheduled.contains(&seq) {
+            if step.scheduled.contains(&seq) {
                 continue;
             }
             let (Some(e), Ok(reserved)) = (self.seqs.get(&seq), self.kv.seq_len(seq)) else {
@@ -290,103 +358,125 @@ impl Scheduler {
             if remaining == 0 {
                 continue;
             }
-            let len = remaining.min(budget);
+            let len = remaining.min(step.budget);
             if len < remaining && !self.cfg.chunked_prefill {
                 continue;
             }
-            out.seqs.push(ScheduledSeq {
+            let (start, prompt_done) = (e.computed, reserved == e.tokens.len());
+            let Some(len) = self.reserve_chunk(seq, len, step) else {
+                continue;
+            };
+            step.push(ScheduledSeq {
                 seq,
-                start: e.computed,
+                start,
                 len,
-                samples: len == remaining && reserved == e.tokens.len(),
+                samples: len == remaining && prompt_done,
                 draft: 0,
             });
-            scheduled.insert(seq);
-            budget -= len;
         }
+    }
 
-        // 3. Admission, preempted sequences first; none while memory is short this step.
-        if out.preempted.is_empty() {
-            let candidates: Vec<Key> = self
-                .preempted
-                .iter()
-                .chain(self.waiting.iter())
-                .copied()
-                .collect();
-            for key in candidates {
-                let seq = key.2;
-                if budget == 0 || out.seqs.len() >= self.cfg.max_num_seqs {
-                    break;
-                }
-                let Some(e) = self.seqs.get(&seq) else {
-                    continue;
-                };
-                if self.reserved_seqs() + 1 + e.forks > self.cfg.max_num_seqs {
-                    break;
-                }
-                match self.kv.can_allocate(&e.tokens) {
-                    Admission::Ok => {}
-                    // FCFS: nothing behind the head may overtake it.
-                    Admission::Later => break,
-                    Admission::Never => {
-                        let err = self.check_fits(seq, &e.tokens).err().unwrap_or(
-                            SchedulerError::TooLarge {
-                                seq,
-                                reason: "outgrew the KV pool".into(),
-                            },
-                        );
-                        self.drop_seq(seq);
-                        out.rejected.push((seq, err));
-                        continue;
-                    }
-                }
-                let cached = self.kv.cached_prefix_tokens(&e.tokens);
-                let remaining = e.tokens.len() - cached.min(e.tokens.len() - 1);
-                if remaining > budget && !self.cfg.chunked_prefill {
-                    break;
-                }
-                let opts = SeqConfig {
-                    sliding_window: self.cfg.sliding_window,
-                };
-                let alloc = match self.kv.allocate(seq, &e.tokens, opts) {
-                    Ok(a) => a,
-                    Err(KvError::OutOfBlocks { .. }) => break,
-                    Err(err) => {
-                        self.drop_seq(seq);
-                        out.rejected.push((seq, err.into()));
-                        continue;
-                    }
-                };
-                let Some(e) = self.seqs.get_mut(&seq) else {
-                    continue;
-                };
-                self.waiting.remove(&key);
-                self.preempted.remove(&key);
-                self.running.insert(key);
-                e.status = SeqStatus::Running;
-                e.computed = alloc.cached_tokens;
-                let remaining = e.tokens.len() - e.computed;
-                let len = remaining.min(budget);
-                out.admitted.push((seq, alloc.cached_tokens));
-                out.seqs.push(ScheduledSeq {
-                    seq,
-                    start: e.computed,
-                    len,
-                    samples: len == remaining,
-                    draft: 0,
-                });
-                scheduled.insert(seq);
-                budget -= len;
+    /// Takes the main pool's blocks for up to `len` next positions of `seq` (a no-op without
+    /// a kept pool), as many as fit; where none does, preempts the latest running sequence
+    /// and tries again. The chunk's length, or `None` where `seq` runs nothing this step.
+    fn reserve_chunk(&mut self, seq: SeqId, len: usize, step: &mut Step) -> Option<usize> {
+        loop {
+            match self.reserve_fitting(seq, len) {
+                Some(n) => return Some(n),
+                None if !self.preempt_for(seq, step) => return None,
+                None => {}
             }
         }
-        tracing::trace!(
-            seqs = out.seqs.len(),
-            tokens = out.num_tokens(),
-            decodes = out.num_decodes(),
-            preempted = out.preempted.len(),
-            "scheduled a step"
-        );
-        out
+    }
+
+    /// Reserves the longest chunk of up to `len` next positions of `seq` whose main blocks
+    /// the pool has now; its length, `None` for none.
+    fn reserve_fitting(&mut self, seq: SeqId, len: usize) -> Option<usize> {
+        let available = self.kv.available_blocks();
+        let n = (1..=len)
+            .rev()
+            .find(|&n| self.kv.reserve_cost(seq, n).is_ok_and(|c| c <= available))?;
+        self.kv.reserve(seq, n).ok().map(|()| n)
+    }
+
+    /// Waiting and preempted sequences in order while the pool and the budget take them,
+    /// each with its first chunk.
+    fn admit(&mut self, step: &mut Step) {
+        let candidates: Vec<Key> = self
+            .preempted
+            .iter()
+            .chain(self.waiting.iter())
+            .copied()
+            .collect();
+        for key in candidates {
+            let seq = key.2;
+            if step.full(&self.cfg) {
+                break;
+            }
+            let Some(e) = self.seqs.get(&seq) else {
+                continue;
+            };
+            if self.reserved_seqs() + 1 + e.forks > self.cfg.max_num_seqs {
+                break;
+            }
+            match self.kv.can_allocate(&e.tokens) {
+                Admission::Ok => {}
+                // FCFS: nothing behind the head may overtake it.
+                Admission::Later => break,
+                Admission::Never => {
+                    let err =
+                        self.check_fits(seq, &e.tokens)
+                            .err()
+                            .unwrap_or(SchedulerError::TooLarge {
+                                seq,
+                                reason: "outgrew the KV pool".into(),
+                            });
+                    self.drop_seq(seq);
+                    step.out.rejected.push((seq, err));
+                    continue;
+                }
+            }
+            let cached = self.kv.cached_prefix_tokens(&e.tokens);
+            let remaining = e.tokens.len() - cached.min(e.tokens.len() - 1);
+            if remaining > step.budget && !self.cfg.chunked_prefill {
+                break;
+            }
+            let opts = SeqConfig {
+                sliding_window: self.cfg.sliding_window,
+            };
+            let alloc = match self.kv.allocate(seq, &e.tokens, opts) {
+                Ok(a) => a,
+                Err(KvError::OutOfBlocks { .. }) => break,
+                Err(err) => {
+                    self.drop_seq(seq);
+                    step.out.rejected.push((seq, err.into()));
+                    continue;
+                }
+            };
+            let Some(e) = self.seqs.get_mut(&seq) else {
+                continue;
+            };
+            self.waiting.remove(&key);
+            self.preempted.remove(&key);
+            self.running.insert(key);
+            e.status = SeqStatus::Running;
+            e.computed = alloc.cached_tokens;
+            let remaining = e.tokens.len() - e.computed;
+            let start = e.computed;
+            step.out.admitted.push((seq, alloc.cached_tokens));
+            // Admission leaves the pool room for a first block (`can_allocate`); without one
+            // the sequence waits for its first chunk.
+            let Some(len) = self.reserve_fitting(seq, remaining.min(step.budget)) else {
+                continue;
+            };
+            step.push(ScheduledSeq {
+                seq,
+                start,
+                len,
+                samples: len == remaining,
+                draft: 0,
+            });
+        }
     }
 
     /// Running sequences plus the forks admitted ones will make.

@@ -561,3 +561,90 @@ fn drafts_ride_on_decodes_and_only_accepted_ones_stay() {
     s.finish(SeqId(1));
     assert_eq!(s.blocks().metrics().used_blocks, 0);
 }
+
+/// With a kept pool (DeepSeek-V4's entries beside its window's rows), long prompts run in
+/// chunks whose main blocks are taken chunk by chunk, so four 64-token prompts with a window
+/// of 8 all finish through a main pool of 10 blocks of 4 tokens (each prompt alone is 16
+/// blocks), preempting where the pool runs short; every sequence's tokens come out as a run
+/// alone would make them.
+#[test]
+fn a_kept_pool_runs_long_prompts_through_a_small_main_pool() {
+    let blocks = BlockManagerConfig {
+        block_size: 4,
+        watermark: 0.0,
+        kept: Some(kiln_kv::KeptPool {
+            num_blocks: 90,
+            window: 8,
+        }),
+        ..BlockManagerConfig::new(10)
+    };
+    let mut cfg = SchedulerConfig::new(blocks);
+    cfg.max_num_batched_tokens = 24;
+    cfg.max_num_seqs = 4;
+    let mut s = Scheduler::new(cfg).unwrap();
+    for i in 0..4 {
+        s.add(SeqId(i), prompt(i as u32, 64), SeqParams::default())
+            .unwrap();
+    }
+    let mut next = 0;
+    let mut steps = 0;
+    let mut done = Vec::new();
+    while done.len() < 4 {
+        let step = s.schedule();
+        assert!(step.num_tokens() <= 24);
+        // Each sequence's chunk starts where its computed tokens end.
+        for x in &step.seqs {
+            assert_eq!(Some(x.start), s.computed(x.seq));
+        }
+        run_step(&mut s, &step, &mut next);
+        assert!(s.blocks().metrics().used_blocks <= 10);
+        // Three new tokens each, then the sequence finishes (its prompt intact).
+        for i in 0..4 {
+            let seq = SeqId(i);
+            if !done.contains(&seq) && generated(&s, seq, 64) == 3 {
+                assert_eq!(
+                    &s.tokens(seq).unwrap()[..64],
+                    prompt(i as u32, 64).as_slice()
+                );
+                assert!(s.finish(seq));
+                done.push(seq);
+            }
+        }
+        steps += 1;
+        assert!(steps < 400, "no progress: {:?}", s.stats());
+    }
+    assert_eq!(s.blocks().metrics().used_blocks, 0);
+    assert_eq!(s.blocks().kept_available_blocks(), Some(90));
+}
+
+#[test]
+fn a_kept_pool_refuses_forks_and_a_second_window() {
+    let blocks = BlockManagerConfig {
+        kept: Some(kiln_kv::KeptPool {
+            num_blocks: 8,
+            window: 8,
+        }),
+        ..BlockManagerConfig::new(8)
+    };
+    let mut cfg = SchedulerConfig::new(blocks);
+    let mut s = Scheduler::new(cfg.clone()).unwrap();
+    let err = s
+        .add(
+            SeqId(1),
+            vec![1, 2],
+            SeqParams {
+                forks: 1,
+                ..SeqParams::default()
+            },
+        )
+        .unwrap_err();
+    assert!(err.to_string().contains("cannot fork"), "{err}");
+    cfg.sliding_window = Some(4);
+    assert!(matches!(
+        Scheduler::new(cfg),
+        Err(SchedulerError::InvalidConfig {
+            field: "sliding_window",
+            ..
+        })
+    ));
+}
