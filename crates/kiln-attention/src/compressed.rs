@@ -4,7 +4,9 @@
 //! compressed entries it may use: all visible ones (HCA) or the lightning indexer's picks
 //! (CSA). A learned sink per head joins the softmax as one more logit with no value.
 //!
-//! One sequence a call; the caller turns the output back by the query's RoPE.
+//! One sequence a call; the caller turns the output back by the query's RoPE. Its rows and
+//! entries lie consecutively in their tensors, or in pools through block tables (the paged
+//! cache: [`RowMap::Paged`]).
 
 use bytemuck::{Pod, Zeroable};
 use kiln_tensor::{Access, DType, KernelDef, NO_ENTRY, Recorder, Tensor};
@@ -38,18 +40,74 @@ pub enum EntryChoice<'a> {
     Picked(&'a Tensor),
 }
 
+/// Which row of its tensor holds a sequence's item `i` (a position's raw row, or entry `i`).
+#[derive(Debug, Clone, Copy)]
+pub enum RowMap<'a> {
+    /// Row `i - first`: the items from `first` lie consecutively.
+    Consecutive,
+    /// Row `table[i / block] * block + i % block`: a pool of blocks of `block` rows and the
+    /// sequence's block table (kiln-kv's).
+    Paged { table: &'a [u32], block: u32 },
+}
+
+/// A sequence's compressed entries: `count` of them, in `rows` (F32 `[rows, head_dim]`) as
+/// `map` says.
+#[derive(Debug, Clone, Copy)]
+pub struct EntryRows<'a> {
+    pub rows: &'a Tensor,
+    pub count: u32,
+    pub map: RowMap<'a>,
+}
+
+impl<'a> EntryRows<'a> {
+    /// Every row of `rows`, in order.
+    pub fn consecutive(rows: &'a Tensor) -> Self {
+        Self {
+            rows,
+            count: rows.rows() as u32,
+            map: RowMap::Consecutive,
+        }
+    }
+}
+
 /// The keys (= values) one sequence's queries read.
 #[derive(Debug, Clone, Copy)]
 pub struct CompressedKv<'a> {
-    /// Raw rows F32 `[rows, head_dim]` of consecutive tokens from position `first`, the
-    /// queries' own included.
+    /// Raw rows F32 `[rows, head_dim]` of the sequence's tokens from position `first` (the
+    /// queries' own included), as `raw_map` says.
     pub raw: &'a Tensor,
+    pub raw_map: RowMap<'a>,
     pub first: u32,
     /// A query at `p` reads the raw rows of positions `p - window + 1 ..= p`.
     pub window: u32,
-    /// The compressed entries F32 `[entries, head_dim]`, if any yet.
-    pub entries: Option<&'a Tensor>,
+    /// The compressed entries, if any yet.
+    pub entries: Option<EntryRows<'a>>,
     pub choice: EntryChoice<'a>,
+}
+
+/// The row of item `i`, as `map` lays the items out from `first`; `None` where a table has
+/// no block for it.
+fn row_of(map: RowMap<'_>, first: u32, i: u32) -> Option<usize> {
+    match map {
+        RowMap::Consecutive => i.checked_sub(first).map(|r| r as usize),
+        RowMap::Paged { table, block } => {
+            let b = table.get((i / block) as usize)?;
+            (*b != u32::MAX).then(|| *b as usize * block as usize + (i % block) as usize)
+        }
+    }
+}
+
+/// Checks that every item in `items` has a row below `rows`; the first that does not.
+fn check_rows(
+    map: RowMap<'_>,
+    first: u32,
+    rows: usize,
+    mut items: impl Iterator<Item = u32>,
+) -> Option<u32> {
+    if let RowMap::Paged { block: 0, .. } = map {
+        return Some(first);
+    }
+    items.find(|&i| row_of(map, first, i).is_none_or(|r| r >= rows))
 }
 
 #[repr(C)]
@@ -58,7 +116,6 @@ struct Params {
     tokens: u32,
     heads: u32,
     dim: u32,
-    rows: u32,
     first: u32,
     window: u32,
     entries: u32,
@@ -66,7 +123,14 @@ struct Params {
     picks: u32,
     ratio: u32,
     scale: f32,
-    _pad: [u32; 2],
+    /// Rows a block of the raw pool (0: consecutive rows) and where its table starts in the
+    /// index buffer (after the positions).
+    raw_block: u32,
+    raw_table: u32,
+    /// The same for the entries.
+    entry_block: u32,
+    entry_table: u32,
+    _pad: [u32; 3],
 }
 
 /// Attention of `q` (F32 `[tokens, heads, head_dim]`, at `positions`) over `kv`, with each
@@ -87,8 +151,7 @@ pub fn compressed_attention(
             q.shape()
         ));
     };
-    let rows = kv.raw.rows();
-    let entries = kv.entries.map_or(0, Tensor::rows);
+    let entries = kv.entries.map_or(0, |e| e.count);
     if positions.len() != tokens
         || tokens == 0
         || kv.raw.cols() != dim
@@ -102,24 +165,48 @@ pub fn compressed_attention(
             kv.raw.shape()
         ));
     }
-    let end = kv.first as usize + rows;
-    if let Some(&p) = positions
-        .iter()
-        .find(|&&p| p < kv.first || p as usize >= end)
-    {
+    if let Some(&p) = positions.iter().find(|&&p| p < kv.first) {
         return invalid(format!(
-            "a query at {p} outside the raw rows of positions {}..{end}",
+            "a query at {p}, before the raw rows' first position {}",
             kv.first
         ));
     }
-    if kv.entries.is_some_and(|e| e.cols() != dim) || sinks.elem_count() != heads {
+    // Every raw row a query reads, and every entry, must have a row of its tensor.
+    let read = positions.iter().flat_map(|&p| {
+        let lo = (p + 1).saturating_sub(kv.window).max(kv.first);
+        lo..=p
+    });
+    if let Some(j) = check_rows(kv.raw_map, kv.first, kv.raw.rows(), read) {
+        return invalid(format!(
+            "position {j} has no raw row of {:?} from {} ({})",
+            kv.raw.shape(),
+            kv.first,
+            map_name(kv.raw_map)
+        ));
+    }
+    if let Some(e) = kv.entries
+        && let Some(i) = check_rows(e.map, 0, e.rows.rows(), 0..e.count)
+    {
+        return invalid(format!(
+            "entry {i} of {} has no row of {:?} ({})",
+            e.count,
+            e.rows.shape(),
+            map_name(e.map)
+        ));
+    }
+    if kv.entries.is_some_and(|e| e.rows.cols() != dim) || sinks.elem_count() != heads {
         return invalid(format!(
             "entries {:?} and sinks {:?} for {heads} heads of {dim}",
-            kv.entries.map(Tensor::shape),
+            kv.entries.map(|e| e.rows.shape()),
             sinks.shape()
         ));
     }
-    let f32s = [Some(q), Some(kv.raw), kv.entries, Some(sinks)];
+    let f32s = [
+        Some(q),
+        Some(kv.raw),
+        kv.entries.map(|e| e.rows),
+        Some(sinks),
+    ];
     if let Some(t) = f32s.into_iter().flatten().find(|t| t.dtype() != DType::F32) {
         return invalid(format!(
             "{:?} {:?}: the inputs are F32",
@@ -141,16 +228,19 @@ pub fn compressed_attention(
             Some(p) => HostChoice::Picked(p, p.len() / tokens),
             None => HostChoice::Visible(ratio),
         };
-        // The host backends' tensors are read in place: the entries are the whole history.
-        let entries = kv.entries.map(Tensor::host_f32).transpose()?;
+        // The host backends' tensors are read in place.
+        let entries = kv.entries.map(|e| e.rows.host_f32()).transpose()?;
         let out = attend_ref(
             q.host_f32()?,
             positions,
             HostKv {
                 raw: kv.raw.host_f32()?,
+                raw_map: kv.raw_map,
                 first: kv.first,
                 window: kv.window,
                 entries: entries.unwrap_or(&[]),
+                entry_map: kv.entries.map_or(RowMap::Consecutive, |e| e.map),
+                count: entries_count(kv.entries),
                 choice,
             },
             sinks.host_f32()?,
@@ -159,32 +249,60 @@ pub fn compressed_attention(
         );
         return Ok(Tensor::from_f32(&device, q.shape(), &out)?);
     }
-    let pos = Tensor::from_u32(&device, &[tokens], positions)?;
+    // One index buffer: the positions, then the raw rows' table, then the entries'.
+    let mut index = positions.to_vec();
+    let mut table = |map: RowMap<'_>| match map {
+        RowMap::Consecutive => (0, 0),
+        RowMap::Paged { table, block } => {
+            let at = index.len() as u32;
+            index.extend_from_slice(table);
+            (block, at)
+        }
+    };
+    let (raw_block, raw_table) = table(kv.raw_map);
+    let (entry_block, entry_table) = table(kv.entries.map_or(RowMap::Consecutive, |e| e.map));
+    let index = Tensor::from_u32(&device, &[index.len()], &index)?;
     let out = rec.output(DType::F32, q.shape(), "compressed attention output")?;
     let params = Params {
         tokens: tokens as u32,
         heads: heads as u32,
         dim: dim as u32,
-        rows: rows as u32,
         first: kv.first,
         window: kv.window,
-        entries: entries as u32,
+        entries,
         picks: picks.map_or(0, |p| p.cols() as u32),
         ratio,
         scale,
-        _pad: [0; 2],
+        raw_block,
+        raw_table,
+        entry_block,
+        entry_table,
+        _pad: [0; 3],
     };
     // Bindings with nothing to read are bound to a tensor at hand; the kernel never reads them.
-    let entry_t = kv.entries.unwrap_or(kv.raw);
-    let picks_t = picks.unwrap_or(&pos);
+    let entry_t = kv.entries.map_or(kv.raw, |e| e.rows);
+    let picks_t = picks.unwrap_or(&index);
     rec.launch(
         &ATTN,
         &[],
         &params,
-        &[q, &pos, kv.raw, entry_t, picks_t, sinks, &out],
+        &[q, &index, kv.raw, entry_t, picks_t, sinks, &out],
         (tokens * heads) as u32,
     )?;
     Ok(out)
+}
+
+fn entries_count(e: Option<EntryRows<'_>>) -> usize {
+    e.map_or(0, |e| e.count as usize)
+}
+
+fn map_name(map: RowMap<'_>) -> String {
+    match map {
+        RowMap::Consecutive => "consecutive rows".into(),
+        RowMap::Paged { table, block } => {
+            format!("a table of {} blocks of {block} rows", table.len())
+        }
+    }
 }
 
 /// [`EntryChoice`] with the picks on the host: `(picks, k)`.
@@ -196,26 +314,33 @@ enum HostChoice<'a> {
 
 struct HostKv<'a> {
     raw: &'a [f32],
+    raw_map: RowMap<'a>,
     first: u32,
     window: u32,
     entries: &'a [f32],
+    entry_map: RowMap<'a>,
+    count: usize,
     choice: HostChoice<'a>,
 }
 
 /// The reference: scores, sink and softmax in f64.
-fn attend_ref(
+fn attend_ref<'a>(
     q: &[f32],
     positions: &[u32],
-    kv: HostKv<'_>,
+    kv: HostKv<'a>,
     sinks: &[f32],
     [heads, dim]: [usize; 2],
     scale: f32,
 ) -> Vec<f32> {
     let mut out = vec![0f32; q.len()];
-    let n_entries = kv.entries.len() / dim;
+    // Rows were checked to exist before the call.
+    let row = |data: &'a [f32], map, first, i| {
+        let r = row_of(map, first, i).unwrap_or(0);
+        &data[r * dim..][..dim]
+    };
     for (t, &p) in positions.iter().enumerate() {
         let lo = (p + 1).saturating_sub(kv.window).max(kv.first);
-        let raw = (lo..=p).map(|j| &kv.raw[(j - kv.first) as usize * dim..][..dim]);
+        let raw = (lo..=p).map(|j| row(kv.raw, kv.raw_map, kv.first, j));
         let chosen: Vec<usize> = match kv.choice {
             HostChoice::Visible(ratio) => (0..((p + 1) / ratio) as usize).collect(),
             HostChoice::Picked(picks, k) => picks[t * k..(t + 1) * k]
@@ -228,8 +353,8 @@ fn attend_ref(
             .chain(
                 chosen
                     .iter()
-                    .filter(|&&e| e < n_entries)
-                    .map(|&e| &kv.entries[e * dim..][..dim]),
+                    .filter(|&&e| e < kv.count)
+                    .map(|&e| row(kv.entries, kv.entry_map, 0, e as u32)),
             )
             .collect();
         for h in 0..heads {

@@ -5,7 +5,7 @@
 //! reference compiled into the same binary; and a whole tiny V4 model against transformers'
 //! goldens (kiln-model's test fixture).
 
-use kiln_attention::{CompressedKv, EntryChoice, compressed_attention};
+use kiln_attention::{CompressedKv, EntryChoice, EntryRows, RowMap, compressed_attention};
 use kiln_tensor::{
     Device, PoolWindows, Recorder, RopeConfig, RopeLayout, RopeScaling, RopeTable, RotaryChannels,
     Tensor,
@@ -170,9 +170,10 @@ pub(crate) fn v4_checks(dev: &Device, seed: u64) -> anyhow::Result<Vec<Check>> {
         let picks_t = Tensor::from_u32(d, &[tokens, 8], &chosen)?;
         let kv = CompressedKv {
             raw: &raw_t,
+            raw_map: RowMap::Consecutive,
             first: 2000,
             window: 128,
-            entries: Some(&ent_t),
+            entries: Some(EntryRows::consecutive(&ent_t)),
             choice: EntryChoice::Picked(&picks_t),
         };
         let positions: Vec<u32> = (2134..2140).collect();

@@ -4,7 +4,7 @@
 //! (`kiln_attention::compressed_attention`), RoPE turned back on the output, and the grouped
 //! low-rank output projection.
 
-use kiln_attention::{CompressedKv, EntryChoice, compressed_attention};
+use kiln_attention::{CompressedKv, EntryChoice, EntryRows, RowMap, compressed_attention};
 use kiln_tensor::{Device, Recorder, RopePositions, RopeTable, Routes, Tensor};
 
 use super::compress::tensor_bytes;
@@ -271,9 +271,10 @@ impl Attention {
         };
         let kvs = CompressedKv {
             raw: &raw,
+            raw_map: RowMap::Consecutive,
             first: state.first,
             window,
-            entries: entries.as_ref(),
+            entries: entries.as_ref().map(EntryRows::consecutive),
             choice,
         };
         let scale = 1.0 / (d as f32).sqrt();
