@@ -9,7 +9,7 @@
 //! cache: [`RowMap::Paged`]).
 
 use bytemuck::{Pod, Zeroable};
-use kiln_tensor::{Access, DType, KernelDef, NO_ENTRY, Recorder, Tensor};
+use kiln_tensor::{Access, DType, KernelDef, MappedRows, NO_ENTRY, Recorder, RowMap, Tensor};
 
 use crate::{KvDeviceError, Result};
 
@@ -40,36 +40,6 @@ pub enum EntryChoice<'a> {
     Picked(&'a Tensor),
 }
 
-/// Which row of its tensor holds a sequence's item `i` (a position's raw row, or entry `i`).
-#[derive(Debug, Clone, Copy)]
-pub enum RowMap<'a> {
-    /// Row `i - first`: the items from `first` lie consecutively.
-    Consecutive,
-    /// Row `table[i / block] * block + i % block`: a pool of blocks of `block` rows and the
-    /// sequence's block table (kiln-kv's).
-    Paged { table: &'a [u32], block: u32 },
-}
-
-/// A sequence's compressed entries: `count` of them, in `rows` (F32 `[rows, head_dim]`) as
-/// `map` says.
-#[derive(Debug, Clone, Copy)]
-pub struct EntryRows<'a> {
-    pub rows: &'a Tensor,
-    pub count: u32,
-    pub map: RowMap<'a>,
-}
-
-impl<'a> EntryRows<'a> {
-    /// Every row of `rows`, in order.
-    pub fn consecutive(rows: &'a Tensor) -> Self {
-        Self {
-            rows,
-            count: rows.rows() as u32,
-            map: RowMap::Consecutive,
-        }
-    }
-}
-
 /// The keys (= values) one sequence's queries read.
 #[derive(Debug, Clone, Copy)]
 pub struct CompressedKv<'a> {
@@ -81,33 +51,8 @@ pub struct CompressedKv<'a> {
     /// A query at `p` reads the raw rows of positions `p - window + 1 ..= p`.
     pub window: u32,
     /// The compressed entries, if any yet.
-    pub entries: Option<EntryRows<'a>>,
+    pub entries: Option<MappedRows<'a>>,
     pub choice: EntryChoice<'a>,
-}
-
-/// The row of item `i`, as `map` lays the items out from `first`; `None` where a table has
-/// no block for it.
-fn row_of(map: RowMap<'_>, first: u32, i: u32) -> Option<usize> {
-    match map {
-        RowMap::Consecutive => i.checked_sub(first).map(|r| r as usize),
-        RowMap::Paged { table, block } => {
-            let b = table.get((i / block) as usize)?;
-            (*b != u32::MAX).then(|| *b as usize * block as usize + (i % block) as usize)
-        }
-    }
-}
-
-/// Checks that every item in `items` has a row below `rows`; the first that does not.
-fn check_rows(
-    map: RowMap<'_>,
-    first: u32,
-    rows: usize,
-    mut items: impl Iterator<Item = u32>,
-) -> Option<u32> {
-    if let RowMap::Paged { block: 0, .. } = map {
-        return Some(first);
-    }
-    items.find(|&i| row_of(map, first, i).is_none_or(|r| r >= rows))
 }
 
 #[repr(C)]
@@ -176,22 +121,22 @@ pub fn compressed_attention(
         let lo = (p + 1).saturating_sub(kv.window).max(kv.first);
         lo..=p
     });
-    if let Some(j) = check_rows(kv.raw_map, kv.first, kv.raw.rows(), read) {
+    if let Some(j) = kv.raw_map.missing(kv.first, kv.raw.rows(), read) {
         return invalid(format!(
             "position {j} has no raw row of {:?} from {} ({})",
             kv.raw.shape(),
             kv.first,
-            map_name(kv.raw_map)
+            kv.raw_map.describe()
         ));
     }
     if let Some(e) = kv.entries
-        && let Some(i) = check_rows(e.map, 0, e.rows.rows(), 0..e.count)
+        && let Some(i) = e.missing()
     {
         return invalid(format!(
             "entry {i} of {} has no row of {:?} ({})",
             e.count,
             e.rows.shape(),
-            map_name(e.map)
+            e.map.describe()
         ));
     }
     if kv.entries.is_some_and(|e| e.rows.cols() != dim) || sinks.elem_count() != heads {
@@ -251,16 +196,9 @@ pub fn compressed_attention(
     }
     // One index buffer: the positions, then the raw rows' table, then the entries'.
     let mut index = positions.to_vec();
-    let mut table = |map: RowMap<'_>| match map {
-        RowMap::Consecutive => (0, 0),
-        RowMap::Paged { table, block } => {
-            let at = index.len() as u32;
-            index.extend_from_slice(table);
-            (block, at)
-        }
-    };
-    let (raw_block, raw_table) = table(kv.raw_map);
-    let (entry_block, entry_table) = table(kv.entries.map_or(RowMap::Consecutive, |e| e.map));
+    let (raw_block, raw_table) = kv.raw_map.append_table(&mut index);
+    let entry_map = kv.entries.map_or(RowMap::Consecutive, |e| e.map);
+    let (entry_block, entry_table) = entry_map.append_table(&mut index);
     let index = Tensor::from_u32(&device, &[index.len()], &index)?;
     let out = rec.output(DType::F32, q.shape(), "compressed attention output")?;
     let params = Params {
@@ -292,17 +230,8 @@ pub fn compressed_attention(
     Ok(out)
 }
 
-fn entries_count(e: Option<EntryRows<'_>>) -> usize {
+fn entries_count(e: Option<MappedRows<'_>>) -> usize {
     e.map_or(0, |e| e.count as usize)
-}
-
-fn map_name(map: RowMap<'_>) -> String {
-    match map {
-        RowMap::Consecutive => "consecutive rows".into(),
-        RowMap::Paged { table, block } => {
-            format!("a table of {} blocks of {block} rows", table.len())
-        }
-    }
 }
 
 /// [`EntryChoice`] with the picks on the host: `(picks, k)`.
@@ -334,8 +263,8 @@ fn attend_ref<'a>(
 ) -> Vec<f32> {
     let mut out = vec![0f32; q.len()];
     // Rows were checked to exist before the call.
-    let row = |data: &'a [f32], map, first, i| {
-        let r = row_of(map, first, i).unwrap_or(0);
+    let row = |data: &'a [f32], map: RowMap<'_>, first, i| {
+        let r = map.row(first, i).unwrap_or(0);
         &data[r * dim..][..dim]
     };
     for (t, &p) in positions.iter().enumerate() {

@@ -10,9 +10,7 @@ mod stored;
 pub use cache::{
     AttnBatch, AttnConfig, KvCache, KvCacheConfig, MAX_HEAD_DIM, QkNorm, QkPrep, QkvRows, SeqBatch,
 };
-pub use compressed::{
-    CompressedKv, EntryChoice, EntryRows, MAX_COMPRESSED_HEAD_DIM, RowMap, compressed_attention,
-};
+pub use compressed::{CompressedKv, EntryChoice, MAX_COMPRESSED_HEAD_DIM, compressed_attention};
 pub use error::{KvDeviceError, Result};
 pub use reference::contiguous_attention;
 pub use stored::{CENTRED_PAIRS, KeyCentre, key_centres};

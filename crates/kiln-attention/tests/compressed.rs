@@ -6,10 +6,8 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use kiln_attention::{
-    CompressedKv, EntryChoice, EntryRows, RowMap, compressed_attention, contiguous_attention,
-};
-use kiln_tensor::{Device, NO_ENTRY, Recorder, Tensor};
+use kiln_attention::{CompressedKv, EntryChoice, compressed_attention, contiguous_attention};
+use kiln_tensor::{Device, MappedRows, NO_ENTRY, Recorder, RowMap, Tensor};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -109,7 +107,7 @@ impl Case {
             raw_map: map(&raw_table),
             first: self.first,
             window: self.window,
-            entries: entries.then_some(EntryRows {
+            entries: entries.then_some(MappedRows {
                 rows: &ent,
                 count: 12,
                 map: map(&ent_table),

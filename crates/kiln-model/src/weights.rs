@@ -519,7 +519,7 @@ mod tests {
         let mut names = Vec::new();
         for &d in DType::WEIGHTS {
             let Some(id) = d.ggml() else {
-                assert!(matches!(d, DType::Q4_Z | DType::Q8_Z), "{d:?}");
+                assert!(matches!(d, DType::Q4_Z | DType::Q8_Z | DType::FP8), "{d:?}");
                 continue;
             };
             let t = GgmlType(id);

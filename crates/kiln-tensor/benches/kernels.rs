@@ -49,8 +49,8 @@ const SHAPES: [(&str, usize, usize); 5] = [
 ];
 const DTYPES: &[DType] = DType::WEIGHTS;
 
-/// `n_blocks` GGUF blocks of `dtype` from a fixed hash, with every f16 scale field set to a
-/// small finite value.
+/// `n_blocks` GGUF blocks of `dtype` from a fixed hash, with every f16 scale field (FP8's
+/// f32) set to a small finite value.
 fn blocks(dtype: DType, n_blocks: usize) -> Vec<u8> {
     let bb = dtype.block_bytes();
     let scales: &[usize] = match dtype {
@@ -68,6 +68,15 @@ fn blocks(dtype: DType, n_blocks: usize) -> Vec<u8> {
     for blk in out.chunks_exact_mut(bb) {
         for &at in scales {
             blk[at..at + 2].copy_from_slice(&small);
+        }
+        // FP8: an f32 scale, and no E4M3 NaN code.
+        if dtype == DType::FP8 {
+            blk[..4].copy_from_slice(&1e-3f32.to_le_bytes());
+            for q in &mut blk[4..] {
+                if *q & 0x7f == 0x7f {
+                    *q ^= 1;
+                }
+            }
         }
     }
     out

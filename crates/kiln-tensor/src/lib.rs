@@ -24,8 +24,8 @@ pub use keep::Keep;
 pub use ops::sample;
 pub use ops::{
     Activation, Choice, ClampLimit, ColumnIndex, HcConfig, HcWeights, LinearOps, MAX_EXPERTS,
-    MAX_EXPERTS_USED, MAX_STREAMS, NO_ENTRY, PoolWindows, RmsNorm, RopeConfig, RopeLayout,
-    RopePositions, RopeScaling, RopeTable, RotaryChannels, Router, Routes,
+    MAX_EXPERTS_USED, MAX_STREAMS, MappedRows, NO_ENTRY, PoolWindows, RmsNorm, RopeConfig,
+    RopeLayout, RopePositions, RopeScaling, RopeTable, RotaryChannels, Router, Routes, RowMap,
 };
 pub use quant::{dequantize, int8_activation_bounds, quantize};
 pub use recorder::Recorder;

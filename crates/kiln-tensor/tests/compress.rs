@@ -10,7 +10,8 @@
 mod common;
 
 use common::{assert_close, gpus, randn, rng};
-use kiln_tensor::{Device, NO_ENTRY, PoolWindows, Recorder, Tensor};
+use kiln_tensor::{Device, MappedRows, NO_ENTRY, PoolWindows, Recorder, RowMap, Tensor};
+use rand::Rng;
 
 /// The reference, the native CPU backend and every wgpu configuration.
 fn devices() -> Vec<(&'static str, Device)> {
@@ -174,13 +175,60 @@ fn topk(
     visible: &[u32],
     k: usize,
 ) -> Vec<u32> {
+    topk_paged(dev, q, w, keys, shape, visible, k, None)
+}
+
+/// [`topk`] with the keys in a pool of `block`-row blocks, shuffled among twice as many
+/// (NaN where no key is), read through their table.
+#[allow(clippy::too_many_arguments)]
+fn topk_paged(
+    dev: &Device,
+    q: &[f32],
+    w: &[f32],
+    keys: &[f32],
+    shape: [usize; 3],
+    visible: &[u32],
+    k: usize,
+    block: Option<usize>,
+) -> Vec<u32> {
     let [tokens, heads, dim] = shape;
     let qt = Tensor::from_f32(dev, &[tokens, heads, dim], q).unwrap();
     let wt = Tensor::from_f32(dev, &[tokens, heads], w).unwrap();
-    let kt = Tensor::from_f32(dev, &[keys.len() / dim, dim], keys).unwrap();
+    let count = keys.len() / dim;
+    let (pool, table) = match block {
+        None => (keys.to_vec(), Vec::new()),
+        Some(b) => {
+            let blocks = count.div_ceil(b);
+            let mut slots: Vec<u32> = (0..2 * blocks as u32).collect();
+            let mut r = rng(count as u64);
+            for i in (1..slots.len()).rev() {
+                slots.swap(i, r.random_range(0..=i));
+            }
+            let mut pool = vec![f32::NAN; 2 * blocks * b * dim];
+            for i in 0..count {
+                let to = (slots[i / b] as usize * b + i % b) * dim;
+                pool[to..to + dim].copy_from_slice(&keys[i * dim..(i + 1) * dim]);
+            }
+            (pool, slots[..blocks].to_vec())
+        }
+    };
+    let kt = Tensor::from_f32(dev, &[pool.len() / dim, dim], &pool).unwrap();
+    let key_rows = MappedRows {
+        rows: &kt,
+        count: count as u32,
+        map: match block {
+            Some(b) => RowMap::Paged {
+                table: &table,
+                block: b as u32,
+            },
+            None => RowMap::Consecutive,
+        },
+    };
     let mut rec = Recorder::new(dev);
     let scale = 1.0 / ((dim * heads) as f32).sqrt();
-    let out = rec.indexer_topk(&qt, &wt, &kt, visible, k, scale).unwrap();
+    let out = rec
+        .indexer_topk(&qt, &wt, key_rows, visible, k, scale)
+        .unwrap();
     rec.submit().unwrap();
     out.to_u32_vec().unwrap()
 }
@@ -249,6 +297,26 @@ fn indexer_topk_picks_the_best_visible_entries_on_every_device() {
                 got, want,
                 "{name} indexer_topk {shape:?} over {entries}, k {k}"
             );
+        }
+    }
+}
+
+/// Keys read through a block table from a pool give the same picks as read consecutively,
+/// on every device.
+#[test]
+fn indexer_topk_reads_its_keys_through_a_block_table() {
+    let mut r = rng(51);
+    let (tokens, heads, dim, entries, k) = (9, 8, 32, 300, 16);
+    let q = randn(&mut r, tokens * heads * dim, 1.0);
+    let w = randn(&mut r, tokens * heads, 1.0);
+    let keys = randn(&mut r, entries * dim, 1.0);
+    let visible: Vec<u32> = (0..tokens).map(|t| (t * 37) as u32).collect();
+    let shape = [tokens, heads, dim];
+    for (name, dev) in devices() {
+        let want = topk(&dev, &q, &w, &keys, shape, &visible, k);
+        for block in [1, 7, 32] {
+            let got = topk_paged(&dev, &q, &w, &keys, shape, &visible, k, Some(block));
+            assert_eq!(got, want, "{name}, blocks of {block}");
         }
     }
 }
@@ -345,7 +413,33 @@ fn bad_shapes_are_refused_by_name() {
     assert!(e.to_string().contains("compress_pool"), "{e}");
     // More entries visible than there are.
     let e = rec
-        .indexer_topk(&t(&[1, 2, 4]), &t(&[1, 2]), &t(&[3, 4]), &[4], 2, 1.0)
+        .indexer_topk(
+            &t(&[1, 2, 4]),
+            &t(&[1, 2]),
+            MappedRows::consecutive(&t(&[3, 4])),
+            &[4],
+            2,
+            1.0,
+        )
         .unwrap_err();
     assert!(e.to_string().contains("visible entries"), "{e}");
+    // A key whose block the table lacks.
+    let e = rec
+        .indexer_topk(
+            &t(&[1, 2, 4]),
+            &t(&[1, 2]),
+            MappedRows {
+                rows: &t(&[8, 4]),
+                count: 6,
+                map: RowMap::Paged {
+                    table: &[1, u32::MAX],
+                    block: 4,
+                },
+            },
+            &[6],
+            2,
+            1.0,
+        )
+        .unwrap_err();
+    assert!(e.to_string().contains("key 4 of 6 has no row"), "{e}");
 }

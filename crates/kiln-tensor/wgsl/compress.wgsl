@@ -22,7 +22,11 @@ struct Params {
     e: u32,
     f: u32,
     g: u32,
+    h: u32,
+    i: u32,
+    _pad0: u32,
     _pad1: u32,
+    _pad2: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -83,7 +87,9 @@ fn main(
 #endif
 
 #if SCORE
-// a = the group's tokens, b = heads, c = dim, d = entries, f = scale (f32 bits), g = first token
+// a = the group's tokens, b = heads, c = dim, d = entries, f = scale (f32 bits), g = first token,
+// h = rows a block of the keys' pool (0: consecutive keys), i = where its table starts in
+// `visible` (after the tokens' counts)
 @group(0) @binding(1) var<storage, read> q: array<f32>;
 @group(0) @binding(2) var<storage, read> hw: array<f32>;
 @group(0) @binding(3) var<storage, read> keys: array<f32>;
@@ -105,12 +111,16 @@ fn main(
     if (s >= visible[t]) {
         return;
     }
+    var kb = s * p.c;
+    if (p.h != 0u) {
+        kb = (visible[p.i + s / p.h] * p.h + s % p.h) * p.c;
+    }
     var acc = 0.0;
     for (var h = 0u; h < p.b; h++) {
         let qb = (t * p.b + h) * p.c;
         var d = 0.0;
         for (var j = 0u; j < p.c; j++) {
-            d += q[qb + j] * keys[s * p.c + j];
+            d += q[qb + j] * keys[kb + j];
         }
         acc += hw[t * p.b + h] * max(d, 0.0);
     }

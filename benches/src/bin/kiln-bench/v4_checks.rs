@@ -5,10 +5,10 @@
 //! reference compiled into the same binary; and a whole tiny V4 model against transformers'
 //! goldens (kiln-model's test fixture).
 
-use kiln_attention::{CompressedKv, EntryChoice, EntryRows, RowMap, compressed_attention};
+use kiln_attention::{CompressedKv, EntryChoice, compressed_attention};
 use kiln_tensor::{
-    Device, PoolWindows, Recorder, RopeConfig, RopeLayout, RopeScaling, RopeTable, RotaryChannels,
-    Tensor,
+    Device, MappedRows, PoolWindows, Recorder, RopeConfig, RopeLayout, RopeScaling, RopeTable,
+    RotaryChannels, RowMap, Tensor,
 };
 
 use std::path::Path;
@@ -130,7 +130,7 @@ pub(crate) fn v4_checks(dev: &Device, seed: u64) -> anyhow::Result<Vec<Check>> {
         let p = rec.indexer_topk(
             &Tensor::from_f32(d, &[tokens, index_heads, INDEX_HEAD], &q)?,
             &Tensor::from_f32(d, &[tokens, index_heads], &w)?,
-            &Tensor::from_f32(d, &[entries, INDEX_HEAD], &keys)?,
+            MappedRows::consecutive(&Tensor::from_f32(d, &[entries, INDEX_HEAD], &keys)?),
             &visible,
             k,
             1.0 / ((INDEX_HEAD * index_heads) as f32).sqrt(),
@@ -173,7 +173,7 @@ pub(crate) fn v4_checks(dev: &Device, seed: u64) -> anyhow::Result<Vec<Check>> {
             raw_map: RowMap::Consecutive,
             first: 2000,
             window: 128,
-            entries: Some(EntryRows::consecutive(&ent_t)),
+            entries: Some(MappedRows::consecutive(&ent_t)),
             choice: EntryChoice::Picked(&picks_t),
         };
         let positions: Vec<u32> = (2134..2140).collect();

@@ -4,8 +4,8 @@
 //! (`kiln_attention::compressed_attention`), RoPE turned back on the output, and the grouped
 //! low-rank output projection.
 
-use kiln_attention::{CompressedKv, EntryChoice, EntryRows, RowMap, compressed_attention};
-use kiln_tensor::{Device, Recorder, RopePositions, RopeTable, Routes, Tensor};
+use kiln_attention::{CompressedKv, EntryChoice, compressed_attention};
+use kiln_tensor::{Device, MappedRows, Recorder, RopePositions, RopeTable, Routes, RowMap, Tensor};
 
 use super::compress::tensor_bytes;
 use super::{Compressor, CompressorState, Indexer, IndexerState};
@@ -274,7 +274,7 @@ impl Attention {
             raw_map: RowMap::Consecutive,
             first: state.first,
             window,
-            entries: entries.as_ref().map(EntryRows::consecutive),
+            entries: entries.as_ref().map(MappedRows::consecutive),
             choice,
         };
         let scale = 1.0 / (d as f32).sqrt();

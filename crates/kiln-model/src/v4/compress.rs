@@ -1,6 +1,8 @@
 //! The compressors and the lightning indexer.
 
-use kiln_tensor::{DType, NO_ENTRY, PoolWindows, Recorder, RopePositions, RopeTable, Tensor};
+use kiln_tensor::{
+    DType, MappedRows, NO_ENTRY, PoolWindows, Recorder, RopePositions, RopeTable, Tensor,
+};
 
 use crate::{ModelError, Result};
 
@@ -311,6 +313,7 @@ impl Indexer {
         let q = rec.rope(&q.reshape(&[tokens, self.heads, dim])?, at)?;
         let w = rec.matmul(x, &self.w.head_weights, None)?;
         let scale = 1.0 / ((dim * self.heads) as f32).sqrt();
+        let keys = MappedRows::consecutive(keys);
         Ok(rec.indexer_topk(&q, &w, keys, &visible, self.topk, scale)?)
     }
 }

@@ -12,7 +12,7 @@ use bytemuck::{Pod, Zeroable};
 
 use super::{R2W, R3W, one_binding, require_dtype};
 use crate::gpu::{Access, KernelDef};
-use crate::{DType, Recorder, Result, Tensor, TensorError};
+use crate::{DType, MappedRows, Recorder, Result, Tensor, TensorError};
 
 const SRC: &str = include_str!("../../wgsl/compress.wgsl");
 static POOL: KernelDef = KernelDef {
@@ -80,7 +80,7 @@ struct PoolParams {
     ratio: u32,
     lead: u32,
     overlap: u32,
-    _pad: [u32; 2],
+    _pad: [u32; 6],
 }
 
 #[repr(C)]
@@ -95,7 +95,11 @@ struct TopkParams {
     scale: f32,
     /// The group's first query token.
     first: u32,
-    _pad: u32,
+    /// Rows a block of the keys' pool (0: consecutive keys), and where its table starts in
+    /// the index buffer (after the visible counts).
+    key_block: u32,
+    key_table: u32,
+    _pad: [u32; 3],
 }
 
 /// Query tokens scored at a time: as many as leave their scores (`entries` f32 a query) in
@@ -165,7 +169,7 @@ impl Recorder {
             ratio: ratio as u32,
             lead: lead as u32,
             overlap: u32::from(windows != PoolWindows::Disjoint),
-            _pad: [0; 2],
+            _pad: [0; 6],
         };
         self.dispatch(
             &POOL,
@@ -191,12 +195,13 @@ impl Recorder {
         &mut self,
         q: &Tensor,
         w: &Tensor,
-        keys: &Tensor,
+        key_rows: MappedRows<'_>,
         visible: &[u32],
         k: usize,
         scale: f32,
     ) -> Result<Tensor> {
         const OP: &str = "indexer_topk";
+        let keys = key_rows.rows;
         for (what, t) in [
             ("the queries", q),
             ("the head weights", w),
@@ -206,13 +211,24 @@ impl Recorder {
         }
         self.check_device(OP, &[q, w, keys])?;
         one_binding(OP, &[q, w, keys])?;
+        if let Some(i) = key_rows.missing() {
+            return Err(TensorError::Invalid {
+                op: OP,
+                detail: format!(
+                    "key {i} of {} has no row of {:?} ({})",
+                    key_rows.count,
+                    keys.shape(),
+                    key_rows.map.describe()
+                ),
+            });
+        }
         let [tokens, heads, dim] = *q.shape() else {
             return Err(TensorError::Shape {
                 op: OP,
                 detail: format!("queries must be [tokens, heads, dim], got {:?}", q.shape()),
             });
         };
-        let entries = keys.rows();
+        let entries = key_rows.count as usize;
         if w.shape() != [tokens, heads] || keys.cols() != dim || visible.len() != tokens {
             return Err(TensorError::Shape {
                 op: OP,
@@ -242,12 +258,20 @@ impl Recorder {
         let Some(ctx) = self.gpu().cloned() else {
             let (q, w, keys) = (q.host_f32()?, w.host_f32()?, keys.host_f32()?);
             let shape = IndexerShape { heads, dim, k };
+            // Every key was checked to have its row.
+            let key = |s: usize| {
+                let r = key_rows.map.row(0, s as u32).unwrap_or(0);
+                &keys[r * dim..(r + 1) * dim]
+            };
             return Ok(Tensor::host_u32_with(&[tokens, k], |out| {
-                indexer_topk_ref(q, w, keys, visible, shape, scale, out)
+                indexer_topk_ref(q, w, key, visible, shape, scale, out)
             }));
         };
         let device = self.device().clone();
-        let visible = Tensor::from_u32(&device, &[tokens], visible)?;
+        // One index buffer: the visible counts, then the keys' table.
+        let mut index = visible.to_vec();
+        let (key_block, key_table) = key_rows.map.append_table(&mut index);
+        let visible = Tensor::from_u32(&device, &[index.len()], &index)?;
         let out = Tensor::gpu_output(&ctx, DType::U32, &[tokens, k], OP)?;
         // The scores of a group of queries at a time, so that they fit one binding however
         // many entries there are (a long context's CSA layers).
@@ -263,7 +287,9 @@ impl Recorder {
                 k: k as u32,
                 scale,
                 first: first as u32,
-                _pad: 0,
+                key_block,
+                key_table,
+                _pad: [0; 3],
             };
             self.dispatch(
                 &SCORE,
@@ -343,10 +369,10 @@ pub(crate) struct IndexerShape {
 }
 
 /// CPU reference of [`Recorder::indexer_topk`], into `out` `[tokens, k]`.
-pub(crate) fn indexer_topk_ref(
+pub(crate) fn indexer_topk_ref<'k>(
     q: &[f32],
     w: &[f32],
-    keys: &[f32],
+    key: impl Fn(usize) -> &'k [f32],
     visible: &[u32],
     shape: IndexerShape,
     scale: f32,
@@ -356,7 +382,7 @@ pub(crate) fn indexer_topk_ref(
     for (t, (&n, picks)) in visible.iter().zip(out.chunks_exact_mut(k)).enumerate() {
         let mut scored: Vec<(usize, f32)> = (0..n as usize)
             .map(|s| {
-                let key = &keys[s * dim..(s + 1) * dim];
+                let key = key(s);
                 let score = (0..heads).fold(0f32, |acc, h| {
                     let qh = &q[(t * heads + h) * dim..(t * heads + h + 1) * dim];
                     let d = qh.iter().zip(key).fold(0f32, |a, (x, y)| a + x * y);

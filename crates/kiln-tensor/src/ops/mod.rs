@@ -13,6 +13,7 @@ mod matmul_rows;
 mod matmul_tiled;
 mod moe;
 mod moe_route;
+mod paged;
 mod rope;
 mod rows;
 pub mod sample;
@@ -26,6 +27,7 @@ pub use matmul::{Activation, ClampLimit, LinearOps, RmsNorm};
 pub use moe::{MAX_EXPERTS, MAX_EXPERTS_USED};
 pub(crate) use moe::{RoutedX, expert_slots};
 pub use moe_route::{Choice, Router, Routes};
+pub use paged::{MappedRows, RowMap};
 pub use rope::{RopeConfig, RopeLayout, RopePositions, RopeScaling, RopeTable, RotaryChannels};
 pub(crate) use rows::rms_norm_row;
 
