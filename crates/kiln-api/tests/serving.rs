@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use common::{config, tiny_engine};
 use kiln_api::{Health, NotServing, Protocol, Serving, ServingConfig};
-use kiln_engine::{EngineError, FaultPlan, Request};
+use kiln_engine::{EngineError, FaultPlan, Request, StepGate};
 use kiln_tensor::Device;
 
 fn serving(stuck_after: Duration) -> Serving {
@@ -61,46 +61,44 @@ async fn loading_serving_draining() {
     assert!(text.ends_with("# EOF\n"));
 }
 
-#[tokio::test]
+/// A step held in flight (an armed [`StepGate`]) is stuck at once with no slack; released,
+/// the request finishes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_step_running_past_the_limit_is_stuck() {
-    // With no slack at all, any step caught in flight counts as stuck.
+    let gate = StepGate::new();
+    let mut cfg = config(64, 4, 32, 8);
+    cfg.faults = FaultPlan {
+        gate: Some(gate.clone()),
+        ..FaultPlan::default()
+    };
     let s = serving(Duration::ZERO);
-    s.attach(tiny_engine(&Device::reference(), 255, config(64, 4, 32, 8)))
+    s.attach(tiny_engine(&Device::reference(), 255, cfg))
         .await
         .unwrap();
     let engine = s.engine().unwrap().clone();
-    // The warm-up's last step may still be closing (its events go out before it ends).
-    for _ in 0..1000 {
-        if engine.stalled_for().is_none() {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(1));
-    }
-    assert_eq!(engine.stalled_for(), None, "idle between requests");
-    assert_eq!(s.health(), Health::Serving);
-    let mut long = Request::tokens(vec![1, 2, 3]).max_new_tokens(200);
+    gate.arm();
+    let mut long = Request::tokens(vec![1, 2, 3]).max_new_tokens(20);
     long.stopping.ignore_eos = true;
     let stream = engine.submit(long).unwrap();
-    let mut seen = false;
-    for _ in 0..20_000 {
-        if s.health() == Health::Stuck {
-            seen = true;
-            break;
-        }
-        tokio::task::yield_now().await;
-    }
-    assert!(seen, "never caught a step in flight");
-    drop(stream);
+    let held = gate.clone();
+    let started = tokio::task::spawn_blocking(move || held.wait_started(Duration::from_secs(60)))
+        .await
+        .unwrap();
+    assert!(started, "the request's step never started");
+    assert_eq!(s.health(), Health::Stuck);
+    gate.release();
+    let out = stream.collect().await.unwrap();
+    assert_eq!(out.outputs[0].token_ids.len(), 20);
 }
 
-/// A step that hangs (an injected stall) makes health Stuck, saying why, while the step loop
-/// holds work; once it moves again health is Serving and the request finishes.
+/// A step that hangs (held by a [`StepGate`]) makes health Stuck once it has gone past the
+/// limit, saying why; once it moves again the request finishes and health is Serving.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stalled_step_is_stuck_until_it_moves_again() {
+    let gate = StepGate::new();
     let mut cfg = config(64, 4, 32, 8);
-    // The warm-up takes a few steps; step 12 is the request's.
     cfg.faults = FaultPlan {
-        stall_step: Some((12, Duration::from_millis(1500))),
+        gate: Some(gate.clone()),
         ..FaultPlan::default()
     };
     let s = serving(Duration::from_millis(300));
@@ -108,19 +106,34 @@ async fn a_stalled_step_is_stuck_until_it_moves_again() {
         .await
         .unwrap();
     let engine = s.engine().unwrap().clone();
+    gate.arm();
     let mut long = Request::tokens(vec![1, 2, 3]).max_new_tokens(40);
     long.stopping.ignore_eos = true;
     let stream = engine.submit(long).unwrap();
-    let waited = tokio::time::Instant::now();
+    let held = gate.clone();
+    let started = tokio::task::spawn_blocking(move || held.wait_started(Duration::from_secs(60)))
+        .await
+        .unwrap();
+    assert!(started, "the request's step never started");
+    // Held, the step goes past the limit whatever the machine's load, and stays there.
     while s.health() != Health::Stuck {
-        assert!(waited.elapsed() < Duration::from_secs(20), "never stuck");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let why = s.stuck_reason().unwrap();
     assert!(why.contains("no progress"), "{why}");
+    gate.release();
     let out = stream.collect().await.unwrap();
     assert_eq!(out.outputs[0].token_ids.len(), 40);
-    assert_eq!(s.health(), Health::Serving);
+    // The loop goes idle once the last step closes, and stays so: Serving.
+    let waited = tokio::time::Instant::now();
+    while s.health() != Health::Serving {
+        assert!(
+            waited.elapsed() < Duration::from_secs(60),
+            "still {:?}",
+            s.health()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 }
 
 /// Steps that keep failing (a lost device, injected) fail their requests with INTERNAL; after

@@ -223,7 +223,7 @@ impl EngineOptions {
         cfg.max_model_len = self.max_model_len;
         cfg.speculative = self.speculative;
         cfg.device_sampling = self.device_sampling;
-        cfg.faults = self.faults;
+        cfg.faults = self.faults.clone();
         cfg.kv_events = self.kv_events;
         cfg
     }

@@ -33,4 +33,4 @@ pub use request::{
 pub use sampling::{ParamError, SamplingParams, TokenLogprob};
 pub use speculative::{DraftModel, SpecMethod, SpeculativeConfig, TokenizerMismatch};
 pub use start::{DeviceSampling, Engine, EngineConfig};
-pub use step_loop::FaultPlan;
+pub use step_loop::{FaultPlan, StepGate};

@@ -6,7 +6,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, mpsc};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, mpsc};
 use std::time::{Duration, Instant};
 
 use kiln_kv::SeqId;
@@ -60,12 +60,91 @@ pub(crate) struct Loop {
 const MAX_FAILED_STEPS: u32 = 3;
 
 /// Faults to inject, for tests of what serving does when the device fails or hangs: every
-/// step from `fail_from_step` on fails as a lost device's would, and step `stall_step.0`
-/// (counted from 1) pauses `stall_step.1` before it runs, as a hung one would.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+/// step from `fail_from_step` on fails as a lost device's would, step `stall_step.0`
+/// (counted from 1) pauses `stall_step.1` before it runs, as a hung one would, and the first
+/// step after `gate` is armed waits there until the test releases it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct FaultPlan {
     pub fail_from_step: Option<u64>,
     pub stall_step: Option<(u64, Duration)>,
+    pub gate: Option<StepGate>,
+}
+
+/// A step a test holds, so that it sees the engine in the middle of a step without racing
+/// it: once [`arm`](Self::arm)ed, the next step the loop runs says it has started
+/// ([`wait_started`](Self::wait_started)) and waits for [`release`](Self::release). Clones
+/// are the same gate.
+#[derive(Debug, Clone, Default)]
+pub struct StepGate {
+    inner: Arc<(Mutex<GateState>, Condvar)>,
+}
+
+#[derive(Debug, Default)]
+struct GateState {
+    armed: bool,
+    started: bool,
+    released: bool,
+}
+
+impl PartialEq for StepGate {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
+    }
+}
+
+impl Eq for StepGate {}
+
+impl StepGate {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn state(&self) -> MutexGuard<'_, GateState> {
+        // A panic while holding the lock leaves plain flags: still meaningful.
+        self.inner.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Holds the next step the loop runs.
+    pub fn arm(&self) {
+        *self.state() = GateState {
+            armed: true,
+            ..GateState::default()
+        };
+    }
+
+    /// Blocks until the held step has started, at most `timeout`; whether it has.
+    pub fn wait_started(&self, timeout: Duration) -> bool {
+        let guard = self.state();
+        let (guard, _) = self
+            .inner
+            .1
+            .wait_timeout_while(guard, timeout, |g| !g.started)
+            .unwrap_or_else(PoisonError::into_inner);
+        guard.started
+    }
+
+    /// Lets the held step go on.
+    pub fn release(&self) {
+        self.state().released = true;
+        self.inner.1.notify_all();
+    }
+
+    /// The step loop's side: when armed, says the step has started and waits for the
+    /// release (disarming the gate).
+    fn pass(&self) {
+        let mut guard = self.state();
+        if !guard.armed {
+            return;
+        }
+        guard.started = true;
+        self.inner.1.notify_all();
+        let mut guard = self
+            .inner
+            .1
+            .wait_while(guard, |g| !g.released)
+            .unwrap_or_else(PoisonError::into_inner);
+        guard.armed = false;
+    }
 }
 
 /// How a request ended early.
@@ -297,6 +376,9 @@ impl Loop {
             && self.steps == at
         {
             std::thread::sleep(pause);
+        }
+        if let Some(gate) = &self.faults.gate {
+            gate.pass();
         }
         let out = match self.faults.fail_from_step {
             Some(from) if self.steps >= from => Err(InternalError::Injected(self.steps)),

@@ -5,9 +5,9 @@
 
 mod common;
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use common::{config, tiny_engine};
+use common::{config, tiny_engine, wait_idle};
 use kiln_engine::{
     CacheEvent, EngineError, EngineHandle, Event, Field, FinishReason, Output, Request,
     SamplingParams, ShutdownMode,
@@ -27,17 +27,6 @@ fn run(e: &EngineHandle, r: Request) -> Output {
 
 fn prompt() -> Request {
     Request::tokens(vec![10, 20, 30, 40, 50, 60, 70])
-}
-
-fn wait_idle(e: &EngineHandle) -> kiln_engine::EngineStats {
-    for _ in 0..500 {
-        let s = e.stats_blocking().unwrap();
-        if s.requests == 0 {
-            return s;
-        }
-        std::thread::sleep(Duration::from_millis(2));
-    }
-    panic!("engine never went idle: {:?}", e.stats_blocking());
 }
 
 fn assert_all_free(e: &EngineHandle) {

@@ -157,15 +157,7 @@ fn soak(name: &str, e: &kiln_engine::EngineHandle) {
         .sum();
     assert_eq!(total, 200, "{name}: {tallies:?}");
     assert!(tallies.iter().map(|t| t.finished).sum::<usize>() > 100);
-    let mut stats = e.stats_blocking().unwrap();
-    for _ in 0..200 {
-        if stats.requests == 0 {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(5));
-        stats = e.stats_blocking().unwrap();
-    }
-    assert_eq!(stats.requests, 0, "{name}: {stats:?}");
+    let stats = common::wait_idle(e);
     assert_eq!((stats.running, stats.waiting, stats.preempted), (0, 0, 0));
     assert_eq!(stats.kv.used_blocks, 0, "{name}: {stats:?}");
     assert!(stats.preemptions > 0, "{name}: never preempted: {stats:?}");

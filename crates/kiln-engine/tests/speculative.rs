@@ -75,15 +75,7 @@ fn total(stats: &[(Vec<u32>, SpecStats)]) -> SpecStats {
 }
 
 fn assert_idle_and_free(e: &EngineHandle, name: &str) {
-    let mut stats = e.stats_blocking().unwrap();
-    for _ in 0..400 {
-        if stats.requests == 0 {
-            break;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(5));
-        stats = e.stats_blocking().unwrap();
-    }
-    assert_eq!(stats.requests, 0, "{name}: {stats:?}");
+    let stats = common::wait_idle(e);
     assert_eq!(stats.kv.used_blocks, 0, "{name}: {stats:?}");
     if let Some(d) = stats.draft_kv {
         assert_eq!(d.used_blocks, 0, "{name}: draft pool: {stats:?}");

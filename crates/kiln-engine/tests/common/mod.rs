@@ -85,3 +85,21 @@ pub fn default_engine(dev: &Device, cfg: EngineConfig) -> EngineHandle {
     let (model, tok) = default_model(dev);
     Engine::start(model, tok, cfg).unwrap()
 }
+
+/// The engine's stats once it holds no request (waiting until then: the requests in flight
+/// finish or their dropped streams are noticed, whatever the machine's load; a minute
+/// without getting there is a hang).
+pub fn wait_idle(e: &EngineHandle) -> kiln_engine::EngineStats {
+    let start = std::time::Instant::now();
+    loop {
+        let s = e.stats_blocking().unwrap();
+        if s.requests == 0 {
+            return s;
+        }
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(60),
+            "engine never went idle: {s:?}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+}
