@@ -32,8 +32,8 @@ pub(crate) struct Format {
     pub check: Option<BlockCheck>,
 }
 
-/// A format's own check of one host block: `Err` says what is wrong with it.
-pub(crate) type BlockCheck = fn(blk: &[u8]) -> std::result::Result<(), String>;
+/// A format's own check of one host block: what is wrong with it, if anything.
+pub(crate) type BlockCheck = fn(blk: &[u8]) -> Option<super::BadBlock>;
 
 /// The switches `weights.wgsl` and `matmul_rows.wgsl` take for a format (what
 /// `ops::weight_defines` emits).

@@ -48,7 +48,7 @@ pub(crate) fn check_blocks(dtype: DType, blocks: &[u8]) -> Result<()> {
         return Ok(());
     }
     for (i, blk) in blocks.chunks_exact(dtype.block_bytes()).enumerate() {
-        if let Some(Err(problem)) = format.check.map(|check| check(blk)) {
+        if let Some(problem) = format.check.and_then(|check| check(blk)) {
             return Err(TensorError::Invalid {
                 op: "upload",
                 detail: format!("{dtype:?} block {i} {problem}: the tensor data is corrupted"),
@@ -156,16 +156,33 @@ pub(crate) fn e4m3(q: u8) -> f32 {
     if q & 0x80 != 0 { -v } else { v }
 }
 
-/// An `FP8` block's scale is finite and none of its codes is NaN.
-pub(crate) fn check_fp8(blk: &[u8]) -> std::result::Result<(), String> {
+/// What is wrong with a block a format's own check refuses.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) enum BadBlock {
+    NonFiniteScale(f32),
+    /// An E4M3 NaN code, at this element.
+    NanCode(usize),
+}
+
+impl std::fmt::Display for BadBlock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            BadBlock::NonFiniteScale(d) => write!(f, "has a non-finite scale ({d})"),
+            BadBlock::NanCode(j) => write!(f, "holds the E4M3 NaN code at element {j}"),
+        }
+    }
+}
+
+/// What is wrong with an `FP8` block: a scale that is not finite, or a NaN code.
+pub(crate) fn check_fp8(blk: &[u8]) -> Option<BadBlock> {
     let d = f32_at(blk, 0);
     if !d.is_finite() {
-        return Err(format!("has a non-finite scale ({d})"));
+        return Some(BadBlock::NonFiniteScale(d));
     }
-    match blk[4..36].iter().position(|&q| q & 0x7f == 0x7f) {
-        Some(j) => Err(format!("holds the E4M3 NaN code at element {j}")),
-        None => Ok(()),
-    }
+    blk[4..36]
+        .iter()
+        .position(|&q| q & 0x7f == 0x7f)
+        .map(BadBlock::NanCode)
 }
 
 /// Half the power of two an E8M0 exponent byte `e` stands for, 2^(e − 128), as ggml's
