@@ -29,6 +29,9 @@ impl HostData {
     pub(crate) fn u32s(&self) -> &[u32] {
         &self.words
     }
+    pub(crate) fn f32s_mut(&mut self) -> &mut [f32] {
+        bytemuck::cast_slice_mut(&mut self.words)
+    }
     /// Words allocated (what the spares count).
     fn capacity_bytes(&self) -> usize {
         self.words.capacity() * 4

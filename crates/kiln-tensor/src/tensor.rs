@@ -386,6 +386,16 @@ impl Tensor {
 
     /// The values of an F32 tensor of the CPU backends, borrowed (a GPU tensor's are read
     /// with [`Tensor::to_f32_vec`]).
+    /// The values of an F32 tensor of the CPU backends, to change in place: `None` unless
+    /// this is its storage's only handle (a change must not show through another tensor).
+    pub(crate) fn host_f32_mut(&mut self) -> Option<&mut [f32]> {
+        let n = self.elem_count();
+        match Arc::get_mut(&mut self.storage)? {
+            Storage::Cpu(h) if self.dtype == DType::F32 => Some(&mut h.f32s_mut()[..n]),
+            _ => None,
+        }
+    }
+
     pub fn host_f32(&self) -> Result<&[f32]> {
         match &*self.storage {
             Storage::Cpu(h) if self.dtype == DType::F32 => Ok(&h.f32s()[..self.elem_count()]),

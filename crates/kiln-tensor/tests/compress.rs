@@ -443,3 +443,54 @@ fn bad_shapes_are_refused_by_name() {
         .unwrap_err();
     assert!(e.to_string().contains("key 4 of 6 has no row"), "{e}");
 }
+
+/// `write_rows` puts rows into a pool in place on every device; what the pool held elsewhere
+/// stays; a write after reads in the same recorder lands before later reads; bad rows are
+/// refused naming them.
+#[test]
+fn write_rows_puts_rows_into_a_pool_in_place() {
+    for (name, dev) in devices() {
+        let mut pool = Tensor::from_f32(&dev, &[6, 3], &[1.0; 18]).unwrap();
+        let src = Tensor::from_f32(&dev, &[2, 3], &[10., 11., 12., 20., 21., 22.]).unwrap();
+        let mut rec = Recorder::new(&dev);
+        rec.write_rows(&mut pool, &[4, 1], &src).unwrap();
+        // Read in the same step: the gather sees the write.
+        let seen = rec.concat_rows(&pool, &src).unwrap();
+        rec.submit().unwrap();
+        let mut want = vec![1.0; 18];
+        want[12..15].copy_from_slice(&[10., 11., 12.]);
+        want[3..6].copy_from_slice(&[20., 21., 22.]);
+        assert_eq!(seen.to_f32_vec().unwrap()[..18], want[..], "{name}");
+        drop(seen);
+        let mut rec = Recorder::new(&dev);
+        for (bad, what) in [
+            (vec![6, 0], "pool row"),
+            (vec![2, 2], "row 2 written twice"),
+        ] {
+            let e = rec.write_rows(&mut pool, &bad, &src).unwrap_err();
+            assert!(e.to_string().contains(what), "{name}: {e}");
+        }
+        let e = rec.write_rows(&mut pool, &[0], &src).unwrap_err();
+        assert!(e.to_string().contains("write_rows"), "{name}: {e}");
+        assert_eq!(
+            pool.to_f32_vec().unwrap(),
+            want,
+            "{name}: a refused write changed it"
+        );
+    }
+    // On the CPU backends a pool another tensor shares is refused: the write would show
+    // through one handle and not the other.
+    let dev = Device::reference();
+    let mut pool = Tensor::from_f32(&dev, &[2, 1], &[0.0, 0.0]).unwrap();
+    let shared = pool.clone();
+    let one = Tensor::from_f32(&dev, &[1, 1], &[5.0]).unwrap();
+    let e = Recorder::new(&dev)
+        .write_rows(&mut pool, &[0], &one)
+        .unwrap_err();
+    assert!(e.to_string().contains("shared"), "{e}");
+    drop(shared);
+    Recorder::new(&dev)
+        .write_rows(&mut pool, &[0], &one)
+        .unwrap();
+    assert_eq!(pool.to_f32_vec().unwrap(), [5.0, 0.0]);
+}

@@ -1,8 +1,100 @@
 //! Rows of one sequence inside a tensor, consecutive or through a block table (a paged pool,
 //! as kiln-kv's block tables lay it out): what the ops that read a sequence's cached rows
-//! take.
+//! take; and [`Recorder::write_rows`], which puts a step's rows into such a pool in place.
 
-use crate::Tensor;
+use bytemuck::{Pod, Zeroable};
+
+use super::{R2W, one_binding, require_dtype};
+use crate::gpu::KernelDef;
+use crate::{DType, Recorder, Result, Tensor, TensorError};
+
+static WRITE_ROWS: KernelDef = KernelDef {
+    name: "write_rows",
+    source: include_str!("../../wgsl/write_rows.wgsl"),
+    bindings: R2W,
+};
+
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+struct WriteParams {
+    /// Values written: rows × cols.
+    n: u32,
+    cols: u32,
+    _pad: [u32; 2],
+}
+
+impl Recorder {
+    /// Writes the rows of `src` (F32 `[n, cols]`) over rows `rows` of `dst` (F32
+    /// `[_, cols]`, one binding), in place: how a step puts what it computed into a pool (a
+    /// paged cache's rows). On wgpu in the step's command stream, so that what reads `dst`
+    /// later in it reads them; on the CPU backends at once, where `dst` must be its storage's
+    /// only handle (a clone would otherwise see, or not see, the write).
+    pub fn write_rows(&mut self, dst: &mut Tensor, rows: &[u32], src: &Tensor) -> Result<()> {
+        const OP: &str = "write_rows";
+        require_dtype(OP, "the pool", dst, &[DType::F32])?;
+        require_dtype(OP, "the rows", src, &[DType::F32])?;
+        self.check_device(OP, &[dst, src])?;
+        one_binding(OP, &[dst, src])?;
+        let cols = dst.cols();
+        if src.cols() != cols || src.rows() != rows.len() || src.shape().len() != 2 {
+            return Err(TensorError::Shape {
+                op: OP,
+                detail: format!(
+                    "{} rows {:?} into a pool {:?}",
+                    rows.len(),
+                    src.shape(),
+                    dst.shape()
+                ),
+            });
+        }
+        if let Some(&r) = rows.iter().find(|&&r| r as usize >= dst.rows()) {
+            return Err(TensorError::OutOfRange {
+                op: OP,
+                what: "pool row",
+                index: r as usize,
+                limit: dst.rows(),
+            });
+        }
+        let mut sorted = rows.to_vec();
+        sorted.sort_unstable();
+        if let Some(w) = sorted.windows(2).find(|w| w[0] == w[1]) {
+            return Err(TensorError::Invalid {
+                op: OP,
+                detail: format!("row {} written twice in one call", w[0]),
+            });
+        }
+        if rows.is_empty() {
+            return Ok(());
+        }
+        if self.gpu().is_none() {
+            let values = src.host_f32()?.to_vec();
+            let pool = dst.host_f32_mut().ok_or_else(|| TensorError::Invalid {
+                op: OP,
+                detail: "the pool is shared with another tensor: a pool keeps one handle".into(),
+            })?;
+            for (&r, row) in rows.iter().zip(values.chunks_exact(cols)) {
+                let at = r as usize * cols;
+                pool[at..at + cols].copy_from_slice(row);
+            }
+            return Ok(());
+        }
+        let device = self.device().clone();
+        let ids = Tensor::from_u32(&device, &[rows.len()], rows)?;
+        let n = rows.len() * cols;
+        let params = WriteParams {
+            n: n as u32,
+            cols: cols as u32,
+            _pad: [0; 2],
+        };
+        self.dispatch(
+            &WRITE_ROWS,
+            &[] as &[(&str, &str)],
+            &params,
+            vec![(src.clone(), 0), (ids, 0), (dst.clone(), 0)],
+            n.div_ceil(64) as u32,
+        )
+    }
+}
 
 /// Which row of its tensor holds a sequence's item `i` (a position's row, or an entry).
 #[derive(Debug, Clone, Copy)]
