@@ -98,7 +98,7 @@ pub fn start_engine(opts: &Options) -> EngineHandle {
         max_num_batched_tokens: Some(opts.max_num_batched_tokens),
         max_model_len: opts.max_model_len,
         speculative: opts.speculative,
-        faults: opts.faults,
+        faults: opts.faults.clone(),
         ..EngineOptions::new(opts.device.clone())
     };
     kiln_engine::build(checkpoint, &engine, &mut |_, _| {})

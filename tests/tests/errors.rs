@@ -485,24 +485,31 @@ async fn echoed_names_are_bounded() {
     t.shutdown().await;
 }
 
-/// A hung step (an injected stall) turns gRPC health NOT_SERVING and HTTP `/health` 503 while
-/// it lasts, then SERVING again; the request in it still finishes.
+/// A hung step (held by a [`kiln_engine::StepGate`]) turns gRPC health NOT_SERVING and HTTP
+/// `/health` 503 while it lasts, then SERVING again; the request in it still finishes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stalled_engine_is_not_serving_until_it_moves() {
+    let gate = kiln_engine::StepGate::new();
     let t = TestServer::start(Options {
-        // The warm-up takes a few steps; step 8 is the request's.
         faults: kiln_engine::FaultPlan {
-            stall_step: Some((8, Duration::from_secs(3))),
+            gate: Some(gate.clone()),
             ..Default::default()
         },
         stuck_after: Duration::from_millis(300),
         ..Options::default()
     })
     .await;
+    gate.arm();
     let mut g = t.generation();
     let mut r = greedy("Once upon a time", 16);
     r.stopping.as_mut().unwrap().ignore_eos = true;
     let call = tokio::spawn(async move { g.generate(r).await });
+    let held = gate.clone();
+    let started = tokio::task::spawn_blocking(move || held.wait_started(Duration::from_secs(60)))
+        .await
+        .unwrap();
+    assert!(started, "no step started");
+    // Held, the step goes past the limit and stays there whatever the machine's load.
     kiln_tests::wait_for_health(
         &t.channel,
         ServingStatus::NotServing,
@@ -512,6 +519,7 @@ async fn a_stalled_engine_is_not_serving_until_it_moves() {
     let (code, body) = kiln_tests::http_get(t.http_addr(), "/health").await;
     assert_eq!(code, 503, "{body}");
     assert!(body.contains("stuck"), "{body}");
+    gate.release();
     let out = call.await.unwrap().expect("the stalled request finishes");
     assert_eq!(out.into_inner().usage.unwrap().completion_tokens, 16);
     kiln_tests::wait_for_health(&t.channel, ServingStatus::Serving, Duration::from_secs(20)).await;

@@ -116,7 +116,9 @@ async fn a_stalled_step_is_stuck_until_it_moves_again() {
         .unwrap();
     assert!(started, "the request's step never started");
     // Held, the step goes past the limit whatever the machine's load, and stays there.
+    let waited = tokio::time::Instant::now();
     while s.health() != Health::Stuck {
+        assert!(waited.elapsed() < Duration::from_secs(60), "never stuck");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let why = s.stuck_reason().unwrap();

@@ -60,13 +60,11 @@ pub(crate) struct Loop {
 const MAX_FAILED_STEPS: u32 = 3;
 
 /// Faults to inject, for tests of what serving does when the device fails or hangs: every
-/// step from `fail_from_step` on fails as a lost device's would, step `stall_step.0`
-/// (counted from 1) pauses `stall_step.1` before it runs, as a hung one would, and the first
-/// step after `gate` is armed waits there until the test releases it.
+/// step from `fail_from_step` on fails as a lost device's would, and the first step after
+/// `gate` is armed waits there, as a hung one would, until the test releases it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct FaultPlan {
     pub fail_from_step: Option<u64>,
-    pub stall_step: Option<(u64, Duration)>,
     pub gate: Option<StepGate>,
 }
 
@@ -78,6 +76,9 @@ pub struct FaultPlan {
 pub struct StepGate {
     inner: Arc<(Mutex<GateState>, Condvar)>,
 }
+
+/// The longest a [`StepGate`] holds a step.
+const GATE_HOLD: Duration = Duration::from_secs(120);
 
 #[derive(Debug, Default)]
 struct GateState {
@@ -104,7 +105,7 @@ impl StepGate {
         self.inner.0.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Holds the next step the loop runs.
+    /// Holds the next step the loop runs (arm it while no step is held).
     pub fn arm(&self) {
         *self.state() = GateState {
             armed: true,
@@ -130,7 +131,8 @@ impl StepGate {
     }
 
     /// The step loop's side: when armed, says the step has started and waits for the
-    /// release (disarming the gate).
+    /// release (disarming the gate), at most [`GATE_HOLD`]: a test that never releases it
+    /// fails instead of leaving the engine unable to shut down.
     fn pass(&self) {
         let mut guard = self.state();
         if !guard.armed {
@@ -138,10 +140,10 @@ impl StepGate {
         }
         guard.started = true;
         self.inner.1.notify_all();
-        let mut guard = self
+        let (mut guard, _) = self
             .inner
             .1
-            .wait_while(guard, |g| !g.released)
+            .wait_timeout_while(guard, GATE_HOLD, |g| !g.released)
             .unwrap_or_else(PoisonError::into_inner);
         guard.armed = false;
     }
@@ -372,11 +374,6 @@ impl Loop {
         self.metrics
             .step_tokens
             .observe(schedule.num_tokens() as f64);
-        if let Some((at, pause)) = self.faults.stall_step
-            && self.steps == at
-        {
-            std::thread::sleep(pause);
-        }
         if let Some(gate) = &self.faults.gate {
             gate.pass();
         }

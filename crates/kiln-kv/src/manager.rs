@@ -177,6 +177,12 @@ impl BlockManager {
             if k.num_blocks == 0 || k.num_blocks == u32::MAX {
                 return Err(invalid("kept.num_blocks", "must be in 1 ..= u32::MAX - 1"));
             }
+            if u64::from(k.num_blocks) * u64::from(cfg.block_size) > u64::from(u32::MAX) {
+                return Err(invalid(
+                    "kept.num_blocks",
+                    "kept.num_blocks * block_size must fit a u32 slot",
+                ));
+            }
             if k.window == 0 {
                 return Err(invalid("kept.window", "must be at least 1"));
             }

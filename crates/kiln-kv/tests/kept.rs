@@ -196,7 +196,8 @@ impl Harness {
                         let toks = self.tokens.get_mut(&seq).unwrap();
                         toks.extend((0..n as u32).map(|i| token + i));
                     }
-                    Err(KvError::OutOfBlocks { .. }) => {
+                    // Out of blocks, or the prompt not all reserved yet: nothing changes.
+                    Err(KvError::OutOfBlocks { .. } | KvError::NotReserved { .. }) => {
                         assert_eq!(self.snapshot(), before, "failed append changed state");
                     }
                     Err(e) => panic!("{e}"),
@@ -394,4 +395,28 @@ fn what_a_kept_pool_cannot_do_is_refused() {
             ..
         })
     ));
+}
+
+/// `reservable` says how much of a chunk the main pool can take now; an append on a sequence
+/// whose prompt is not all reserved is refused (it would take the whole prompt's main blocks at
+/// once).
+#[test]
+fn reservable_counts_what_fits_and_appends_wait_for_the_prompt() {
+    let mut kv = manager(3, 16, WINDOW);
+    let prompt: Vec<u32> = (0..30).collect();
+    let seq = SeqId(1);
+    kv.allocate(seq, &prompt, SeqConfig::default()).unwrap();
+    // Three free blocks of 4: 12 positions.
+    assert_eq!(kv.reservable(seq, 20).unwrap(), 12);
+    assert_eq!(kv.reservable(seq, 5).unwrap(), 5);
+    assert!(matches!(
+        kv.append_slots(seq, 1),
+        Err(KvError::NotReserved { pos: 0, .. })
+    ));
+    kv.reserve(seq, 12).unwrap();
+    assert_eq!(kv.reservable(seq, 20).unwrap(), 12);
+    kv.commit(seq, &prompt[..12]).unwrap();
+    // The window (6) keeps 2 of the 3 blocks: one came back, room for 4 more positions.
+    assert_eq!(kv.reservable(seq, 20).unwrap(), 4);
+    kv.check_invariants().unwrap();
 }

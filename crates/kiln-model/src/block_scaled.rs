@@ -101,7 +101,16 @@ impl HfSource {
     /// An FP8 E4M3 weight and its tile scales as `FP8` blocks.
     fn fp8(&self, device: &Device, name: &str, rows: usize, cols: usize) -> Result<Tensor> {
         let [br, bc] = self.fp8_block;
-        if !cols.is_multiple_of(32) {
+        let (_, e) = self
+            .raw(name)
+            .ok_or_else(|| self.scaled_err(name, "missing".into()))?;
+        if e.shape != [rows, cols] {
+            return Err(self.scaled_err(
+                name,
+                format!("shape {:?}, expected [{rows}, {cols}]", e.shape),
+            ));
+        }
+        if cols == 0 || !cols.is_multiple_of(32) {
             return Err(self.scaled_err(
                 name,
                 format!("{cols} columns are not whole blocks of 32 (kiln's FP8 blocks)"),

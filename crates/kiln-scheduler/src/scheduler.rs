@@ -380,23 +380,32 @@ impl Scheduler {
     /// a kept pool), as many as fit; where none does, preempts the latest running sequence
     /// and tries again. The chunk's length, or `None` where `seq` runs nothing this step.
     fn reserve_chunk(&mut self, seq: SeqId, len: usize, step: &mut Step) -> Option<usize> {
+        // Without chunked prefill the chunk is the whole rest of the prompt or nothing.
+        let least = if self.cfg.chunked_prefill { 1 } else { len };
         loop {
-            match self.reserve_fitting(seq, len) {
-                Some(n) => return Some(n),
-                None if !self.preempt_for(seq, step) => return None,
-                None => {}
+            match self.reserve_fitting(seq, len, least) {
+                Ok(Some(n)) => return Some(n),
+                Ok(None) if !self.preempt_for(seq, step) => return None,
+                Ok(None) => {}
+                Err(e) => {
+                    // A bookkeeping error for one sequence must not preempt the others.
+                    self.drop_seq(seq);
+                    step.out.rejected.push((seq, e));
+                    return None;
+                }
             }
         }
     }
 
     /// Reserves the longest chunk of up to `len` next positions of `seq` whose main blocks
-    /// the pool has now; its length, `None` for none.
-    fn reserve_fitting(&mut self, seq: SeqId, len: usize) -> Option<usize> {
-        let available = self.kv.available_blocks();
-        let n = (1..=len)
-            .rev()
-            .find(|&n| self.kv.reserve_cost(seq, n).is_ok_and(|c| c <= available))?;
-        self.kv.reserve(seq, n).ok().map(|()| n)
+    /// the pool has now, if it is at least `least` long; its length.
+    fn reserve_fitting(&mut self, seq: SeqId, len: usize, least: usize) -> Result<Option<usize>> {
+        let n = self.kv.reservable(seq, len)?;
+        if n == 0 || n < least {
+            return Ok(None);
+        }
+        self.kv.reserve(seq, n)?;
+        Ok(Some(n))
     }
 
     /// Waiting and preempted sequences in order while the pool and the budget take them,
@@ -466,7 +475,9 @@ impl Scheduler {
             step.out.admitted.push((seq, alloc.cached_tokens));
             // Admission leaves the pool room for a first block (`can_allocate`); without one
             // the sequence waits for its first chunk.
-            let Some(len) = self.reserve_fitting(seq, remaining.min(step.budget)) else {
+            let len = remaining.min(step.budget);
+            let least = if self.cfg.chunked_prefill { 1 } else { len };
+            let Ok(Some(len)) = self.reserve_fitting(seq, len, least) else {
                 continue;
             };
             step.push(ScheduledSeq {

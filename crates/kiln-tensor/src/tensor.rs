@@ -384,8 +384,6 @@ impl Tensor {
         Ok(Self::over(shape, self.dtype, self.storage.clone()))
     }
 
-    /// The values of an F32 tensor of the CPU backends, borrowed (a GPU tensor's are read
-    /// with [`Tensor::to_f32_vec`]).
     /// The values of an F32 tensor of the CPU backends, to change in place: `None` unless
     /// this is its storage's only handle (a change must not show through another tensor).
     pub(crate) fn host_f32_mut(&mut self) -> Option<&mut [f32]> {
@@ -396,6 +394,13 @@ impl Tensor {
         }
     }
 
+    /// Whether `self` and `other` are views of the same storage.
+    pub(crate) fn shares_storage(&self, other: &Tensor) -> bool {
+        Arc::ptr_eq(&self.storage, &other.storage)
+    }
+
+    /// The values of an F32 tensor of the CPU backends, borrowed (a GPU tensor's are read
+    /// with [`Tensor::to_f32_vec`]).
     pub fn host_f32(&self) -> Result<&[f32]> {
         match &*self.storage {
             Storage::Cpu(h) if self.dtype == DType::F32 => Ok(&h.f32s()[..self.elem_count()]),

@@ -44,6 +44,18 @@ impl BlockManager {
             .saturating_sub(s.table.len()))
     }
 
+    /// The most of the next `max` positions of `seq` whose main blocks [`reserve`](Self::reserve)
+    /// could take now (all of them without a kept pool).
+    pub fn reservable(&self, seq: SeqId, max: usize) -> Result<usize> {
+        let s = self.seq(seq)?;
+        let max = max.min(s.len - s.computed);
+        if self.kept.is_none() {
+            return Ok(max);
+        }
+        let covered = (s.table.len() + self.pool.available()) * self.block_size();
+        Ok(max.min(covered.saturating_sub(s.computed)))
+    }
+
     /// Takes the main pool's blocks for the next `n` positions of `seq` to compute
     /// (`computed .. computed + n`, within its reserved slots), before a step computes them.
     /// Without a kept pool every reserved slot already has its block and this takes none.
@@ -74,8 +86,8 @@ impl BlockManager {
         let total = self.blocks_for_tokens(prompt.len());
         let kept_usable = kept.num_blocks().saturating_sub(self.kept_watermark);
         let usable = self.pool.num_blocks().saturating_sub(self.watermark_blocks);
-        if prompt.is_empty() || total > kept_usable || self.blocks_for_tokens(k.window) + 1 > usable
-        {
+        let window_blocks = self.blocks_for_tokens(k.window).saturating_add(1);
+        if prompt.is_empty() || total > kept_usable || window_blocks > usable {
             return Admission::Never;
         }
         let hit = self.find_prefix(prompt);
@@ -163,6 +175,15 @@ impl BlockManager {
     /// Reserves `n` more slots of `seq` in both pools (decode: the main pool's blocks too).
     pub(super) fn append_kept(&mut self, seq: SeqId, n: usize) -> Result<()> {
         let s = self.seq(seq)?;
+        // Appending reserves main blocks for the new slots only: the prompt's come chunk by
+        // chunk from `reserve`, and may not be had all at once this way.
+        let b = self.block_size();
+        if s.table.len() < self.blocks_for_tokens(s.len) {
+            return Err(KvError::NotReserved {
+                seq,
+                pos: s.table.len() * b,
+            });
+        }
         let total = self.blocks_for_tokens(s.len + n);
         let needed = total.saturating_sub(s.table.len());
         let kept_needed = total - s.kept.len();

@@ -35,6 +35,12 @@ impl Recorder {
         require_dtype(OP, "the rows", src, &[DType::F32])?;
         self.check_device(OP, &[dst, src])?;
         one_binding(OP, &[dst, src])?;
+        if dst.shares_storage(src) {
+            return Err(TensorError::Invalid {
+                op: OP,
+                detail: "the rows are a view of the pool itself".into(),
+            });
+        }
         let cols = dst.cols();
         if src.cols() != cols || src.rows() != rows.len() || src.shape().len() != 2 {
             return Err(TensorError::Shape {
