@@ -590,10 +590,7 @@ impl BlockManager {
     }
 
     fn take_block(&mut self) -> Result<BlockId> {
-        self.pool.take().ok_or_else(|| KvError::InvariantBroken {
-            block: None,
-            detail: "pool ran dry after the availability check".into(),
-        })
+        self.pool.take().ok_or_else(ran_dry)
     }
 
     /// Longest run of cached full blocks heading `prompt`, leaving at least one token to compute.
@@ -618,6 +615,19 @@ impl BlockManager {
         hit.len = hit.blocks.len();
         hit
     }
+}
+
+/// A pool handing out fewer blocks than its availability promised (a bug in `kiln-kv`).
+fn ran_dry() -> KvError {
+    KvError::InvariantBroken {
+        block: None,
+        detail: "pool ran dry after the availability check".into(),
+    }
+}
+
+/// `n` fresh blocks of `pool`, whose availability was checked.
+fn take_checked(pool: &mut BlockPool, n: usize) -> Result<Vec<BlockId>> {
+    (0..n).map(|_| pool.take().ok_or_else(ran_dry)).collect()
 }
 
 /// Gives back the blocks wholly before the window of every query still to come. The earliest

@@ -101,7 +101,7 @@ impl HfSource {
     /// An FP8 E4M3 weight and its tile scales as `FP8` blocks.
     fn fp8(&self, device: &Device, name: &str, rows: usize, cols: usize) -> Result<Tensor> {
         let [br, bc] = self.fp8_block;
-        let (_, e) = self
+        let (file, e) = self
             .raw(name)
             .ok_or_else(|| self.scaled_err(name, "missing".into()))?;
         if e.shape != [rows, cols] {
@@ -118,9 +118,6 @@ impl HfSource {
         }
         let grid = [rows.div_ceil(br), cols.div_ceil(bc)];
         let (_, scales) = self.block_scales(name, grid)?;
-        let (file, e) = self
-            .raw(name)
-            .ok_or_else(|| self.scaled_err(name, "missing".into()))?;
         let codes = file.bytes(name, e)?;
         let mut out = Vec::with_capacity(rows * cols / 32 * 36);
         for (r, row) in codes.chunks_exact(cols).enumerate() {

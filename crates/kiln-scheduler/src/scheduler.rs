@@ -380,10 +380,8 @@ impl Scheduler {
     /// a kept pool), as many as fit; where none does, preempts the latest running sequence
     /// and tries again. The chunk's length, or `None` where `seq` runs nothing this step.
     fn reserve_chunk(&mut self, seq: SeqId, len: usize, step: &mut Step) -> Option<usize> {
-        // Without chunked prefill the chunk is the whole rest of the prompt or nothing.
-        let least = if self.cfg.chunked_prefill { 1 } else { len };
         loop {
-            match self.reserve_fitting(seq, len, least) {
+            match self.reserve_fitting(seq, len) {
                 Ok(Some(n)) => return Some(n),
                 Ok(None) if !self.preempt_for(seq, step) => return None,
                 Ok(None) => {}
@@ -398,8 +396,9 @@ impl Scheduler {
     }
 
     /// Reserves the longest chunk of up to `len` next positions of `seq` whose main blocks
-    /// the pool has now, if it is at least `least` long; its length.
-    fn reserve_fitting(&mut self, seq: SeqId, len: usize, least: usize) -> Result<Option<usize>> {
+    /// the pool has now (without chunked prefill, all `len` or none); its length.
+    fn reserve_fitting(&mut self, seq: SeqId, len: usize) -> Result<Option<usize>> {
+        let least = if self.cfg.chunked_prefill { 1 } else { len };
         let n = self.kv.reservable(seq, len)?;
         if n == 0 || n < least {
             return Ok(None);
@@ -475,9 +474,7 @@ impl Scheduler {
             step.out.admitted.push((seq, alloc.cached_tokens));
             // Admission leaves the pool room for a first block (`can_allocate`); without one
             // the sequence waits for its first chunk.
-            let len = remaining.min(step.budget);
-            let least = if self.cfg.chunked_prefill { 1 } else { len };
-            let Ok(Some(len)) = self.reserve_fitting(seq, len, least) else {
+            let Ok(Some(len)) = self.reserve_fitting(seq, remaining.min(step.budget)) else {
                 continue;
             };
             step.push(ScheduledSeq {

@@ -2,7 +2,8 @@
 //! allocation, prefix hits, reservation of main blocks chunk by chunk, and appends.
 
 use super::{
-    Admission, Allocation, BlockManager, KeptPool, PrefixHit, Seq, SeqConfig, trim_window,
+    Admission, Allocation, BlockManager, KeptPool, PrefixHit, Seq, SeqConfig, take_checked,
+    trim_window,
 };
 use crate::hash::{ROOT_HASH, block_hash};
 use crate::pool::BlockPool;
@@ -69,9 +70,7 @@ impl BlockManager {
                 available: self.pool.available(),
             });
         }
-        let fresh = (0..needed)
-            .map(|_| self.take_block())
-            .collect::<Result<Vec<_>>>()?;
+        let fresh = take_checked(&mut self.pool, needed)?;
         let s = self.seqs.get_mut(&seq).ok_or(KvError::UnknownSeq(seq))?;
         s.table.extend(fresh);
         Ok(())
@@ -139,12 +138,7 @@ impl BlockManager {
             kept.retain(id);
         }
         let mut kept_table = hit.kept;
-        for _ in 0..kept_new {
-            kept_table.push(kept.take().ok_or_else(|| KvError::InvariantBroken {
-                block: None,
-                detail: "kept pool ran dry after the availability check".into(),
-            })?);
-        }
+        kept_table.extend(take_checked(kept, kept_new)?);
         for &id in &hit.blocks {
             self.pool.retain(id);
         }
@@ -200,18 +194,11 @@ impl BlockManager {
                 });
             }
         }
-        let fresh = (0..needed)
-            .map(|_| self.take_block())
-            .collect::<Result<Vec<_>>>()?;
-        let mut kept_fresh = Vec::with_capacity(kept_needed);
-        if let Some(kept) = self.kept.as_mut() {
-            for _ in 0..kept_needed {
-                kept_fresh.push(kept.take().ok_or_else(|| KvError::InvariantBroken {
-                    block: None,
-                    detail: "kept pool ran dry after the availability check".into(),
-                })?);
-            }
-        }
+        let fresh = take_checked(&mut self.pool, needed)?;
+        let kept_fresh = match self.kept.as_mut() {
+            Some(kept) => take_checked(kept, kept_needed)?,
+            None => Vec::new(),
+        };
         let s = self.seqs.get_mut(&seq).ok_or(KvError::UnknownSeq(seq))?;
         s.table.extend(fresh);
         s.kept.extend(kept_fresh);

@@ -276,9 +276,10 @@ impl Recorder {
         // The scores of a group of queries at a time, so that they fit one binding however
         // many entries there are (a long context's CSA layers).
         let group = score_group(tokens, entries, ctx.max_binding());
+        // One score buffer, each group's scores over the last's (the launches run in order).
+        let scores = Tensor::gpu_output(&ctx, DType::F32, &[group, entries.max(1)], OP)?;
         for first in (0..tokens).step_by(group) {
             let n = group.min(tokens - first);
-            let scores = Tensor::gpu_output(&ctx, DType::F32, &[n, entries.max(1)], OP)?;
             let params = TopkParams {
                 tokens: n as u32,
                 heads: heads as u32,
@@ -308,7 +309,7 @@ impl Recorder {
                 &TOPK,
                 &[("POOL", "0"), ("SCORE", "0"), ("TOPK", "1")],
                 &params,
-                vec![(visible.clone(), 0), (scores, 0), (out.clone(), 0)],
+                vec![(visible.clone(), 0), (scores.clone(), 0), (out.clone(), 0)],
                 n as u32,
             )?;
         }
