@@ -363,6 +363,7 @@ impl ReqState {
             let lp = (want.logprobs || want.top_logprobs > 0).then(|| TokenLogprobs {
                 token: s.token,
                 logprob: s.logprob.unwrap_or(f32::NEG_INFINITY),
+                rank: s.rank.unwrap_or(usize::MAX),
                 top: s.top,
             });
             Ok((s.token, lp, ok))

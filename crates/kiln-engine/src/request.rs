@@ -172,11 +172,13 @@ impl FinishReason {
     }
 }
 
-/// Log-probability of one generated token and its top alternatives.
+/// Log-probability of one token (generated, or of the prompt) and its top alternatives.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TokenLogprobs {
     pub token: u32,
     pub logprob: f32,
+    /// `token`'s rank in its distribution: 1 for the most likely (ties by lower id).
+    pub rank: usize,
     pub top: Vec<TokenLogprob>,
 }
 

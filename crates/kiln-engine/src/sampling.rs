@@ -7,7 +7,8 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use crate::field::Field;
-use kiln_tensor::sample::{LogitEdit, RowSampling, by_logit_desc, pick, sanitize};
+use crate::request::TokenLogprobs;
+use kiln_tensor::sample::{LogitEdit, RowSampling, pick, token_rank};
 
 /// Per-request sampling settings (engine-level, plain Rust; the gRPC layer converts to it).
 #[derive(Debug, Clone, PartialEq)]
@@ -164,6 +165,9 @@ pub struct Sampled {
     /// log-softmax of the RAW logits (before suppression, penalties, bias, temperature: vLLM's
     /// default "raw logprobs") at `token`; `Some` only when requested.
     pub logprob: Option<f32>,
+    /// `token`'s rank under the same distribution (1: the most likely); `Some` with the
+    /// logprobs.
+    pub rank: Option<usize>,
     /// The `top_logprobs` most likely tokens under the same raw distribution, best first, ties
     /// by lower id. Empty unless requested.
     pub top: Vec<TokenLogprob>,
@@ -334,75 +338,42 @@ impl Sampler {
 
 /// A [`Sampled`] for `token`, with raw logprobs when `want` asks.
 fn with_logprobs(logits: &[f32], token: u32, want: LogprobRequest) -> Sampled {
-    let (logprob, top) = if want.logprobs || want.top_logprobs > 0 {
-        let (lp, top) = raw_logprobs(logits, token, want.top_logprobs);
-        (want.logprobs.then_some(lp), top)
-    } else {
-        (None, Vec::new())
-    };
+    if !(want.logprobs || want.top_logprobs > 0) {
+        return Sampled {
+            token,
+            logprob: None,
+            rank: None,
+            top: Vec::new(),
+        };
+    }
+    let t = raw_logprobs(logits, token, want.top_logprobs);
     Sampled {
         token,
-        logprob,
-        top,
+        logprob: want.logprobs.then_some(t.logprob),
+        rank: Some(t.rank),
+        top: t.top,
     }
 }
 
-/// The log-softmax of raw logits at `token` plus the `top_n` best (best first, ties by lower id).
-/// Shared with the engine's greedy-with-logprobs path. NaN counts as -inf, +inf as `f32::MAX`;
-/// an id outside the row, or a row with no finite logit, gets -inf.
-pub fn raw_logprobs(logits: &[f32], token: u32, top_n: usize) -> (f32, Vec<TokenLogprob>) {
-    let (max, ln_sum) = log_sum_exp(logits);
-    let logprob_of = |v: f32| {
-        let v = sanitize(v);
-        if v == f32::NEG_INFINITY || max == f64::NEG_INFINITY {
-            f32::NEG_INFINITY
-        } else {
-            // (v - max) first: near f32::MAX, max + ln_sum would round ln_sum away.
-            ((f64::from(v) - max) - ln_sum) as f32
-        }
-    };
-    let logprob = logits
-        .get(token as usize)
-        .map_or(f32::NEG_INFINITY, |&v| logprob_of(v));
-    let n = top_n.min(logits.len());
-    if n == 0 {
-        return (logprob, Vec::new());
+/// `token`'s log-probability and rank under the raw logits, and the `top_n` best (best
+/// first, ties by lower id), by kiln-tensor's one definition ([`token_rank`]): what sampled
+/// tokens, prompt tokens and `kiln perplexity` report. NaN counts as -inf, +inf as
+/// `f32::MAX`; an id outside the row, or a row with no finite logit, gets -inf.
+pub fn raw_logprobs(logits: &[f32], token: u32, top_n: usize) -> TokenLogprobs {
+    let r = token_rank(logits, token, top_n);
+    TokenLogprobs {
+        token,
+        logprob: r.logprob as f32,
+        rank: r.rank,
+        top: r
+            .top
+            .into_iter()
+            .map(|(token, logprob)| TokenLogprob {
+                token,
+                logprob: logprob as f32,
+            })
+            .collect(),
     }
-    let mut all: Vec<(u32, f32)> = logits
-        .iter()
-        .enumerate()
-        .map(|(i, &v)| (i as u32, sanitize(v)))
-        .collect();
-    if n < all.len() {
-        all.select_nth_unstable_by(n - 1, by_logit_desc);
-        all.truncate(n);
-    }
-    all.sort_unstable_by(by_logit_desc);
-    let top = all
-        .into_iter()
-        .map(|(token, v)| TokenLogprob {
-            token,
-            logprob: logprob_of(v),
-        })
-        .collect();
-    (logprob, top)
-}
-
-/// Log-sum-exp as `(max, ln Σ exp(x - max))` in f64, so large logits neither overflow nor
-/// lose the tail; `max` is -inf when no logit is finite.
-fn log_sum_exp(logits: &[f32]) -> (f64, f64) {
-    let max = logits
-        .iter()
-        .fold(f32::NEG_INFINITY, |m, &v| m.max(sanitize(v)));
-    if max == f32::NEG_INFINITY {
-        return (f64::NEG_INFINITY, 0.0);
-    }
-    let m = f64::from(max);
-    let sum: f64 = logits
-        .iter()
-        .map(|&v| (f64::from(sanitize(v)) - m).exp())
-        .sum();
-    (m, sum.ln())
 }
 
 /// Suppression, bias and penalties as one edit per id, in the documented order: suppressed
@@ -462,6 +433,7 @@ mod distribution;
 #[cfg(test)]
 mod tests {
     use super::*;
+    use kiln_tensor::sample::by_logit_desc;
     use proptest::prelude::{
         Just, Strategy, any, prop_assert, prop_assert_eq, prop_oneof, proptest,
     };
@@ -665,7 +637,9 @@ mod tests {
         let finite = logits.iter().filter(|v| v.is_finite());
         let z = finite.map(|&v| f64::from(v).exp()).sum::<f64>().ln();
         for (i, &x) in logits.iter().enumerate() {
-            let (lp, top) = raw_logprobs(&logits, i as u32, 0);
+            let TokenLogprobs {
+                logprob: lp, top, ..
+            } = raw_logprobs(&logits, i as u32, 0);
             let want = if x.is_finite() {
                 f64::from(x) - z
             } else {
@@ -677,16 +651,20 @@ mod tests {
                 "{i}: {lp}"
             );
         }
-        let (_, top) = raw_logprobs(&logits, 0, 4);
+        let TokenLogprobs {
+            logprob: _, top, ..
+        } = raw_logprobs(&logits, 0, 4);
         let ids: Vec<u32> = top.iter().map(|t| t.token).collect();
         assert_eq!(ids, [2, 4, 6, 0]); // the tie at 3.0 lists the lower id first
         assert!(top.windows(2).all(|w| w[0].logprob >= w[1].logprob));
         assert!((f64::from(top[3].logprob) - (1.5 - z)).abs() < 1e-5);
         // top_n past the vocabulary is clamped; an id outside it gets -inf.
-        let (lp, top) = raw_logprobs(&logits, 99, 100);
+        let TokenLogprobs {
+            logprob: lp, top, ..
+        } = raw_logprobs(&logits, 99, 100);
         assert_eq!((lp, top.len()), (f32::NEG_INFINITY, logits.len()));
         // Max-subtraction keeps huge logits exact.
-        let lp = raw_logprobs(&[1000.0, 1000.0], 0, 0).0;
+        let lp = raw_logprobs(&[1000.0, 1000.0], 0, 0).logprob;
         assert!((lp + std::f32::consts::LN_2).abs() < 1e-6);
     }
 
@@ -698,10 +676,17 @@ mod tests {
             logprobs: true,
             top_logprobs: 2,
         };
-        let (lp, top) = raw_logprobs(&logits, 0, 2);
+        let TokenLogprobs {
+            logprob: lp,
+            rank,
+            top,
+            ..
+        } = raw_logprobs(&logits, 0, 2);
+        assert_eq!(rank, 3, "token 0 is the least likely of three");
         let expect = Sampled {
             token: 0,
             logprob: Some(lp),
+            rank: Some(rank),
             top,
         };
         assert_eq!(s.sample(&logits, &h, &[], want), Ok(expect));
@@ -773,14 +758,14 @@ mod tests {
             let dead = s.sample(&[ninf, f32::NAN, ninf], &h, &[], NONE);
             assert_eq!(dead, Err(SampleError::NoCandidates));
         }
-        assert_eq!(raw_logprobs(&[f32::NAN, ninf], 0, 1).0, ninf);
+        assert_eq!(raw_logprobs(&[f32::NAN, ninf], 0, 1).logprob, ninf);
         let logits = [f32::NAN, 1.0, f32::NAN, 0.5];
         assert_eq!(gpick(&SamplingParams::default(), &logits, &h), 1);
         let c = counts(&SamplingParams::default(), 6, &logits, &[], 300);
         assert!(c[0] == 0 && c[2] == 0 && c[1] > 0 && c[3] > 0, "{c:?}");
-        assert_eq!(raw_logprobs(&logits, 0, 0).0, ninf);
+        assert_eq!(raw_logprobs(&logits, 0, 0).logprob, ninf);
         let total: f32 = [1, 3]
-            .map(|i| raw_logprobs(&logits, i, 0).0.exp())
+            .map(|i| raw_logprobs(&logits, i, 0).logprob.exp())
             .iter()
             .sum();
         assert!((total - 1.0).abs() < 1e-6);
@@ -791,7 +776,7 @@ mod tests {
         let inf = [f32::INFINITY, 0.0, f32::INFINITY];
         let c = counts(&with(|p| p.temperature = 0.3), 7, &inf, &[], 300);
         assert!(c[0] > 0 && c[2] > 0 && c[1] == 0, "{c:?}");
-        assert!((raw_logprobs(&inf, 2, 0).0 + std::f32::consts::LN_2).abs() < 1e-6);
+        assert!((raw_logprobs(&inf, 2, 0).logprob + std::f32::consts::LN_2).abs() < 1e-6);
         // A penalty below 1 pushes f32::MAX to +inf; that still samples.
         let mut s = Sampler::new(with(|p| p.repetition_penalty = 0.5), 0);
         let got = s.sample(&[f32::MAX, 0.0], &history(&[0], &[]), &[], NONE);
@@ -807,7 +792,9 @@ mod tests {
         let p = with(|p| (p.top_k, p.top_p, p.temperature) = (40, 0.9, 0.7));
         let picks = draws(&p, 1, &logits, &[], 50);
         assert!(picks.iter().all(|t| order[..40].contains(t)));
-        let (lp, top) = raw_logprobs(&logits, order[0], 5);
+        let TokenLogprobs {
+            logprob: lp, top, ..
+        } = raw_logprobs(&logits, order[0], 5);
         assert_eq!(top.iter().map(|t| t.token).collect::<Vec<_>>(), order[..5]);
         assert_eq!(top[0].logprob, lp);
     }

@@ -63,6 +63,10 @@ pub struct SeqConfig {
     /// Sliding-window attention: a query at position `p` sees positions `p - W + 1 ..= p`.
     /// Blocks wholly before the window of every query still to come go back to the pool.
     pub sliding_window: Option<usize>,
+    /// Compute every prompt token, reusing none of the prefix cache's blocks (a request for
+    /// the prompt's log-probabilities needs every position's logits). The sequence's own
+    /// blocks still enter the cache as they fill.
+    pub recompute_prefix: bool,
 }
 
 /// Whether a prompt can be admitted now (see [`BlockManager::can_allocate`]).
@@ -224,16 +228,16 @@ impl BlockManager {
 
     /// Admission check for a prompt: `Ok` when it fits while leaving the watermark free for
     /// running decodes, counting blocks the prefix cache would supply.
-    pub fn can_allocate(&self, prompt: &[u32]) -> Admission {
+    pub fn can_allocate(&self, prompt: &[u32], opts: SeqConfig) -> Admission {
         if self.kept.is_some() {
-            return self.can_allocate_kept(prompt);
+            return self.can_allocate_kept(prompt, opts);
         }
         let total = self.blocks_for_tokens(prompt.len());
         let usable = self.pool.num_blocks().saturating_sub(self.watermark_blocks);
         if prompt.is_empty() || total > usable {
             return Admission::Never;
         }
-        let hit = self.find_prefix(prompt);
+        let hit = self.find_prefix(prompt, opts);
         let needed = total - hit.blocks.len() + self.watermark_blocks;
         if needed > self.pool.available() - hit.evictable {
             Admission::Later
@@ -242,9 +246,10 @@ impl BlockManager {
         }
     }
 
-    /// Leading tokens of `prompt` the prefix cache would supply now (a query; changes nothing).
-    pub fn cached_prefix_tokens(&self, prompt: &[u32]) -> usize {
-        self.find_prefix(prompt).len * self.block_size()
+    /// Leading tokens of `prompt` the prefix cache would supply now to a sequence with
+    /// `opts` (a query; changes nothing).
+    pub fn cached_prefix_tokens(&self, prompt: &[u32], opts: SeqConfig) -> usize {
+        self.find_prefix(prompt, opts).len * self.block_size()
     }
 
     /// Gives `seq` a block table with slots for every prompt position, reusing cached blocks
@@ -266,7 +271,7 @@ impl BlockManager {
         if let Some(k) = self.cfg.kept {
             return self.allocate_kept(seq, prompt, opts, k);
         }
-        let hit = self.find_prefix(prompt);
+        let hit = self.find_prefix(prompt, opts);
         let total = self.blocks_for_tokens(prompt.len());
         let new_blocks = total - hit.blocks.len();
         let available = self.pool.available() - hit.evictable;
@@ -593,10 +598,11 @@ impl BlockManager {
         self.pool.take().ok_or_else(ran_dry)
     }
 
-    /// Longest run of cached full blocks heading `prompt`, leaving at least one token to compute.
-    fn find_prefix(&self, prompt: &[u32]) -> PrefixHit {
+    /// Longest run of cached full blocks heading `prompt`, leaving at least one token to
+    /// compute; none when `opts` asks to recompute the prefix.
+    fn find_prefix(&self, prompt: &[u32], opts: SeqConfig) -> PrefixHit {
         let mut hit = PrefixHit::none();
-        if !self.cfg.enable_prefix_caching || prompt.is_empty() {
+        if !self.cfg.enable_prefix_caching || opts.recompute_prefix || prompt.is_empty() {
             return hit;
         }
         if let (Some(kept), Some(k)) = (&self.kept, self.cfg.kept) {

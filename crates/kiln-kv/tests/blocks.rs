@@ -195,7 +195,8 @@ fn misuse_is_reported_not_panicked() {
             SeqId(2),
             &[1],
             SeqConfig {
-                sliding_window: Some(0)
+                sliding_window: Some(0),
+                ..SeqConfig::default()
             }
         ),
         Err(KvError::InvalidConfig {
@@ -235,21 +236,39 @@ fn watermark_keeps_blocks_for_running_decodes() {
         ..BlockManagerConfig::new(100)
     })
     .unwrap();
-    assert_eq!(kv.can_allocate(&[7; 4 * 91]), Admission::Never);
-    assert_eq!(kv.can_allocate(&[7; 4 * 90]), Admission::Ok);
-    assert_eq!(kv.can_allocate(&[]), Admission::Never);
+    assert_eq!(
+        kv.can_allocate(&[7; 4 * 91], SeqConfig::default()),
+        Admission::Never
+    );
+    assert_eq!(
+        kv.can_allocate(&[7; 4 * 90], SeqConfig::default()),
+        Admission::Ok
+    );
+    assert_eq!(kv.can_allocate(&[], SeqConfig::default()), Admission::Never);
     kv.allocate(SeqId(1), &[7; 4 * 85], SeqConfig::default())
         .unwrap();
     // 15 blocks left, 10 of them kept back.
-    assert_eq!(kv.can_allocate(&[7; 4 * 5]), Admission::Ok);
-    assert_eq!(kv.can_allocate(&[7; 4 * 5 + 1]), Admission::Later);
+    assert_eq!(
+        kv.can_allocate(&[7; 4 * 5], SeqConfig::default()),
+        Admission::Ok
+    );
+    assert_eq!(
+        kv.can_allocate(&[7; 4 * 5 + 1], SeqConfig::default()),
+        Admission::Later
+    );
     // The watermark is for admission only: a running sequence may still grow into it.
     kv.commit(SeqId(1), &[7; 4 * 85]).unwrap();
     kv.append_slots(SeqId(1), 4 * 15).unwrap();
     assert_eq!(kv.metrics().free_blocks, 0);
-    assert_eq!(kv.can_allocate(&[7]), Admission::Later);
+    assert_eq!(
+        kv.can_allocate(&[7], SeqConfig::default()),
+        Admission::Later
+    );
     kv.free(SeqId(1)).unwrap();
-    assert_eq!(kv.can_allocate(&[7; 4 * 90]), Admission::Ok);
+    assert_eq!(
+        kv.can_allocate(&[7; 4 * 90], SeqConfig::default()),
+        Admission::Ok
+    );
 }
 
 #[test]
@@ -261,7 +280,7 @@ fn prefix_hits_reduce_the_tokens_to_compute() {
     // A running sequence's full blocks are shared at once.
     let mut prompt = system.clone();
     prompt.extend([1, 2, 3]);
-    assert_eq!(kv.cached_prefix_tokens(&prompt), 8);
+    assert_eq!(kv.cached_prefix_tokens(&prompt, SeqConfig::default()), 8);
     let a = kv
         .allocate(SeqId(2), &prompt, SeqConfig::default())
         .unwrap();
@@ -284,15 +303,46 @@ fn prefix_hits_reduce_the_tokens_to_compute() {
 
     // A prompt that is exactly cached still computes its last block.
     let exact: Vec<u32> = system[..8].to_vec();
-    assert_eq!(kv.cached_prefix_tokens(&exact), 4);
+    assert_eq!(kv.cached_prefix_tokens(&exact, SeqConfig::default()), 4);
     // A different token in the first block shares nothing.
     let mut other = system.clone();
     other[0] = 999;
-    assert_eq!(kv.cached_prefix_tokens(&other), 0);
+    assert_eq!(kv.cached_prefix_tokens(&other, SeqConfig::default()), 0);
 
     let m = kv.metrics();
     assert_eq!(m.prefix_query_tokens, 10 + 13 + 13);
     assert_eq!(m.prefix_hit_tokens, 8 + 12);
+    kv.check_invariants().unwrap();
+}
+
+/// A sequence that must compute its whole prompt (prompt log-probabilities) reuses no cached
+/// block, yet its own full blocks still serve later sequences, the cache keeping one block
+/// per content.
+#[test]
+fn a_sequence_may_recompute_a_cached_prefix() {
+    let mut kv = manager(16, 4);
+    let prompt: Vec<u32> = (100..110).collect();
+    prefill(&mut kv, 1, &prompt);
+    let again = SeqConfig {
+        recompute_prefix: true,
+        ..SeqConfig::default()
+    };
+    assert_eq!(kv.cached_prefix_tokens(&prompt, again), 0);
+    assert_eq!(kv.can_allocate(&prompt, again), Admission::Ok);
+    let a = kv.allocate(SeqId(2), &prompt, again).unwrap();
+    assert_eq!((a.cached_tokens, a.new_blocks), (0, 3));
+    let (t1, t2) = (
+        kv.block_table(SeqId(1)).unwrap().to_vec(),
+        kv.block_table(SeqId(2)).unwrap().to_vec(),
+    );
+    assert!(t1.iter().all(|b| !t2.contains(b)), "{t1:?} {t2:?}");
+    kv.commit(SeqId(2), &prompt).unwrap();
+    kv.free(SeqId(1)).unwrap();
+    kv.free(SeqId(2)).unwrap();
+    // The first sequence's blocks answer the next lookup; the duplicates are plain free
+    // blocks.
+    assert_eq!(kv.cached_prefix_tokens(&prompt, SeqConfig::default()), 8);
+    assert_eq!(kv.metrics().cached_blocks, 2);
     kv.check_invariants().unwrap();
 }
 
@@ -331,15 +381,15 @@ fn evicts_the_least_recently_released_cached_block() {
         .unwrap();
     assert_eq!((a.cached_tokens, a.new_blocks), (2, 1));
     assert_eq!(kv.metrics().evictions, 1);
-    assert_eq!(kv.cached_prefix_tokens(&[1, 2, 0]), 0);
-    assert_eq!(kv.cached_prefix_tokens(&[5, 6, 0]), 2);
-    assert_eq!(kv.cached_prefix_tokens(&[3, 4, 0]), 2);
+    assert_eq!(kv.cached_prefix_tokens(&[1, 2, 0], SeqConfig::default()), 0);
+    assert_eq!(kv.cached_prefix_tokens(&[5, 6, 0], SeqConfig::default()), 2);
+    assert_eq!(kv.cached_prefix_tokens(&[3, 4, 0], SeqConfig::default()), 2);
 
     // Next eviction takes [5, 6]; [3, 4] is in use and never evicted.
     kv.allocate(SeqId(5), &[7], SeqConfig::default()).unwrap();
     assert_eq!(kv.metrics().evictions, 2);
-    assert_eq!(kv.cached_prefix_tokens(&[5, 6, 0]), 0);
-    assert_eq!(kv.cached_prefix_tokens(&[3, 4, 0]), 2);
+    assert_eq!(kv.cached_prefix_tokens(&[5, 6, 0], SeqConfig::default()), 0);
+    assert_eq!(kv.cached_prefix_tokens(&[3, 4, 0], SeqConfig::default()), 2);
     assert!(matches!(
         kv.allocate(SeqId(6), &[8], SeqConfig::default()),
         Err(KvError::OutOfBlocks {
@@ -369,7 +419,7 @@ fn clearing_the_cache_frees_evictable_blocks() {
         ),
         (6, 0, 0, 2)
     );
-    assert_eq!(kv.cached_prefix_tokens(&[9, 9, 0]), 0);
+    assert_eq!(kv.cached_prefix_tokens(&[9, 9, 0], SeqConfig::default()), 0);
     kv.check_invariants().unwrap();
 }
 
@@ -379,6 +429,7 @@ fn sliding_window_gives_back_blocks_outside_the_window() {
     let seq = SeqId(1);
     let window = SeqConfig {
         sliding_window: Some(6),
+        ..SeqConfig::default()
     };
     kv.allocate(seq, &[1; 8], window).unwrap();
     kv.commit(seq, &[1; 8]).unwrap();
@@ -488,10 +539,10 @@ fn truncating_gives_back_rejected_draft_slots_without_caching_them() {
     // Only committed tokens enter the prefix cache: the rejected drafts 18.. never do.
     let mut again: Vec<u32> = (10..18).collect();
     again.push(1);
-    assert_eq!(kv.cached_prefix_tokens(&again), 8);
+    assert_eq!(kv.cached_prefix_tokens(&again, SeqConfig::default()), 8);
     let mut rejected: Vec<u32> = (10..18).collect();
     rejected.extend([18, 19, 20, 21, 1]);
-    assert_eq!(kv.cached_prefix_tokens(&rejected), 8);
+    assert_eq!(kv.cached_prefix_tokens(&rejected, SeqConfig::default()), 8);
 
     // Truncating into computed slots, or past the reserved ones, is refused and changes nothing.
     kv.append_slots(SeqId(1), 3).unwrap();
@@ -586,7 +637,7 @@ fn cache_events_rebuild_the_prefix_index() {
         match rng.random_range(0..10) {
             0..=4 => {
                 let p = prompt(&mut rng);
-                if kv.can_allocate(&p) == Admission::Ok {
+                if kv.can_allocate(&p, SeqConfig::default()) == Admission::Ok {
                     prefill(&mut kv, step, &p);
                     live.push(step);
                 }
@@ -615,7 +666,7 @@ fn cache_events_rebuild_the_prefix_index() {
             probe.push(9);
             assert_eq!(
                 index.cached_tokens(&probe, bs),
-                kv.cached_prefix_tokens(&probe),
+                kv.cached_prefix_tokens(&probe, SeqConfig::default()),
                 "step {step}, probe {probe:?}"
             );
         }

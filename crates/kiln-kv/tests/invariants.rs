@@ -20,6 +20,8 @@ enum Op {
         shared: usize,
         len: usize,
         window: Option<usize>,
+        /// Reuse no cached block (a request for prompt log-probabilities).
+        recompute: bool,
     },
     Append {
         pick: usize,
@@ -41,8 +43,8 @@ enum Op {
 
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
-        3 => (0..3u32, 0..20usize, 1..24usize, prop::option::weighted(0.3, 1..12usize))
-            .prop_map(|(family, shared, len, window)| Op::Allocate { family, shared, len, window }),
+        3 => (0..3u32, 0..20usize, 1..24usize, prop::option::weighted(0.3, 1..12usize), prop::bool::weighted(0.2))
+            .prop_map(|(family, shared, len, window, recompute)| Op::Allocate { family, shared, len, window, recompute }),
         4 => (any::<usize>(), 1..6usize, 0..50u32).prop_map(|(pick, n, token)| Op::Append { pick, n, token }),
         4 => (any::<usize>(), 1..10usize).prop_map(|(pick, n)| Op::Commit { pick, n }),
         2 => any::<usize>().prop_map(|pick| Op::Fork { pick }),
@@ -117,6 +119,7 @@ impl Harness {
                 shared,
                 len,
                 window,
+                recompute,
             } => {
                 self.next_seq += 1;
                 let seq = SeqId(self.next_seq);
@@ -129,18 +132,17 @@ impl Harness {
                         }
                     })
                     .collect();
-                let admission = self.kv.can_allocate(&prompt);
+                let opts = SeqConfig {
+                    sliding_window: window,
+                    recompute_prefix: recompute,
+                };
+                let admission = self.kv.can_allocate(&prompt, opts);
                 let before = self.snapshot();
-                let cached = self.kv.cached_prefix_tokens(&prompt);
-                match self.kv.allocate(
-                    seq,
-                    &prompt,
-                    SeqConfig {
-                        sliding_window: window,
-                    },
-                ) {
+                let cached = self.kv.cached_prefix_tokens(&prompt, opts);
+                match self.kv.allocate(seq, &prompt, opts) {
                     Ok(a) => {
                         assert!(a.cached_tokens < prompt.len() && a.cached_tokens % BLOCK == 0);
+                        assert!(!recompute || a.cached_tokens == 0);
                         assert_eq!(a.cached_tokens, cached);
                         // Cached blocks really hold the prompt's tokens.
                         for (pos, &tok) in prompt.iter().enumerate().take(a.cached_tokens) {

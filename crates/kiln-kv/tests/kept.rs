@@ -154,8 +154,8 @@ impl Harness {
                         }
                     })
                     .collect();
-                let admission = self.kv.can_allocate(&prompt);
-                let cached = self.kv.cached_prefix_tokens(&prompt);
+                let admission = self.kv.can_allocate(&prompt, SeqConfig::default());
+                let cached = self.kv.cached_prefix_tokens(&prompt, SeqConfig::default());
                 let before = self.snapshot();
                 match self.kv.allocate(seq, &prompt, SeqConfig::default()) {
                     Ok(a) => {
@@ -318,7 +318,7 @@ fn prefix_hits_need_every_kept_block_and_the_windows_main_blocks() {
     kv.free(SeqId(1)).unwrap();
     // 21 tokens: 5 full blocks cached in the kept pool; the last ones the window read also
     // in the main pool.
-    assert_eq!(kv.cached_prefix_tokens(&prompt), 20);
+    assert_eq!(kv.cached_prefix_tokens(&prompt, SeqConfig::default()), 20);
     assert_eq!(prefill(&mut kv, 2, &prompt, 5), 20);
     let kept_hit = kv.kept_table(SeqId(2)).unwrap()[..5].to_vec();
     kv.free(SeqId(2)).unwrap();
@@ -344,7 +344,7 @@ fn prefix_hits_need_every_kept_block_and_the_windows_main_blocks() {
     kv.free(SeqId(3)).unwrap();
     kv.free(SeqId(4)).unwrap();
     kv.clear_prefix_cache();
-    assert_eq!(kv.cached_prefix_tokens(&prompt), 0);
+    assert_eq!(kv.cached_prefix_tokens(&prompt, SeqConfig::default()), 0);
     kv.check_invariants().unwrap();
 }
 
@@ -363,6 +363,7 @@ fn what_a_kept_pool_cannot_do_is_refused() {
             &[1],
             SeqConfig {
                 sliding_window: Some(4),
+                ..SeqConfig::default()
             },
         )
         .unwrap_err();
@@ -378,9 +379,15 @@ fn what_a_kept_pool_cannot_do_is_refused() {
     );
     // A window of 6 needs 2 blocks and one more to compute in: a main pool of 2 never admits.
     let small = manager(2, 8, WINDOW);
-    assert_eq!(small.can_allocate(&[1, 2, 3]), Admission::Never);
+    assert_eq!(
+        small.can_allocate(&[1, 2, 3], SeqConfig::default()),
+        Admission::Never
+    );
     // More kept blocks than the kept pool has: never.
-    assert_eq!(kv.can_allocate(&[7; 40]), Admission::Never);
+    assert_eq!(
+        kv.can_allocate(&[7; 40], SeqConfig::default()),
+        Admission::Never
+    );
     let bad = BlockManager::new(BlockManagerConfig {
         kept: Some(KeptPool {
             num_blocks: 4,

@@ -11,6 +11,7 @@
 //! windows do not overlap.
 
 use kiln_kv::BlockId;
+use kiln_tensor::sample::LogSoftmax;
 
 use crate::{ModelError, ModelRunner, Result, StepSeq};
 
@@ -99,7 +100,8 @@ pub fn windows(tokens: usize, cfg: &PerplexityConfig) -> Result<Vec<(usize, usiz
     Ok(out)
 }
 
-/// Negative log-likelihood of `target` under `logits` (log-softmax in f64).
+/// Negative log-likelihood of `target` under `logits`: the log-softmax every log-probability
+/// kiln reports comes from ([`LogSoftmax`]: the engine's prompt and sampled tokens' too).
 fn nll(logits: &[f32], target: u32) -> Result<f64> {
     let t = logits
         .get(target as usize)
@@ -110,9 +112,7 @@ fn nll(logits: &[f32], target: u32) -> Result<f64> {
                 logits.len()
             ),
         })?;
-    let m = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
-    let sum: f64 = logits.iter().map(|&l| (l as f64 - m).exp()).sum();
-    Ok(m + sum.ln() - *t as f64)
+    Ok(-LogSoftmax::of(logits).at(*t))
 }
 
 /// Scores tokens `begin..end` of `tokens` as one window whose last `scored` tokens count.

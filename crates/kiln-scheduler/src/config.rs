@@ -43,4 +43,8 @@ pub struct SeqParams {
     /// Sequences this one will fork into after its prompt (`n - 1` for `n` outputs): admission
     /// reserves room for them under `max_num_seqs`.
     pub forks: usize,
+    /// Compute the whole prompt, reusing no prefix-cache block, until it has been computed
+    /// once (a request for the prompt's log-probabilities needs every position's logits; a
+    /// later recompute after preemption reuses the cache as any sequence does).
+    pub recompute_prefix: bool,
 }

@@ -45,6 +45,8 @@ struct Entry {
     arrival: u64,
     /// Forks still to come (reserved under `max_num_seqs`).
     forks: usize,
+    /// Reuse no cached prefix until the tokens have been computed once.
+    recompute_prefix: bool,
     status: SeqStatus,
     /// Draft tokens proposed for the next decode step ([`Scheduler::propose`]).
     draft: Vec<u32>,
@@ -55,6 +57,14 @@ struct Entry {
 impl Entry {
     fn key(&self, id: SeqId) -> Key {
         (self.priority, self.arrival, id)
+    }
+
+    /// How its blocks are allocated.
+    fn seq_config(&self, cfg: &SchedulerConfig) -> SeqConfig {
+        SeqConfig {
+            sliding_window: cfg.sliding_window,
+            recompute_prefix: self.recompute_prefix,
+        }
     }
 }
 
@@ -175,6 +185,7 @@ impl Scheduler {
             priority: params.priority,
             arrival,
             forks: params.forks,
+            recompute_prefix: params.recompute_prefix,
             status: SeqStatus::Waiting,
             draft: Vec::new(),
             verifying: Vec::new(),
@@ -185,7 +196,8 @@ impl Scheduler {
     }
 
     fn check_fits(&self, seq: SeqId, tokens: &[u32]) -> Result<()> {
-        if self.kv.can_allocate(tokens) == Admission::Never {
+        // Whether a prompt can ever fit does not depend on the cache.
+        if self.kv.can_allocate(tokens, SeqConfig::default()) == Admission::Never {
             return Err(SchedulerError::TooLarge {
                 seq,
                 reason: format!(
@@ -427,7 +439,8 @@ impl Scheduler {
             if self.reserved_seqs() + 1 + e.forks > self.cfg.max_num_seqs {
                 break;
             }
-            match self.kv.can_allocate(&e.tokens) {
+            let opts = e.seq_config(&self.cfg);
+            match self.kv.can_allocate(&e.tokens, opts) {
                 Admission::Ok => {}
                 // FCFS: nothing behind the head may overtake it.
                 Admission::Later => break,
@@ -444,14 +457,11 @@ impl Scheduler {
                     continue;
                 }
             }
-            let cached = self.kv.cached_prefix_tokens(&e.tokens);
+            let cached = self.kv.cached_prefix_tokens(&e.tokens, opts);
             let remaining = e.tokens.len() - cached.min(e.tokens.len() - 1);
             if remaining > step.budget && !self.cfg.chunked_prefill {
                 break;
             }
-            let opts = SeqConfig {
-                sliding_window: self.cfg.sliding_window,
-            };
             let alloc = match self.kv.allocate(seq, &e.tokens, opts) {
                 Ok(a) => a,
                 Err(KvError::OutOfBlocks { .. }) => break,
@@ -543,6 +553,9 @@ impl Scheduler {
             }
             self.kv.commit(s.seq, &e.tokens[s.start..s.real_end()])?;
             e.computed = s.real_end();
+            if s.samples {
+                e.recompute_prefix = false;
+            }
         }
         Ok(())
     }
@@ -598,6 +611,7 @@ impl Scheduler {
             priority: p.priority,
             arrival: p.arrival,
             forks: 0,
+            recompute_prefix: false,
             status: SeqStatus::Running,
             draft: Vec::new(),
             verifying: Vec::new(),

@@ -171,6 +171,7 @@ fn preemption_takes_the_lowest_priority_latest_arrival_and_it_recomputes() {
         SeqParams {
             priority: 0,
             forks: 0,
+            ..SeqParams::default()
         },
     )
     .unwrap();
@@ -180,6 +181,7 @@ fn preemption_takes_the_lowest_priority_latest_arrival_and_it_recomputes() {
         SeqParams {
             priority: 5,
             forks: 0,
+            ..SeqParams::default()
         },
     )
     .unwrap();
@@ -189,6 +191,7 @@ fn preemption_takes_the_lowest_priority_latest_arrival_and_it_recomputes() {
         SeqParams {
             priority: 0,
             forks: 0,
+            ..SeqParams::default()
         },
     )
     .unwrap();
@@ -331,6 +334,37 @@ fn prefix_cache_hits_shorten_prefill() {
     assert!(s.stats().kv.prefix_hit_tokens >= 28);
 }
 
+/// A sequence that asks for its prompt's log-probabilities computes the whole prompt though
+/// the cache holds it.
+#[test]
+fn a_sequence_may_recompute_its_cached_prefix_once() {
+    let mut s = Scheduler::new(config(32, 4, 64, 8)).unwrap();
+    let mut next = 0;
+    let shared = prompt(1, 16);
+    s.add(SeqId(1), shared.clone(), SeqParams::default())
+        .unwrap();
+    let step = s.schedule();
+    run_step(&mut s, &step, &mut next);
+    let mut p2 = shared.clone();
+    p2.extend([7, 8, 9]);
+    let params = SeqParams {
+        recompute_prefix: true,
+        ..SeqParams::default()
+    };
+    s.add(SeqId(2), p2, params).unwrap();
+    let step = s.schedule();
+    assert_eq!(step.admitted, vec![(SeqId(2), 0)]);
+    let x = step.seqs.iter().find(|x| x.seq == SeqId(2)).unwrap();
+    assert_eq!((x.start, x.len, x.samples), (0, 19, true));
+    run_step(&mut s, &step, &mut next);
+    // Its blocks entered the cache as any sequence's do.
+    s.finish(SeqId(2));
+    let mut p3 = shared.clone();
+    p3.extend([7, 8, 9, 10]);
+    s.add(SeqId(3), p3, SeqParams::default()).unwrap();
+    assert_eq!(s.schedule().admitted, vec![(SeqId(3), 16)]);
+}
+
 #[test]
 fn forks_share_the_prompt_and_count_against_the_seq_cap() {
     let mut s = Scheduler::new(config(32, 4, 64, 4)).unwrap();
@@ -341,6 +375,7 @@ fn forks_share_the_prompt_and_count_against_the_seq_cap() {
         SeqParams {
             priority: 0,
             forks: 2,
+            ..SeqParams::default()
         },
     )
     .unwrap();
@@ -350,6 +385,7 @@ fn forks_share_the_prompt_and_count_against_the_seq_cap() {
         SeqParams {
             priority: 0,
             forks: 1,
+            ..SeqParams::default()
         },
     )
     .unwrap();
@@ -430,7 +466,7 @@ proptest! {
         for id in 0..40u64 {
             let len = rng.random_range(1..(blocks as usize * 4 / 2));
             let priority = rng.random_range(0..3);
-            if s.add(SeqId(id), prompt(id as u32, len), SeqParams { priority, forks: 0 }).is_ok() {
+            if s.add(SeqId(id), prompt(id as u32, len), SeqParams { priority, ..SeqParams::default() }).is_ok() {
                 live.insert(SeqId(id), (len, rng.random_range(1..20)));
             }
             for _ in 0..rng.random_range(0..4) {

@@ -78,7 +78,7 @@ impl BlockManager {
 
     /// [`can_allocate`](Self::can_allocate) with a kept pool: the kept blocks of the whole
     /// prompt, and main blocks for the window and the block being computed.
-    pub(super) fn can_allocate_kept(&self, prompt: &[u32]) -> Admission {
+    pub(super) fn can_allocate_kept(&self, prompt: &[u32], opts: SeqConfig) -> Admission {
         let (Some(kept), Some(k)) = (&self.kept, self.cfg.kept) else {
             return Admission::Never;
         };
@@ -89,7 +89,7 @@ impl BlockManager {
         if prompt.is_empty() || total > kept_usable || window_blocks > usable {
             return Admission::Never;
         }
-        let hit = self.find_prefix(prompt);
+        let hit = self.find_prefix(prompt, opts);
         let kept_needed = total - hit.kept.len() + self.kept_watermark;
         let needed = 1 + self.watermark_blocks;
         if kept_needed > kept.available() - hit.kept_evictable
@@ -117,7 +117,7 @@ impl BlockManager {
                 reason: "with a kept pool every sequence has the pool's window".into(),
             });
         }
-        let hit = self.find_prefix(prompt);
+        let hit = self.find_prefix(prompt, opts);
         let total = self.blocks_for_tokens(prompt.len());
         let kept_new = total - hit.kept.len();
         let Some(kept) = self.kept.as_mut() else {

@@ -286,6 +286,101 @@ pub fn by_logit_desc(a: &(u32, f32), b: &(u32, f32)) -> std::cmp::Ordering {
     b.1.total_cmp(&a.1).then(a.0.cmp(&b.0))
 }
 
+/// The log-softmax of one raw logits row, in f64 (what every log-probability kiln reports
+/// is: sampled tokens', prompt tokens', `kiln perplexity`'s). NaN counts as -inf, +inf as
+/// `f32::MAX` ([`sanitize`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LogSoftmax {
+    /// The row's largest logit; -inf when none is finite.
+    max: f64,
+    /// `ln Σ exp(x − max)`.
+    ln_sum: f64,
+}
+
+impl LogSoftmax {
+    pub fn of(logits: &[f32]) -> Self {
+        let max = logits
+            .iter()
+            .fold(f32::NEG_INFINITY, |m, &v| m.max(sanitize(v)));
+        if max == f32::NEG_INFINITY {
+            return Self {
+                max: f64::NEG_INFINITY,
+                ln_sum: 0.0,
+            };
+        }
+        let m = f64::from(max);
+        let sum: f64 = logits
+            .iter()
+            .map(|&v| (f64::from(sanitize(v)) - m).exp())
+            .sum();
+        Self {
+            max: m,
+            ln_sum: sum.ln(),
+        }
+    }
+
+    /// The log-probability of a logit `v` of the row.
+    pub fn at(&self, v: f32) -> f64 {
+        let v = sanitize(v);
+        if v == f32::NEG_INFINITY || self.max == f64::NEG_INFINITY {
+            f64::NEG_INFINITY
+        } else {
+            // (v − max) first: near f32::MAX, max + ln_sum would round ln_sum away.
+            (f64::from(v) - self.max) - self.ln_sum
+        }
+    }
+}
+
+/// One token's place in a logits row: its log-probability, its rank and the row's best.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TokenRank {
+    /// -inf for an id outside the row or a row with no finite logit.
+    pub logprob: f64,
+    /// 1 for the most likely token; ties go to the lower id, as in `top`. An id outside
+    /// the row ranks after every token.
+    pub rank: usize,
+    /// The `top_n` most likely tokens and their log-probabilities, best first, ties by lower
+    /// id: its first entry is the row's argmax.
+    pub top: Vec<(u32, f64)>,
+}
+
+/// `token`'s log-probability and rank in `logits` (raw: no penalty, bias or temperature),
+/// and the row's `top_n` best.
+pub fn token_rank(logits: &[f32], token: u32, top_n: usize) -> TokenRank {
+    let lsm = LogSoftmax::of(logits);
+    let own = logits.get(token as usize).map(|&v| (token, sanitize(v)));
+    let rank = match own {
+        Some(t) => {
+            1 + logits
+                .iter()
+                .enumerate()
+                .filter(|&(i, &v)| by_logit_desc(&(i as u32, sanitize(v)), &t).is_lt())
+                .count()
+        }
+        None => logits.len() + 1,
+    };
+    let n = top_n.min(logits.len());
+    let mut top = Vec::new();
+    if n > 0 {
+        let mut all: Vec<(u32, f32)> = logits
+            .iter()
+            .enumerate()
+            .map(|(i, &v)| (i as u32, sanitize(v)))
+            .collect();
+        if n < all.len() {
+            all.select_nth_unstable_by(n - 1, by_logit_desc);
+            all.truncate(n);
+        }
+        all.sort_unstable_by(by_logit_desc);
+        top = all.into_iter().map(|(t, v)| (t, lsm.at(v))).collect();
+    }
+    TokenRank {
+        logprob: own.map_or(f64::NEG_INFINITY, |(_, v)| lsm.at(v)),
+        rank,
+        top,
+    }
+}
+
 /// A row as sampling sees it: sanitized, masked, edited, sanitized again.
 pub fn process(logits: &[f32], how: &RowSampling) -> Vec<f32> {
     let mut x: Vec<f32> = logits.iter().map(|&v| sanitize(v)).collect();
