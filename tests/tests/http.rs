@@ -333,6 +333,157 @@ async fn n_with_a_seed_stop_strings_logprobs_and_several_prompts() {
     t.shutdown().await;
 }
 
+/// lm-eval's log-likelihood request (`local-completions`): token-id prompts, `echo`,
+/// `max_tokens: 1`, `logprobs: 1`; each choice's arrays hold every prompt token (the first
+/// `null`), then the generated one. The values are vLLM's `prompt_logprobs` and gRPC's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn echo_scores_prompts_as_lm_eval_reads_them() {
+    let t = TestServer::start(Options::default()).await;
+    let http = t.http_addr();
+    let mut ids = Vec::new();
+    for text in ["The capital of France is Paris", "Once upon a time"] {
+        let r = post(
+            http,
+            "/tokenize",
+            &json!({"model": MODEL, "prompt": text, "add_special_tokens": false}),
+        )
+        .await
+        .json();
+        assert_eq!(r["count"], r["tokens"].as_array().unwrap().len());
+        assert!(r["max_model_len"].as_u64().unwrap() > 0);
+        let back = post(http, "/detokenize", &json!({"tokens": r["tokens"]}))
+            .await
+            .json();
+        assert_eq!(back["prompt"], text);
+        ids.push(r["tokens"].clone());
+    }
+    let body = json!({"model": MODEL, "prompt": ids, "temperature": 0, "max_tokens": 1,
+                      "logprobs": 1, "seed": 1234, "echo": true});
+    let r = post(http, "/v1/completions", &body).await;
+    assert_eq!(r.status, 200, "{}", r.body);
+    let c = r.json();
+    let choices = c["choices"].as_array().unwrap();
+    assert_eq!(choices.len(), 2);
+    for (k, (choice, ids)) in choices.iter().zip(&ids).enumerate() {
+        assert_eq!(choice["index"], k);
+        let n = ids.as_array().unwrap().len();
+        let lp = &choice["logprobs"];
+        let (toks, lps, tops) = (&lp["tokens"], &lp["token_logprobs"], &lp["top_logprobs"]);
+        assert_eq!(toks.as_array().unwrap().len(), n + 1, "{choice}");
+        assert_eq!((&lps[0], &tops[0]), (&Value::Null, &Value::Null));
+        let text: String = toks
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t.as_str().unwrap())
+            .collect();
+        assert_eq!(choice["text"], text);
+        for i in 1..=n {
+            let own = lps[i].as_f64().unwrap();
+            let top = tops[i].as_object().unwrap();
+            // The token itself, and the most likely one: `is_greedy` compares the two.
+            assert_eq!(top[toks[i].as_str().unwrap()].as_f64(), Some(own));
+            let best = top
+                .values()
+                .map(|v| v.as_f64().unwrap())
+                .fold(f64::MIN, f64::max);
+            assert!(own <= best && own <= 0.0);
+        }
+        // The generated token is the greedy one: its own logprob is the best.
+        let best = tops[n]
+            .as_object()
+            .unwrap()
+            .values()
+            .map(|v| v.as_f64().unwrap());
+        assert_eq!(best.fold(f64::MIN, f64::max), lps[n].as_f64().unwrap());
+    }
+    assert_eq!(c["usage"]["completion_tokens"], 2);
+
+    // max_tokens 0: the prompt alone, with vLLM's prompt_logprobs holding the same values.
+    let first = &ids[0];
+    let r = post(
+        http,
+        "/v1/completions",
+        &json!({"prompt": first, "max_tokens": 0, "echo": true, "logprobs": 1,
+                "prompt_logprobs": 2}),
+    )
+    .await
+    .json();
+    let only = &r["choices"][0];
+    assert_eq!(only["text"], "The capital of France is Paris");
+    assert_eq!(only["finish_reason"], "length");
+    assert_eq!(r["usage"]["completion_tokens"], 0);
+    let pl = only["prompt_logprobs"].as_array().unwrap();
+    let lps = &choices[0]["logprobs"]["token_logprobs"];
+    assert_eq!(pl.len(), first.as_array().unwrap().len());
+    assert_eq!(pl[0], Value::Null);
+    for (i, id) in first.as_array().unwrap().iter().enumerate().skip(1) {
+        let pos = pl[i].as_object().unwrap();
+        let own = &pos[&id.to_string()];
+        assert_eq!(own["logprob"], lps[i], "position {i}");
+        assert!(own["rank"].as_u64().unwrap() >= 1);
+        assert!(pos.len() <= 3, "the token and two alternatives: {pos:?}");
+        assert!(pos.values().any(|v| v["rank"] == 1));
+    }
+    // gRPC's prompt_logprobs: the same numbers.
+    let mut g = t.generation();
+    let mut req = greedy("The capital of France is Paris", 1);
+    req.output = Some(pb::OutputOptions {
+        prompt_logprobs: Some(0),
+        ..Default::default()
+    });
+    let got = g.generate(req).await.unwrap().into_inner();
+    assert_eq!(got.prompt_logprobs.len(), pl.len() - 1);
+    for (i, p) in got.prompt_logprobs.iter().enumerate() {
+        assert_eq!(f64::from(p.logprob), lps[i + 1].as_f64().unwrap());
+    }
+
+    // Streamed, the choice's first chunk starts with the prompt.
+    let mut s = SseStream::open(
+        http,
+        "/v1/completions",
+        &json!({"prompt": "Once upon a time", "max_tokens": 2, "temperature": 0,
+                "echo": true, "stream": true}),
+    )
+    .await;
+    let (chunks, done) = read_chunks(&mut s).await;
+    assert!(done);
+    let text: String = chunks
+        .iter()
+        .map(|c| c["choices"][0]["text"].as_str().unwrap_or_default())
+        .collect();
+    assert!(
+        chunks[0]["choices"][0]["text"]
+            .as_str()
+            .unwrap()
+            .starts_with("Once upon a time"),
+        "{chunks:?}"
+    );
+    assert_eq!(text, "Once upon a time, the");
+
+    // /tokenize's chat form is the prompt chat completions runs.
+    let msgs = json!([{"role": "user", "content": "Hi"}]);
+    let n = post(http, "/tokenize", &json!({"messages": msgs}))
+        .await
+        .json()["count"]
+        .clone();
+    let c = post(
+        http,
+        "/v1/chat/completions",
+        &json!({"messages": msgs, "max_tokens": 1, "prompt_logprobs": 0}),
+    )
+    .await
+    .json();
+    assert_eq!(c["usage"]["prompt_tokens"], n);
+    assert_eq!(
+        c["prompt_logprobs"].as_array().unwrap().len() as u64,
+        n.as_u64().unwrap()
+    );
+    let kv = t.wait_until_idle(Duration::from_secs(10)).await;
+    assert_eq!(kv.used_blocks, 0);
+    t.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_requests_get_openai_errors_naming_the_field() {
     let t = TestServer::start(Options::default()).await;
@@ -437,6 +588,73 @@ async fn bad_requests_get_openai_errors_naming_the_field() {
             json!({"prompt": [504, 49152]}).to_string().into_bytes(),
             400,
             json!("prompt"),
+        ),
+        (
+            "logprobs above the limit",
+            "/v1/completions",
+            json!({"prompt": "x", "echo": true, "logprobs": 1000}).to_string().into_bytes(),
+            400,
+            json!("logprobs"),
+        ),
+        (
+            "a prompt_logprobs above the limit",
+            "/v1/chat/completions",
+            chat(json!({"prompt_logprobs": 1000})).to_string().into_bytes(),
+            400,
+            json!("prompt_logprobs"),
+        ),
+        (
+            "echo with n > 1 and streaming",
+            "/v1/completions",
+            json!({"prompt": "x", "echo": true, "n": 2, "stream": true}).to_string().into_bytes(),
+            400,
+            json!("echo"),
+        ),
+        (
+            "an empty prompt list",
+            "/v1/completions",
+            json!({"prompt": []}).to_string().into_bytes(),
+            400,
+            json!("prompt"),
+        ),
+        (
+            "prompt scored over the context",
+            "/v1/completions",
+            json!({"prompt": vec![504; 3000], "echo": true, "max_tokens": 0, "logprobs": 1})
+                .to_string()
+                .into_bytes(),
+            400,
+            json!("prompt"),
+        ),
+        (
+            "a batch with one token id outside the vocabulary",
+            "/v1/completions",
+            json!({"prompt": [[504, 505], [504, 49152]], "echo": true, "max_tokens": 0})
+                .to_string()
+                .into_bytes(),
+            400,
+            json!("prompt"),
+        ),
+        (
+            "max_tokens 0 with nothing to score",
+            "/v1/completions",
+            json!({"prompt": "x", "max_tokens": 0}).to_string().into_bytes(),
+            400,
+            json!("max_tokens"),
+        ),
+        (
+            "detokenize outside the vocabulary",
+            "/detokenize",
+            json!({"tokens": [504, 49152]}).to_string().into_bytes(),
+            400,
+            json!("tokens"),
+        ),
+        (
+            "tokenize for an unknown model",
+            "/tokenize",
+            json!({"model": "gpt-4o", "prompt": "x"}).to_string().into_bytes(),
+            404,
+            json!("model"),
         ),
         (
             "n = 0",

@@ -66,6 +66,8 @@ fn run(path: &std::path::Path) -> Result<(), String> {
     let mut out = std::io::stdout().lock();
     while let Some(event) = stream.blocking_recv() {
         match event {
+            // Not asked for here (`OutputOptions::prompt_logprobs`).
+            Event::PromptLogprobs(_) => {}
             Event::Delta(d) => {
                 text.push_str(&d.text);
                 let _ = write!(out, "{}", d.text);

@@ -1,7 +1,8 @@
 //! Batch building: a [`Schedule`] becomes the model runner's [`StepSeq`]s (prefill chunks,
 //! decodes, and decodes followed by the drafts they verify), with logits read back only for
-//! the sequences that sample on the CPU; then every sequence that reached the end of its tokens
-//! samples its next token.
+//! the sequences that sample on the CPU, and every row of the prefill chunks whose prompt
+//! tokens a request asked to score; then those prompt tokens are scored, and every sequence
+//! that reached the end of its tokens samples its next token.
 
 use std::time::Instant;
 
@@ -30,13 +31,21 @@ impl Loop {
             t.extend_from_slice(self.sched.verifying(s.seq));
             with_drafts.push(t);
         }
+        // Prefill chunks whose every row scores a prompt token (read back, sampled on the
+        // host).
+        let prompt_rows: Vec<bool> = schedule
+            .seqs
+            .iter()
+            .map(|s| self.wants_prompt_rows(s))
+            .collect();
         // The rows the device samples, per scheduled sequence.
         let vocab = self.runner.config().vocab;
         let device_rows: Vec<Option<Vec<RowSampling>>> = schedule
             .seqs
             .iter()
-            .map(|s| {
-                if !(self.device_sampling && s.samples) {
+            .zip(&prompt_rows)
+            .map(|(s, &prompt)| {
+                if !(self.device_sampling && s.samples) || prompt {
                     return None;
                 }
                 let (rid, idx) = self.owner.get(&s.seq)?;
@@ -52,7 +61,7 @@ impl Loop {
             device_rows.iter().flatten().map(Vec::len).sum::<usize>() as u64;
         let mut drafted = with_drafts.iter();
         let mut batch = Vec::with_capacity(schedule.seqs.len());
-        for (s, device) in schedule.seqs.iter().zip(&device_rows) {
+        for ((s, device), &prompt) in schedule.seqs.iter().zip(&device_rows).zip(&prompt_rows) {
             let tokens = if s.draft > 0 {
                 drafted.next().map(Vec::as_slice)
             } else {
@@ -70,15 +79,49 @@ impl Loop {
                     .block_table(s.seq)
                     .map_err(|e| InternalError::Scheduler(e.into()))?,
                 context_len: s.end(),
-                // One row per sequence, plus one per draft token it verifies.
-                logits_rows: 1 + s.draft,
-                read_logits: s.samples && device.is_none() && self.needs_row(s.seq),
+                // One row per sequence, plus one per draft token it verifies; a chunk that
+                // scores prompt tokens, all of them.
+                logits_rows: if prompt { s.len } else { 1 + s.draft },
+                read_logits: prompt || (s.samples && device.is_none() && self.needs_row(s.seq)),
                 sample: device.as_deref(),
             });
         }
         self.runner
             .step(&batch, &schedule.copies)
             .map_err(InternalError::Forward)
+    }
+
+    /// Whether `s` is a prefill chunk of a request that scores its prompt, holding positions
+    /// whose logits score a prompt token not yet scored.
+    fn wants_prompt_rows(&self, s: &kiln_scheduler::ScheduledSeq) -> bool {
+        s.draft == 0
+            && self
+                .owner
+                .get(&s.seq)
+                .filter(|(_, idx)| *idx == 0)
+                .and_then(|(rid, _)| self.requests.get(rid))
+                .is_some_and(|r| r.wants_prompt_rows(s.start))
+    }
+
+    /// Scores the prompt tokens this step's prefill chunks computed the logits of (a request
+    /// gets them when its prompt is all scored: `flush`).
+    pub fn score_prompts(&mut self, schedule: &Schedule, out: &StepOutput) {
+        for (row, s) in schedule.seqs.iter().enumerate() {
+            let Some(&(rid, 0)) = self.owner.get(&s.seq) else {
+                continue;
+            };
+            let Some(r) = self.requests.get_mut(&rid) else {
+                continue;
+            };
+            // Only chunks that read every row (`forward`) have one per position.
+            let rows = out.rows(row);
+            if s.draft > 0 || rows != s.len || !r.wants_prompt_rows(s.start) {
+                continue;
+            }
+            if let Err(e) = r.score_prompt(s.start, rows, |i| out.logits(row, i)) {
+                self.end(rid, crate::step_loop::Ending::Error(e));
+            }
+        }
     }
 
     /// Whether `seq`'s output samples on the CPU (so its logits row must come back).
@@ -115,6 +158,9 @@ impl Loop {
             let Some(r) = self.requests.get_mut(&rid) else {
                 continue;
             };
+            // The sampled row is the chunk's last (a chunk scoring its prompt has one a
+            // position).
+            let last = out.rows(row).saturating_sub(1);
             let indices: Vec<usize> = if idx == 0 && r.first_token.is_none() {
                 (0..r.outs.len()).collect()
             } else {
@@ -128,11 +174,11 @@ impl Loop {
                 };
                 let outcome = r.on_row(
                     i,
-                    out.logits(row, 0),
+                    out.logits(row, last),
                     DevicePick {
-                        argmax: out.argmax(row, 0),
+                        argmax: out.argmax(row, last),
                         // Only output `idx`'s own row was sampled on the device.
-                        sampled: out.sampled(row, 0).filter(|_| i == idx),
+                        sampled: out.sampled(row, last).filter(|_| i == idx),
                     },
                     now,
                     &self.metrics,

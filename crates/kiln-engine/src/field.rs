@@ -23,6 +23,7 @@ pub enum Field {
     Stop,
     StopTokenIds,
     TopLogprobs,
+    PromptLogprobs,
     Constraint(ConstraintKind),
 }
 
@@ -68,6 +69,7 @@ impl Field {
             Self::Stop => "stopping.stop",
             Self::StopTokenIds => "stopping.stop_token_ids",
             Self::TopLogprobs => "output.top_logprobs",
+            Self::PromptLogprobs => "output.prompt_logprobs",
             Self::Constraint(ConstraintKind::JsonSchema) => "constraint.json_schema",
             Self::Constraint(ConstraintKind::JsonObject) => "constraint.json_object",
             Self::Constraint(ConstraintKind::Regex) => "constraint.regex",

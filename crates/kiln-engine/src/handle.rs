@@ -170,13 +170,45 @@ impl std::fmt::Debug for EngineHandle {
     }
 }
 
+/// A request [`EngineHandle::check`] accepted.
+struct Checked {
+    request: Request,
+    prompt_ids: Vec<u32>,
+    guide: Option<Guide>,
+}
+
 impl EngineHandle {
     /// Validates and queues a request; its events arrive on the returned stream. Refused at
     /// once when invalid (`InvalidArgument` naming the field), when the waiting queue is full
     /// (`Overloaded`) or while shutting down.
     pub fn submit(&self, request: Request) -> Result<RequestStream, EngineError> {
-        let s = &self.shared;
-        if s.closing.load(Ordering::Acquire) {
+        let checked = self.check(request)?;
+        self.enqueue(checked)
+    }
+
+    /// [`submit`](Self::submit) for a batch (one call's prompts): every request is checked
+    /// before any is queued, so a bad one refuses the whole batch with nothing run; the
+    /// error comes with the index of the request it is about. (Refused for overload midway,
+    /// the streams queued so far are dropped, which aborts their requests.)
+    pub fn submit_all(
+        &self,
+        requests: Vec<Request>,
+    ) -> Result<Vec<RequestStream>, (usize, EngineError)> {
+        let checked = requests
+            .into_iter()
+            .enumerate()
+            .map(|(i, r)| self.check(r).map_err(|e| (i, e)))
+            .collect::<Result<Vec<_>, _>>()?;
+        checked
+            .into_iter()
+            .enumerate()
+            .map(|(i, c)| self.enqueue(c).map_err(|e| (i, e)))
+            .collect()
+    }
+
+    /// A request validated, with its prompt ids and its constraint's guide.
+    fn check(&self, request: Request) -> Result<Checked, EngineError> {
+        if self.shared.closing.load(Ordering::Acquire) {
             return Err(EngineError::ShuttingDown);
         }
         let prompt_ids = self.validate(&request)?;
@@ -193,6 +225,24 @@ impl EngineHandle {
             }
             None => None,
         };
+        Ok(Checked {
+            request,
+            prompt_ids,
+            guide,
+        })
+    }
+
+    /// Queues a checked request.
+    fn enqueue(&self, checked: Checked) -> Result<RequestStream, EngineError> {
+        let Checked {
+            request,
+            prompt_ids,
+            guide,
+        } = checked;
+        let s = &self.shared;
+        if s.closing.load(Ordering::Acquire) {
+            return Err(EngineError::ShuttingDown);
+        }
         // Count ourselves in first, then read the limit: the step loop lowers the capacity
         // before it takes admitted requests off `queued`, so a count that already lacks them
         // is always read with the capacity that lacks their slots (never a stale, larger one).
@@ -358,7 +408,9 @@ impl EngineHandle {
                 format!("token id {bad} is outside the vocabulary (0..{vocab})"),
             ));
         }
-        if ids.len() >= info.max_model_len {
+        // Scoring a prompt alone (max_new_tokens 0) needs no room after it.
+        let scores_only = r.stopping.max_new_tokens == Some(0);
+        if ids.len() > info.max_model_len || (ids.len() == info.max_model_len && !scores_only) {
             return Err(EngineError::invalid(
                 Field::Prompt,
                 format!(
@@ -381,10 +433,10 @@ impl EngineHandle {
         let st = &r.stopping;
         let room = info.max_model_len - ids.len();
         if let Some(max) = st.max_new_tokens {
-            if max == 0 {
+            if max == 0 && r.output.prompt_logprobs.is_none() {
                 return Err(EngineError::invalid(
                     Field::MaxNewTokens,
-                    "must be at least 1",
+                    "must be at least 1 (0, scoring the prompt alone, needs prompt_logprobs)",
                 ));
             }
             // Accepted, it would end early or outgrow the KV pool: refuse it now, in the words
@@ -454,6 +506,14 @@ impl EngineHandle {
                     "{} exceeds the limit {}",
                     r.output.top_logprobs, info.max_top_logprobs
                 ),
+            ));
+        }
+        if let Some(n) = r.output.prompt_logprobs
+            && n > info.max_top_logprobs
+        {
+            return Err(EngineError::invalid(
+                Field::PromptLogprobs,
+                format!("{n} exceeds the limit {}", info.max_top_logprobs),
             ));
         }
         Ok(ids)

@@ -15,7 +15,9 @@ use crate::metrics::EngineMetrics;
 use crate::request::{
     Delta, Event, FinishReason, OutputOptions, SpecStats, StoppingCriteria, TokenLogprobs,
 };
-use crate::sampling::{LogprobRequest, SampleError, Sampler, SamplingParams, TokenHistory};
+use crate::sampling::{
+    LogprobRequest, SampleError, Sampler, SamplingParams, TokenHistory, raw_logprobs,
+};
 use kiln_tensor::sample::{NO_TOKEN, RowSampling};
 
 /// What the device computed for one logits row: its argmax, and the device sampler's pick
@@ -74,6 +76,19 @@ pub(crate) struct ReqState {
     max_new: usize,
     /// Whether `max_new` is the context's limit rather than the request's.
     max_is_context: bool,
+    /// The prompt's log-probabilities, while the prefill computes them.
+    prompt_scores: Option<PromptScores>,
+}
+
+/// A prompt's log-probabilities as its prefill chunks compute them (a chunk recomputed after
+/// preemption writes the same entries again).
+struct PromptScores {
+    /// Alternatives per token.
+    top: usize,
+    /// Entry `p` scores prompt token `p + 1` under the logits at position `p`.
+    values: Vec<Option<TokenLogprobs>>,
+    /// Sent to the caller: later chunks (a recompute) need no rows.
+    sent: bool,
 }
 
 /// Independent streams for outputs `1..n` of one seed (output 0 uses the seed itself).
@@ -119,9 +134,54 @@ impl ReqState {
             eos: info.eos_ids.clone(),
             max_new,
             max_is_context,
+            prompt_scores: r.output.prompt_logprobs.map(|top| PromptScores {
+                top,
+                values: vec![None; sub.prompt_ids.len().saturating_sub(1)],
+                sent: false,
+            }),
         };
         state.add_output(seq, tokenizer, guide);
         state
+    }
+
+    /// Whether a chunk of output 0's sequence from position `start` must read back every
+    /// logits row: it holds positions whose logits score a prompt token still unscored.
+    pub fn wants_prompt_rows(&self, start: usize) -> bool {
+        self.prompt_scores
+            .as_ref()
+            .is_some_and(|s| !s.sent && start < s.values.len())
+    }
+
+    /// Scores the prompt tokens that `rows` logits rows from position `start` predict (`row(i)`
+    /// is the logits at position `start + i`).
+    pub fn score_prompt<'r>(
+        &mut self,
+        start: usize,
+        rows: usize,
+        row: impl Fn(usize) -> Option<&'r [f32]>,
+    ) -> Result<(), EngineError> {
+        let Some(s) = &mut self.prompt_scores else {
+            return Ok(());
+        };
+        for i in 0..rows {
+            let p = start + i;
+            let (Some(slot), Some(&next)) = (s.values.get_mut(p), self.prompt.get(p + 1)) else {
+                break;
+            };
+            let logits = row(i).ok_or(InternalError::State("prompt logits row not read back"))?;
+            *slot = Some(raw_logprobs(logits, next, s.top));
+        }
+        Ok(())
+    }
+
+    /// The prompt's log-probabilities, once, when every one is known.
+    pub fn take_prompt_logprobs(&mut self) -> Option<Vec<TokenLogprobs>> {
+        let s = self.prompt_scores.as_mut().filter(|s| !s.sent)?;
+        let all: Option<Vec<TokenLogprobs>> = s.values.iter().cloned().collect();
+        let all = all?;
+        s.sent = true;
+        s.values = Vec::new();
+        Some(all)
     }
 
     /// Adds output `outs.len()` on sequence `seq`, under `guide` when constrained.
@@ -268,6 +328,14 @@ impl ReqState {
         now: Instant,
         metrics: &EngineMetrics,
     ) -> Result<TokenOutcome, EngineError> {
+        if self.max_new == 0 {
+            // Scoring the prompt alone: nothing to generate.
+            let o = (self.outs.get_mut(idx))
+                .ok_or(InternalError::State("output index out of range"))?;
+            o.finish = Some(FinishReason::Length);
+            o.pending.finish = Some(FinishReason::Length);
+            return Ok(TokenOutcome::Finished);
+        }
         let (token, logprobs, _) = self.pick(idx, row, device, None, metrics)?;
         if let Some(o) = self.outs.get_mut(idx) {
             o.spec_skip = o.spec_skip.saturating_sub(1);

@@ -22,7 +22,8 @@ pub enum Prompt {
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct StoppingCriteria {
     /// Tokens to generate at most. A request whose prompt plus this exceeds the engine's
-    /// `max_model_len` is refused; `None` means `default_max_new_tokens`.
+    /// `max_model_len` is refused; `None` means `default_max_new_tokens`. 0 (with
+    /// [`OutputOptions::prompt_logprobs`]) scores the prompt and generates nothing.
     pub max_new_tokens: Option<usize>,
     /// A front door's default for an unset `max_new_tokens`: at most this many, fewer where
     /// the context leaves less room (a default never makes a request fail); `None` means up to
@@ -58,6 +59,11 @@ pub struct OutputOptions {
     pub top_logprobs: usize,
     /// Leave special tokens out of the text.
     pub skip_special_tokens: bool,
+    /// The log-probability of every prompt token after the first, each with that many most
+    /// likely alternatives ([`Event::PromptLogprobs`], before the first delta). The whole
+    /// prompt is computed, the prefix cache's blocks not reused: the LM head runs on every
+    /// prompt position.
+    pub prompt_logprobs: Option<usize>,
 }
 
 impl Default for OutputOptions {
@@ -66,6 +72,7 @@ impl Default for OutputOptions {
             logprobs: false,
             top_logprobs: 0,
             skip_special_tokens: true,
+            prompt_logprobs: None,
         }
     }
 }
@@ -266,6 +273,9 @@ pub struct Summary {
 /// What a request's stream yields: deltas, then exactly one `Finished` or `Error`.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Event {
+    /// The log-probabilities of prompt tokens `1..` (under the logits before each), when the
+    /// request asked ([`OutputOptions::prompt_logprobs`]); sent once, before any delta.
+    PromptLogprobs(Vec<TokenLogprobs>),
     Delta(Delta),
     Finished(Summary),
     Error(crate::EngineError),
@@ -283,6 +293,8 @@ pub struct SeqOutput {
 /// A whole request's result (what a unary call returns).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Output {
+    /// Prompt tokens `1..`'s log-probabilities, when asked for.
+    pub prompt_logprobs: Option<Vec<TokenLogprobs>>,
     pub outputs: Vec<SeqOutput>,
     pub usage: Usage,
     pub timing: Timing,
@@ -291,6 +303,7 @@ pub struct Output {
 /// Gathers a stream's events into an [`Output`].
 #[derive(Debug, Default)]
 pub(crate) struct OutputBuilder {
+    prompt_logprobs: Option<Vec<TokenLogprobs>>,
     outputs: Vec<SeqOutput>,
 }
 
@@ -298,6 +311,10 @@ impl OutputBuilder {
     /// Takes one event; returns the result once the stream's last event arrived.
     pub(crate) fn push(&mut self, ev: Event) -> Option<Result<Output, crate::EngineError>> {
         match ev {
+            Event::PromptLogprobs(lp) => {
+                self.prompt_logprobs = Some(lp);
+                None
+            }
             Event::Delta(d) => {
                 if self.outputs.len() <= d.index {
                     self.outputs.resize_with(d.index + 1, SeqOutput::default);
@@ -312,6 +329,7 @@ impl OutputBuilder {
                 None
             }
             Event::Finished(s) => Some(Ok(Output {
+                prompt_logprobs: self.prompt_logprobs.take(),
                 outputs: std::mem::take(&mut self.outputs),
                 usage: s.usage,
                 timing: s.timing,

@@ -240,6 +240,7 @@ impl Loop {
         let params = SeqParams {
             priority: sub.request.priority,
             forks: sub.request.n - 1,
+            recompute_prefix: sub.request.output.prompt_logprobs.is_some(),
         };
         if let Err(e) = self.sched.add(seq, sub.prompt_ids.clone(), params) {
             self.queued.fetch_sub(1, Ordering::AcqRel);
@@ -390,6 +391,7 @@ impl Loop {
         match out {
             Ok(out) => {
                 self.failed_steps = 0;
+                self.score_prompts(&schedule, &out);
                 self.sample_all(&schedule, &out);
             }
             Err(e) => {
@@ -439,11 +441,15 @@ impl Loop {
         Ok(())
     }
 
-    /// Sends pending deltas; a request whose outputs all finished gets its summary and goes.
+    /// Sends the prompt's log-probabilities once all are known (before any delta), then the
+    /// pending deltas; a request whose outputs all finished gets its summary and goes.
     pub fn flush(&mut self, rid: RequestId) {
         let Some(r) = self.requests.get_mut(&rid) else {
             return;
         };
+        if let Some(lp) = r.take_prompt_logprobs() {
+            let _ = r.tx.send(Event::PromptLogprobs(lp));
+        }
         for d in r.take_deltas() {
             let _ = r.tx.send(Event::Delta(d));
         }

@@ -126,6 +126,7 @@ fn stop_strings_are_held_back_and_cut() {
     while let Some(ev) = stream.blocking_recv() {
         match ev {
             Event::Delta(d) => deltas.push(d.text),
+            Event::PromptLogprobs(_) => panic!("prompt logprobs were not asked for"),
             Event::Finished(_) => break,
             Event::Error(err) => panic!("{err}"),
         }

@@ -30,6 +30,18 @@ pub(crate) struct Plan {
     pub constraint_via: Option<ConstraintVia>,
     /// How outputs read (reasoning, tool calls).
     pub reply: ReplyFormat,
+    /// Completions' `echo`: each prompt, put in front of its outputs.
+    pub echo: Option<Vec<Echo>>,
+    /// vLLM's `prompt_logprobs`: alternatives per prompt token.
+    pub prompt_logprobs: Option<usize>,
+}
+
+/// A prompt as `echo` puts it in front of its outputs: its text (as sent, or its ids
+/// decoded) and its token ids.
+#[derive(Debug, Clone)]
+pub(crate) struct Echo {
+    pub text: String,
+    pub ids: Vec<u32>,
 }
 
 /// An error of the front-door core, in `door`'s words.
@@ -279,13 +291,18 @@ pub(crate) fn completion(
     body: &CompletionRequest,
     common: &Common,
     label: &str,
+    tok: &Tokenizer,
     info: &EngineInfo,
     cfg: &ApiConfig,
 ) -> Result<Plan, ErrorReply> {
     cfg.check_model(common.model.as_deref())
         .map_err(core(Door::Completions, None))?;
-    if body.echo == Some(true) {
-        return Err(ErrorReply::invalid("echo", "is not supported"));
+    let echo = body.echo.unwrap_or(false);
+    if echo && common.stream == Some(true) && common.n.unwrap_or(1) > 1 {
+        return Err(ErrorReply::invalid(
+            "echo",
+            "cannot be combined with `stream: true` and `n` > 1",
+        ));
     }
     if body.suffix.as_deref().is_some_and(|s| !s.is_empty()) {
         return Err(ErrorReply::invalid("suffix", "is not supported"));
@@ -298,9 +315,18 @@ pub(crate) fn completion(
             "is not supported unless equal to n",
         ));
     }
-    let prompts = prompts(&body.prompt)?;
+    let mut prompts = prompts(&body.prompt)?;
     let logprobs = body.logprobs.map(|k| k as usize);
-    let template = request(
+    let echoes = match echo {
+        true => Some(
+            prompts
+                .iter_mut()
+                .map(|p| echo_prompt(p, tok))
+                .collect::<Result<Vec<_>, _>>()?,
+        ),
+        false => None,
+    };
+    let mut template = request(
         common,
         common.max_tokens,
         Some(COMPLETIONS_DEFAULT_MAX_TOKENS),
@@ -309,6 +335,17 @@ pub(crate) fn completion(
         cfg,
         Door::Completions,
     )?;
+    if echo {
+        // An echoed prompt's logprobs (and `max_tokens: 0`, the prompt alone) need the
+        // prompt scored.
+        let want = match (logprobs, common.max_tokens) {
+            (Some(k), _) => Some(k),
+            (None, Some(0)) => Some(0),
+            (None, _) => None,
+        };
+        let o = &mut template.output;
+        o.prompt_logprobs = o.prompt_logprobs.max(want);
+    }
     let via = constraint_via(common, &template);
     let requests = prompts
         .into_iter()
@@ -324,7 +361,38 @@ pub(crate) fn completion(
             r
         })
         .collect();
-    plan(common, requests, logprobs, via)
+    let mut plan = plan(common, requests, logprobs, via)?;
+    plan.echo = echoes;
+    Ok(plan)
+}
+
+/// What `echo` shows of `prompt`; a text prompt becomes its token ids, tokenized here once
+/// (as the engine would: the model's tokenizer, special tokens as it adds them).
+fn echo_prompt(prompt: &mut Prompt, tok: &Tokenizer) -> Result<Echo, ErrorReply> {
+    match prompt {
+        Prompt::Text(text) => {
+            let ids = tok
+                .encode(text)
+                .map_err(|e| ErrorReply::invalid("prompt", format!("cannot be tokenized: {e}")))?;
+            let echo = Echo {
+                text: std::mem::take(text),
+                ids: ids.clone(),
+            };
+            *prompt = Prompt::TokenIds(ids);
+            Ok(echo)
+        }
+        Prompt::TokenIds(ids) => {
+            let keep = kiln_tokenizer::DecodeOptions {
+                skip_special_tokens: false,
+            };
+            // Ids outside the vocabulary are the engine's to refuse, by field.
+            let text = tok.decode_with(ids, keep).unwrap_or_default();
+            Ok(Echo {
+                text,
+                ids: ids.clone(),
+            })
+        }
+    }
 }
 
 /// Which field the request's constraint came from.
@@ -363,6 +431,8 @@ fn plan(
         stream,
         include_usage,
         logprobs,
+        echo: None,
+        prompt_logprobs: c.prompt_logprobs.map(|k| k as usize),
     })
 }
 
@@ -470,6 +540,7 @@ fn request(
         logprobs: logprobs.is_some(),
         top_logprobs: logprobs.unwrap_or(0),
         skip_special_tokens: c.skip_special_tokens.unwrap_or(true),
+        prompt_logprobs: c.prompt_logprobs.map(|k| k as usize),
     };
     r.constraint = constraint(c)?;
     Ok(r)

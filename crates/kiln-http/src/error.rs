@@ -65,6 +65,7 @@ pub(crate) fn param(f: Field, door: Door, via: Option<ConstraintVia>) -> Cow<'st
             (EngineField::MinNewTokens, _) => "min_tokens",
             (EngineField::TopLogprobs, Completions) => "logprobs",
             (EngineField::TopLogprobs, _) => "top_logprobs",
+            (EngineField::PromptLogprobs, _) => "prompt_logprobs",
             (EngineField::Temperature, _) => "temperature",
             (EngineField::TopP, _) => "top_p",
             (EngineField::MinP, _) => "min_p",

@@ -10,6 +10,7 @@ mod responses;
 mod responses_out;
 mod server;
 mod store;
+mod tokenize;
 mod turn;
 
 pub use error::ErrorReply;

@@ -34,6 +34,10 @@ pub(crate) struct Common {
     pub skip_special_tokens: Option<bool>,
     pub stop_token_ids: Option<Vec<u32>>,
     pub include_stop_str_in_output: Option<bool>,
+    /// vLLM: the log-probability of every prompt token with this many alternatives
+    /// (`prompt_logprobs` in the response: `null` first, then `{token_id: {logprob, rank,
+    /// decoded_token}}` a position).
+    pub prompt_logprobs: Option<u32>,
     /// Structured output, OpenAI's way: `{"type": "text" | "json_object"}` or
     /// `{"type": "json_schema", "json_schema": {"name", "schema", "strict"}}`.
     pub response_format: Option<Value>,
@@ -130,7 +134,14 @@ pub(crate) struct ChatCompletion {
     pub system_fingerprint: &'static str,
     pub choices: Vec<ChatChoice>,
     pub usage: Usage,
+    /// vLLM's, when asked for.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prompt_logprobs: Option<PromptLogprobs>,
 }
+
+/// vLLM's `prompt_logprobs`: `null` for the first prompt token, then per position the prompt
+/// token and the most likely ones, by token id.
+pub(crate) type PromptLogprobs = Vec<Option<serde_json::Map<String, Value>>>;
 
 #[derive(Debug, Serialize)]
 pub(crate) struct ChatChoice {
@@ -187,6 +198,9 @@ pub(crate) struct ChatChunk {
     /// `null` on every chunk but the last when usage was asked for; absent otherwise.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub usage: Option<Option<Usage>>,
+    /// vLLM's, on the first chunk, when asked for.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prompt_logprobs: Option<PromptLogprobs>,
 }
 
 #[derive(Debug, Serialize)]
@@ -254,14 +268,20 @@ pub(crate) struct CompletionChoice {
     pub logprobs: Option<CompletionLogprobs>,
     pub finish_reason: Option<&'static str>,
     pub stop_reason: Option<Value>,
+    /// vLLM's, when asked for (on the choice's first chunk when streamed).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prompt_logprobs: Option<PromptLogprobs>,
 }
 
-/// The legacy completions logprobs layout: parallel arrays.
+/// The legacy completions logprobs layout: parallel arrays (`null` at an echoed prompt's
+/// first token, which nothing predicts). Every logprob is written as the f64 of its f32, in
+/// `token_logprobs` as in `top_logprobs`, so a client comparing a token's with the best of its
+/// alternatives (lm-eval's `is_greedy`) reads the same number for the same value.
 #[derive(Debug, Default, Serialize)]
 pub(crate) struct CompletionLogprobs {
     pub tokens: Vec<String>,
-    pub token_logprobs: Vec<f32>,
-    pub top_logprobs: Vec<serde_json::Map<String, Value>>,
+    pub token_logprobs: Vec<Option<f64>>,
+    pub top_logprobs: Vec<Option<serde_json::Map<String, Value>>>,
     pub text_offset: Vec<usize>,
 }
 

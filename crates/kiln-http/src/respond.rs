@@ -16,11 +16,12 @@ use serde::Serialize;
 use serde_json::{Map, Value};
 use tokio_stream::Stream;
 
+use crate::convert::Echo;
 use crate::error::{Door, ErrorReply};
 use crate::openai::{
     AssistantMessage, ChatChoice, ChatChunk, ChatChunkChoice, ChatCompletion, ChatDelta,
     ChatLogprobs, ChatTokenLogprob, ChatTopLogprob, Completion, CompletionChoice,
-    CompletionLogprobs, FunctionCall, ToolCallOut,
+    CompletionLogprobs, FunctionCall, PromptLogprobs, ToolCallOut,
 };
 
 /// Shown as `system_fingerprint`: which build answered.
@@ -35,11 +36,16 @@ pub(crate) struct Ctx {
     pub door: Door,
     /// Outputs per prompt (choice index = prompt index × n + output index).
     pub n: usize,
-    pub logprobs: bool,
+    /// Alternatives per token, when logprobs were asked for.
+    pub logprobs: Option<usize>,
     pub tokenizer: Tokenizer,
     /// How outputs read: reasoning split off, calls read out with tools on (streamed content
     /// is then held until the output ends, and sent as one delta).
     pub reply: ReplyFormat,
+    /// Completions' `echo`: each prompt, put in front of its outputs.
+    pub echo: Option<Vec<Echo>>,
+    /// vLLM's `prompt_logprobs`: alternatives per prompt token.
+    pub prompt_logprobs: Option<usize>,
 }
 
 impl Ctx {
@@ -57,7 +63,33 @@ impl Ctx {
             system_fingerprint: FINGERPRINT,
             choices,
             usage,
+            prompt_logprobs: None,
         }
+    }
+
+    /// vLLM's `prompt_logprobs` of a prompt whose scores are `lps`, when asked for.
+    fn prompt_logprobs(&self, lps: Option<&[TokenLogprobs]>) -> Option<PromptLogprobs> {
+        let top = self.prompt_logprobs?;
+        Some(prompt_logprobs(
+            &self.tokenizer,
+            lps.unwrap_or_default(),
+            top,
+        ))
+    }
+
+    /// Echoed prompt `prompt`'s text, and its legacy logprobs (from `lps`, its scores) when
+    /// asked for; `offset` moves past the text.
+    fn echoed(
+        &self,
+        prompt: usize,
+        lps: Option<&[TokenLogprobs]>,
+        offset: &mut usize,
+    ) -> Option<(String, Option<CompletionLogprobs>)> {
+        let echo = self.echo.as_ref()?.get(prompt)?;
+        let logprobs = self
+            .logprobs
+            .map(|top| echo_logprobs(&self.tokenizer, echo, lps.unwrap_or_default(), top, offset));
+        Some((echo.text.clone(), logprobs))
     }
 
     /// A chunk carrying one choice's `delta`, its tokens' logprobs when asked for, and
@@ -75,6 +107,7 @@ impl Ctx {
             delta,
             logprobs: self
                 .logprobs
+                .is_some()
                 .then(|| chat_logprobs(&self.tokenizer, logprobs)),
             finish_reason: end.0,
             stop_reason: end.1,
@@ -164,16 +197,78 @@ fn completion_logprobs(
 ) -> CompletionLogprobs {
     let mut out = CompletionLogprobs::default();
     for t in lps {
-        let text = token_text(tok, t.token);
+        push_legacy(&mut out, tok, t, t.top.len(), offset);
+    }
+    out
+}
+
+/// One token in the legacy layout: its text, offset and logprob, and `top` alternatives
+/// with the token itself (OpenAI's "the most likely tokens, as well as the chosen one"),
+/// keyed by text.
+fn push_legacy(
+    out: &mut CompletionLogprobs,
+    tok: &Tokenizer,
+    t: &TokenLogprobs,
+    top: usize,
+    offset: &mut usize,
+) {
+    let text = token_text(tok, t.token);
+    out.text_offset.push(*offset);
+    *offset += text.len();
+    let mut alternatives = Map::new();
+    for a in t.top.iter().take(top) {
+        alternatives.insert(token_text(tok, a.token), Value::from(a.logprob));
+    }
+    alternatives
+        .entry(text.clone())
+        .or_insert_with(|| Value::from(t.logprob));
+    out.tokens.push(text);
+    out.token_logprobs.push(Some(f64::from(t.logprob)));
+    out.top_logprobs.push(Some(alternatives));
+}
+
+/// An echoed prompt in the legacy layout: its first token with `null`s (nothing predicts
+/// it), then each later one scored by `lps` with `top` alternatives.
+fn echo_logprobs(
+    tok: &Tokenizer,
+    echo: &Echo,
+    lps: &[TokenLogprobs],
+    top: usize,
+    offset: &mut usize,
+) -> CompletionLogprobs {
+    let mut out = CompletionLogprobs::default();
+    if let Some(&first) = echo.ids.first() {
+        let text = token_text(tok, first);
         out.text_offset.push(*offset);
         *offset += text.len();
         out.tokens.push(text);
-        out.token_logprobs.push(t.logprob);
-        let mut top = Map::new();
-        for a in &t.top {
-            top.insert(token_text(tok, a.token), Value::from(a.logprob));
+        out.token_logprobs.push(None);
+        out.top_logprobs.push(None);
+    }
+    for t in lps {
+        push_legacy(&mut out, tok, t, top, offset);
+    }
+    out
+}
+
+/// vLLM's `prompt_logprobs`: `null` for the first token, then per position the prompt token
+/// and its `top` alternatives, by token id: `{logprob, rank, decoded_token}`.
+fn prompt_logprobs(tok: &Tokenizer, lps: &[TokenLogprobs], top: usize) -> PromptLogprobs {
+    let entry = |id: u32, logprob: f32, rank: usize| {
+        serde_json::json!({
+            "logprob": logprob,
+            "rank": rank,
+            "decoded_token": token_text(tok, id),
+        })
+    };
+    let mut out = vec![None];
+    for t in lps {
+        let mut m = Map::new();
+        for (i, a) in t.top.iter().take(top).enumerate() {
+            m.insert(a.token.to_string(), entry(a.token, a.logprob, i + 1));
         }
-        out.top_logprobs.push(top);
+        m.insert(t.token.to_string(), entry(t.token, t.logprob, t.rank));
+        out.push(Some(m));
     }
     out
 }
@@ -219,12 +314,15 @@ pub(crate) fn chat_completion(ctx: &Ctx, outs: &[Output]) -> ChatCompletion {
             },
             logprobs: ctx
                 .logprobs
+                .is_some()
                 .then(|| chat_logprobs(&ctx.tokenizer, &o.logprobs)),
             finish_reason,
             stop_reason: stop_reason.flatten(),
         }
     });
+    let scores = outs.first().and_then(|o| o.prompt_logprobs.as_deref());
     ChatCompletion {
+        prompt_logprobs: ctx.prompt_logprobs(scores),
         id: ctx.id.clone(),
         object: "chat.completion",
         created: ctx.created,
@@ -235,18 +333,30 @@ pub(crate) fn chat_completion(ctx: &Ctx, outs: &[Output]) -> ChatCompletion {
     }
 }
 
-/// A whole text completion, choices of every prompt in order.
+/// A whole text completion, choices of every prompt in order (each after its prompt, with
+/// `echo`).
 pub(crate) fn completion(ctx: &Ctx, outs: &[Output]) -> Completion {
     let (choices, usage) = choices(ctx, outs, |index, o, reply| {
         let (finish_reason, stop_reason) = reply.finish.as_ref().map(finish).unzip();
+        let scores = outs
+            .get(index / ctx.n)
+            .and_then(|out| out.prompt_logprobs.as_deref());
+        let mut offset = 0;
+        let (mut text, mut logprobs) = ctx
+            .echoed(index / ctx.n, scores, &mut offset)
+            .unwrap_or_default();
+        text.push_str(&o.text);
+        if ctx.logprobs.is_some() {
+            let generated = completion_logprobs(&ctx.tokenizer, &o.logprobs, &mut offset);
+            logprobs = Some(join_legacy(logprobs, generated));
+        }
         CompletionChoice {
             index,
-            text: o.text.clone(),
-            logprobs: ctx
-                .logprobs
-                .then(|| completion_logprobs(&ctx.tokenizer, &o.logprobs, &mut 0)),
+            text,
+            logprobs,
             finish_reason,
             stop_reason: stop_reason.flatten(),
+            prompt_logprobs: ctx.prompt_logprobs(scores),
         }
     });
     Completion {
@@ -258,6 +368,18 @@ pub(crate) fn completion(ctx: &Ctx, outs: &[Output]) -> Completion {
         choices,
         usage: Some(Some(usage.into())),
     }
+}
+
+/// `tail` after `head` (an echoed prompt's logprobs, then the output's).
+fn join_legacy(head: Option<CompletionLogprobs>, tail: CompletionLogprobs) -> CompletionLogprobs {
+    let Some(mut all) = head else {
+        return tail;
+    };
+    all.tokens.extend(tail.tokens);
+    all.token_logprobs.extend(tail.token_logprobs);
+    all.top_logprobs.extend(tail.top_logprobs);
+    all.text_offset.extend(tail.text_offset);
+    all
 }
 
 fn add_usage(total: &mut Usage, u: &Usage) {
@@ -289,6 +411,8 @@ pub(crate) struct EventStream {
     readers: Vec<ReplyStream>,
     /// Per choice, tools on: logprobs held until the output ends.
     held_logprobs: Vec<Vec<TokenLogprobs>>,
+    /// Per prompt: its scores, when asked for (they come before its first delta).
+    prompt_scores: Vec<Option<Vec<TokenLogprobs>>>,
     done: bool,
     /// Called once with the summed usage when every request finished.
     on_finish: Option<OnFinish>,
@@ -310,7 +434,8 @@ impl EventStream {
         include_usage: bool,
         on_finish: OnFinish,
     ) -> Self {
-        let choices = streams.len() * ctx.n;
+        let streams_len = streams.len();
+        let choices = streams_len * ctx.n;
         Self {
             readers: (0..choices).map(|_| ctx.reply.stream()).collect(),
             ctx,
@@ -322,6 +447,7 @@ impl EventStream {
             started: vec![false; choices],
             offsets: vec![0; choices],
             held_logprobs: vec![Vec::new(); choices],
+            prompt_scores: vec![None; streams_len],
             done: false,
             on_finish: Some(on_finish),
         }
@@ -388,7 +514,14 @@ impl EventStream {
             tool_calls: tool_calls(end.calls, true),
         };
         let (ctx, usage) = (&self.ctx, self.usage_slot());
-        let chunk = ctx.chat_chunk(index, delta, &lps, (reason, stop.flatten()), usage);
+        let mut chunk = ctx.chat_chunk(index, delta, &lps, (reason, stop.flatten()), usage);
+        if first {
+            let scores = self
+                .prompt_scores
+                .get(index / ctx.n)
+                .and_then(Option::as_deref);
+            chunk.prompt_logprobs = ctx.prompt_logprobs(scores);
+        }
         self.send(&chunk);
     }
 
@@ -398,10 +531,28 @@ impl EventStream {
             .as_ref()
             .map(|f| self.readers[index].finish(Some(f)));
         let (reason, stop) = end.and_then(|e| e.finish).as_ref().map(finish).unzip();
+        let first = !std::mem::replace(&mut self.started[index], true);
         let (ctx, usage) = (&self.ctx, self.usage_slot());
-        let logprobs = ctx
-            .logprobs
-            .then(|| completion_logprobs(&ctx.tokenizer, &d.logprobs, &mut self.offsets[index]));
+        let offset = &mut self.offsets[index];
+        // A choice's first chunk starts with its echoed prompt and carries the prompt's scores.
+        let (scores, mut text, mut logprobs) = match first {
+            true => {
+                let scores = self
+                    .prompt_scores
+                    .get(index / ctx.n)
+                    .and_then(Option::as_deref);
+                let (text, logprobs) = ctx
+                    .echoed(index / ctx.n, scores, offset)
+                    .unwrap_or_default();
+                (ctx.prompt_logprobs(scores), text, logprobs)
+            }
+            false => Default::default(),
+        };
+        text.push_str(&d.text);
+        if ctx.logprobs.is_some() {
+            let generated = completion_logprobs(&ctx.tokenizer, &d.logprobs, offset);
+            logprobs = Some(join_legacy(logprobs, generated));
+        }
         let chunk = Completion {
             id: ctx.id.clone(),
             object: "text_completion",
@@ -410,10 +561,11 @@ impl EventStream {
             system_fingerprint: FINGERPRINT,
             choices: vec![CompletionChoice {
                 index,
-                text: d.text,
+                text,
                 logprobs,
                 finish_reason: reason,
                 stop_reason: stop.flatten(),
+                prompt_logprobs: scores,
             }],
             usage,
         };
@@ -465,6 +617,11 @@ impl EventStream {
 
     fn handle(&mut self, prompt: usize, ev: Option<Event>) {
         match ev {
+            Some(Event::PromptLogprobs(lp)) => {
+                if let Some(slot) = self.prompt_scores.get_mut(prompt) {
+                    *slot = Some(lp);
+                }
+            }
             Some(Event::Delta(d)) => self.delta(prompt, d),
             Some(Event::Finished(s)) => self.finished(prompt, &s.usage),
             Some(Event::Error(e)) => {

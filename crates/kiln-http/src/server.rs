@@ -33,9 +33,11 @@ use crate::store::{ResponseStore, STORE_BYTES};
 pub const REQUEST_ID: &str = edge::REQUEST_ID;
 
 /// The routes counted in metrics under their own name; anything else counts as `other`.
-const ENDPOINTS: [&str; 10] = [
+const ENDPOINTS: [&str; 12] = [
     "/v1/chat/completions",
     "/v1/completions",
+    "/tokenize",
+    "/detokenize",
     "/v1/responses",
     "/v1/messages",
     "/v1/messages/count_tokens",
@@ -168,6 +170,8 @@ fn router(app: Arc<App>) -> Router {
         )
         .route("/v1/messages", post(agents::messages))
         .route("/v1/messages/count_tokens", post(agents::count_tokens))
+        .route("/tokenize", post(crate::tokenize::tokenize))
+        .route("/detokenize", post(crate::tokenize::detokenize))
         .route("/v1/models", get(models))
         .route("/v1/models/{id}", get(model))
         .route("/health", get(health))
@@ -340,7 +344,14 @@ async fn completions(State(app): State<Arc<App>>, req: Request) -> Result<Respon
     let id = format!("cmpl-{:032x}", rand::random::<u128>());
     log_start(&id, common.user.as_deref());
     let submitted = off_the_workers(app.clone(), move |app| {
-        let plan = convert::completion(&completion, &common, &id, engine.info(), &app.cfg)?;
+        let plan = convert::completion(
+            &completion,
+            &common,
+            &id,
+            engine.tokenizer(),
+            engine.info(),
+            &app.cfg,
+        )?;
         submit(app, &engine, plan, id, Door::Completions)
     })
     .await?;
@@ -375,8 +386,7 @@ struct Submitted {
     include_usage: bool,
 }
 
-/// Submits every prompt's request (if a later one is refused, dropping the earlier streams
-/// aborts their requests).
+/// Submits every prompt's request, all checked before any is queued.
 fn submit(
     app: &App,
     engine: &EngineHandle,
@@ -390,17 +400,16 @@ fn submit(
         model: app.cfg.model_id().to_owned(),
         door,
         n: plan.n,
-        logprobs: plan.logprobs.is_some(),
+        logprobs: plan.logprobs,
         tokenizer: engine.tokenizer().clone(),
         reply: plan.reply,
+        echo: plan.echo.take(),
+        prompt_logprobs: plan.prompt_logprobs,
     };
     let requests = std::mem::take(&mut plan.requests);
     let via = plan.constraint_via;
     let refused = |e: EngineError| ErrorReply::from_api(&e.into(), door, via);
-    let mut streams = Vec::with_capacity(requests.len());
-    for r in requests {
-        streams.push(engine.submit(r).map_err(refused)?);
-    }
+    let streams = engine.submit_all(requests).map_err(|(_, e)| refused(e))?;
     Ok(Submitted {
         ctx,
         streams,

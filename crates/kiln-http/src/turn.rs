@@ -66,6 +66,8 @@ impl<W: Writer> TurnStream<W> {
     fn handle(&mut self, ev: Option<Event>) {
         let mut out = Vec::new();
         match ev {
+            // The Responses and Messages doors never ask for them.
+            Some(Event::PromptLogprobs(_)) => {}
             Some(Event::Delta(d)) => {
                 let piece = self.reader.push(&d.text);
                 if !piece.reasoning.is_empty() {

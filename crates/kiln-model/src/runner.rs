@@ -85,6 +85,17 @@ impl StepOutput {
             .flatten()
     }
 
+    /// How many logits rows sequence `seq` has (its `logits_rows`).
+    pub fn rows(&self, seq: usize) -> usize {
+        let first = self.first.get(seq).copied().unwrap_or(0);
+        let next = self
+            .first
+            .get(seq + 1)
+            .copied()
+            .unwrap_or(self.argmax.len());
+        next.saturating_sub(first)
+    }
+
     /// The argmax of every logits row, sequences in order (one per sequence when each asked
     /// for one row).
     pub fn into_argmax(self) -> Vec<u32> {

@@ -193,6 +193,7 @@ pub(crate) fn request(
         logprobs: o.logprobs,
         top_logprobs: o.top_logprobs as usize,
         skip_special_tokens: o.skip_special_tokens.unwrap_or(true),
+        prompt_logprobs: o.prompt_logprobs.map(|k| k as usize),
     };
     req.label = label;
     req.seed = s.seed;
@@ -253,11 +254,12 @@ pub(crate) fn finish(f: &Finish) -> pb::FinishInfo {
     }
 }
 
-fn logprobs(lp: &[TokenLogprobs]) -> Vec<pb::TokenLogprob> {
+pub(crate) fn logprobs(lp: &[TokenLogprobs]) -> Vec<pb::TokenLogprob> {
     lp.iter()
         .map(|t| pb::TokenLogprob {
             token_id: t.token,
             logprob: t.logprob,
+            rank: u32::try_from(t.rank).unwrap_or(u32::MAX),
             top_logprobs: t
                 .top
                 .iter()

@@ -134,6 +134,11 @@ fn unary_response(request_id: String, out: &Output, reply: ReplyOptions) -> pb::
             .collect(),
         usage: Some(convert::usage(&out.usage)),
         timing: Some(convert::timing(&out.timing)),
+        prompt_logprobs: out
+            .prompt_logprobs
+            .as_deref()
+            .map(convert::logprobs)
+            .unwrap_or_default(),
     }
 }
 
@@ -211,6 +216,7 @@ impl GenStream {
             outputs,
             usage: None,
             timing: None,
+            prompt_logprobs: Vec::new(),
         }
     }
 
@@ -299,6 +305,11 @@ impl Stream for GenStream {
                 Poll::Ready(ev) => ev,
             };
             match ev {
+                Some(Event::PromptLogprobs(lp)) => {
+                    let mut msg = this.message(Vec::new());
+                    msg.prompt_logprobs = convert::logprobs(&lp);
+                    return Poll::Ready(Some(Ok(msg)));
+                }
                 Some(Event::Delta(d)) => {
                     if let Some(msg) = this.push(d) {
                         return Poll::Ready(Some(Ok(msg)));

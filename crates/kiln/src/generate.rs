@@ -198,6 +198,8 @@ pub fn run(args: &GenerateArgs) -> Result<(), String> {
                 text.push_str(&d.text);
                 out_ids.extend(d.token_ids);
             }
+            // `kiln generate` never asks for them.
+            Some(Event::PromptLogprobs(_)) => {}
             Some(Event::Finished(s)) => break s,
             Some(Event::Error(e)) => return Err(flag_error(e)),
             None => return Err("the engine stopped without finishing".into()),

@@ -153,7 +153,7 @@ async fn first_token(s: &mut RequestStream) -> anyhow::Result<()> {
     while let Some(ev) = s.recv().await {
         match ev {
             Event::Delta(d) if !d.token_ids.is_empty() => return Ok(()),
-            Event::Delta(_) => {}
+            Event::Delta(_) | Event::PromptLogprobs(_) => {}
             Event::Finished(_) => bail!("a profiled request ended before its first token"),
             Event::Error(e) => return Err(anyhow::Error::new(e).context("profiled request")),
         }
@@ -167,6 +167,7 @@ async fn rest(s: &mut RequestStream) -> anyhow::Result<usize> {
     while let Some(ev) = s.recv().await {
         match ev {
             Event::Delta(d) => n += d.token_ids.len(),
+            Event::PromptLogprobs(_) => {}
             Event::Finished(_) => return Ok(n),
             Event::Error(e) => return Err(anyhow::Error::new(e).context("profiled request")),
         }

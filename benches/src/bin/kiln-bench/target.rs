@@ -247,6 +247,7 @@ pub async fn collect_engine(
                 s.token_times.extend(d.token_ids.iter().map(|_| now));
                 s.token_ids.extend(&d.token_ids);
             }
+            Event::PromptLogprobs(_) => {}
             Event::Finished(sum) => {
                 s.prompt_tokens = sum.usage.prompt_tokens;
                 s.cached_prompt_tokens = sum.usage.cached_prompt_tokens;
