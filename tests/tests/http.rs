@@ -461,6 +461,16 @@ async fn echo_scores_prompts_as_lm_eval_reads_them() {
     );
     assert_eq!(text, "Once upon a time, the");
 
+    // /tokenizer_info: what lm-eval's remote tokenizer reads.
+    let info = get(http, "/tokenizer_info").await.json();
+    assert_eq!(info["eos_token"], "<|im_end|>");
+    assert!(
+        info["chat_template"]
+            .as_str()
+            .unwrap()
+            .contains("<|im_start|>")
+    );
+    assert!(info["model_max_length"].as_u64().unwrap() > 0);
     // /tokenize's chat form is the prompt chat completions runs.
     let msgs = json!([{"role": "user", "content": "Hi"}]);
     let n = post(http, "/tokenize", &json!({"messages": msgs}))

@@ -19,6 +19,7 @@ use crate::sampling::{
     LogprobRequest, SampleError, Sampler, SamplingParams, TokenHistory, raw_logprobs,
 };
 use kiln_tensor::sample::{NO_TOKEN, RowSampling};
+use rayon::prelude::*;
 
 /// What the device computed for one logits row: its argmax, and the device sampler's pick
 /// when the row was sampled there.
@@ -163,13 +164,21 @@ impl ReqState {
         let Some(s) = &mut self.prompt_scores else {
             return Ok(());
         };
-        for i in 0..rows {
-            let p = start + i;
-            let (Some(slot), Some(&next)) = (s.values.get_mut(p), self.prompt.get(p + 1)) else {
-                break;
-            };
-            let logits = row(i).ok_or(InternalError::State("prompt logits row not read back"))?;
-            *slot = Some(raw_logprobs(logits, next, s.top));
+        // The rows scoring a prompt token (a chunk's last position may predict none).
+        let rows = rows.min(s.values.len().saturating_sub(start));
+        let logits = (0..rows)
+            .map(|i| row(i).ok_or(InternalError::State("prompt logits row not read back")))
+            .collect::<Result<Vec<_>, _>>()?;
+        let (prompt, top) = (&self.prompt, s.top);
+        // A row is a vocabulary's log-softmax: the rows of a long chunk, on every core.
+        let scored: Vec<TokenLogprobs> = logits
+            .par_iter()
+            .enumerate()
+            .map(|(i, l)| raw_logprobs(l, prompt[start + i + 1], top))
+            .collect();
+        let slots = s.values.get_mut(start..start + rows).unwrap_or_default();
+        for (slot, t) in slots.iter_mut().zip(scored) {
+            *slot = Some(t);
         }
         Ok(())
     }

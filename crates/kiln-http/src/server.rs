@@ -33,11 +33,12 @@ use crate::store::{ResponseStore, STORE_BYTES};
 pub const REQUEST_ID: &str = edge::REQUEST_ID;
 
 /// The routes counted in metrics under their own name; anything else counts as `other`.
-const ENDPOINTS: [&str; 12] = [
+const ENDPOINTS: [&str; 13] = [
     "/v1/chat/completions",
     "/v1/completions",
     "/tokenize",
     "/detokenize",
+    "/tokenizer_info",
     "/v1/responses",
     "/v1/messages",
     "/v1/messages/count_tokens",
@@ -172,6 +173,7 @@ fn router(app: Arc<App>) -> Router {
         .route("/v1/messages/count_tokens", post(agents::count_tokens))
         .route("/tokenize", post(crate::tokenize::tokenize))
         .route("/detokenize", post(crate::tokenize::detokenize))
+        .route("/tokenizer_info", get(crate::tokenize::tokenizer_info))
         .route("/v1/models", get(models))
         .route("/v1/models/{id}", get(model))
         .route("/health", get(health))

@@ -1,5 +1,7 @@
-//! vLLM's `POST /tokenize` and `POST /detokenize`: a prompt (or a chat, rendered exactly as
-//! chat completions renders it) to the token ids the engine would run, and ids back to text.
+//! vLLM's `POST /tokenize`, `POST /detokenize` and `GET /tokenizer_info`: a prompt (or a
+//! chat, rendered exactly as chat completions renders it) to the token ids the engine would
+//! run, ids back to text, and the tokenizer's special tokens and chat template. With the three,
+//! a client needs no tokenizer files of its own (lm-eval's `tokenizer_backend=remote`).
 
 use std::sync::Arc;
 
@@ -28,6 +30,18 @@ struct Tokens {
     tokens: Vec<u32>,
     count: usize,
     max_model_len: usize,
+}
+
+/// `/tokenizer_info`: what a client needs to tokenize as the server does, through it.
+#[derive(Debug, Serialize)]
+struct TokenizerInfo {
+    tokenizer_class: &'static str,
+    bos_token: Option<String>,
+    eos_token: Option<String>,
+    pad_token: Option<String>,
+    /// The template chat prompts are rendered with (`--chat-template`, else the model's).
+    chat_template: Option<String>,
+    model_max_length: usize,
 }
 
 #[derive(Debug, Deserialize)]
@@ -84,6 +98,29 @@ pub(crate) async fn tokenize(
         .into_response())
     })
     .await
+}
+
+/// `GET /tokenizer_info`.
+pub(crate) async fn tokenizer_info(State(app): State<Arc<App>>) -> Result<Response, ErrorReply> {
+    let engine = app
+        .serving
+        .loaded()
+        .map_err(unavailable(Door::Completions))?;
+    let (tok, info) = (engine.tokenizer(), engine.info());
+    let spelled = |id: Option<u32>| id.and_then(|id| tok.id_to_token(id));
+    let template = match &app.cfg.chat_template {
+        Some(t) => Some(t.source().to_owned()),
+        None => tok.chat_template().map(|t| t.source().to_owned()),
+    };
+    Ok(axum::Json(TokenizerInfo {
+        tokenizer_class: "PreTrainedTokenizerFast",
+        bos_token: spelled(info.bos),
+        eos_token: spelled(info.eos_ids.first().copied()),
+        pad_token: None,
+        chat_template: template,
+        model_max_length: info.max_model_len,
+    })
+    .into_response())
 }
 
 fn untokenizable(e: kiln_tokenizer::TokenizerError) -> ErrorReply {

@@ -359,21 +359,21 @@ pub fn token_rank(logits: &[f32], token: u32, top_n: usize) -> TokenRank {
         }
         None => logits.len() + 1,
     };
+    // One pass keeping the best `n` in order (n is small: a logprobs request's alternatives).
     let n = top_n.min(logits.len());
-    let mut top = Vec::new();
+    let mut best: Vec<(u32, f32)> = Vec::with_capacity(n + 1);
     if n > 0 {
-        let mut all: Vec<(u32, f32)> = logits
-            .iter()
-            .enumerate()
-            .map(|(i, &v)| (i as u32, sanitize(v)))
-            .collect();
-        if n < all.len() {
-            all.select_nth_unstable_by(n - 1, by_logit_desc);
-            all.truncate(n);
+        for (i, &v) in logits.iter().enumerate() {
+            let c = (i as u32, sanitize(v));
+            if best.len() == n && best.last().is_some_and(|w| by_logit_desc(&c, w).is_ge()) {
+                continue;
+            }
+            let at = best.partition_point(|b| by_logit_desc(b, &c).is_lt());
+            best.insert(at, c);
+            best.truncate(n);
         }
-        all.sort_unstable_by(by_logit_desc);
-        top = all.into_iter().map(|(t, v)| (t, lsm.at(v))).collect();
     }
+    let top = best.into_iter().map(|(t, v)| (t, lsm.at(v))).collect();
     TokenRank {
         logprob: own.map_or(f64::NEG_INFINITY, |(_, v)| lsm.at(v)),
         rank,
