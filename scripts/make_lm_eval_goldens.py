@@ -39,7 +39,6 @@ A different task set: `--include-path DIR --tasks a,b --out FILE`.
 """
 
 import argparse
-import hashlib
 import json
 import math
 import os
@@ -56,6 +55,9 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "eval/lm_eval"))
+from provenance import file_hashes, rel, sha256_of  # noqa: E402
+
 MODELS = ROOT / "models"
 GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 TOKENIZER = ROOT / "crates/kiln-tokenizer/tests/fixtures/smollm2"
@@ -70,29 +72,7 @@ ROBUST_TOLERANCE = 0.01
 SELF_TOLERANCE = 1e-4
 
 
-def sha256_of(path):
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
-
-def rel(path):
-    path = pathlib.Path(path).resolve()
-    try:
-        return str(path.relative_to(ROOT))
-    except ValueError:
-        return str(path)
-
-
-def file_hashes(directory):
-    """SHA-256 of every file under `directory` but caches, keyed by path from the repo root."""
-    return {
-        rel(p): sha256_of(p)
-        for p in sorted(pathlib.Path(directory).rglob("*"))
-        if p.is_file() and "__pycache__" not in p.parts
-    }
 
 
 def main():

@@ -28,7 +28,6 @@ Exits non-zero, naming each difference, when anything else differs.
 """
 
 import argparse
-import hashlib
 import json
 import os
 import pathlib
@@ -41,6 +40,9 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent.parent
+sys.path.insert(0, str(ROOT / "eval/lm_eval"))
+from provenance import file_hashes, sha256_of  # noqa: E402
+
 TOKENIZER = ROOT / "crates/kiln-tokenizer/tests/fixtures/smollm2"
 INCLUDE = ROOT / "eval/lm_eval/tasks"
 TASKS = "kiln_mc,kiln_gen"
@@ -52,25 +54,6 @@ TASKS = "kiln_mc,kiln_gen"
 TOLERANCE = 1e-3
 
 
-def sha256_of(path):
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
-def file_hashes(directory):
-    """As the golden script keys them: path from the repo root (absolute outside it)."""
-    out = {}
-    for p in sorted(pathlib.Path(directory).resolve().rglob("*")):
-        if p.is_file() and "__pycache__" not in p.parts:
-            try:
-                key = str(p.relative_to(ROOT))
-            except ValueError:
-                key = str(p)
-            out[key] = sha256_of(p)
-    return out
 
 
 def served_model(url):

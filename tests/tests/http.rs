@@ -621,6 +621,13 @@ async fn bad_requests_get_openai_errors_naming_the_field() {
             json!("echo"),
         ),
         (
+            "an empty text prompt with echo",
+            "/v1/completions",
+            json!({"prompt": "", "echo": true}).to_string().into_bytes(),
+            400,
+            json!("prompt"),
+        ),
+        (
             "an empty prompt list",
             "/v1/completions",
             json!({"prompt": []}).to_string().into_bytes(),

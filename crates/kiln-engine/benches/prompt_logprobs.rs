@@ -42,7 +42,7 @@ fn prefill(e: &EngineHandle, prompt: &[u32], scored: bool) {
     let out = e.submit(r).and_then(|s| s.blocking_collect());
     match out {
         Ok(o) => assert_eq!(
-            o.prompt_logprobs.map(|p| p.len()),
+            o.prompt_logprobs.map(|p| p.scores.len()),
             scored.then_some(PROMPT - 1)
         ),
         Err(e) => fail("a request", e),

@@ -18,7 +18,11 @@ use crate::step_loop::{Ending, Loop};
 impl Loop {
     /// Runs the model over `schedule`: the argmax of every logits row, and the rows sampling
     /// needs on the CPU (penalties, logprobs, non-greedy sampling, `min_new_tokens`).
-    pub fn forward(&mut self, schedule: &Schedule) -> Result<StepOutput, InternalError> {
+    pub fn forward(
+        &mut self,
+        schedule: &Schedule,
+        prompt_rows: &[bool],
+    ) -> Result<StepOutput, InternalError> {
         // A decode that verifies drafts computes its sampled token followed by the drafts.
         let mut with_drafts: Vec<Vec<u32>> = Vec::new();
         for s in schedule.seqs.iter().filter(|s| s.draft > 0) {
@@ -31,19 +35,12 @@ impl Loop {
             t.extend_from_slice(self.sched.verifying(s.seq));
             with_drafts.push(t);
         }
-        // Prefill chunks whose every row scores a prompt token (read back, sampled on the
-        // host).
-        let prompt_rows: Vec<bool> = schedule
-            .seqs
-            .iter()
-            .map(|s| self.wants_prompt_rows(s))
-            .collect();
         // The rows the device samples, per scheduled sequence.
         let vocab = self.runner.config().vocab;
         let device_rows: Vec<Option<Vec<RowSampling>>> = schedule
             .seqs
             .iter()
-            .zip(&prompt_rows)
+            .zip(prompt_rows)
             .map(|(s, &prompt)| {
                 if !(self.device_sampling && s.samples) || prompt {
                     return None;
@@ -61,7 +58,7 @@ impl Loop {
             device_rows.iter().flatten().map(Vec::len).sum::<usize>() as u64;
         let mut drafted = with_drafts.iter();
         let mut batch = Vec::with_capacity(schedule.seqs.len());
-        for ((s, device), &prompt) in schedule.seqs.iter().zip(&device_rows).zip(&prompt_rows) {
+        for ((s, device), &prompt) in schedule.seqs.iter().zip(&device_rows).zip(prompt_rows) {
             let tokens = if s.draft > 0 {
                 drafted.next().map(Vec::as_slice)
             } else {
@@ -91,34 +88,47 @@ impl Loop {
             .map_err(InternalError::Forward)
     }
 
-    /// Whether `s` is a prefill chunk of a request that scores its prompt, holding positions
-    /// whose logits score a prompt token not yet scored.
-    fn wants_prompt_rows(&self, s: &kiln_scheduler::ScheduledSeq) -> bool {
-        s.draft == 0
-            && self
-                .owner
-                .get(&s.seq)
-                .filter(|(_, idx)| *idx == 0)
-                .and_then(|(rid, _)| self.requests.get(rid))
-                .is_some_and(|r| r.wants_prompt_rows(s.start))
+    /// For each of the step's chunks, whether every logits row comes back to score prompt
+    /// tokens: a prefill chunk of a request that scores its prompt, holding positions whose
+    /// logits score a prompt token not yet scored. Decided once a step, for `forward` and
+    /// `score_prompts`.
+    pub fn prompt_rows(&self, schedule: &Schedule) -> Vec<bool> {
+        let wants = |s: &kiln_scheduler::ScheduledSeq| {
+            s.draft == 0
+                && self
+                    .owner
+                    .get(&s.seq)
+                    .filter(|(_, idx)| *idx == 0)
+                    .and_then(|(rid, _)| self.requests.get(rid))
+                    .is_some_and(|r| r.wants_prompt_rows(s.start))
+        };
+        schedule.seqs.iter().map(wants).collect()
     }
 
     /// Scores the prompt tokens this step's prefill chunks computed the logits of (a request
     /// gets them when its prompt is all scored: `flush`).
-    pub fn score_prompts(&mut self, schedule: &Schedule, out: &StepOutput) {
-        for (row, s) in schedule.seqs.iter().enumerate() {
-            let Some(&(rid, 0)) = self.owner.get(&s.seq) else {
-                continue;
+    pub fn score_prompts(&mut self, schedule: &Schedule, prompt_rows: &[bool], out: &StepOutput) {
+        for (row, (s, _)) in schedule
+            .seqs
+            .iter()
+            .zip(prompt_rows)
+            .enumerate()
+            .filter(|(_, (_, p))| **p)
+        {
+            let Some(&(rid, _)) = self.owner.get(&s.seq) else {
+                continue; // ended during this step
             };
             let Some(r) = self.requests.get_mut(&rid) else {
                 continue;
             };
-            // Only chunks that read every row (`forward`) have one per position.
-            let rows = out.rows(row);
-            if s.draft > 0 || rows != s.len || !r.wants_prompt_rows(s.start) {
-                continue;
-            }
-            if let Err(e) = r.score_prompt(s.start, rows, |i| out.logits(row, i)) {
+            let scored = match out.rows(row) {
+                rows if rows == s.len => r.score_prompt(s.start, rows, |i| out.logits(row, i)),
+                _ => Err(InternalError::State(
+                    "a scored chunk's logits rows did not all come back",
+                )
+                .into()),
+            };
+            if let Err(e) = scored {
                 self.end(rid, crate::step_loop::Ending::Error(e));
             }
         }

@@ -27,8 +27,8 @@ pub use kiln_kv::CacheEvent;
 pub use llguidance;
 pub use metrics::EngineMetrics;
 pub use request::{
-    Delta, Event, FinishReason, Output, OutputOptions, Prompt, Request, RequestId, SeqOutput,
-    SpecStats, StoppingCriteria, Summary, Timing, TokenLogprobs, Usage,
+    Delta, Event, FinishReason, Output, OutputOptions, Prompt, PromptLogprobs, Request, RequestId,
+    SeqOutput, SpecStats, StoppingCriteria, Summary, Timing, TokenLogprobs, Usage,
 };
 pub use sampling::{ParamError, SamplingParams, TokenLogprob};
 pub use speculative::{DraftModel, SpecMethod, SpeculativeConfig, TokenizerMismatch};

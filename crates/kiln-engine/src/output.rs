@@ -13,7 +13,8 @@ use crate::error::InternalError;
 use crate::handle::{EngineInfo, Submission};
 use crate::metrics::EngineMetrics;
 use crate::request::{
-    Delta, Event, FinishReason, OutputOptions, SpecStats, StoppingCriteria, TokenLogprobs,
+    Delta, Event, FinishReason, OutputOptions, PromptLogprobs, SpecStats, StoppingCriteria,
+    TokenLogprobs,
 };
 use crate::sampling::{
     LogprobRequest, SampleError, Sampler, SamplingParams, TokenHistory, raw_logprobs,
@@ -184,13 +185,22 @@ impl ReqState {
     }
 
     /// The prompt's log-probabilities, once, when every one is known.
-    pub fn take_prompt_logprobs(&mut self) -> Option<Vec<TokenLogprobs>> {
+    pub fn take_prompt_logprobs(&mut self) -> Option<PromptLogprobs> {
         let s = self.prompt_scores.as_mut().filter(|s| !s.sent)?;
-        let all: Option<Vec<TokenLogprobs>> = s.values.iter().cloned().collect();
-        let all = all?;
+        let scores: Option<Vec<TokenLogprobs>> = s.values.iter().cloned().collect();
+        let scores = scores?;
         s.sent = true;
         s.values = Vec::new();
-        Some(all)
+        Some(PromptLogprobs {
+            first: self.prompt.first().copied()?,
+            scores,
+        })
+    }
+
+    /// Whether the prompt's log-probabilities are asked for and not all known yet (nothing
+    /// may be sent before them).
+    pub fn awaits_prompt_logprobs(&self) -> bool {
+        self.prompt_scores.as_ref().is_some_and(|s| !s.sent)
     }
 
     /// Adds output `outs.len()` on sequence `seq`, under `guide` when constrained.

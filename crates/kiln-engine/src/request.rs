@@ -189,6 +189,14 @@ pub struct TokenLogprobs {
     pub top: Vec<TokenLogprob>,
 }
 
+/// A prompt as the model scored it: its first token, which nothing predicts, then every later
+/// one with its log-probability under the logits before it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PromptLogprobs {
+    pub first: u32,
+    pub scores: Vec<TokenLogprobs>,
+}
+
 /// New output of one sequence.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Delta {
@@ -273,9 +281,9 @@ pub struct Summary {
 /// What a request's stream yields: deltas, then exactly one `Finished` or `Error`.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Event {
-    /// The log-probabilities of prompt tokens `1..` (under the logits before each), when the
-    /// request asked ([`OutputOptions::prompt_logprobs`]); sent once, before any delta.
-    PromptLogprobs(Vec<TokenLogprobs>),
+    /// The prompt's log-probabilities, when the request asked
+    /// ([`OutputOptions::prompt_logprobs`]); sent once, before any delta.
+    PromptLogprobs(PromptLogprobs),
     Delta(Delta),
     Finished(Summary),
     Error(crate::EngineError),
@@ -293,8 +301,8 @@ pub struct SeqOutput {
 /// A whole request's result (what a unary call returns).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Output {
-    /// Prompt tokens `1..`'s log-probabilities, when asked for.
-    pub prompt_logprobs: Option<Vec<TokenLogprobs>>,
+    /// The prompt's log-probabilities, when asked for.
+    pub prompt_logprobs: Option<PromptLogprobs>,
     pub outputs: Vec<SeqOutput>,
     pub usage: Usage,
     pub timing: Timing,
@@ -303,7 +311,7 @@ pub struct Output {
 /// Gathers a stream's events into an [`Output`].
 #[derive(Debug, Default)]
 pub(crate) struct OutputBuilder {
-    prompt_logprobs: Option<Vec<TokenLogprobs>>,
+    prompt_logprobs: Option<PromptLogprobs>,
     outputs: Vec<SeqOutput>,
 }
 

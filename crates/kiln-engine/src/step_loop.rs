@@ -378,9 +378,10 @@ impl Loop {
         if let Some(gate) = &self.faults.gate {
             gate.pass();
         }
+        let prompt_rows = self.prompt_rows(&schedule);
         let out = match self.faults.fail_from_step {
             Some(from) if self.steps >= from => Err(InternalError::Injected(self.steps)),
-            _ => self.forward(&schedule),
+            _ => self.forward(&schedule, &prompt_rows),
         }
         .and_then(|out| {
             self.sched
@@ -391,7 +392,7 @@ impl Loop {
         match out {
             Ok(out) => {
                 self.failed_steps = 0;
-                self.score_prompts(&schedule, &out);
+                self.score_prompts(&schedule, &prompt_rows, &out);
                 self.sample_all(&schedule, &out);
             }
             Err(e) => {
@@ -449,6 +450,11 @@ impl Loop {
         };
         if let Some(lp) = r.take_prompt_logprobs() {
             let _ = r.tx.send(Event::PromptLogprobs(lp));
+        } else if r.awaits_prompt_logprobs() {
+            // A sequence that sampled has computed its whole prompt: every score is known.
+            let e = InternalError::State("prompt scored only in part");
+            self.end(rid, Ending::Error(e.into()));
+            return;
         }
         for d in r.take_deltas() {
             let _ = r.tx.send(Event::Delta(d));

@@ -28,7 +28,10 @@ fn run(e: &EngineHandle, r: Request) -> Output {
 }
 
 fn scores(out: &Output) -> &[TokenLogprobs] {
-    out.prompt_logprobs.as_deref().expect("prompt logprobs")
+    &out.prompt_logprobs
+        .as_ref()
+        .expect("prompt logprobs")
+        .scores
 }
 
 /// `got` scores the same tokens as `want`, each within `tol`, with the same best alternative
@@ -75,6 +78,7 @@ fn prompt_logprobs_are_kiln_perplexitys_values() {
     let out = run(&e, scoring(ids.clone(), 3, 0));
     let lps = scores(&out);
     assert_eq!(lps.len(), n - 1);
+    assert_eq!(out.prompt_logprobs.as_ref().map(|p| p.first), Some(ids[0]));
     let nll: f64 = lps.iter().map(|t| -f64::from(t.logprob)).sum();
     assert!(
         (nll - window.nll_sum).abs() < 1e-4 * n as f64,

@@ -30,18 +30,10 @@ pub(crate) struct Plan {
     pub constraint_via: Option<ConstraintVia>,
     /// How outputs read (reasoning, tool calls).
     pub reply: ReplyFormat,
-    /// Completions' `echo`: each prompt, put in front of its outputs.
-    pub echo: Option<Vec<Echo>>,
+    /// Completions' `echo`: each prompt's text, put in front of its outputs.
+    pub echo: Option<Vec<String>>,
     /// vLLM's `prompt_logprobs`: alternatives per prompt token.
     pub prompt_logprobs: Option<usize>,
-}
-
-/// A prompt as `echo` puts it in front of its outputs: its text (as sent, or its ids
-/// decoded) and its token ids.
-#[derive(Debug, Clone)]
-pub(crate) struct Echo {
-    pub text: String,
-    pub ids: Vec<u32>,
 }
 
 /// An error of the front-door core, in `door`'s words.
@@ -315,17 +307,15 @@ pub(crate) fn completion(
             "is not supported unless equal to n",
         ));
     }
-    let mut prompts = prompts(&body.prompt)?;
+    let prompts = prompts(&body.prompt)?;
     let logprobs = body.logprobs.map(|k| k as usize);
-    let echoes = match echo {
-        true => Some(
-            prompts
-                .iter_mut()
-                .map(|p| echo_prompt(p, tok))
-                .collect::<Result<Vec<_>, _>>()?,
-        ),
-        false => None,
-    };
+    let echoes = echo.then(|| prompts.iter().map(|p| echo_text(p, tok)).collect());
+    if common.max_tokens == Some(0) && !echo && common.prompt_logprobs.is_none() {
+        return Err(ErrorReply::invalid(
+            "max_tokens",
+            "must be at least 1, or 0 with `echo` (the prompt alone) or `prompt_logprobs`",
+        ));
+    }
     let mut template = request(
         common,
         common.max_tokens,
@@ -366,31 +356,16 @@ pub(crate) fn completion(
     Ok(plan)
 }
 
-/// What `echo` shows of `prompt`; a text prompt becomes its token ids, tokenized here once
-/// (as the engine would: the model's tokenizer, special tokens as it adds them).
-fn echo_prompt(prompt: &mut Prompt, tok: &Tokenizer) -> Result<Echo, ErrorReply> {
+/// What `echo` shows of `prompt`: its text as sent, or its ids decoded (special tokens kept;
+/// ids outside the vocabulary are the engine's to refuse, by field).
+fn echo_text(prompt: &Prompt, tok: &Tokenizer) -> String {
     match prompt {
-        Prompt::Text(text) => {
-            let ids = tok
-                .encode(text)
-                .map_err(|e| ErrorReply::invalid("prompt", format!("cannot be tokenized: {e}")))?;
-            let echo = Echo {
-                text: std::mem::take(text),
-                ids: ids.clone(),
-            };
-            *prompt = Prompt::TokenIds(ids);
-            Ok(echo)
-        }
+        Prompt::Text(text) => text.clone(),
         Prompt::TokenIds(ids) => {
             let keep = kiln_tokenizer::DecodeOptions {
                 skip_special_tokens: false,
             };
-            // Ids outside the vocabulary are the engine's to refuse, by field.
-            let text = tok.decode_with(ids, keep).unwrap_or_default();
-            Ok(Echo {
-                text,
-                ids: ids.clone(),
-            })
+            tok.decode_with(ids, keep).unwrap_or_default()
         }
     }
 }

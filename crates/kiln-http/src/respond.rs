@@ -10,13 +10,14 @@ use std::task::{Context, Poll};
 
 use axum::response::sse;
 use kiln_api::{Finish, Reply, ReplyFormat, ReplyStream};
-use kiln_engine::{Delta, Event, Output, RequestStream, SeqOutput, TokenLogprobs, Usage};
+use kiln_engine::{
+    Delta, Event, Output, PromptLogprobs as Scores, RequestStream, SeqOutput, TokenLogprobs, Usage,
+};
 use kiln_tokenizer::{DecodeOptions, Tokenizer, ToolCall};
 use serde::Serialize;
 use serde_json::{Map, Value};
 use tokio_stream::Stream;
 
-use crate::convert::Echo;
 use crate::error::{Door, ErrorReply};
 use crate::openai::{
     AssistantMessage, ChatChoice, ChatChunk, ChatChunkChoice, ChatCompletion, ChatDelta,
@@ -42,8 +43,8 @@ pub(crate) struct Ctx {
     /// How outputs read: reasoning split off, calls read out with tools on (streamed content
     /// is then held until the output ends, and sent as one delta).
     pub reply: ReplyFormat,
-    /// Completions' `echo`: each prompt, put in front of its outputs.
-    pub echo: Option<Vec<Echo>>,
+    /// Completions' `echo`: each prompt's text, put in front of its outputs.
+    pub echo: Option<Vec<String>>,
     /// vLLM's `prompt_logprobs`: alternatives per prompt token.
     pub prompt_logprobs: Option<usize>,
 }
@@ -67,29 +68,30 @@ impl Ctx {
         }
     }
 
-    /// vLLM's `prompt_logprobs` of a prompt whose scores are `lps`, when asked for.
-    fn prompt_logprobs(&self, lps: Option<&[TokenLogprobs]>) -> Option<PromptLogprobs> {
+    /// vLLM's `prompt_logprobs` of a prompt scored `scores`, when asked for.
+    fn prompt_logprobs(&self, scores: Option<&Scores>) -> Option<PromptLogprobs> {
         let top = self.prompt_logprobs?;
-        Some(prompt_logprobs(
-            &self.tokenizer,
-            lps.unwrap_or_default(),
-            top,
-        ))
+        let lps = scores.map_or(&[][..], |s| &s.scores);
+        Some(prompt_logprobs(&self.tokenizer, lps, top))
     }
 
-    /// Echoed prompt `prompt`'s text, and its legacy logprobs (from `lps`, its scores) when
-    /// asked for; `offset` moves past the text.
+    /// Echoed prompt `prompt`'s text, and its legacy logprobs (from `scores`) when asked for;
+    /// `offset` moves past the text.
     fn echoed(
         &self,
         prompt: usize,
-        lps: Option<&[TokenLogprobs]>,
+        scores: Option<&Scores>,
         offset: &mut usize,
     ) -> Option<(String, Option<CompletionLogprobs>)> {
-        let echo = self.echo.as_ref()?.get(prompt)?;
-        let logprobs = self
-            .logprobs
-            .map(|top| echo_logprobs(&self.tokenizer, echo, lps.unwrap_or_default(), top, offset));
-        Some((echo.text.clone(), logprobs))
+        let text = self.echo.as_ref()?.get(prompt)?;
+        let start = *offset;
+        let logprobs = match (self.logprobs, scores) {
+            (Some(top), Some(s)) => Some(echo_logprobs(&self.tokenizer, s, top, offset)),
+            _ => None,
+        };
+        // The output's offsets count from the end of the echoed text.
+        *offset = start + text.len();
+        Some((text.clone(), logprobs))
     }
 
     /// A chunk carrying one choice's `delta`, its tokens' logprobs when asked for, and
@@ -217,35 +219,42 @@ fn push_legacy(
     *offset += text.len();
     let mut alternatives = Map::new();
     for a in t.top.iter().take(top) {
-        alternatives.insert(token_text(tok, a.token), Value::from(a.logprob));
+        alternatives.insert(token_text(tok, a.token), Value::from(wire(a.logprob)));
     }
     alternatives
         .entry(text.clone())
-        .or_insert_with(|| Value::from(t.logprob));
+        .or_insert_with(|| Value::from(wire(t.logprob)));
     out.tokens.push(text);
-    out.token_logprobs.push(Some(f64::from(t.logprob)));
+    out.token_logprobs.push(Some(wire(t.logprob)));
     out.top_logprobs.push(Some(alternatives));
 }
 
+/// A logprob as the wire carries it: JSON has no -inf (a token a NaN or -inf logit rules out
+/// would read `null`, which sums fail on), so such a value is vLLM's -9999.
+fn wire(logprob: f32) -> f64 {
+    if logprob.is_finite() {
+        f64::from(logprob)
+    } else {
+        -9999.0
+    }
+}
+
 /// An echoed prompt in the legacy layout: its first token with `null`s (nothing predicts
-/// it), then each later one scored by `lps` with `top` alternatives.
+/// it), then each later one as `scores` has it, with `top` alternatives.
 fn echo_logprobs(
     tok: &Tokenizer,
-    echo: &Echo,
-    lps: &[TokenLogprobs],
+    scores: &Scores,
     top: usize,
     offset: &mut usize,
 ) -> CompletionLogprobs {
     let mut out = CompletionLogprobs::default();
-    if let Some(&first) = echo.ids.first() {
-        let text = token_text(tok, first);
-        out.text_offset.push(*offset);
-        *offset += text.len();
-        out.tokens.push(text);
-        out.token_logprobs.push(None);
-        out.top_logprobs.push(None);
-    }
-    for t in lps {
+    let text = token_text(tok, scores.first);
+    out.text_offset.push(*offset);
+    *offset += text.len();
+    out.tokens.push(text);
+    out.token_logprobs.push(None);
+    out.top_logprobs.push(None);
+    for t in &scores.scores {
         push_legacy(&mut out, tok, t, top, offset);
     }
     out
@@ -256,7 +265,7 @@ fn echo_logprobs(
 fn prompt_logprobs(tok: &Tokenizer, lps: &[TokenLogprobs], top: usize) -> PromptLogprobs {
     let entry = |id: u32, logprob: f32, rank: usize| {
         serde_json::json!({
-            "logprob": logprob,
+            "logprob": wire(logprob),
             "rank": rank,
             "decoded_token": token_text(tok, id),
         })
@@ -320,7 +329,7 @@ pub(crate) fn chat_completion(ctx: &Ctx, outs: &[Output]) -> ChatCompletion {
             stop_reason: stop_reason.flatten(),
         }
     });
-    let scores = outs.first().and_then(|o| o.prompt_logprobs.as_deref());
+    let scores = outs.first().and_then(|o| o.prompt_logprobs.as_ref());
     ChatCompletion {
         prompt_logprobs: ctx.prompt_logprobs(scores),
         id: ctx.id.clone(),
@@ -340,7 +349,7 @@ pub(crate) fn completion(ctx: &Ctx, outs: &[Output]) -> Completion {
         let (finish_reason, stop_reason) = reply.finish.as_ref().map(finish).unzip();
         let scores = outs
             .get(index / ctx.n)
-            .and_then(|out| out.prompt_logprobs.as_deref());
+            .and_then(|out| out.prompt_logprobs.as_ref());
         let mut offset = 0;
         let (mut text, mut logprobs) = ctx
             .echoed(index / ctx.n, scores, &mut offset)
@@ -412,7 +421,7 @@ pub(crate) struct EventStream {
     /// Per choice, tools on: logprobs held until the output ends.
     held_logprobs: Vec<Vec<TokenLogprobs>>,
     /// Per prompt: its scores, when asked for (they come before its first delta).
-    prompt_scores: Vec<Option<Vec<TokenLogprobs>>>,
+    prompt_scores: Vec<Option<Scores>>,
     done: bool,
     /// Called once with the summed usage when every request finished.
     on_finish: Option<OnFinish>,
@@ -519,7 +528,7 @@ impl EventStream {
             let scores = self
                 .prompt_scores
                 .get(index / ctx.n)
-                .and_then(Option::as_deref);
+                .and_then(Option::as_ref);
             chunk.prompt_logprobs = ctx.prompt_logprobs(scores);
         }
         self.send(&chunk);
@@ -540,7 +549,7 @@ impl EventStream {
                 let scores = self
                     .prompt_scores
                     .get(index / ctx.n)
-                    .and_then(Option::as_deref);
+                    .and_then(Option::as_ref);
                 let (text, logprobs) = ctx
                     .echoed(index / ctx.n, scores, offset)
                     .unwrap_or_default();

@@ -7,9 +7,10 @@ use std::sync::Arc;
 
 use axum::extract::{Request, State};
 use axum::response::{IntoResponse, Response};
-use kiln_engine::Prompt;
+use kiln_engine::{EngineHandle, Prompt};
 use kiln_tokenizer::{DecodeOptions, EncodeOptions};
 use serde::{Deserialize, Serialize};
+use serde_json::Value;
 
 use crate::convert;
 use crate::error::{Door, ErrorReply};
@@ -61,12 +62,7 @@ pub(crate) async fn tokenize(
     State(app): State<Arc<App>>,
     req: Request,
 ) -> Result<Response, ErrorReply> {
-    let v = body(req, app.cfg.max_request_bytes).await?;
-    let engine = app
-        .serving
-        .loaded()
-        .map_err(unavailable(Door::Completions))?
-        .clone();
+    let (v, engine) = body_and_engine(&app, req).await?;
     off_the_workers(app.clone(), move |app| {
         let (tok, info) = (engine.tokenizer(), engine.info());
         let tokens = if v.get("messages").is_some() {
@@ -123,6 +119,16 @@ pub(crate) async fn tokenizer_info(State(app): State<Arc<App>>) -> Result<Respon
     .into_response())
 }
 
+/// The request's JSON body and the engine it is for (refused while none is loaded).
+async fn body_and_engine(app: &App, req: Request) -> Result<(Value, EngineHandle), ErrorReply> {
+    let v = body(req, app.cfg.max_request_bytes).await?;
+    let engine = app
+        .serving
+        .loaded()
+        .map_err(unavailable(Door::Completions))?;
+    Ok((v, engine.clone()))
+}
+
 fn untokenizable(e: kiln_tokenizer::TokenizerError) -> ErrorReply {
     ErrorReply::invalid("prompt", format!("cannot be tokenized: {e}"))
 }
@@ -132,12 +138,7 @@ pub(crate) async fn detokenize(
     State(app): State<Arc<App>>,
     req: Request,
 ) -> Result<Response, ErrorReply> {
-    let v = body(req, app.cfg.max_request_bytes).await?;
-    let engine = app
-        .serving
-        .loaded()
-        .map_err(unavailable(Door::Completions))?
-        .clone();
+    let (v, engine) = body_and_engine(&app, req).await?;
     let body: DetokenizeRequest = fields(&v)?;
     app.cfg
         .check_model(body.model.as_deref())

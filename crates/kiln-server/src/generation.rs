@@ -136,8 +136,8 @@ fn unary_response(request_id: String, out: &Output, reply: ReplyOptions) -> pb::
         timing: Some(convert::timing(&out.timing)),
         prompt_logprobs: out
             .prompt_logprobs
-            .as_deref()
-            .map(convert::logprobs)
+            .as_ref()
+            .map(|p| convert::logprobs(&p.scores))
             .unwrap_or_default(),
     }
 }
@@ -307,7 +307,7 @@ impl Stream for GenStream {
             match ev {
                 Some(Event::PromptLogprobs(lp)) => {
                     let mut msg = this.message(Vec::new());
-                    msg.prompt_logprobs = convert::logprobs(&lp);
+                    msg.prompt_logprobs = convert::logprobs(&lp.scores);
                     return Poll::Ready(Some(Ok(msg)));
                 }
                 Some(Event::Delta(d)) => {
