@@ -56,6 +56,15 @@ pub(crate) struct Loop {
     pub kv_events: Option<tokio::sync::mpsc::UnboundedSender<KvEventBatch>>,
 }
 
+/// The most bytes of logits one prompt-scoring prefill chunk reads back.
+const SCORED_LOGITS_BYTES: usize = 256 << 20;
+
+/// Tokens a prefill chunk scoring its prompt may hold: each reads back a vocabulary of f32
+/// logits, so a long chunk of a large vocabulary would need gigabytes at once.
+fn scored_chunk(vocab: usize) -> usize {
+    (SCORED_LOGITS_BYTES / (vocab.max(1) * 4)).max(1)
+}
+
 /// Steps that may fail in a row before the engine gives up (a lost device fails them all).
 const MAX_FAILED_STEPS: u32 = 3;
 
@@ -241,6 +250,11 @@ impl Loop {
             priority: sub.request.priority,
             forks: sub.request.n - 1,
             recompute_prefix: sub.request.output.prompt_logprobs.is_some(),
+            max_chunk: sub
+                .request
+                .output
+                .prompt_logprobs
+                .map(|_| scored_chunk(self.info.vocab_size)),
         };
         if let Err(e) = self.sched.add(seq, sub.prompt_ids.clone(), params) {
             self.queued.fetch_sub(1, Ordering::AcqRel);

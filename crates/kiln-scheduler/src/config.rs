@@ -47,4 +47,8 @@ pub struct SeqParams {
     /// once (a request for the prompt's log-probabilities needs every position's logits; a
     /// later recompute after preemption reuses the cache as any sequence does).
     pub recompute_prefix: bool,
+    /// The most tokens one of its prefill chunks may hold, with chunked prefill on (a request
+    /// that scores its prompt reads back a vocabulary of logits a token, and this bounds that
+    /// memory); `None`: the step's token budget alone.
+    pub max_chunk: Option<usize>,
 }

@@ -47,6 +47,8 @@ struct Entry {
     forks: usize,
     /// Reuse no cached prefix until the tokens have been computed once.
     recompute_prefix: bool,
+    /// Tokens a prefill chunk may hold at most (chunked prefill on).
+    max_chunk: Option<usize>,
     status: SeqStatus,
     /// Draft tokens proposed for the next decode step ([`Scheduler::propose`]).
     draft: Vec<u32>,
@@ -57,6 +59,15 @@ struct Entry {
 impl Entry {
     fn key(&self, id: SeqId) -> Key {
         (self.priority, self.arrival, id)
+    }
+
+    /// Its next prefill chunk's length for `remaining` tokens and `budget` left in the step.
+    fn chunk(&self, remaining: usize, budget: usize, cfg: &SchedulerConfig) -> usize {
+        let cap = match cfg.chunked_prefill {
+            true => self.max_chunk.unwrap_or(usize::MAX).max(1),
+            false => usize::MAX,
+        };
+        remaining.min(budget).min(cap)
     }
 
     /// How its blocks are allocated.
@@ -186,6 +197,7 @@ impl Scheduler {
             arrival,
             forks: params.forks,
             recompute_prefix: params.recompute_prefix,
+            max_chunk: params.max_chunk,
             status: SeqStatus::Waiting,
             draft: Vec::new(),
             verifying: Vec::new(),
@@ -370,7 +382,7 @@ impl Scheduler {
             if remaining == 0 {
                 continue;
             }
-            let len = remaining.min(step.budget);
+            let len = e.chunk(remaining, step.budget, &self.cfg);
             if len < remaining && !self.cfg.chunked_prefill {
                 continue;
             }
@@ -481,10 +493,11 @@ impl Scheduler {
             e.computed = alloc.cached_tokens;
             let remaining = e.tokens.len() - e.computed;
             let start = e.computed;
+            let len = e.chunk(remaining, step.budget, &self.cfg);
             step.out.admitted.push((seq, alloc.cached_tokens));
             // Admission leaves the pool room for a first block (`can_allocate`); without one
             // the sequence waits for its first chunk.
-            let Ok(Some(len)) = self.reserve_fitting(seq, remaining.min(step.budget)) else {
+            let Ok(Some(len)) = self.reserve_fitting(seq, len) else {
                 continue;
             };
             step.push(ScheduledSeq {
@@ -612,6 +625,7 @@ impl Scheduler {
             arrival: p.arrival,
             forks: 0,
             recompute_prefix: false,
+            max_chunk: None,
             status: SeqStatus::Running,
             draft: Vec::new(),
             verifying: Vec::new(),

@@ -365,6 +365,33 @@ fn a_sequence_may_recompute_its_cached_prefix_once() {
     assert_eq!(s.schedule().admitted, vec![(SeqId(3), 16)]);
 }
 
+/// A sequence's own chunk cap holds under a larger budget; others still fill the step.
+#[test]
+fn a_sequence_may_cap_its_prefill_chunks() {
+    let mut s = Scheduler::new(config(64, 4, 32, 8)).unwrap();
+    let mut next = 0;
+    let capped = SeqParams {
+        max_chunk: Some(5),
+        ..SeqParams::default()
+    };
+    s.add(SeqId(1), prompt(1, 12), capped).unwrap();
+    s.add(SeqId(2), prompt(2, 10), SeqParams::default())
+        .unwrap();
+    let mut chunks = Vec::new();
+    while generated(&s, SeqId(1), 12) == 0 {
+        let step = s.schedule();
+        for x in step.seqs.iter().filter(|x| x.seq == SeqId(1)) {
+            chunks.push((x.start, x.len, x.samples));
+        }
+        // The uncapped prompt runs whole beside it.
+        if let Some(x) = step.seqs.iter().find(|x| x.seq == SeqId(2) && x.start == 0) {
+            assert_eq!(x.len, 10);
+        }
+        run_step(&mut s, &step, &mut next);
+    }
+    assert_eq!(chunks, [(0, 5, false), (5, 5, false), (10, 2, true)]);
+}
+
 #[test]
 fn forks_share_the_prompt_and_count_against_the_seq_cap() {
     let mut s = Scheduler::new(config(32, 4, 64, 4)).unwrap();
