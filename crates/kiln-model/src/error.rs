@@ -59,6 +59,9 @@ pub enum ModelError {
     Device(#[from] kiln_tensor::TensorError),
     #[error(transparent)]
     Kv(#[from] kiln_attention::KvDeviceError),
+    /// A sequence's blocks (DeepSeek-V4's own block manager: `V4Sequence`).
+    #[error("KV blocks: {0}")]
+    Blocks(#[from] kiln_kv::KvError),
     #[error("forward: {0}")]
     Batch(String),
     /// A perplexity run asked for something its windows cannot do.

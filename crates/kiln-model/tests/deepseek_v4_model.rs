@@ -45,9 +45,11 @@ fn chunks(g: &SafetensorsFile) -> Vec<usize> {
 fn chunked_logits(g: &SafetensorsFile, path: &Path, dev: &Device) -> Vec<f32> {
     let tokens = ids(g, "input_ids");
     let model = V4Model::load(path, dev, 256).unwrap();
-    let mut seq = V4Sequence::default();
+    let chunks = chunks(g);
+    let longest = chunks.iter().copied().max().unwrap();
+    let mut seq = V4Sequence::new(&model, tokens.len(), longest).unwrap();
     let (mut start, mut got) = (0, Vec::new());
-    for n in chunks(g) {
+    for n in chunks {
         let mut rec = Recorder::new(dev);
         let logits = model
             .forward(&mut rec, &tokens[start..start + n], &mut seq)

@@ -14,11 +14,11 @@
 use std::path::PathBuf;
 
 use kiln_model::v4::{
-    AttentionState, Compressor, CompressorState, CompressorWeights, HyperConnection, HyperHead,
-    Indexer, IndexerState, IndexerWeights, V4Model,
+    Compressor, CompressorPools, CompressorWeights, HyperConnection, HyperHead, Indexer,
+    IndexerWeights, PagedSeq, V4Cache, V4CacheConfig, V4Model, block_size,
 };
 use kiln_model::{DeepseekV4Config, SafetensorsFile, V4Attention};
-use kiln_tensor::{Device, NO_ENTRY, Recorder, RopeTable, Tensor};
+use kiln_tensor::{DType, Device, NO_ENTRY, Recorder, RopeTable, Tensor};
 
 fn fixtures() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/deepseek_v4")
@@ -91,6 +91,38 @@ struct Run {
     picks: Vec<u32>,
 }
 
+/// The compressors' paged state: blocks of 8 tokens (HCA's ratio, twice CSA's), laid out
+/// out of order in both pools, as a shared pool hands them out.
+const BLOCK: usize = 8;
+const MAIN: [u32; 6] = [5, 3, 0, 4, 1, 2];
+const KEPT: [u32; 6] = [2, 5, 1, 0, 4, 3];
+
+/// Zeroed pools for compressor `c` (`halves`: 2 for overlapping windows).
+fn pools(dev: &Device, c: &Compressor, halves: usize) -> CompressorPools {
+    let zeros = |r, w| Tensor::zeros(dev, DType::F32, &[r, w]).unwrap();
+    let (slots, w) = (MAIN.len() * BLOCK, c.width());
+    CompressorPools {
+        kv: zeros(slots, halves * w),
+        gate: zeros(slots, halves * w),
+        entries: zeros(KEPT.len() * BLOCK / c.ratio(), w),
+    }
+}
+
+/// The first `count` entries in `p` of a compressor pooling every `ratio` tokens, in order.
+fn entries(p: &CompressorPools, ratio: usize, count: usize) -> Vec<f32> {
+    let (all, w, per) = (
+        p.entries.to_f32_vec().unwrap(),
+        p.entries.cols(),
+        BLOCK / ratio,
+    );
+    (0..count)
+        .flat_map(|e| {
+            let slot = KEPT[e / per] as usize * per + e % per;
+            all[slot * w..(slot + 1) * w].to_vec()
+        })
+        .collect()
+}
+
 fn run(g: &Golden, dev: &Device, chunks: &[usize]) -> Run {
     let c = &g.config;
     let hca = g.compressor(dev, "hca.", 8, false);
@@ -111,10 +143,10 @@ fn run(g: &Golden, dev: &Device, chunks: &[usize]) -> Run {
     let index_rope = RopeTable::new(dev, c.compressed_rope(c.indexer.head_dim), 64).unwrap();
     let (x, qr) = (g.f32("x"), g.f32("qr"));
     let (hidden, q_lora) = (c.hidden, c.q_lora_rank);
-    let (mut hs, mut cs, mut is) = (
-        CompressorState::default(),
-        CompressorState::default(),
-        IndexerState::default(),
+    let (mut hp, mut cp, mut ip) = (
+        pools(dev, &hca, 1),
+        pools(dev, &csa, 2),
+        pools(dev, &g.compressor(dev, "csa.indexer.", 4, true), 2),
     );
     let mut out = Run {
         hca: Vec::new(),
@@ -126,29 +158,34 @@ fn run(g: &Golden, dev: &Device, chunks: &[usize]) -> Run {
         let xt = Tensor::from_f32(dev, &[n, hidden], &x[start * hidden..][..n * hidden]).unwrap();
         let qt = Tensor::from_f32(dev, &[n, q_lora], &qr[start * q_lora..][..n * q_lora]).unwrap();
         let positions: Vec<u32> = (start as u32..(start + n) as u32).collect();
+        let seq = [PagedSeq {
+            row: 0,
+            start,
+            len: n,
+            main: &MAIN,
+            kept: &KEPT,
+            block: BLOCK,
+        }];
         let mut rec = Recorder::new(dev);
-        let h = hca.step(&mut rec, &xt, &mut hs, &rope).unwrap();
-        let s = csa.step(&mut rec, &xt, &mut cs, &rope).unwrap();
+        hca.step(&mut rec, &xt, &seq, &mut hp, &rope).unwrap();
+        csa.step(&mut rec, &xt, &seq, &mut cp, &rope).unwrap();
         let p = indexer
             .step(
                 &mut rec,
                 &xt,
                 &qt,
                 &index_rope.positions(&positions).unwrap(),
-                &mut is,
+                &seq,
+                &mut ip,
                 &index_rope,
             )
             .unwrap();
         rec.submit().unwrap();
-        out.hca
-            .extend(h.map(|t| t.to_f32_vec().unwrap()).unwrap_or_default());
-        out.csa
-            .extend(s.map(|t| t.to_f32_vec().unwrap()).unwrap_or_default());
-        out.picks.extend(p.to_u32_vec().unwrap());
+        out.picks.extend(p[0].to_u32_vec().unwrap());
         start += n;
     }
-    assert_eq!(hs.entries(), start / 8);
-    assert_eq!(cs.entries(), start / 4);
+    out.hca = entries(&hp, 8, start / 8);
+    out.csa = entries(&cp, 4, start / 4);
     out
 }
 
@@ -350,19 +387,35 @@ fn attention_layers_match_transformers_on_every_backend() {
             let attn = model.attention(layer).unwrap();
             let x = tiny.golden.read_f32(&format!("attn_in.{layer}")).unwrap();
             let want = tiny.golden.read_f32(&format!("attn_out.{layer}")).unwrap();
-            let mut state = AttentionState::default();
+            // The pools' blocks out of order, as a shared pool hands them out.
+            let blocks = chunks.iter().sum::<usize>().div_ceil(block_size(c));
+            let cfg = V4CacheConfig {
+                main_blocks: blocks,
+                kept_blocks: blocks,
+            };
+            let mut cache = V4Cache::new(&dev, c, cfg).unwrap();
+            let table: Vec<u32> = (0..blocks as u32).rev().collect();
             let (mut start, mut got) = (0, Vec::new());
             for &n in &chunks {
                 let h = c.hidden;
                 let xt = Tensor::from_f32(&dev, &[n, h], &x[start * h..][..n * h]).unwrap();
                 let positions: Vec<u32> = (start as u32..(start + n) as u32).collect();
+                let seq = [PagedSeq {
+                    row: 0,
+                    start,
+                    len: n,
+                    main: &table,
+                    kept: &table,
+                    block: cache.block_size(),
+                }];
                 let mut rec = Recorder::new(&dev);
                 let y = attn
                     .forward(
                         &mut rec,
                         &xt,
                         &model.ropes().positions(&positions).unwrap(),
-                        &mut state,
+                        &seq,
+                        cache.layer_mut(layer).unwrap(),
                         model.ropes(),
                     )
                     .unwrap();

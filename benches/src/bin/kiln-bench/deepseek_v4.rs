@@ -282,7 +282,7 @@ fn bench(cli: &Cli) -> anyhow::Result<()> {
             .iter()
             .map(|v| ((v + 1.0) * 0.5 * VOCAB as f32) as u32 % VOCAB as u32)
             .collect();
-        let mut seq = V4Sequence::default();
+        let mut seq = V4Sequence::new(&model, ctx + cli.steps, 512)?;
         let t0 = Instant::now();
         let mut last = 0;
         for chunk in prompt.chunks(512) {

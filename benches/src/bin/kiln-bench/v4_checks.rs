@@ -219,7 +219,7 @@ pub(crate) fn v4_model_checks(dev: &Device, dir: &Path) -> anyhow::Result<Vec<Ch
         ("F32 GGUF", dir.join("tiny-f32.gguf")),
     ] {
         let model = V4Model::load(&path, dev, 256)?;
-        let mut seq = V4Sequence::default();
+        let mut seq = V4Sequence::new(&model, tokens.len(), 256)?;
         let (mut start, mut logits) = (0, Vec::new());
         for &n in &chunks {
             let n = n as usize;

@@ -5,10 +5,10 @@
 //! low-rank output projection.
 
 use kiln_attention::{CompressedKv, EntryChoice, compressed_attention};
-use kiln_tensor::{Device, MappedRows, Recorder, RopePositions, RopeTable, Routes, RowMap, Tensor};
+use kiln_tensor::{Device, MappedRows, Recorder, RopePositions, RopeTable, Routes, Tensor};
 
-use super::compress::tensor_bytes;
-use super::{Compressor, CompressorState, Indexer, IndexerState};
+use super::cache::{CompressorPools, LayerPools, PagedSeq, main_slots, rows_of};
+use super::{Compressor, Indexer};
 use crate::{DeepseekV4Config, ModelError, Result};
 
 /// An attention layer's own weights (the checkpoint's `attn.` names).
@@ -107,60 +107,6 @@ pub struct Attention {
     ones: Tensor,
 }
 
-/// What one sequence's attention layer carries between steps.
-#[derive(Debug, Clone, Default)]
-pub struct AttentionState {
-    /// The raw K=V rows of the last `window - 1` tokens, from position `first`.
-    raw: Option<Tensor>,
-    first: u32,
-    compressor: CompressorState,
-    indexer: IndexerState,
-    /// Every compressed entry so far.
-    entries: Option<Tensor>,
-}
-
-impl AttentionState {
-    /// Bytes held, cache by cache: the window's raw rows, the compressed entries, the
-    /// indexer's keys, and the compressors' carried rows.
-    pub fn bytes(&self) -> StateBytes {
-        StateBytes {
-            window: self.raw.as_ref().map_or(0, tensor_bytes),
-            entries: self.entries.as_ref().map_or(0, tensor_bytes),
-            index_keys: self.indexer.bytes() - self.indexer_pending(),
-            pending: self.compressor.bytes() + self.indexer_pending(),
-        }
-    }
-
-    fn indexer_pending(&self) -> u64 {
-        self.indexer.pending_bytes()
-    }
-}
-
-/// The bytes one sequence's attention state holds, by cache.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct StateBytes {
-    pub window: u64,
-    pub entries: u64,
-    pub index_keys: u64,
-    /// The compressors' rows of windows not yet full (and the last full one, CSA's).
-    pub pending: u64,
-}
-
-impl std::ops::AddAssign for StateBytes {
-    fn add_assign(&mut self, o: Self) {
-        self.window += o.window;
-        self.entries += o.entries;
-        self.index_keys += o.index_keys;
-        self.pending += o.pending;
-    }
-}
-
-impl StateBytes {
-    pub fn total(&self) -> u64 {
-        self.window + self.entries + self.index_keys + self.pending
-    }
-}
-
 impl Attention {
     pub fn new(
         file: &str,
@@ -218,14 +164,17 @@ impl Attention {
         })
     }
 
-    /// The layer's output `[tokens, hidden]` for its normed input `x` `[tokens, hidden]` at
-    /// the consecutive positions `at` of one sequence; `state` moves on past them.
+    /// The layer's output `[tokens, hidden]` for its normed input `x` `[tokens, hidden]`,
+    /// the rows of `seqs` at the positions `step`: their K=V rows and compressors' state
+    /// into `pools` (their main and kept slots), then each sequence's attention over its
+    /// window and entries, read from `pools`.
     pub fn forward(
         &self,
         rec: &mut Recorder,
         x: &Tensor,
         step: &StepPositions,
-        state: &mut AttentionState,
+        seqs: &[PagedSeq<'_>],
+        pools: &mut LayerPools,
         ropes: &V4Ropes,
     ) -> Result<Tensor> {
         let AttentionShape {
@@ -236,7 +185,6 @@ impl Attention {
             eps,
         } = self.shape;
         let tokens = x.rows();
-        let positions = step.compress.positions();
         // This layer's rotary table: sliding layers turn by `main`, compressed ones by
         // `compress`.
         let at = match self.compression {
@@ -253,89 +201,104 @@ impl Attention {
         let kv = rec
             .rope(&kv.reshape(&[tokens, 1, d])?, at)?
             .reshape(&[tokens, d])?;
-        let raw = match &state.raw {
-            Some(old) => rec.concat_rows(old, &kv)?,
-            None => {
-                state.first = positions.first().copied().unwrap_or(0);
-                kv
-            }
-        };
-        let (entries, picks) = self.compress(rec, x, &qr, &step.index, state, ropes)?;
-        let choice = match (&self.compression, &picks) {
-            (Compression::Csa(_), Some(p)) => EntryChoice::Picked(p),
-            (Compression::Hca(c), _) => EntryChoice::Visible {
-                ratio: c.ratio() as u32,
-            },
-            // Sliding layers have no entries; the choice is never read.
-            _ => EntryChoice::Visible { ratio: 1 },
-        };
-        let kvs = CompressedKv {
-            raw: &raw,
-            raw_map: RowMap::Consecutive,
-            first: state.first,
-            window,
-            entries: entries.as_ref().map(MappedRows::consecutive),
-            choice,
-        };
+        rec.write_rows(&mut pools.raw, &main_slots(seqs)?, &kv)?;
+        let picks = self.compress(rec, x, &qr, &step.index, seqs, pools, ropes)?;
         let scale = 1.0 / (d as f32).sqrt();
-        let out = compressed_attention(rec, &q, positions, kvs, &self.w.sinks, scale)?;
+        let mut out: Option<Tensor> = None;
+        for (s, picks) in seqs.iter().zip(&picks) {
+            let (entries, choice) = match (&self.compression, &pools.compressor, picks) {
+                (Compression::Csa(csa), Some(c), Some(p)) => (
+                    self.entries(c, s, csa.compressor.ratio()),
+                    EntryChoice::Picked(p),
+                ),
+                (Compression::Hca(h), Some(c), _) => (
+                    self.entries(c, s, h.ratio()),
+                    EntryChoice::Visible {
+                        ratio: h.ratio() as u32,
+                    },
+                ),
+                // Sliding layers have no entries; the choice is never read.
+                _ => (None, EntryChoice::Visible { ratio: 1 }),
+            };
+            let kvs = CompressedKv {
+                raw: &pools.raw,
+                raw_map: s.main_map(),
+                first: 0,
+                window,
+                entries,
+                choice,
+            };
+            let q = rows_of(rec, &q, s)?;
+            let o = compressed_attention(rec, &q, &s.positions(), kvs, &self.w.sinks, scale)?;
+            out = Some(match out {
+                None => o,
+                Some(before) => rec
+                    .concat_rows(
+                        &before.reshape(&[before.rows(), heads * d])?,
+                        &o.reshape(&[s.len, heads * d])?,
+                    )?
+                    .reshape(&[before.rows() + s.len, heads, d])?,
+            });
+        }
+        let out =
+            out.ok_or_else(|| ModelError::Batch("an attention step of no sequences".into()))?;
         let out = rec.unrope(&out, at)?;
-        self.keep_window(rec, raw, state)?;
         self.project(rec, &out, tokens, groups)
     }
 
-    /// The new compressed entries into `state`, and (CSA) the indexer's picks.
+    /// The entries made so far by `s`'s compressor pooling every `ratio` tokens, in `c`
+    /// (none before the first).
+    fn entries<'a>(
+        &self,
+        c: &'a CompressorPools,
+        s: &PagedSeq<'a>,
+        ratio: usize,
+    ) -> Option<MappedRows<'a>> {
+        let count = s.end() / ratio;
+        (count > 0).then(|| MappedRows {
+            rows: &c.entries,
+            count: count as u32,
+            map: s.entry_map(ratio),
+        })
+    }
+
+    /// The layer's compressors over the step (their rows and entries into `pools`), and
+    /// (CSA) the indexer's picks, a sequence.
+    #[allow(clippy::too_many_arguments)]
     fn compress(
         &self,
         rec: &mut Recorder,
         x: &Tensor,
         qr: &Tensor,
         at: &RopePositions,
-        state: &mut AttentionState,
+        seqs: &[PagedSeq<'_>],
+        pools: &mut LayerPools,
         ropes: &V4Ropes,
-    ) -> Result<(Option<Tensor>, Option<Tensor>)> {
-        let (compressor, picks) = match &self.compression {
-            Compression::None => return Ok((None, None)),
-            Compression::Hca(c) => (&**c, None),
+    ) -> Result<Vec<Option<Tensor>>> {
+        let unpooled = |what: &str| {
+            ModelError::Batch(format!(
+                "a {what} layer's cache has no pools for its compressor"
+            ))
+        };
+        match &self.compression {
+            Compression::None => Ok(vec![None; seqs.len()]),
+            Compression::Hca(c) => {
+                let p = pools.compressor.as_mut().ok_or_else(|| unpooled("HCA"))?;
+                c.step(rec, x, seqs, p, &ropes.compress)?;
+                Ok(vec![None; seqs.len()])
+            }
             Compression::Csa(csa) => {
                 let Csa {
                     compressor,
                     indexer,
                 } = &**csa;
-                let p = indexer.step(rec, x, qr, at, &mut state.indexer, &ropes.index)?;
-                (compressor, Some(p))
+                let i = pools.indexer.as_mut().ok_or_else(|| unpooled("CSA"))?;
+                let picks = indexer.step(rec, x, qr, at, seqs, i, &ropes.index)?;
+                let c = pools.compressor.as_mut().ok_or_else(|| unpooled("CSA"))?;
+                compressor.step(rec, x, seqs, c, &ropes.compress)?;
+                Ok(picks.into_iter().map(Some).collect())
             }
-        };
-        if let Some(new) = compressor.step(rec, x, &mut state.compressor, &ropes.compress)? {
-            state.entries = Some(match &state.entries {
-                Some(old) => rec.concat_rows(old, &new)?,
-                None => new,
-            });
         }
-        Ok((state.entries.clone(), picks))
-    }
-
-    /// Keep the raw rows the next tokens' window reaches: the last `window - 1`.
-    fn keep_window(
-        &self,
-        rec: &mut Recorder,
-        raw: Tensor,
-        state: &mut AttentionState,
-    ) -> Result<()> {
-        let keep = (self.shape.window as usize)
-            .saturating_sub(1)
-            .min(raw.rows());
-        let from = raw.rows() - keep;
-        state.first += from as u32;
-        state.raw = if keep == 0 {
-            None
-        } else if from == 0 {
-            Some(raw)
-        } else {
-            let ids: Vec<u32> = (from as u32..raw.rows() as u32).collect();
-            Some(rec.embedding(&raw, &ids)?)
-        };
-        Ok(())
     }
 
     /// The grouped low-rank output projection: each group of heads through its own block

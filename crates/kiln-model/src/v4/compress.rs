@@ -4,6 +4,7 @@ use kiln_tensor::{
     DType, MappedRows, NO_ENTRY, PoolWindows, Recorder, RopePositions, RopeTable, Tensor,
 };
 
+use super::cache::{CompressorPools, PagedSeq, main_slots, rows_of};
 use crate::{ModelError, Result};
 
 /// A compressor's weights, as the checkpoint names them in transformers' form
@@ -30,39 +31,6 @@ pub struct Compressor {
     overlapping: bool,
     width: usize,
     eps: f32,
-}
-
-/// What one sequence's compressor carries between steps: the projected rows of the window
-/// not yet full, and, for overlapping windows, the last full window's before them.
-#[derive(Debug, Clone, Default)]
-pub struct CompressorState {
-    kv: Option<Tensor>,
-    gate: Option<Tensor>,
-    /// Whether the kept rows start with the last full window.
-    previous: bool,
-    /// Entries made so far: the next window starts at token `entries · ratio`.
-    entries: usize,
-}
-
-impl CompressorState {
-    /// Entries made so far.
-    pub fn entries(&self) -> usize {
-        self.entries
-    }
-
-    /// Bytes held: the rows carried to the next step.
-    pub fn bytes(&self) -> u64 {
-        [&self.kv, &self.gate]
-            .into_iter()
-            .flatten()
-            .map(tensor_bytes)
-            .sum()
-    }
-}
-
-/// A tensor's bytes on its device.
-pub(crate) fn tensor_bytes(t: &Tensor) -> u64 {
-    t.dtype().bytes_for(t.elem_count()).unwrap_or(0) as u64
 }
 
 impl Compressor {
@@ -132,66 +100,53 @@ impl Compressor {
         }
     }
 
-    /// The entries that the next tokens' attention inputs `x` (`[tokens, hidden]`) complete,
-    /// `[entries, width]`, in order (none while a window stays open); `state` moves on past
-    /// `x`. `rope` is the compressed layers' rotary embedding at this width
+    /// Runs the compressor over the step's attention inputs `x` (`[tokens, hidden]`, the
+    /// rows of `seqs`): each token's projected kv and gate rows go to its main slot, and each
+    /// window a sequence completes becomes an entry in its kept slot, pooled from the main
+    /// slots of the window's tokens (and, overlapping, the previous window's). `rope` is the
+    /// compressed layers' rotary embedding at this width
     /// ([`DeepseekV4Config::compressed_rope`](crate::DeepseekV4Config::compressed_rope)).
     pub fn step(
         &self,
         rec: &mut Recorder,
         x: &Tensor,
-        state: &mut CompressorState,
+        seqs: &[PagedSeq<'_>],
+        pools: &mut CompressorPools,
         rope: &RopeTable,
-    ) -> Result<Option<Tensor>> {
+    ) -> Result<()> {
         let kv = rec.matmul(x, &self.w.kv, None)?;
         let gate = rec.matmul(x, &self.w.gate, None)?;
-        let (kv, gate) = match (&state.kv, &state.gate) {
-            (Some(k), Some(g)) => (rec.concat_rows(k, &kv)?, rec.concat_rows(g, &gate)?),
-            _ => (kv, gate),
-        };
-        let lead = if state.previous { self.ratio } else { 0 };
-        let rows = kv.rows();
-        let n = rows.saturating_sub(lead) / self.ratio;
-        if n == 0 {
-            state.kv = Some(kv);
-            state.gate = Some(gate);
-            return Ok(None);
+        let slots = main_slots(seqs)?;
+        rec.write_rows(&mut pools.kv, &slots, &kv)?;
+        rec.write_rows(&mut pools.gate, &slots, &gate)?;
+        let r = self.ratio;
+        for s in seqs {
+            // Entries made before this step, and after it.
+            let (done, end) = (s.start / r, s.end() / r);
+            if end == done {
+                continue;
+            }
+            let previous = self.overlapping && done > 0;
+            let from = if previous { done - 1 } else { done } * r;
+            let rows = (from..end * r)
+                .map(|p| s.main_slot(p))
+                .collect::<Result<Vec<_>>>()?;
+            let kv = rec.embedding(&pools.kv, &rows)?;
+            let gate = rec.embedding(&pools.gate, &rows)?;
+            let pooled = rec.compress_pool(&kv, &gate, &self.w.ape, r, self.windows(previous))?;
+            let normed = rec.rms_norm(&pooled, &self.w.norm, self.eps)?;
+            let n = end - done;
+            let positions: Vec<u32> = (done..end).map(|w| (w * r) as u32).collect();
+            let turned = rec.rope(
+                &normed.reshape(&[n, 1, self.width])?,
+                &rope.positions(&positions)?,
+            )?;
+            let dst = (done..end)
+                .map(|e| s.entry_slot(e, r))
+                .collect::<Result<Vec<_>>>()?;
+            rec.write_rows(&mut pools.entries, &dst, &turned.reshape(&[n, self.width])?)?;
         }
-        let pooled = rec.compress_pool(
-            &kv,
-            &gate,
-            &self.w.ape,
-            self.ratio,
-            self.windows(state.previous),
-        )?;
-        let normed = rec.rms_norm(&pooled, &self.w.norm, self.eps)?;
-        let positions: Vec<u32> = (state.entries..state.entries + n)
-            .map(|w| (w * self.ratio) as u32)
-            .collect();
-        let turned = rec.rope(
-            &normed.reshape(&[n, 1, self.width])?,
-            &rope.positions(&positions)?,
-        )?;
-        // Kept: the rows of the window not yet full, after the last full window's where the
-        // next entry reads it.
-        let done = lead + n * self.ratio;
-        let keep_from = if self.overlapping {
-            done - self.ratio
-        } else {
-            done
-        };
-        let keep: Vec<u32> = (keep_from as u32..rows as u32).collect();
-        (state.kv, state.gate) = if keep.is_empty() {
-            (None, None)
-        } else {
-            (
-                Some(rec.embedding(&kv, &keep)?),
-                Some(rec.embedding(&gate, &keep)?),
-            )
-        };
-        state.previous = self.overlapping;
-        state.entries += n;
-        Ok(Some(turned.reshape(&[n, self.width])?))
+        Ok(())
     }
 }
 
@@ -214,26 +169,6 @@ pub struct Indexer {
     w: IndexerWeights,
     heads: usize,
     topk: usize,
-}
-
-/// What one sequence's indexer carries between steps: its compressor's state and every key
-/// made so far.
-#[derive(Debug, Clone, Default)]
-pub struct IndexerState {
-    compressor: CompressorState,
-    keys: Option<Tensor>,
-}
-
-impl IndexerState {
-    /// Bytes held: the keys, and the compressor's carried rows.
-    pub fn bytes(&self) -> u64 {
-        self.compressor.bytes() + self.keys.as_ref().map_or(0, tensor_bytes)
-    }
-
-    /// Bytes of the compressor's carried rows alone.
-    pub fn pending_bytes(&self) -> u64 {
-        self.compressor.bytes()
-    }
 }
 
 impl Indexer {
@@ -276,44 +211,53 @@ impl Indexer {
         })
     }
 
-    /// For each of the next tokens (attention inputs `x` `[tokens, hidden]`, query low-rank
-    /// activations `qr` `[tokens, q_lora_rank]`, at absolute positions `at` on `rope`'s
-    /// table), the entries its
-    /// attention reads: U32 `[tokens, topk]`, rising, [`NO_ENTRY`] where fewer are visible.
-    /// Entry `s` is visible to the token at `p` once its window is complete: `s < (p + 1) /
-    /// ratio`.
+    /// Runs the indexer's compressor over the step's attention inputs `x` (`[tokens,
+    /// hidden]`, the rows of `seqs`; its keys into `pools`), then picks, for each token of
+    /// each sequence (query low-rank activations `qr` `[tokens, q_lora_rank]`, at the
+    /// positions `at` on `rope`'s table), the entries its attention reads: U32 `[tokens,
+    /// topk]` a sequence, rising, [`NO_ENTRY`] where fewer are visible. Entry `s` is visible
+    /// to the token at `p` once its window is complete: `s < (p + 1) / ratio`.
     pub fn step(
         &self,
         rec: &mut Recorder,
         x: &Tensor,
         qr: &Tensor,
         at: &RopePositions,
-        state: &mut IndexerState,
+        seqs: &[PagedSeq<'_>],
+        pools: &mut CompressorPools,
         rope: &RopeTable,
-    ) -> Result<Tensor> {
-        let positions = at.positions();
+    ) -> Result<Vec<Tensor>> {
+        self.compressor.step(rec, x, seqs, pools, rope)?;
         let tokens = x.rows();
         let dim = self.compressor.width();
-        if let Some(new) = self.compressor.step(rec, x, &mut state.compressor, rope)? {
-            state.keys = Some(match &state.keys {
-                Some(k) => rec.concat_rows(k, &new)?,
-                None => new,
-            });
-        }
-        let Some(keys) = &state.keys else {
-            let none = vec![NO_ENTRY; tokens * self.topk];
-            return Ok(Tensor::from_u32(&x.device(), &[tokens, self.topk], &none)?);
+        let r = self.compressor.ratio();
+        // The queries and head weights, once any sequence has keys to score.
+        let scored = match seqs.iter().any(|s| s.end() >= r) {
+            false => None,
+            true => {
+                let q = rec.matmul(qr, &self.w.q, None)?;
+                let q = rec.rope(&q.reshape(&[tokens, self.heads, dim])?, at)?;
+                Some((q, rec.matmul(x, &self.w.head_weights, None)?))
+            }
         };
-        let ratio = self.compressor.ratio() as u32;
-        let visible: Vec<u32> = positions
-            .iter()
-            .map(|&p| ((p + 1) / ratio).min(keys.rows() as u32))
-            .collect();
-        let q = rec.matmul(qr, &self.w.q, None)?;
-        let q = rec.rope(&q.reshape(&[tokens, self.heads, dim])?, at)?;
-        let w = rec.matmul(x, &self.w.head_weights, None)?;
         let scale = 1.0 / ((dim * self.heads) as f32).sqrt();
-        let keys = MappedRows::consecutive(keys);
-        Ok(rec.indexer_topk(&q, &w, keys, &visible, self.topk, scale)?)
+        let mut picks = Vec::with_capacity(seqs.len());
+        for s in seqs {
+            let count = s.end() / r;
+            let Some((q, w)) = scored.as_ref().filter(|_| count > 0) else {
+                let none = vec![NO_ENTRY; s.len * self.topk];
+                picks.push(Tensor::from_u32(&x.device(), &[s.len, self.topk], &none)?);
+                continue;
+            };
+            let visible: Vec<u32> = (s.start..s.end()).map(|p| ((p + 1) / r) as u32).collect();
+            let keys = MappedRows {
+                rows: &pools.entries,
+                count: count as u32,
+                map: s.entry_map(r),
+            };
+            let (q, w) = (rows_of(rec, q, s)?, rows_of(rec, w, s)?);
+            picks.push(rec.indexer_topk(&q, &w, keys, &visible, self.topk, scale)?);
+        }
+        Ok(picks)
     }
 }

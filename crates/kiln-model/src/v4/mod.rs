@@ -7,11 +7,12 @@
 //! modeling_deepseek_v4.py`) and is tested against that module's output
 //! (`tests/deepseek_v4_parts.rs`).
 //!
-//! What a sequence carries between steps is its [`CompressorState`] and [`IndexerState`]:
-//! device tensors, one set a sequence and layer. (The paged pool does not hold them yet:
-//! issue 48's KV item.)
+//! What a sequence carries between steps lies in a paged [`V4Cache`] (`cache.rs`): the
+//! window's rows and the compressors' in main blocks, the entries and indexer keys in kept
+//! blocks, where `kiln-kv`'s block tables point.
 
 mod attention;
+mod cache;
 mod compress;
 mod hyper;
 mod load;
@@ -19,12 +20,13 @@ mod model;
 mod moe;
 
 pub use attention::{
-    Attention, AttentionShape, AttentionState, AttentionWeights, Compression, Csa, StateBytes,
-    StepPositions, V4Ropes,
+    Attention, AttentionShape, AttentionWeights, Compression, Csa, StepPositions, V4Ropes,
 };
-pub use compress::{
-    Compressor, CompressorState, CompressorWeights, Indexer, IndexerState, IndexerWeights,
+pub use cache::{
+    CompressorPools, LayerPools, PagedSeq, StateBytes, V4Cache, V4CacheConfig, block_size,
+    main_window,
 };
+pub use compress::{Compressor, CompressorWeights, Indexer, IndexerWeights};
 pub use hyper::{HyperConnection, HyperHead};
-pub use model::{V4Model, V4Sequence};
+pub use model::{V4Input, V4Model, V4Sequence};
 pub use moe::{ExpertChoice, GateUp, Moe, MoeShape, MoeWeights};

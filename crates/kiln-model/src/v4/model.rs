@@ -1,16 +1,21 @@
 //! A whole DeepSeek-V4 model from a Hugging Face folder (`DeepseekV4ForCausalLM`): the
 //! token embedding copied into every hyper-connection stream, each layer's attention and MoE
 //! between their hyper-connections, the head's collapse of the streams, the final norm and
-//! the LM head. One sequence at a time, its per-layer state in a [`V4Sequence`].
+//! the LM head. A batch of sequences a step ([`V4Model::step`]), their state in a paged
+//! [`V4Cache`] where `kiln-kv`'s block tables point; or one sequence with its own
+//! ([`V4Sequence`]).
 //!
 //! Loading (`load.rs`) reads Hugging Face folders and llama.cpp's GGUF files.
 
 use std::path::Path;
 
+use kiln_kv::{BlockId, BlockManager, BlockManagerConfig, KeptPool, SeqConfig, SeqId};
 use kiln_tensor::{Device, Recorder, Tensor};
 
+use super::cache::{self, PagedSeq, StateBytes, V4Cache, V4CacheConfig};
 use super::load::{Files, Names, load_layer};
-use super::{Attention, AttentionState, HyperConnection, HyperHead, Moe, StateBytes, V4Ropes};
+use super::{Attention, HyperConnection, HyperHead, Moe, V4Ropes};
+use crate::model::LogitsAt;
 use crate::{DeepseekV4Config, ModelError, Result};
 
 /// One decoder layer.
@@ -37,30 +42,116 @@ pub struct V4Model {
     max_positions: usize,
 }
 
-/// One sequence's state: every layer's attention state and the next position.
-#[derive(Debug, Clone, Default)]
-pub struct V4Sequence {
-    layers: Vec<AttentionState>,
-    next: u32,
+/// One sequence's part of a [`V4Model::step`].
+#[derive(Debug, Clone, Copy)]
+pub struct V4Input<'a> {
+    /// The tokens computed this step.
+    pub tokens: &'a [u32],
+    /// Tokens computed before them.
+    pub start: usize,
+    /// Its main-pool blocks in logical order ([`BlockId::TRIMMED`] where it gave one back),
+    /// covering the step's positions and the window before them.
+    pub main: &'a [BlockId],
+    /// Its kept-pool blocks in logical order, covering the step's positions.
+    pub kept: &'a [BlockId],
 }
 
+/// One sequence on its own: a [`V4Cache`] of its own and the `kiln-kv` block manager that
+/// hands out its blocks, as a server's step loop hands out a batch's. Its main pool holds the
+/// window and the longest chunk; its kept pool every position up to its capacity.
+#[derive(Debug)]
+pub struct V4Sequence {
+    kv: BlockManager,
+    cache: V4Cache,
+    started: bool,
+}
+
+/// The one sequence a [`V4Sequence`]'s block manager holds.
+const ONE: SeqId = SeqId(0);
+
 impl V4Sequence {
+    /// Room for `capacity` tokens run in chunks of at most `chunk`.
+    pub fn new(model: &V4Model, capacity: usize, chunk: usize) -> Result<Self> {
+        let c = &model.config;
+        let block = cache::block_size(c);
+        let window = cache::main_window(c);
+        // The window's blocks, a block it may start inside, and the chunk's, which may
+        // straddle one more.
+        let main = window.div_ceil(block) + chunk.div_ceil(block) + 2;
+        let kept = capacity.div_ceil(block);
+        let kv = BlockManager::new(BlockManagerConfig {
+            block_size: block as u32,
+            watermark: 0.0,
+            enable_prefix_caching: false,
+            kept: Some(KeptPool {
+                num_blocks: kept as u32,
+                window,
+            }),
+            ..BlockManagerConfig::new(main as u32)
+        })?;
+        let cache = V4Cache::new(
+            &model.embed.device(),
+            c,
+            V4CacheConfig {
+                main_blocks: main,
+                kept_blocks: kept,
+            },
+        )?;
+        Ok(Self {
+            kv,
+            cache,
+            started: false,
+        })
+    }
+
     /// Tokens run so far.
     pub fn len(&self) -> usize {
-        self.next as usize
+        match self.started {
+            true => self.kv.computed_len(ONE).unwrap_or(0),
+            false => 0,
+        }
     }
 
     pub fn is_empty(&self) -> bool {
-        self.next == 0
+        self.len() == 0
     }
 
-    /// Bytes its state holds, by cache, over every layer.
+    /// Bytes its blocks hold, by cache, over every layer.
     pub fn bytes(&self) -> StateBytes {
-        let mut b = StateBytes::default();
-        for l in &self.layers {
-            b += l.bytes();
+        let held = |t: &[BlockId]| t.iter().filter(|b| !b.is_trimmed()).count();
+        match (
+            self.started,
+            self.kv.block_table(ONE),
+            self.kv.kept_table(ONE),
+        ) {
+            (true, Ok(main), Ok(kept)) => self.cache.bytes(held(main), held(kept)),
+            _ => StateBytes::default(),
         }
-        b
+    }
+
+    /// Gives back what a failed step took past its first `before` tokens.
+    fn undo(&mut self, before: usize) -> Result<()> {
+        if before > 0 {
+            return Ok(self.kv.truncate(ONE, before)?);
+        }
+        self.started = false;
+        if self.kv.contains(ONE) {
+            self.kv.free(ONE)?;
+        }
+        Ok(())
+    }
+
+    /// Takes the blocks for `ids`, the next tokens, and returns their first position.
+    fn reserve(&mut self, ids: &[u32]) -> Result<usize> {
+        if !self.started {
+            self.kv.allocate(ONE, ids, SeqConfig::default())?;
+            self.started = true;
+            self.kv.reserve(ONE, ids.len())?;
+            return Ok(0);
+        }
+        let start = self.kv.computed_len(ONE)?;
+        self.kv.append_slots(ONE, ids.len())?;
+        Ok(start)
     }
 }
 
@@ -125,26 +216,93 @@ impl V4Model {
     }
 
     /// Runs the next tokens `ids` of `seq` and returns their logits, F32 `[tokens, vocab]`
-    /// (read back after the recorder's submit). On an error `seq` is as it was.
+    /// (read back after the recorder's submit). On an error `seq` holds what it held.
     pub fn forward(&self, rec: &mut Recorder, ids: &[u32], seq: &mut V4Sequence) -> Result<Tensor> {
-        let c = &self.config;
-        let end = seq.next as usize + ids.len();
-        if ids.is_empty() || end > self.max_positions {
-            return Err(ModelError::Format {
-                file: "DeepSeek-V4 forward".into(),
-                problem: format!(
-                    "{} tokens after {} run: past the {} positions the model was loaded for",
-                    ids.len(),
-                    seq.next,
-                    self.max_positions
-                ),
-            });
+        let before = seq.len();
+        let run = seq.reserve(ids).and_then(|start| {
+            let input = V4Input {
+                tokens: ids,
+                start,
+                main: seq.kv.block_table(ONE)?,
+                kept: seq.kv.kept_table(ONE)?,
+            };
+            self.step(rec, &mut seq.cache, &[input], LogitsAt::All)
+        });
+        match run {
+            Ok(logits) => {
+                seq.kv.commit(ONE, ids)?;
+                Ok(logits)
+            }
+            Err(e) => {
+                seq.undo(before)?;
+                Err(e)
+            }
         }
-        // Every layer's state moves on as the layer runs: work on a copy (tensors are shared,
-        // not copied) and keep it only once every layer has run.
-        let mut states = seq.layers.clone();
-        states.resize_with(c.layers, AttentionState::default);
-        let positions: Vec<u32> = (seq.next..end as u32).collect();
+    }
+
+    /// One forward step for `seqs` (laid out in order along the token dimension): their
+    /// state into `cache`, where their block tables point, and their logits at the positions
+    /// `at` asks for, F32 `[rows, vocab]`.
+    pub fn step(
+        &self,
+        rec: &mut Recorder,
+        cache: &mut V4Cache,
+        seqs: &[V4Input<'_>],
+        at: LogitsAt<'_>,
+    ) -> Result<Tensor> {
+        let c = &self.config;
+        if cache.layers() != c.layers {
+            return Err(ModelError::Batch(format!(
+                "a cache of {} layers for a model of {}",
+                cache.layers(),
+                c.layers
+            )));
+        }
+        let tables: Vec<[Vec<u32>; 2]> = seqs
+            .iter()
+            .map(|s| [s.main, s.kept].map(|t| t.iter().map(|b| b.0).collect()))
+            .collect();
+        let (mut ids, mut positions, mut paged, mut last) = (vec![], vec![], vec![], vec![]);
+        for (i, (s, [main, kept])) in seqs.iter().zip(&tables).enumerate() {
+            let end = s.start + s.tokens.len();
+            if s.tokens.is_empty() || end > self.max_positions {
+                return Err(ModelError::Batch(format!(
+                    "sequence {i}: {} tokens after {}: past the {} positions the model was \
+                     loaded for",
+                    s.tokens.len(),
+                    s.start,
+                    self.max_positions
+                )));
+            }
+            if let Some(&bad) = s.tokens.iter().find(|&&t| t as usize >= c.vocab) {
+                return Err(ModelError::Batch(format!(
+                    "sequence {i}: token id {bad} is outside the vocabulary of {}",
+                    c.vocab
+                )));
+            }
+            let tail = match at {
+                LogitsAt::Last => 1,
+                LogitsAt::All => s.tokens.len(),
+                LogitsAt::Tail(n) => n.get(i).copied().unwrap_or(0),
+            };
+            if tail == 0 || tail > s.tokens.len() {
+                return Err(ModelError::Batch(format!(
+                    "sequence {i}: logits for its last {tail} of {} tokens",
+                    s.tokens.len()
+                )));
+            }
+            paged.push(PagedSeq {
+                row: ids.len(),
+                start: s.start,
+                len: s.tokens.len(),
+                main,
+                kept,
+                block: cache.block_size(),
+            });
+            ids.extend_from_slice(s.tokens);
+            positions.extend(s.start as u32..end as u32);
+            last.extend((ids.len() - tail) as u32..ids.len() as u32);
+        }
         let at = self.ropes.positions(&positions)?;
         let n = c.hc.streams;
         // Every stream starts as the token's embedding.
@@ -155,27 +313,33 @@ impl V4Model {
         let mut streams = rec
             .embedding(&self.embed, &each)?
             .reshape(&[ids.len(), n, c.hidden])?;
-        for (layer, state) in self.layers.iter().zip(&mut states) {
+        for (layer, pools) in self.layers.iter().zip(cache.layers_mut()) {
             let (x, w) = layer.attn_hc.collapse(rec, &streams)?;
             let x = rec.rms_norm(&x, &layer.attn_norm, c.rms_eps)?;
-            let y = layer.attn.forward(rec, &x, &at, state, &self.ropes)?;
+            let y = layer
+                .attn
+                .forward(rec, &x, &at, &paged, pools, &self.ropes)?;
             streams = layer.attn_hc.expand(rec, &streams, &y, &w)?;
             let (x, w) = layer.ffn_hc.collapse(rec, &streams)?;
             let x = rec.rms_norm(&x, &layer.ffn_norm, c.rms_eps)?;
-            let y = layer.moe.forward(rec, &x, ids)?;
+            let y = layer.moe.forward(rec, &x, &ids)?;
             streams = layer.ffn_hc.expand(rec, &streams, &y, &w)?;
+        }
+        // Only the rows asked for go through the head.
+        if last.len() < ids.len() {
+            let rows = streams.reshape(&[ids.len(), n * c.hidden])?;
+            streams = rec
+                .embedding(&rows, &last)?
+                .reshape(&[last.len(), n, c.hidden])?;
         }
         let x = self.head_hc.collapse(rec, &streams)?;
         let x = rec.rms_norm(&x, &self.norm, c.rms_eps)?;
-        let logits = rec.matmul(&x, &self.head, None)?;
-        seq.layers = states;
-        seq.next = end as u32;
-        Ok(logits)
+        Ok(rec.matmul(&x, &self.head, None)?)
     }
 
     /// The `new` tokens after `prompt`, each the argmax of the logits before it.
     pub fn generate_greedy(&self, device: &Device, prompt: &[u32], new: usize) -> Result<Vec<u32>> {
-        let mut seq = V4Sequence::default();
+        let mut seq = V4Sequence::new(self, prompt.len() + new, prompt.len().max(1))?;
         let mut out = Vec::with_capacity(new);
         let mut next: Vec<u32> = prompt.to_vec();
         for _ in 0..new {
