@@ -230,19 +230,16 @@ impl Attention {
             };
             let q = rows_of(rec, &q, s)?;
             let o = compressed_attention(rec, &q, &s.positions(), kvs, &self.w.sinks, scale)?;
+            // `[tokens so far, heads · head_dim]`.
+            let o = o.reshape(&[s.len, heads * d])?;
             out = Some(match out {
                 None => o,
-                Some(before) => rec
-                    .concat_rows(
-                        &before.reshape(&[before.rows(), heads * d])?,
-                        &o.reshape(&[s.len, heads * d])?,
-                    )?
-                    .reshape(&[before.rows() + s.len, heads, d])?,
+                Some(before) => rec.concat_rows(&before, &o)?,
             });
         }
         let out =
             out.ok_or_else(|| ModelError::Batch("an attention step of no sequences".into()))?;
-        let out = rec.unrope(&out, at)?;
+        let out = rec.unrope(&out.reshape(&[tokens, heads, d])?, at)?;
         self.project(rec, &out, tokens, groups)
     }
 
