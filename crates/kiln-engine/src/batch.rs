@@ -36,7 +36,7 @@ impl Loop {
             with_drafts.push(t);
         }
         // The rows the device samples, per scheduled sequence.
-        let vocab = self.runner.config().vocab;
+        let vocab = self.runner.vocab();
         let device_rows: Vec<Option<Vec<RowSampling>>> = schedule
             .seqs
             .iter()
@@ -74,6 +74,11 @@ impl Loop {
                     .sched
                     .blocks()
                     .block_table(s.seq)
+                    .map_err(|e| InternalError::Scheduler(e.into()))?,
+                kept_table: self
+                    .sched
+                    .blocks()
+                    .kept_table(s.seq)
                     .map_err(|e| InternalError::Scheduler(e.into()))?,
                 context_len: s.end(),
                 // One row per sequence, plus one per draft token it verifies; a chunk that

@@ -14,7 +14,7 @@ mod speculative;
 mod start;
 mod step_loop;
 
-pub use builder::{BuildError, Built, Checkpoint, EngineOptions, KvSize, build};
+pub use builder::{BuildError, Built, Checkpoint, EngineOptions, KvSize, PoolPlan, build};
 pub use constraint::{BadConstraint, Constraint, ConstraintCompiler, ConstraintError};
 pub use error::{Cause, EngineError, InternalError, InvariantError, StartError, error_chain};
 pub use field::{ConstraintKind, Field};

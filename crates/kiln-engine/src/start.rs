@@ -7,7 +7,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
 use std::sync::{Arc, Mutex, mpsc};
 
 use kiln_kv::KvDtype;
-use kiln_model::{KV_CALIBRATION_TEXT, KvPoolConfig, Model, ModelRunner};
+use kiln_model::v4::{V4CacheConfig, block_bytes, block_size, main_window};
+use kiln_model::{KV_CALIBRATION_TEXT, KvPoolConfig, ModelRunner, Network};
 use kiln_scheduler::{Scheduler, SchedulerConfig};
 use kiln_tokenizer::Tokenizer;
 
@@ -93,7 +94,7 @@ impl Engine {
     /// Moves `model` onto a dedicated thread with a KV cache sized by `cfg` and returns the
     /// handle that talks to it.
     pub fn start(
-        model: Model,
+        model: impl Into<Network>,
         tokenizer: Tokenizer,
         cfg: EngineConfig,
     ) -> Result<EngineHandle, StartError> {
@@ -104,24 +105,21 @@ impl Engine {
     /// (`cfg.speculative` with [`SpecMethod::Draft`]). The draft must live on the same device
     /// and share the target's tokenizer (checked: a clear error names the first difference).
     pub fn start_with_draft(
-        model: Model,
+        model: impl Into<Network>,
         tokenizer: Tokenizer,
         cfg: EngineConfig,
         draft: Option<DraftModel>,
     ) -> Result<EngineHandle, StartError> {
-        let mcfg = model.config().clone();
+        let network = model.into();
+        let (max_position, vocab) = (network.max_position(), network.vocab());
         if let Some(len) = cfg.max_model_len
-            && (len < 2 || len > mcfg.max_position)
+            && (len < 2 || len > max_position)
         {
             return Err(StartError::Config {
                 field: "max_model_len",
-                reason: format!(
-                    "{len} must be in 2..={} (the model's context)",
-                    mcfg.max_position
-                ),
+                reason: format!("{len} must be in 2..={max_position} (the model's context)"),
             });
         }
-        let vocab = mcfg.vocab;
         if (tokenizer.vocab_size() as usize) > vocab {
             return Err(StartError::Config {
                 field: "tokenizer",
@@ -132,7 +130,10 @@ impl Engine {
             });
         }
         let mut scfg = cfg.scheduler.clone();
-        scfg.sliding_window = mcfg.kv_window();
+        check_pools(&network, &cfg, &scfg)?;
+        if let Network::Dense(m) = &network {
+            scfg.sliding_window = m.config().kv_window();
+        }
         let mut sched = Scheduler::new(scfg.clone())?;
         sched.record_cache_events(cfg.kv_events);
         let (kv_tx, kv_rx) = match cfg.kv_events {
@@ -143,16 +144,19 @@ impl Engine {
             false => (None, None),
         };
         let blocks = &scfg.blocks;
-        let watermark = (f64::from(blocks.watermark) * f64::from(blocks.num_blocks)) as usize;
-        let usable_blocks = (blocks.num_blocks as usize).saturating_sub(watermark);
-        let max_model_len = sequence_limit(&cfg, &scfg, mcfg.max_position, usable_blocks)?;
+        // A sequence's length is bounded by the pool that holds all of it: the kept one
+        // where there are two.
+        let whole = blocks.kept.map_or(blocks.num_blocks, |k| k.num_blocks);
+        let watermark = (f64::from(blocks.watermark) * f64::from(whole)) as usize;
+        let usable_blocks = (whole as usize).saturating_sub(watermark);
+        let max_model_len = sequence_limit(&cfg, &scfg, max_position, usable_blocks)?;
         let pool = KvPoolConfig {
             block_size: blocks.block_size,
             num_blocks: blocks.num_blocks,
             dtype: cfg.kv_dtype,
         };
-        let kv_bytes_per_token = mcfg.kv_shape(cfg.kv_dtype).bytes_per_token()?;
-        let device = model.device().info().name;
+        let kv_bytes_per_token = kv_bytes_per_token(&network, cfg.kv_dtype)?;
+        let device = network.device().info().name;
         // An INT4 cache centres its keys on the model's mean key over a calibration text
         // (the draft model's too: it shares the tokenizer).
         let calibration = match cfg.kv_dtype {
@@ -166,8 +170,17 @@ impl Engine {
             }
             _ => Vec::new(),
         };
-        let runner =
-            ModelRunner::calibrated(model, pool, &calibration).map_err(StartError::KvCache)?;
+        let runner = match network {
+            Network::Dense(model) => ModelRunner::calibrated(model, pool, &calibration),
+            Network::DeepseekV4(model) => ModelRunner::deepseek_v4(
+                *model,
+                V4CacheConfig {
+                    main_blocks: blocks.num_blocks as usize,
+                    kept_blocks: whole as usize,
+                },
+            ),
+        }
+        .map_err(StartError::KvCache)?;
         let device_sampling = cfg.device_sampling.resolve(runner.device());
         let specials = tokenizer.special_tokens();
         let info = EngineInfo {
@@ -178,13 +191,18 @@ impl Engine {
                 .saturating_mul(NORMALIZED_SHRINK),
             bos: specials.bos,
             eos_ids: specials.stop_ids.clone(),
-            max_n: cfg.max_n.min(scfg.max_num_seqs),
+            // Outputs past the first share the prompt's blocks by fork, which a kept pool's
+            // sequences cannot.
+            max_n: match blocks.kept {
+                Some(_) => 1,
+                None => cfg.max_n.min(scfg.max_num_seqs),
+            },
             max_stop_strings: cfg.max_stop_strings,
             max_top_logprobs: cfg.max_top_logprobs,
             max_num_seqs: scfg.max_num_seqs,
             max_num_batched_tokens: scfg.max_num_batched_tokens,
             max_waiting: scfg.max_waiting,
-            kv_blocks: blocks.num_blocks as usize,
+            kv_blocks: whole as usize,
             block_size: blocks.block_size as usize,
             kv_dtype: cfg.kv_dtype.name(),
             kv_bytes_per_token,
@@ -200,7 +218,7 @@ impl Engine {
             vocab,
         )?;
         let metrics = Arc::new(EngineMetrics::new());
-        metrics.kv_total_blocks.set(i64::from(blocks.num_blocks));
+        metrics.kv_total_blocks.set(i64::from(whole));
         let queued = Arc::new(AtomicUsize::new(0));
         let capacity = Arc::new(AtomicUsize::new(sched.waiting_capacity()));
         let (tx, rx) = mpsc::channel();
@@ -360,4 +378,69 @@ fn speculation(
         }
     };
     Ok(Some(speculative::Spec { cfg: sc, proposer }))
+}
+
+/// The scheduler's blocks checked against the pools `network`'s state lies in: a dense
+/// model has one K/V pool; DeepSeek-V4 its main and kept pools, in blocks of its own size,
+/// with a window that covers what its steps read, f32, and no speculation (its blocks are
+/// not rolled back).
+fn check_pools(
+    network: &Network,
+    cfg: &EngineConfig,
+    scfg: &SchedulerConfig,
+) -> Result<(), StartError> {
+    let bad = |field, reason: String| Err(StartError::Config { field, reason });
+    let blocks = &scfg.blocks;
+    let Network::DeepseekV4(m) = network else {
+        return match blocks.kept {
+            None => Ok(()),
+            Some(_) => bad(
+                "scheduler.blocks.kept",
+                "a kept pool is DeepSeek-V4's; this model has one K/V pool".into(),
+            ),
+        };
+    };
+    let c = m.config();
+    let (block, window) = (block_size(c), main_window(c));
+    match blocks.kept {
+        None => bad(
+            "scheduler.blocks.kept",
+            "DeepSeek-V4 keeps its entries in a kept pool beside the main one".into(),
+        ),
+        Some(k) if k.window < window => bad(
+            "scheduler.blocks.kept.window",
+            format!(
+                "{} tokens; DeepSeek-V4's steps read the last {window}",
+                k.window
+            ),
+        ),
+        Some(_) if blocks.block_size as usize != block => bad(
+            "scheduler.blocks.block_size",
+            format!(
+                "{}; DeepSeek-V4's blocks hold {block} tokens, a multiple of every \
+                 compression ratio",
+                blocks.block_size
+            ),
+        ),
+        Some(_) if cfg.kv_dtype != KvDtype::F32 => bad(
+            "kv_dtype",
+            format!("{}; DeepSeek-V4's state is f32", cfg.kv_dtype),
+        ),
+        Some(_) if cfg.speculative.is_some() => bad(
+            "speculative",
+            "DeepSeek-V4 does not verify drafts yet".into(),
+        ),
+        Some(_) => Ok(()),
+    }
+}
+
+/// Bytes a token of context adds: its K/V, or (DeepSeek-V4) its share of a kept block.
+fn kv_bytes_per_token(network: &Network, dtype: KvDtype) -> Result<u64, StartError> {
+    Ok(match network {
+        Network::Dense(m) => m.config().kv_shape(dtype).bytes_per_token()?,
+        Network::DeepseekV4(m) => {
+            let [_, kept] = block_bytes(m.config());
+            kept.total().div_ceil(block_size(m.config()) as u64)
+        }
+    })
 }

@@ -574,7 +574,7 @@ impl Loop {
         m.preempted.set(s.preempted as i64);
         m.queued.set((s.waiting + s.preempted) as i64);
         m.kv_usage.set(s.kv.usage());
-        m.kv_used_blocks.set(s.kv.used_blocks as i64);
+        m.kv_used_blocks.set(s.kv.whole_sequences().0 as i64);
         let hits = m.prefix_hit_tokens.get();
         m.prefix_hit_tokens
             .inc_by(s.kv.prefix_hit_tokens.saturating_sub(hits));

@@ -9,7 +9,7 @@ use std::ops::Range;
 
 use crate::hash::ROOT_HASH;
 use crate::pool::BlockPool;
-use crate::{BlockCopy, BlockId, KvError, KvMetrics, Result, SeqId};
+use crate::{BlockCopy, BlockId, KeptMetrics, KvError, KvMetrics, Result, SeqId};
 
 /// How the pool is laid out and shared.
 #[derive(Debug, Clone, PartialEq)]
@@ -563,6 +563,16 @@ impl BlockManager {
             prefix_query_tokens: self.query_tokens,
             prefix_hit_tokens: self.hit_tokens,
             evictions: self.pool.evictions(),
+            kept: self.kept.as_ref().map(|k| {
+                let (total, free) = (k.num_blocks(), k.num_free());
+                let evictable = k.cache.num_evictable();
+                KeptMetrics {
+                    total_blocks: total,
+                    used_blocks: total - free - evictable,
+                    free_blocks: free,
+                    evictable_blocks: evictable,
+                }
+            }),
         }
     }
 

@@ -23,15 +23,42 @@ pub struct KvMetrics {
     pub prefix_hit_tokens: u64,
     /// Cached blocks evicted to make room (cumulative).
     pub evictions: u64,
+    /// The kept pool's occupancy, where there is one ([`KeptPool`](crate::KeptPool)); the
+    /// figures above are then the main pool's.
+    pub kept: Option<KeptMetrics>,
+}
+
+/// A kept pool's occupancy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KeptMetrics {
+    pub total_blocks: usize,
+    /// Blocks referenced by at least one sequence.
+    pub used_blocks: usize,
+    pub free_blocks: usize,
+    /// Cached blocks no sequence references.
+    pub evictable_blocks: usize,
 }
 
 impl KvMetrics {
-    /// Fraction of the pool referenced by sequences, in `[0, 1]`.
+    /// Fraction of the pool referenced by sequences, in `[0, 1]`; with a kept pool, of
+    /// whichever pool is fuller.
     pub fn usage(&self) -> f64 {
-        if self.total_blocks == 0 {
-            0.0
-        } else {
-            self.used_blocks as f64 / self.total_blocks as f64
+        let share = |used: usize, total: usize| match total {
+            0 => 0.0,
+            t => used as f64 / t as f64,
+        };
+        let kept = self
+            .kept
+            .map_or(0.0, |k| share(k.used_blocks, k.total_blocks));
+        share(self.used_blocks, self.total_blocks).max(kept)
+    }
+
+    /// `(used, total)` blocks of the pool that holds every token of a sequence: the kept
+    /// pool where there is one, else the one pool.
+    pub fn whole_sequences(&self) -> (usize, usize) {
+        match self.kept {
+            Some(k) => (k.used_blocks, k.total_blocks),
+            None => (self.used_blocks, self.total_blocks),
         }
     }
 
@@ -60,6 +87,14 @@ impl fmt::Display for KvMetrics {
             self.prefix_query_tokens,
             100.0 * self.prefix_hit_rate(),
             self.evictions
-        )
+        )?;
+        match self.kept {
+            Some(k) => write!(
+                f,
+                "; kept blocks: {} used / {} total, {} free, {} evictable",
+                k.used_blocks, k.total_blocks, k.free_blocks, k.evictable_blocks
+            ),
+            None => Ok(()),
+        }
     }
 }

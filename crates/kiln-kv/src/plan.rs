@@ -250,7 +250,7 @@ impl KvPlan {
 }
 
 /// Bytes in binary units, to two decimals.
-fn human(bytes: u64) -> String {
+pub(crate) fn human(bytes: u64) -> String {
     const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
     let mut v = bytes as f64;
     let mut unit = 0;

@@ -95,6 +95,7 @@ fn run(path: &std::path::Path) -> Result<(), Box<dyn std::error::Error>> {
         &[StepSeq {
             tokens: &prompt,
             block_table: blocks(prompt.len()),
+            kept_table: &[],
             context_len: prompt.len(),
             logits_rows: 1,
             read_logits: true,
@@ -136,6 +137,7 @@ fn run(path: &std::path::Path) -> Result<(), Box<dyn std::error::Error>> {
             &[StepSeq {
                 tokens: &[next],
                 block_table: blocks(tokens.len()),
+                kept_table: &[],
                 context_len: tokens.len(),
                 logits_rows: 1,
                 read_logits: false,

@@ -9,6 +9,7 @@ mod hf_experts;
 mod hf_quant;
 mod hf_source;
 mod model;
+mod network;
 pub mod perplexity;
 mod repack;
 mod runner;
@@ -26,6 +27,7 @@ pub use error::{ModelError, Result};
 pub use files::{ModelFiles, ModelSource};
 pub use hf_source::{HfSource, LoadOptions};
 pub use model::{CpuExperts, CpuMoe, LogitsAt, Model, SeqInput};
+pub use network::{Network, NetworkConfig};
 pub use runner::{
     CALIBRATION_TOKENS, KV_CALIBRATION_TEXT, KvPoolConfig, ModelRunner, StepOutput, StepSeq,
 };

@@ -310,7 +310,7 @@ pub enum LogitsAt<'a> {
     Tail(&'a [usize]),
 }
 
-fn bytes_of(t: &Tensor) -> u64 {
+pub(crate) fn bytes_of(t: &Tensor) -> u64 {
     t.dtype().stored().bytes_for(t.elem_count()).unwrap_or(0) as u64
 }
 

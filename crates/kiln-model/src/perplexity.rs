@@ -133,7 +133,12 @@ pub fn score_window(
                 tokens.len()
             ),
         })?;
-    let pool = runner.cache_config();
+    let pool = runner
+        .cache_config()
+        .ok_or_else(|| ModelError::Perplexity {
+            field: "model",
+            reason: "DeepSeek-V4's pools are scored through the engine's prompt logprobs".into(),
+        })?;
     let (block_size, blocks) = (pool.block_size, pool.num_blocks);
     if window.len() > block_size * blocks {
         return Err(ModelError::Perplexity {
@@ -164,6 +169,7 @@ pub fn score_window(
             &[StepSeq {
                 tokens: &window[lo..hi],
                 block_table: &table,
+                kept_table: &[],
                 context_len: hi,
                 logits_rows: tail,
                 read_logits: wanted > 0,

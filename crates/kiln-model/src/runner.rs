@@ -9,9 +9,10 @@
 use kiln_attention::{KvCache, KvCacheConfig, key_centres};
 use kiln_kv::{BlockCopy, BlockId, KvDtype};
 use kiln_tensor::sample::RowSampling;
-use kiln_tensor::{Device, Recorder};
+use kiln_tensor::{Device, Recorder, Tensor};
 
 use crate::model::{LogitsAt, Model, SeqInput};
+use crate::v4::{V4Cache, V4CacheConfig, V4Input, V4Model};
 use crate::{ModelConfig, ModelError, Result};
 
 /// A short original text (prose, dialogue, a list, code, a question and answer) whose keys
@@ -39,8 +40,12 @@ pub struct StepSeq<'a> {
     /// The tokens computed this step: a prompt chunk, the last sampled token, or that token
     /// followed by draft tokens to verify.
     pub tokens: &'a [u32],
-    /// Its KV blocks in logical order, covering `context_len` tokens.
+    /// Its KV blocks in logical order, covering `context_len` tokens (DeepSeek-V4: its main
+    /// pool's, [`BlockId::TRIMMED`] where the window has passed).
     pub block_table: &'a [BlockId],
+    /// Its kept pool's blocks in logical order (DeepSeek-V4's entries and indexer keys;
+    /// empty for other models, whose one pool is `block_table`'s).
+    pub kept_table: &'a [BlockId],
     /// Tokens in the cache after this step (earlier tokens + `tokens.len()`).
     pub context_len: usize,
     /// Logits rows for the last this-many tokens (at least 1, at most `tokens.len()`): 1 for
@@ -115,13 +120,22 @@ impl StepOutput {
 
 /// A model and its paged KV cache on one device.
 pub struct ModelRunner {
-    model: Model,
-    cache: KvCache,
+    net: Net,
+    device: Device,
+}
+
+/// The model and the pools its state lies in.
+enum Net {
+    Dense { model: Model, cache: KvCache },
+    DeepseekV4 { model: Box<V4Model>, cache: V4Cache },
 }
 
 impl std::fmt::Debug for ModelRunner {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "ModelRunner({:?}, {:?})", self.model, self.cache)
+        match &self.net {
+            Net::Dense { model, cache } => write!(f, "ModelRunner({model:?}, {cache:?})"),
+            Net::DeepseekV4 { model, cache } => write!(f, "ModelRunner({model:?}, {cache:?})"),
+        }
     }
 }
 
@@ -129,7 +143,24 @@ impl ModelRunner {
     /// Allocates the KV pool for `model` on its device.
     pub fn new(model: Model, pool: KvPoolConfig) -> Result<Self> {
         let cache = KvCache::new(model.device(), model.config().kv_cache_config(pool))?;
-        Ok(Self { model, cache })
+        Ok(Self {
+            device: model.device().clone(),
+            net: Net::Dense { model, cache },
+        })
+    }
+
+    /// A DeepSeek-V4 model and its pools of `pools`' blocks, on its device (its state is
+    /// F32: KV dtypes do not apply).
+    pub fn deepseek_v4(model: V4Model, pools: V4CacheConfig) -> Result<Self> {
+        let device = model.device().clone();
+        let cache = V4Cache::new(&device, model.config(), pools)?;
+        Ok(Self {
+            device,
+            net: Net::DeepseekV4 {
+                model: Box::new(model),
+                cache,
+            },
+        })
     }
 
     /// [`new`](Self::new), then for an INT4 pool its keys centred on the model's mean key
@@ -139,100 +170,122 @@ impl ModelRunner {
     /// as they are and ignore `calibration`.
     pub fn calibrated(model: Model, pool: KvPoolConfig, calibration: &[u32]) -> Result<Self> {
         let mut runner = Self::new(model, pool)?;
-        if pool.dtype == KvDtype::Int4 {
-            let centres = runner.key_centres(calibration, pool.block_size as usize)?;
-            runner.cache.set_key_centres(&centres)?;
+        if pool.dtype == KvDtype::Int4
+            && let Net::Dense { model, cache } = &mut runner.net
+        {
+            let centres = measure_key_centres(model, cache, calibration, pool.block_size as usize)?;
+            cache.set_key_centres(&centres)?;
         }
         Ok(runner)
     }
 
-    /// The model's key centres per layer over `tokens` (truncated to [`CALIBRATION_TOKENS`]
-    /// and the model's context), skipping the first position, whose key (the attention
-    /// sink's) is unlike the rest.
-    fn key_centres(
-        &self,
-        tokens: &[u32],
-        block_size: usize,
-    ) -> Result<Vec<kiln_attention::KeyCentre>> {
-        let n = tokens
-            .len()
-            .min(CALIBRATION_TOKENS)
-            .min(self.config().max_position);
-        if n < 2 {
-            return Err(ModelError::Calibration(format!(
-                "{} calibration tokens: the INT4 KV cache needs at least 2",
-                tokens.len()
-            )));
+    /// The runner's KV cache (`None` for DeepSeek-V4's pools).
+    pub fn cache(&self) -> Option<&KvCache> {
+        match &self.net {
+            Net::Dense { cache, .. } => Some(cache),
+            Net::DeepseekV4 { .. } => None,
         }
-        let mut cfg = *self.cache.config();
-        cfg.dtype = KvDtype::F32;
-        cfg.num_blocks = n.div_ceil(block_size);
-        let mut cache = KvCache::new(self.device(), cfg)?;
-        let table: Vec<BlockId> = (0..cfg.num_blocks as u32).map(BlockId).collect();
-        for start in (0..n).step_by(CALIBRATION_CHUNK) {
-            let end = (start + CALIBRATION_CHUNK).min(n);
-            let mut rec = Recorder::new(self.device());
-            self.model.forward(
-                &mut rec,
-                &mut cache,
-                &[SeqInput {
-                    tokens: &tokens[start..end],
-                    block_table: &table,
-                    context_len: end,
-                }],
-                LogitsAt::Last,
-            )?;
-            rec.submit()?;
-        }
-        // Block b holds positions b·block_size.., so position i is slot i.
-        let positions: Vec<u32> = (1..n as u32).collect();
-        let mut centres = Vec::new();
-        for (layer, rope) in self.model.layer_ropes().iter().enumerate() {
-            let keys = cache.keys(layer, &positions)?;
-            centres.extend(key_centres(rope, &keys, &positions, cfg.kv_heads));
-        }
-        Ok(centres)
     }
 
-    /// The runner's KV cache.
-    pub fn cache(&self) -> &KvCache {
-        &self.cache
+    /// The dense graph (`None` for DeepSeek-V4).
+    pub fn model(&self) -> Option<&Model> {
+        match &self.net {
+            Net::Dense { model, .. } => Some(model),
+            Net::DeepseekV4 { .. } => None,
+        }
     }
 
-    pub fn model(&self) -> &Model {
-        &self.model
-    }
-
-    pub fn config(&self) -> &ModelConfig {
-        self.model.config()
+    /// The dense graph's config (`None` for DeepSeek-V4).
+    pub fn config(&self) -> Option<&ModelConfig> {
+        self.model().map(Model::config)
     }
 
     pub fn device(&self) -> &Device {
-        self.model.device()
+        &self.device
     }
 
-    pub fn cache_config(&self) -> &KvCacheConfig {
-        self.cache.config()
+    /// The KV cache's config (`None` for DeepSeek-V4's pools).
+    pub fn cache_config(&self) -> Option<&KvCacheConfig> {
+        self.cache().map(KvCache::config)
     }
 
+    /// Logits a row.
+    pub fn vocab(&self) -> usize {
+        match &self.net {
+            Net::Dense { model, .. } => model.config().vocab,
+            Net::DeepseekV4 { model, .. } => model.config().vocab,
+        }
+    }
+
+    /// Positions a sequence may reach.
+    pub fn max_position(&self) -> usize {
+        match &self.net {
+            Net::Dense { model, .. } => model.config().max_position,
+            Net::DeepseekV4 { model, .. } => model.max_positions(),
+        }
+    }
+
+    /// Bytes of weights resident on the device.
+    pub fn weight_bytes(&self) -> u64 {
+        match &self.net {
+            Net::Dense { model, .. } => model.weight_bytes(),
+            Net::DeepseekV4 { model, .. } => model.weight_bytes(),
+        }
+    }
     /// One forward step: the block copies `copies` (copy-on-write, before anything writes),
     /// then the model over `seqs`, recorded into one submit (one more for each layer whose
     /// experts run on the CPU beside a GPU: `CpuExperts`); reads back the argmax of every
     /// logits row and the rows whose sequence asked for them.
     pub fn step(&mut self, seqs: &[StepSeq<'_>], copies: &[BlockCopy]) -> Result<StepOutput> {
-        let device = self.model.device().clone();
+        let device = self.device.clone();
         device.run(|| self.run_step(seqs, copies))
     }
 
+    /// The model over `seqs` into the step's recorder: the logits of each one's last
+    /// `tails[i]` tokens.
+    fn forward(
+        &mut self,
+        rec: &mut Recorder,
+        seqs: &[StepSeq<'_>],
+        copies: &[BlockCopy],
+        tails: &[usize],
+    ) -> Result<Tensor> {
+        match &mut self.net {
+            Net::Dense { model, cache } => {
+                cache.copy_blocks(rec, copies)?;
+                let inputs: Vec<SeqInput<'_>> = seqs
+                    .iter()
+                    .map(|s| SeqInput {
+                        tokens: s.tokens,
+                        block_table: s.block_table,
+                        context_len: s.context_len,
+                    })
+                    .collect();
+                // `forward` checks every sequence's rows against its tokens.
+                model.forward(rec, cache, &inputs, LogitsAt::Tail(tails))
+            }
+            Net::DeepseekV4 { model, cache } => {
+                if !copies.is_empty() {
+                    return Err(ModelError::Batch(format!(
+                        "{} block copies: DeepSeek-V4's blocks are never shared to write",
+                        copies.len()
+                    )));
+                }
+                let inputs: Vec<V4Input<'_>> = seqs
+                    .iter()
+                    .map(|s| V4Input {
+                        tokens: s.tokens,
+                        start: s.context_len.saturating_sub(s.tokens.len()),
+                        main: s.block_table,
+                        kept: s.kept_table,
+                    })
+                    .collect();
+                model.step(rec, cache, &inputs, LogitsAt::Tail(tails))
+            }
+        }
+    }
+
     fn run_step(&mut self, seqs: &[StepSeq<'_>], copies: &[BlockCopy]) -> Result<StepOutput> {
-        let inputs: Vec<SeqInput<'_>> = seqs
-            .iter()
-            .map(|s| SeqInput {
-                tokens: s.tokens,
-                block_table: s.block_table,
-                context_len: s.context_len,
-            })
-            .collect();
         let tails: Vec<usize> = seqs.iter().map(|s| s.logits_rows).collect();
         let mut first = Vec::with_capacity(seqs.len());
         let mut total = 0usize;
@@ -258,12 +311,8 @@ impl ModelRunner {
                 sample_rows.extend(how.iter().enumerate().map(|(j, h)| (f + j, h)));
             }
         }
-        let mut rec = Recorder::new(self.model.device());
-        self.cache.copy_blocks(&mut rec, copies)?;
-        // `forward` checks every sequence's rows against its tokens.
-        let logits =
-            self.model
-                .forward(&mut rec, &mut self.cache, &inputs, LogitsAt::Tail(&tails))?;
+        let mut rec = Recorder::new(&self.device);
+        let logits = self.forward(&mut rec, seqs, copies, &tails)?;
         let best = rec.argmax(&logits)?;
         let drawn = match sample_rows.len() {
             0 => None,
@@ -310,7 +359,56 @@ impl ModelRunner {
             logits,
             slot,
             first,
-            vocab: self.model.config().vocab,
+            vocab: self.vocab(),
         })
     }
+}
+
+/// The model's key centres per layer over `tokens` (truncated to [`CALIBRATION_TOKENS`]
+/// and the model's context), skipping the first position, whose key (the attention
+/// sink's) is unlike the rest.
+fn measure_key_centres(
+    model: &Model,
+    cache: &KvCache,
+    tokens: &[u32],
+    block_size: usize,
+) -> Result<Vec<kiln_attention::KeyCentre>> {
+    let n = tokens
+        .len()
+        .min(CALIBRATION_TOKENS)
+        .min(model.config().max_position);
+    if n < 2 {
+        return Err(ModelError::Calibration(format!(
+            "{} calibration tokens: the INT4 KV cache needs at least 2",
+            tokens.len()
+        )));
+    }
+    let mut cfg = *cache.config();
+    cfg.dtype = KvDtype::F32;
+    cfg.num_blocks = n.div_ceil(block_size);
+    let mut cache = KvCache::new(model.device(), cfg)?;
+    let table: Vec<BlockId> = (0..cfg.num_blocks as u32).map(BlockId).collect();
+    for start in (0..n).step_by(CALIBRATION_CHUNK) {
+        let end = (start + CALIBRATION_CHUNK).min(n);
+        let mut rec = Recorder::new(model.device());
+        model.forward(
+            &mut rec,
+            &mut cache,
+            &[SeqInput {
+                tokens: &tokens[start..end],
+                block_table: &table,
+                context_len: end,
+            }],
+            LogitsAt::Last,
+        )?;
+        rec.submit()?;
+    }
+    // Block b holds positions b·block_size.., so position i is slot i.
+    let positions: Vec<u32> = (1..n as u32).collect();
+    let mut centres = Vec::new();
+    for (layer, rope) in model.layer_ropes().iter().enumerate() {
+        let keys = cache.keys(layer, &positions)?;
+        centres.extend(key_centres(rope, &keys, &positions, cfg.kv_heads));
+    }
+    Ok(centres)
 }

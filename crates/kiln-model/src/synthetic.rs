@@ -206,6 +206,7 @@ mod tests {
                 &[crate::StepSeq {
                     tokens: &[1, 2, 3],
                     block_table: &table,
+                    kept_table: &[],
                     context_len: 3,
                     logits_rows: 1,
                     read_logits: true,

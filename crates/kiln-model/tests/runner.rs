@@ -49,6 +49,7 @@ fn a_step_reads_back_the_rows_each_sequence_asks_for() {
                     StepSeq {
                         tokens: &a,
                         block_table: &ta,
+                        kept_table: &[],
                         context_len: a.len(),
                         logits_rows: 2,
                         read_logits: true,
@@ -57,6 +58,7 @@ fn a_step_reads_back_the_rows_each_sequence_asks_for() {
                     StepSeq {
                         tokens: &b,
                         block_table: &tb,
+                        kept_table: &[],
                         context_len: b.len(),
                         logits_rows: 1,
                         read_logits: false,
@@ -67,7 +69,7 @@ fn a_step_reads_back_the_rows_each_sequence_asks_for() {
             )
             .unwrap();
         // The model's own forward over a fresh cache of the same shape.
-        let cfg = runner.config().clone();
+        let cfg = runner.config().unwrap().clone();
         let mut cache = KvCache::new(&dev, cfg.kv_cache_config(POOL)).unwrap();
         let mut rec = Recorder::new(&dev);
         let inputs = [
@@ -84,6 +86,7 @@ fn a_step_reads_back_the_rows_each_sequence_asks_for() {
         ];
         let want = runner
             .model()
+            .unwrap()
             .forward(&mut rec, &mut cache, &inputs, LogitsAt::Tail(&[2, 1]))
             .unwrap();
         rec.submit().unwrap();
@@ -116,6 +119,7 @@ fn block_copies_run_before_the_step() {
                     &[StepSeq {
                         tokens: &prompt,
                         block_table: &at0,
+                        kept_table: &[],
                         context_len: 3,
                         logits_rows: 1,
                         read_logits: false,
@@ -130,6 +134,7 @@ fn block_copies_run_before_the_step() {
                     &[StepSeq {
                         tokens: &next,
                         block_table: &t,
+                        kept_table: &[],
                         context_len: 4,
                         logits_rows: 1,
                         read_logits: true,
@@ -162,6 +167,7 @@ fn bad_steps_are_errors() {
     let seq = |rows| StepSeq {
         tokens: &[1, 2],
         block_table: &t,
+        kept_table: &[],
         context_len: 2,
         logits_rows: rows,
         read_logits: true,
@@ -196,9 +202,9 @@ fn an_int4_runner_centres_keys_on_the_calibration_mean() {
         let n = tokens
             .len()
             .min(CALIBRATION_TOKENS)
-            .min(runner.config().max_position);
+            .min(runner.config().unwrap().max_position);
         let blocks = n.div_ceil(16);
-        let cfg = runner.config().kv_cache_config(KvPoolConfig {
+        let cfg = runner.config().unwrap().kv_cache_config(KvPoolConfig {
             block_size: 16,
             num_blocks: blocks as u32,
             dtype: KvDtype::F32,
@@ -208,6 +214,7 @@ fn an_int4_runner_centres_keys_on_the_calibration_mean() {
         let mut rec = Recorder::new(&dev);
         runner
             .model()
+            .unwrap()
             .forward(
                 &mut rec,
                 &mut cache,
@@ -223,6 +230,7 @@ fn an_int4_runner_centres_keys_on_the_calibration_mean() {
         let positions: Vec<u32> = (1..n as u32).collect();
         let want: Vec<_> = runner
             .model()
+            .unwrap()
             .layer_ropes()
             .iter()
             .enumerate()
@@ -235,7 +243,7 @@ fn an_int4_runner_centres_keys_on_the_calibration_mean() {
                 )
             })
             .collect();
-        let got = runner.cache().key_centres();
+        let got = runner.cache().unwrap().key_centres();
         assert_eq!(got.len(), want.len(), "{name}");
         for (g, w) in got.iter().zip(&want) {
             assert_eq!((g.lo, g.hi, g.freq), (w.lo, w.hi, w.freq), "{name}");
@@ -260,7 +268,11 @@ fn an_int4_runner_centres_keys_on_the_calibration_mean() {
         )
         .unwrap();
         assert!(
-            f16.cache().key_centres().iter().all(|c| c.mean == [0.0; 2]),
+            f16.cache()
+                .unwrap()
+                .key_centres()
+                .iter()
+                .all(|c| c.mean == [0.0; 2]),
             "{name}"
         );
         let e = ModelRunner::calibrated(tiny(&dev), pool, &tokens[..1]).unwrap_err();

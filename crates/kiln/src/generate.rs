@@ -149,9 +149,8 @@ pub fn run(args: &GenerateArgs) -> Result<(), String> {
     };
     crate::speculative::apply(&args.speculative, &mut opts)?;
     // A progress bar for files that take a while, when a person is watching.
-    let show_progress = !json
-        && std::io::stderr().is_terminal()
-        && checkpoint.files().stored_bytes() > PROGRESS_BYTES;
+    let show_progress =
+        !json && std::io::stderr().is_terminal() && checkpoint.stored_bytes() > PROGRESS_BYTES;
     let mut progress = |done: usize, total: usize| {
         if show_progress {
             let width = 40;

@@ -1,11 +1,11 @@
 //! `kiln info`: what a model is and what serving it takes: its config, the device, the
 //! weights' bytes, the KV cache a budget plans and its layout cache by cache. A DeepSeek-V4
-//! model (a folder or a `deepseek4` GGUF: run as a library, not served yet) gets its config
-//! and KV layout alone.
+//! model (a folder or a `deepseek4` GGUF) gets its config, its KV layout and its two pools,
+//! read from the config alone.
 
 use kiln_engine::{EngineOptions, KvSize, error_chain};
 use kiln_kv::{KvDtype, KvLayout};
-use kiln_model::{DeepseekV4Config, GgufSource, LoadOptions, V4Attention};
+use kiln_model::{DeepseekV4Config, LoadOptions, NetworkConfig, V4Attention};
 
 use crate::args::{DeviceArgs, ModelArgs};
 use crate::{CmdResult, build_error, device, memory, open};
@@ -56,46 +56,12 @@ fn print_layout(layout: &KvLayout, context: u64) {
     }
 }
 
-/// The DeepSeek-V4 config of `path`, when it is a folder whose `config.json` names
-/// `deepseek_v4` or a GGUF file of architecture `deepseek4`.
-fn deepseek_v4(path: &str) -> Result<Option<DeepseekV4Config>, String> {
-    if std::path::Path::new(path).is_file() {
-        let Ok(src) = GgufSource::open(std::path::Path::new(path)) else {
-            return Ok(None);
-        };
-        if src.file().architecture() != Some("deepseek4") {
-            return Ok(None);
-        }
-        return DeepseekV4Config::from_gguf(src.file())
-            .map(Some)
-            .map_err(|e| error_chain(&e));
-    }
-    let file = std::path::Path::new(path).join("config.json");
-    let Ok(text) = std::fs::read_to_string(&file) else {
-        return Ok(None);
-    };
-    let is_v4 = serde_json::from_str::<serde_json::Value>(&text)
-        .ok()
-        .and_then(|v| {
-            v.get("model_type")
-                .and_then(|t| t.as_str())
-                .map(|t| t == "deepseek_v4")
-        })
-        .unwrap_or(false);
-    if !is_v4 {
-        return Ok(None);
-    }
-    DeepseekV4Config::from_hf_json(&file.display().to_string(), &text)
-        .map(Some)
-        .map_err(|e| error_chain(&e))
-}
-
-fn deepseek_v4_info(args: &InfoArgs, v4: &DeepseekV4Config) -> CmdResult {
-    println!("model: {}", args.model.model);
-    println!(
-        "architecture: deepseek_v4 (kiln runs it as a library, one sequence at a time: \
-         kiln_model::v4; it does not serve it yet)"
-    );
+/// A DeepSeek-V4 model's config, its layout cache by cache, and the two pools `kiln serve`
+/// would plan (read from the config alone: no tokenizer or weights needed).
+fn deepseek_v4_info(args: &InfoArgs, v4: DeepseekV4Config) -> CmdResult {
+    let path = &args.model.model;
+    println!("model: {path}");
+    println!("architecture: deepseek_v4");
     println!("config: {v4:#?}");
     let count = |f: fn(&V4Attention) -> bool| v4.attention.iter().filter(|a| f(a)).count();
     println!(
@@ -110,16 +76,35 @@ fn deepseek_v4_info(args: &InfoArgs, v4: &DeepseekV4Config) -> CmdResult {
         &v4.kv_layout(),
         args.context_len.unwrap_or(v4.max_position as u64),
     );
+    let opts = EngineOptions {
+        kv_size: KvSize::Bytes(args.kv_cache_memory),
+        ..EngineOptions::new(device(&args.device)?)
+    };
+    let plan = opts
+        .pool_plan(&NetworkConfig::DeepseekV4(Box::new(v4)))
+        .map_err(|e| build_error(&e, path, None))?;
+    println!(
+        "kv pools at --kv-cache-memory {}: {plan}",
+        args.kv_cache_memory
+    );
     Ok(())
 }
 
 pub(crate) fn run(args: &InfoArgs) -> CmdResult {
-    if let Some(v4) = deepseek_v4(&args.model.model)? {
-        return deepseek_v4_info(args, &v4);
-    }
     let path = &args.model.model;
+    let v4 = NetworkConfig::deepseek_v4(std::path::Path::new(path))
+        .map_err(|e| format!("{path}: {}", error_chain(&e)))?;
+    if let Some(v4) = v4 {
+        return deepseek_v4_info(args, v4);
+    }
     let c = open(path, LoadOptions::default())?;
-    let cfg = c.config();
+    let Some(files) = c.files() else {
+        return Err(format!(
+            "{path}: {} has no dense graph's files",
+            c.config().arch_name()
+        ));
+    };
+    let cfg = files.config();
     let dev = device(&args.device)?;
     println!("model: {path}");
     println!("device: {}", dev.info());
@@ -128,7 +113,7 @@ pub(crate) fn run(args: &InfoArgs) -> CmdResult {
     if let Some(moe) = &cfg.moe {
         println!("experts: {}", moe.summary(cfg.layers));
     }
-    let weights = c.files().stored_bytes();
+    let weights = files.stored_bytes();
     let mib = |b: u64| b as f64 / f64::from(1 << 20);
     println!(
         "weights: {weights} bytes ({:.1} MiB) as stored",
@@ -140,7 +125,7 @@ pub(crate) fn run(args: &InfoArgs) -> CmdResult {
     if cfg.moe.is_some() && placement != kiln_model::CpuMoe::Off {
         let on_cpu = |l: usize| cfg.sparse_layer(l) && placement.covers(l);
         let layers = (0..cfg.layers).filter(|&l| on_cpu(l)).count();
-        let host = c.files().stored_expert_bytes(on_cpu);
+        let host = files.stored_expert_bytes(on_cpu);
         if dev.is_cpu() {
             println!("experts: on the CPU with everything else (the device is the CPU)");
         } else {

@@ -62,7 +62,7 @@ pub fn run(args: &PerplexityArgs) -> Result<(), String> {
     let text = std::fs::read_to_string(&args.file)
         .map_err(|e| format!("--file {}: cannot read the text: {e}", args.file))?;
     let checkpoint = crate::open(path, crate::load_options(&args.load))?;
-    let max_position = checkpoint.config().max_position;
+    let max_position = checkpoint.config().max_position();
     if args.context > max_position {
         return Err(format!(
             "--context {}: the model's context is {max_position} tokens",

@@ -301,7 +301,7 @@ pub fn run(args: &ServeArgs) -> Result<(), String> {
     // The quick part first, so a bad path or flag fails before anything listens: the config and
     // tokenizer (the weights are read later, while health already answers NOT_SERVING).
     let checkpoint = crate::open(&p.path, crate::load_options(&args.load))?;
-    p.server.architecture = checkpoint.config().arch.name().to_owned();
+    p.server.architecture = checkpoint.config().arch_name().to_owned();
     p.engine.device = crate::device(&args.device)?;
     p.engine.cpu_experts = args.device.cpu_experts()?;
     let rt = tokio::runtime::Builder::new_multi_thread()

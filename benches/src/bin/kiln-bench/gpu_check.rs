@@ -615,6 +615,7 @@ impl Decode {
                 .map(|&i| StepSeq {
                     tokens: &prompts[i],
                     block_table: &tables[i],
+                    kept_table: &[],
                     context_len: ctx,
                     logits_rows: 1,
                     read_logits: false,
@@ -630,6 +631,7 @@ impl Decode {
                     .map(|i| StepSeq {
                         tokens: &prompts[i][s % ctx..s % ctx + 1],
                         block_table: &tables[i],
+                        kept_table: &[],
                         context_len: ctx + from + s + 1,
                         logits_rows: 1,
                         read_logits: false,
@@ -689,7 +691,7 @@ fn measure_shape(
     };
     let t0 = Instant::now();
     let mut runner = load(dev)?;
-    let weight_bytes = runner.model().weight_bytes();
+    let weight_bytes = runner.weight_bytes();
     let kv_bytes_per_token = 2
         * (cfg.layers * cfg.kv_heads) as u64
         * KvDtype::F16.head_bytes(u32::try_from(cfg.head_dim)?);
@@ -712,6 +714,7 @@ fn measure_shape(
         StepSeq {
             tokens,
             block_table: t,
+            kept_table: &[],
             context_len: ctx_len,
             logits_rows: 1,
             read_logits: false,

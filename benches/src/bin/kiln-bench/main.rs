@@ -289,7 +289,7 @@ async fn bench(a: Args) -> anyhow::Result<()> {
                 0
             };
             let longest = longest.max(spec_tokens);
-            let max_position = checkpoint.config().max_position;
+            let max_position = checkpoint.config().max_position();
             if longest > max_position {
                 bail!(
                     "{}: a scenario needs {longest} tokens of context, the model has {max_position}",
@@ -314,7 +314,14 @@ async fn bench(a: Args) -> anyhow::Result<()> {
             };
             let is_gguf = target::is_gguf(&checkpoint);
             let built = target::start_engine(checkpoint, &dev, &sizing, draft_path(&a))?;
-            let (engine, config, weight_bytes) = (built.engine, built.config, built.weight_bytes);
+            let Some(config) = built.config.dense().cloned() else {
+                bail!(
+                    "{}: kiln-bench measures the dense graph; this is {}",
+                    a.model.display(),
+                    built.config.arch_name()
+                );
+            };
+            let (engine, weight_bytes) = (built.engine, built.weight_bytes);
             let ei = engine.info().clone();
             let device = DeviceFacts {
                 name: info.name.clone(),

@@ -81,7 +81,8 @@ pub fn open(path: &Path) -> anyhow::Result<Checkpoint> {
 
 /// Whether `c` is a GGUF file (llama.cpp can only load those).
 pub fn is_gguf(c: &Checkpoint) -> bool {
-    matches!(c.files().source(), ModelSource::Gguf(_))
+    c.files()
+        .is_some_and(|f| matches!(f.source(), ModelSource::Gguf(_)))
 }
 
 /// Uploads `checkpoint` to `device` and starts an engine sized by `s`, drafting with the model

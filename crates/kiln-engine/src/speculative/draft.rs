@@ -200,6 +200,7 @@ impl DraftProposer {
             batch.push(StepSeq {
                 tokens,
                 block_table: self.blocks.block_table(*seq)?,
+                kept_table: &[],
                 context_len: *ctx,
                 logits_rows: 1,
                 read_logits: false,
@@ -214,7 +215,7 @@ impl DraftProposer {
 impl Proposer for DraftProposer {
     fn propose(&mut self, batch: &[ProposeInput<'_>]) -> Result<Vec<Vec<u32>>, ProposeError> {
         let mut out = vec![Vec::new(); batch.len()];
-        let max_pos = self.runner.config().max_position;
+        let max_pos = self.runner.max_position();
         // (batch index, k) of the sequences that draft this step.
         let mut active = Vec::new();
         let mut feeds = Vec::new();

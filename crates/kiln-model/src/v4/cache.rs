@@ -201,14 +201,6 @@ impl CompressorPools {
             entries: zeros(rows, width)?,
         })
     }
-
-    fn slot_bytes(&self) -> u64 {
-        4 * (self.kv.cols() + self.gate.cols()) as u64
-    }
-
-    fn entry_bytes(&self) -> u64 {
-        4 * self.entries.cols() as u64
-    }
 }
 
 /// One layer's pools: the raw K=V rows (`[main slots, head_dim]`), and its compressors'.
@@ -217,8 +209,6 @@ pub struct LayerPools {
     pub raw: Tensor,
     pub compressor: Option<CompressorPools>,
     pub indexer: Option<CompressorPools>,
-    /// Entries (and indexer keys) a kept block: `block / ratio`.
-    per_kept: usize,
 }
 
 /// A DeepSeek-V4 model's paged state on a device: every layer's [`LayerPools`].
@@ -227,6 +217,8 @@ pub struct V4Cache {
     cfg: V4CacheConfig,
     block: usize,
     layers: Vec<LayerPools>,
+    /// What a main block and a kept block hold.
+    per_block: [StateBytes; 2],
 }
 
 impl V4Cache {
@@ -247,24 +239,26 @@ impl V4Cache {
                         raw,
                         compressor: None,
                         indexer: None,
-                        per_kept: 0,
                     },
                     V4Attention::Hca { ratio } => LayerPools {
                         raw,
                         compressor: Some(pools(ratio, hd, 1)?),
                         indexer: None,
-                        per_kept: block / ratio as usize,
                     },
                     V4Attention::Csa { ratio } => LayerPools {
                         raw,
                         compressor: Some(pools(ratio, hd, 2)?),
                         indexer: Some(pools(ratio, id, 2)?),
-                        per_kept: block / ratio as usize,
                     },
                 })
             })
             .collect::<Result<Vec<_>>>()?;
-        Ok(Self { cfg, block, layers })
+        Ok(Self {
+            cfg,
+            block,
+            layers,
+            per_block: block_bytes(config),
+        })
     }
 
     pub fn config(&self) -> V4CacheConfig {
@@ -292,22 +286,35 @@ impl V4Cache {
     /// The bytes that `main` main blocks and `kept` kept blocks hold, cache by cache, over
     /// every layer.
     pub fn bytes(&self, main: usize, kept: usize) -> StateBytes {
-        let (main, kept, b) = (main as u64, kept as u64, self.block as u64);
-        let mut sum = StateBytes::default();
-        for l in &self.layers {
-            sum.window += main * b * 4 * l.raw.cols() as u64;
-            let per_kept = kept * l.per_kept as u64;
-            if let Some(c) = &l.compressor {
-                sum.pending += main * b * c.slot_bytes();
-                sum.entries += per_kept * c.entry_bytes();
+        let [m, k] = self.per_block;
+        m.times(main as u64).plus(k.times(kept as u64))
+    }
+}
+
+/// What one main block and one kept block hold, over every layer of `config`: a main block
+/// each token's raw row (`head_dim`) and its compressors' kv and gate rows (CSA's twice as
+/// wide: their windows overlap), a kept block `block / ratio` entries and indexer keys, all
+/// F32.
+pub fn block_bytes(config: &DeepseekV4Config) -> [StateBytes; 2] {
+    let b = block_size(config) as u64;
+    let (hd, id) = (config.head_dim as u64, config.indexer.head_dim as u64);
+    let (mut main, mut kept) = (StateBytes::default(), StateBytes::default());
+    for a in &config.attention {
+        main.window += 4 * b * hd;
+        match *a {
+            V4Attention::Sliding => {}
+            V4Attention::Hca { ratio } => {
+                main.pending += 4 * b * 2 * hd;
+                kept.entries += 4 * (b / u64::from(ratio)) * hd;
             }
-            if let Some(i) = &l.indexer {
-                sum.pending += main * b * i.slot_bytes();
-                sum.index_keys += per_kept * i.entry_bytes();
+            V4Attention::Csa { ratio } => {
+                main.pending += 4 * b * 2 * (2 * hd + 2 * id);
+                kept.entries += 4 * (b / u64::from(ratio)) * hd;
+                kept.index_keys += 4 * (b / u64::from(ratio)) * id;
             }
         }
-        sum
     }
+    [main, kept]
 }
 
 /// Bytes of state, by cache.
@@ -334,5 +341,19 @@ impl AddAssign for StateBytes {
 impl StateBytes {
     pub fn total(&self) -> u64 {
         self.window + self.entries + self.index_keys + self.pending
+    }
+
+    fn times(self, n: u64) -> Self {
+        Self {
+            window: self.window * n,
+            entries: self.entries * n,
+            index_keys: self.index_keys * n,
+            pending: self.pending * n,
+        }
+    }
+
+    fn plus(mut self, o: Self) -> Self {
+        self += o;
+        self
     }
 }

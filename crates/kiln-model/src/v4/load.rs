@@ -60,6 +60,30 @@ impl Files {
     }
 }
 
+/// `path`'s DeepSeek-V4 config, when it is a folder whose `config.json` names `deepseek_v4`
+/// or a GGUF file of architecture `deepseek4`; `None` for any other model, or a path that
+/// does not open (the loader that takes it reports why).
+pub fn detect(path: &Path) -> Result<Option<DeepseekV4Config>> {
+    if path.is_file() {
+        return match GgufSource::open(path) {
+            Ok(src) if src.file().architecture() == Some("deepseek4") => {
+                DeepseekV4Config::from_gguf(src.file()).map(Some)
+            }
+            _ => Ok(None),
+        };
+    }
+    let Ok((name, text)) = config_text(path) else {
+        return Ok(None);
+    };
+    let model_type = serde_json::from_str::<serde_json::Value>(&text)
+        .ok()
+        .and_then(|v| v.get("model_type")?.as_str().map(str::to_owned));
+    match model_type.as_deref() {
+        Some("deepseek_v4") => DeepseekV4Config::from_hf_json(&name, &text).map(Some),
+        _ => Ok(None),
+    }
+}
+
 /// A folder's `config.json`: its name for errors, and its text.
 fn config_text(dir: &Path) -> Result<(String, String)> {
     let path = dir.join("config.json");
@@ -130,6 +154,8 @@ fn gguf_name(name: &str) -> Option<String> {
 pub(super) struct Names<'a> {
     pub(super) src: &'a Files,
     pub(super) device: &'a Device,
+    /// Bytes of the tensors put on `device` so far, as stored.
+    pub(super) bytes: std::cell::Cell<u64>,
 }
 
 impl Names<'_> {
@@ -158,7 +184,14 @@ impl Names<'_> {
     /// A tensor of `shape`, as stored (a float, or a GGUF's block format).
     pub(super) fn tensor(&self, name: &str, shape: &[usize]) -> Result<Tensor> {
         let n = self.resolve(name);
-        self.load(self.device, &n, shape)
+        self.count(self.load(self.device, &n, shape)?)
+    }
+
+    /// `t`, put on the device, counted.
+    fn count(&self, t: Tensor) -> Result<Tensor> {
+        self.bytes
+            .set(self.bytes.get() + crate::model::bytes_of(&t));
+        Ok(t)
     }
 
     fn load(&self, device: &Device, n: &str, shape: &[usize]) -> Result<Tensor> {
@@ -179,7 +212,7 @@ impl Names<'_> {
     pub(super) fn f32(&self, name: &str, shape: &[usize]) -> Result<Tensor> {
         let n = self.resolve(name);
         let t = self.load(&Device::Reference, &n, shape)?;
-        Ok(Tensor::from_f32(self.device, shape, &t.to_f32_vec()?)?)
+        self.count(Tensor::from_f32(self.device, shape, &t.to_f32_vec()?)?)
     }
 
     /// Several tensors' rows stacked into one of `shape` (each expert's `[w1; w3]`, every
@@ -191,7 +224,7 @@ impl Names<'_> {
             Ok((n, t))
         });
         let what = names.first().map_or("", String::as_str);
-        stack(self.device, self.src.describe(), what, parts, shape)
+        self.count(stack(self.device, self.src.describe(), what, parts, shape)?)
     }
 
     /// An index table of `shape` (I64 or I32).
@@ -227,11 +260,11 @@ impl Names<'_> {
             }
             Files::Gguf(_) => {
                 let t = |w: &str, shape: &[usize]| {
-                    self.load(
+                    self.count(self.load(
                         self.device,
                         &format!("blk.{layer}.ffn_{w}_exps.weight"),
                         shape,
-                    )
+                    )?)
                 };
                 Ok((
                     GateUp::Apart {

@@ -23,10 +23,11 @@ pub use attention::{
     Attention, AttentionShape, AttentionWeights, Compression, Csa, StepPositions, V4Ropes,
 };
 pub use cache::{
-    CompressorPools, LayerPools, PagedSeq, StateBytes, V4Cache, V4CacheConfig, block_size,
-    main_window,
+    CompressorPools, LayerPools, PagedSeq, StateBytes, V4Cache, V4CacheConfig, block_bytes,
+    block_size, main_window,
 };
 pub use compress::{Compressor, CompressorWeights, Indexer, IndexerWeights};
 pub use hyper::{HyperConnection, HyperHead};
+pub use load::detect;
 pub use model::{V4Input, V4Model, V4Sequence};
 pub use moe::{ExpertChoice, GateUp, Moe, MoeShape, MoeWeights};

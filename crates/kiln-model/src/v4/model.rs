@@ -40,6 +40,10 @@ pub struct V4Model {
     head: Tensor,
     ropes: V4Ropes,
     max_positions: usize,
+    /// Bytes of weights on the device, as stored.
+    weight_bytes: u64,
+    /// What it was loaded on (a tensor names only its storage: host memory or a GPU).
+    device: Device,
 }
 
 /// One sequence's part of a [`V4Model::step`].
@@ -90,7 +94,7 @@ impl V4Sequence {
             ..BlockManagerConfig::new(main as u32)
         })?;
         let cache = V4Cache::new(
-            &model.embed.device(),
+            model.device(),
             c,
             V4CacheConfig {
                 main_blocks: main,
@@ -162,7 +166,11 @@ impl V4Model {
     pub fn load(path: &Path, device: &Device, max_positions: usize) -> Result<Self> {
         let src = Files::open(path)?;
         let config = src.config()?;
-        let names = Names { src: &src, device };
+        let names = Names {
+            src: &src,
+            device,
+            bytes: Default::default(),
+        };
         let c = &config;
         let embed = names.tensor("embed.weight", &[c.vocab, c.hidden])?;
         let layers = (0..c.layers)
@@ -192,12 +200,28 @@ impl V4Model {
             layers,
             ropes: V4Ropes::new(device, c, max_positions)?,
             max_positions,
+            weight_bytes: names.bytes.get(),
+            device: device.clone(),
             config,
         })
     }
 
     pub fn config(&self) -> &DeepseekV4Config {
         &self.config
+    }
+
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    /// Positions the model was loaded for (its rotary tables').
+    pub fn max_positions(&self) -> usize {
+        self.max_positions
+    }
+
+    /// Bytes of weights on the device, as stored (FP8 and FP4 stay packed).
+    pub fn weight_bytes(&self) -> u64 {
+        self.weight_bytes
     }
 
     /// Layer `layer`'s attention.

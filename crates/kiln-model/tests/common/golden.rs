@@ -144,6 +144,7 @@ pub fn run_cases(
         .map(|(c, &s)| StepSeq {
             tokens: &c.ids,
             block_table: kv.block_table(s).unwrap(),
+            kept_table: &[],
             context_len: c.ids.len(),
             logits_rows: rows(c),
             read_logits: true,
@@ -222,6 +223,7 @@ pub fn run_cases(
             .map(|i| StepSeq {
                 tokens: &toks[i],
                 block_table: kv.block_table(seqs[i]).unwrap(),
+                kept_table: &[],
                 context_len: lens[i],
                 logits_rows: 1,
                 read_logits: true,
