@@ -173,7 +173,7 @@ impl Engine {
         let runner = match network {
             Network::Dense(model) => ModelRunner::calibrated(model, pool, &calibration),
             Network::DeepseekV4(model) => ModelRunner::deepseek_v4(
-                *model,
+                model,
                 V4CacheConfig {
                     main_blocks: blocks.num_blocks as usize,
                     kept_blocks: whole as usize,

@@ -10,11 +10,12 @@ use kiln_tensor::Device;
 use crate::v4::V4Model;
 use crate::{DeepseekV4Config, Model, ModelConfig, Result};
 
-/// A loaded model.
+/// A loaded model. (Made once and moved into a runner: its size is of no account.)
 #[derive(Debug)]
+#[allow(clippy::large_enum_variant)]
 pub enum Network {
     Dense(Model),
-    DeepseekV4(Box<V4Model>),
+    DeepseekV4(V4Model),
 }
 
 impl From<Model> for Network {
@@ -25,7 +26,7 @@ impl From<Model> for Network {
 
 impl From<V4Model> for Network {
     fn from(m: V4Model) -> Self {
-        Network::DeepseekV4(Box::new(m))
+        Network::DeepseekV4(m)
     }
 }
 

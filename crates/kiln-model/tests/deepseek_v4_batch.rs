@@ -232,7 +232,7 @@ fn a_failed_step_leaves_the_sequence_as_it_was() {
     let (got, want) = (got.to_f32_vec().unwrap(), want.to_f32_vec().unwrap());
     assert_rows(
         "after two failed steps",
-        &[got.clone()],
+        std::slice::from_ref(&got),
         &[want[want.len() - got.len()..].to_vec()],
     );
 }

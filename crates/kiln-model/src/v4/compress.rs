@@ -217,6 +217,7 @@ impl Indexer {
     /// positions `at` on `rope`'s table), the entries its attention reads: U32 `[tokens,
     /// topk]` a sequence, rising, [`NO_ENTRY`] where fewer are visible. Entry `s` is visible
     /// to the token at `p` once its window is complete: `s < (p + 1) / ratio`.
+    #[allow(clippy::too_many_arguments)]
     pub fn step(
         &self,
         rec: &mut Recorder,
