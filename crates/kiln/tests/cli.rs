@@ -218,12 +218,17 @@ fn info_prints_the_kv_layout_cache_by_cache() {
         "1048576",
     ]));
     for needle in [
-        "kiln runs it as a library, one sequence at a time",
+        "architecture: deepseek_v4",
         "43 layers: 2 sliding-window only, 21 CSA, 20 HCA; window 128",
         "3440 values a token",
         "compressed entries: 5536 bytes a token",
         "indexer keys: 1344 bytes a token",
         "sliding window: fixed; 5636096 bytes",
+        // `kiln serve`'s two pools at the default 1 GiB: main blocks of 47 MiB (every
+        // layer's raw and compressor rows of 128 tokens), kept blocks of 1.68 MiB.
+        "KV state in two pools of 128-token blocks",
+        "main: 10 blocks of 47.00 MiB (the last 128 tokens of 2 running sequences",
+        "kept: 329 blocks of 1.68 MiB: 42112 tokens of context",
     ] {
         assert!(out.contains(needle), "missing `{needle}` in:\n{out}");
     }

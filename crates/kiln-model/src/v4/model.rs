@@ -67,7 +67,6 @@ pub struct V4Input<'a> {
 pub struct V4Sequence {
     kv: BlockManager,
     cache: V4Cache,
-    started: bool,
 }
 
 /// The one sequence a [`V4Sequence`]'s block manager holds.
@@ -101,19 +100,13 @@ impl V4Sequence {
                 kept_blocks: kept,
             },
         )?;
-        Ok(Self {
-            kv,
-            cache,
-            started: false,
-        })
+        Ok(Self { kv, cache })
     }
 
     /// Tokens run so far.
     pub fn len(&self) -> usize {
-        match self.started {
-            true => self.kv.computed_len(ONE).unwrap_or(0),
-            false => 0,
-        }
+        // Before its first tokens the manager holds no sequence.
+        self.kv.computed_len(ONE).unwrap_or(0)
     }
 
     pub fn is_empty(&self) -> bool {
@@ -123,12 +116,8 @@ impl V4Sequence {
     /// Bytes its blocks hold, by cache, over every layer.
     pub fn bytes(&self) -> StateBytes {
         let held = |t: &[BlockId]| t.iter().filter(|b| !b.is_trimmed()).count();
-        match (
-            self.started,
-            self.kv.block_table(ONE),
-            self.kv.kept_table(ONE),
-        ) {
-            (true, Ok(main), Ok(kept)) => self.cache.bytes(held(main), held(kept)),
+        match (self.kv.block_table(ONE), self.kv.kept_table(ONE)) {
+            (Ok(main), Ok(kept)) => self.cache.bytes(held(main), held(kept)),
             _ => StateBytes::default(),
         }
     }
@@ -138,7 +127,6 @@ impl V4Sequence {
         if before > 0 {
             return Ok(self.kv.truncate(ONE, before)?);
         }
-        self.started = false;
         if self.kv.contains(ONE) {
             self.kv.free(ONE)?;
         }
@@ -147,9 +135,8 @@ impl V4Sequence {
 
     /// Takes the blocks for `ids`, the next tokens, and returns their first position.
     fn reserve(&mut self, ids: &[u32]) -> Result<usize> {
-        if !self.started {
+        if !self.kv.contains(ONE) {
             self.kv.allocate(ONE, ids, SeqConfig::default())?;
-            self.started = true;
             self.kv.reserve(ONE, ids.len())?;
             return Ok(0);
         }
