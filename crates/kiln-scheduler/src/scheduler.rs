@@ -277,68 +277,78 @@ impl Scheduler {
     /// Running sequences with a sampled token that has no slot yet, each given its slot (and
     /// what drafts fit), preempting the latest running sequences where blocks run out.
     fn schedule_decodes(&mut self, step: &mut Step) {
+        self.each_running(step, Self::schedule_decode);
+    }
+
+    /// [`schedule_decodes`](Self::schedule_decodes) for one running sequence.
+    fn schedule_decode(&mut self, step: &mut Step, seq: SeqId) {
+        let Some(e) = self.seqs.get(&seq) else {
+            return;
+        };
+        let Ok(reserved) = self.kv.seq_len(seq) else {
+            return;
+        };
+        let need = e.tokens.len().saturating_sub(reserved);
+        if need == 0 {
+            return; // still in prefill: schedule_prefill_chunks'
+        }
+        let start = e.computed;
+        let real = e.tokens.len() - start;
+        if real > step.budget {
+            return;
+        }
+        // Drafts only ride on a plain decode, and only as far as the budget allows.
+        let mut draft = if real == 1 {
+            e.draft.len().min(step.budget - real)
+        } else {
+            0
+        };
+        loop {
+            match self.kv.append_slots(seq, need + draft) {
+                Ok(copy) => {
+                    step.out.copies.extend(copy);
+                    step.push(ScheduledSeq {
+                        seq,
+                        start,
+                        len: real + draft,
+                        samples: true,
+                        draft,
+                    });
+                    if let Some(e) = self.seqs.get_mut(&seq) {
+                        e.draft.truncate(draft);
+                        e.verifying = std::mem::take(&mut e.draft);
+                    }
+                    break;
+                }
+                // Speculation is never worth a preemption: drop the drafts first.
+                Err(KvError::OutOfBlocks { .. }) if draft > 0 => draft = 0,
+                Err(KvError::OutOfBlocks { .. }) => {
+                    if !self.preempt_for(seq, step) {
+                        break;
+                    }
+                }
+                Err(e) => {
+                    // A bookkeeping error for one sequence must not stop the others.
+                    self.drop_seq(seq);
+                    step.out.rejected.push((seq, e.into()));
+                    break;
+                }
+            }
+        }
+    }
+
+    /// Calls `each` for the running sequences in (priority, arrival) order, passing over any
+    /// an earlier call preempted, until the step is full.
+    fn each_running(&mut self, step: &mut Step, mut each: impl FnMut(&mut Self, &mut Step, SeqId)) {
         let order: Vec<Key> = self.running.iter().copied().collect();
         for key in order {
-            let seq = key.2;
             if !self.running.contains(&key) {
-                continue; // preempted earlier in this loop
+                continue;
             }
             if step.full(&self.cfg) {
                 break;
             }
-            let Some(e) = self.seqs.get(&seq) else {
-                continue;
-            };
-            let Ok(reserved) = self.kv.seq_len(seq) else {
-                continue;
-            };
-            let need = e.tokens.len().saturating_sub(reserved);
-            if need == 0 {
-                continue; // still in prefill: schedule_prefill_chunks'
-            }
-            let start = e.computed;
-            let real = e.tokens.len() - start;
-            if real > step.budget {
-                continue;
-            }
-            // Drafts only ride on a plain decode, and only as far as the budget allows.
-            let mut draft = if real == 1 {
-                e.draft.len().min(step.budget - real)
-            } else {
-                0
-            };
-            loop {
-                match self.kv.append_slots(seq, need + draft) {
-                    Ok(copy) => {
-                        step.out.copies.extend(copy);
-                        step.push(ScheduledSeq {
-                            seq,
-                            start,
-                            len: real + draft,
-                            samples: true,
-                            draft,
-                        });
-                        if let Some(e) = self.seqs.get_mut(&seq) {
-                            e.draft.truncate(draft);
-                            e.verifying = std::mem::take(&mut e.draft);
-                        }
-                        break;
-                    }
-                    // Speculation is never worth a preemption: drop the drafts first.
-                    Err(KvError::OutOfBlocks { .. }) if draft > 0 => draft = 0,
-                    Err(KvError::OutOfBlocks { .. }) => {
-                        if !self.preempt_for(seq, step) {
-                            break;
-                        }
-                    }
-                    Err(e) => {
-                        // A bookkeeping error for one sequence must not stop the others.
-                        self.drop_seq(seq);
-                        step.out.rejected.push((seq, e.into()));
-                        break;
-                    }
-                }
-            }
+            each(self, step, key.2);
         }
     }
 

@@ -5,7 +5,7 @@
 //! low-rank output projection.
 
 use kiln_attention::{CompressedKv, EntryChoice, compressed_attention};
-use kiln_tensor::{Device, MappedRows, Recorder, RopePositions, RopeTable, Routes, Tensor};
+use kiln_tensor::{DType, Device, MappedRows, Recorder, RopePositions, RopeTable, Routes, Tensor};
 
 use super::cache::{CompressorPools, LayerPools, PagedSeq, main_slots, rows_of};
 use super::{Compressor, Indexer};
@@ -230,12 +230,18 @@ impl Attention {
             };
             let q = rows_of(rec, &q, s)?;
             let o = compressed_attention(rec, &q, &s.positions(), kvs, &self.w.sinks, scale)?;
-            // `[tokens so far, heads · head_dim]`.
             let o = o.reshape(&[s.len, heads * d])?;
-            out = Some(match out {
-                None => o,
-                Some(before) => rec.concat_rows(&before, &o)?,
-            });
+            // A batch's outputs go to their rows of one `[tokens, heads · head_dim]`; one
+            // sequence's is that tensor.
+            match (&mut out, seqs.len()) {
+                (_, 1) => out = Some(o),
+                (None, _) => {
+                    let mut all = Tensor::zeros(rec.device(), DType::F32, &[tokens, heads * d])?;
+                    rec.write_rows(&mut all, &s.rows(), &o)?;
+                    out = Some(all);
+                }
+                (Some(all), _) => rec.write_rows(all, &s.rows(), &o)?,
+            }
         }
         let out =
             out.ok_or_else(|| ModelError::Batch("an attention step of no sequences".into()))?;

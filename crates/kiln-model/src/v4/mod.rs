@@ -28,6 +28,6 @@ pub use cache::{
 };
 pub use compress::{Compressor, CompressorWeights, Indexer, IndexerWeights};
 pub use hyper::{HyperConnection, HyperHead};
-pub use load::detect;
+pub(crate) use load::detect;
 pub use model::{V4Input, V4Model, V4Sequence};
 pub use moe::{ExpertChoice, GateUp, Moe, MoeShape, MoeWeights};

@@ -11,41 +11,36 @@ impl Scheduler {
     /// The next chunk of each running prompt, as far as the budget (and the pool: see
     /// [`BlockManager::reserve`]) allows.
     pub(super) fn schedule_prefill_chunks(&mut self, step: &mut Step) {
-        let order: Vec<Key> = self.running.iter().copied().collect();
-        for key in order {
-            let seq = key.2;
-            if !self.running.contains(&key) {
-                continue; // preempted earlier in this loop
-            }
-            if step.full(&self.cfg) {
-                break;
-            }
-            if step.scheduled.contains(&seq) {
-                continue;
-            }
-            let (Some(e), Ok(reserved)) = (self.seqs.get(&seq), self.kv.seq_len(seq)) else {
-                continue;
-            };
-            let remaining = reserved - e.computed;
-            if remaining == 0 {
-                continue;
-            }
-            let len = e.chunk(remaining, step.budget, &self.cfg);
-            if len < remaining && !self.cfg.chunked_prefill {
-                continue;
-            }
-            let (start, prompt_done) = (e.computed, reserved == e.tokens.len());
-            let Some(len) = self.reserve_chunk(seq, len, step) else {
-                continue;
-            };
-            step.push(ScheduledSeq {
-                seq,
-                start,
-                len,
-                samples: len == remaining && prompt_done,
-                draft: 0,
-            });
+        self.each_running(step, Self::schedule_prefill_chunk);
+    }
+
+    /// [`schedule_prefill_chunks`](Self::schedule_prefill_chunks) for one running sequence.
+    fn schedule_prefill_chunk(&mut self, step: &mut Step, seq: SeqId) {
+        if step.scheduled.contains(&seq) {
+            return;
         }
+        let (Some(e), Ok(reserved)) = (self.seqs.get(&seq), self.kv.seq_len(seq)) else {
+            return;
+        };
+        let remaining = reserved - e.computed;
+        if remaining == 0 {
+            return;
+        }
+        let len = e.chunk(remaining, step.budget, &self.cfg);
+        if len < remaining && !self.cfg.chunked_prefill {
+            return;
+        }
+        let (start, prompt_done) = (e.computed, reserved == e.tokens.len());
+        let Some(len) = self.reserve_chunk(seq, len, step) else {
+            return;
+        };
+        step.push(ScheduledSeq {
+            seq,
+            start,
+            len,
+            samples: len == remaining && prompt_done,
+            draft: 0,
+        });
     }
 
     /// Takes the main pool's blocks for up to `len` next positions of `seq` (a no-op without
